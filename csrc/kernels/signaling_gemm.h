@@ -1,0 +1,75 @@
+// Signaling GEMM for Hopper (sm90a): D = A @ B with fp32 accumulation, bf16/fp16 in and out.
+// The persistent kernel visits output tiles group by group and, once a tile's output is fully in
+// global memory, adds 1 to counters[group]. A second stream can then consume finished groups.
+// This header is the kernels' whole interface: no XLA, no Python, no NCCL.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+namespace fo_jax {
+
+enum class GemmDtype : int { kBF16 = 0, kF16 = 1 };
+
+// Most groups one launch accepts (the group table travels in the kernel parameters).
+inline constexpr int kMaxGemmGroups = 64;
+
+// One compiled tile configuration (rows of csrc/kernels/gemm_configs.py).
+struct GemmTileConfig {
+  const char* name;
+  int tile_m, tile_n, tile_k;
+  int cluster_m, cluster_n;
+  bool pingpong;  // false: cooperative (two consumer warpgroups share one tile)
+};
+
+int NumGemmConfigs();
+const GemmTileConfig& GetGemmConfig(int index);
+
+// Heuristic pick of a configuration for a problem (index into the table).
+int SelectGemmConfig(GemmDtype dtype, int m, int n, int k, int batch, int sm_budget);
+
+// Arguments of one launch. A is [batch * m, k] row-major (batch l starts at row l * m), B is
+// [k, n] row-major and shared by all batches, D is [batch * m, n] row-major.
+//
+// Tile order and groups: group_begin[g] .. group_begin[g+1] are tile-rows (units of tile_m, within
+// one batch) of group g; group_begin[0] == 0 and group_begin[num_groups] == ceil(m / tile_m).
+// Tiles are visited group by group; within a group every batch and every column tile.
+//
+// Output placement: with batch == 1 row i of the product goes to row i of D. With batch > 1
+// (the reduce-scatter layout of DESIGN.md) rows are grouped group-major: logical row i of batch l,
+// in group g, goes to D row  batch * r0(g) + l * rows(g) + (i - r0(g)),  where
+// r0(g) = min(group_begin[g] * tile_m, m) and rows(g) = min(group_begin[g+1] * tile_m, m) - r0(g).
+// So group g occupies the contiguous rows [batch * r0(g), batch * r0(g+1)) of D, laid out
+// [batch 0 band | batch 1 band | ...]. No row outside a tile's own band is ever written.
+//
+// Signal: if counters != nullptr, each finished tile adds 1 to counters[its group], after its
+// output is complete and visible in global memory (release at GPU scope). A group is done when
+// its counter reaches batch * (group_begin[g+1] - group_begin[g]) * ceil(n / tile_n).
+// The caller zeroes the counters before the launch (stream order).
+struct SignalingGemmArgs {
+  GemmDtype dtype = GemmDtype::kBF16;
+  int m = 0, n = 0, k = 0;  // multiples of 8
+  int batch = 1;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;
+  int num_groups = 1;
+  int group_begin[kMaxGemmGroups + 1] = {};
+  uint32_t* counters = nullptr;  // device memory, num_groups entries, or nullptr: no signal
+  int sm_budget = 0;             // persistent CTAs at most this many SMs; 0: all SMs
+  int config = -1;               // index into the table; -1: SelectGemmConfig
+};
+
+// Validates the arguments and enqueues the kernel on `stream`. On failure returns the CUDA
+// error (cudaErrorInvalidValue for bad arguments) and sets *error to a readable message.
+cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& args,
+                                std::string* error);
+
+// Loads every GEMM kernel into the current device's context (cudaFuncGetAttributes and the
+// shared-memory attribute), so that no first launch is serialized by CUDA lazy loading. Call once
+// per device before any overlapped launch; cheap after the first call.
+cudaError_t LoadAllGemmKernels(std::string* error);
+
+}  // namespace fo_jax

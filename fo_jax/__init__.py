@@ -1,0 +1,31 @@
+"""fo_jax: overlap tensor-parallel GEMMs with their collectives inside jax.shard_map.
+
+    y = fo_jax.overlapped_matmul(x, w, axis_name="tp", collective="reduce_scatter")
+
+returns exactly psum_scatter(x @ w, "tp", scatter_dimension=0, tiled=True) (or psum for
+collective="all_reduce"). See README.md for what runs where today.
+"""
+
+from fo_jax.config import OverlapConfig
+from fo_jax.overlap import PathChoice, describe, matmul, overlapped_matmul
+from fo_jax import ops, reference
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "OverlapConfig",
+    "PathChoice",
+    "describe",
+    "matmul",
+    "ops",
+    "overlapped_matmul",
+    "reference",
+    "cuda_module_available",
+]
+
+
+def cuda_module_available() -> bool:
+    """Whether the compiled CUDA extension (FFI handlers) can be loaded in this process."""
+    from fo_jax import _cuda
+
+    return _cuda.module_available()

@@ -1,0 +1,85 @@
+"""Loading the CUDA extension and registering its FFI targets with XLA.
+
+fo_jax imports without the extension (CPU-only builds, machines without CUDA); only a call that
+needs CUDA asks for it, and then gets an actionable error if it is missing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import logging
+import os
+from typing import Optional
+
+import jax
+
+log = logging.getLogger("fo_jax")
+
+
+def _preload_nccl() -> None:
+    # The extension links libnccl.so.2 from the nvidia-nccl-cu13 wheel. Its rpath finds the wheel
+    # in a normal site-packages layout; loading it here by full path also covers --target installs
+    # and editable builds. JAX's CUDA plugin loads the same file, so the process keeps one NCCL.
+    try:
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except (ImportError, ValueError):
+        return
+    if spec is None or not spec.submodule_search_locations:
+        return
+    for root in spec.submodule_search_locations:
+        path = os.path.join(root, "lib", "libnccl.so.2")
+        if os.path.exists(path):
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            return
+
+
+@functools.lru_cache(maxsize=None)
+def _load() -> tuple[Optional[object], str]:
+    """Imports fo_jax._fo_jax_cuda once; returns (module or None, reason if None)."""
+    try:
+        _preload_nccl()
+        from fo_jax import _fo_jax_cuda  # noqa: PLC0415 (optional compiled module)
+    except ImportError as e:
+        return None, (
+            f"the CUDA module fo_jax._fo_jax_cuda could not be imported ({e}). Rebuild fo_jax on a "
+            "machine with nvcc 13.x on PATH: pip install . (see README.md, 'Install')")
+    except OSError as e:
+        return None, f"loading libnccl.so.2 failed ({e}); pip install nvidia-nccl-cu13"
+    return _fo_jax_cuda, ""
+
+
+def module_available() -> bool:
+    return _load()[0] is not None
+
+
+def unavailable_reason() -> str:
+    return _load()[1]
+
+
+def module():
+    """The compiled extension; RuntimeError with the reason if it is not available."""
+    mod, reason = _load()
+    if mod is None:
+        raise RuntimeError(f"fo_jax: {reason}")
+    return mod
+
+
+@functools.lru_cache(maxsize=None)
+def register_targets() -> tuple[str, ...]:
+    """Registers every FFI handler of the extension for the CUDA platform (idempotent)."""
+    names = []
+    for name, capsule in module().registrations().items():
+        jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+        names.append(name)
+    log.debug("fo_jax: registered FFI targets %s", names)
+    return tuple(sorted(names))
+
+
+def gpu_devices() -> list:
+    """The CUDA devices JAX sees (empty if none or no CUDA plugin)."""
+    try:
+        return [d for d in jax.devices() if d.platform == "gpu"]
+    except RuntimeError:
+        return []

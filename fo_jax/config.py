@@ -1,0 +1,48 @@
+"""Tuning knobs of one fo_jax call, as one frozen (hashable, trace-time static) object.
+
+Every field defaults to None, meaning "let fo_jax choose" (a shape heuristic today, the tuner
+later). Fields that a path does not use are ignored by it; the reference path ignores them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class OverlapConfig:
+    """Configuration of `overlapped_matmul` / `matmul`.
+
+    Attributes:
+      gemm_config: name of a compiled GEMM tile configuration (see `fo_jax.gemm_configs()`), or
+        None for the shape heuristic.
+      num_groups: number of uniform output groups the collective is split into.
+      group_tile_rows: an explicit partition of the output's tile-rows into groups (sizes in
+        tile-rows, summing to the tile-row count); overrides `num_groups`.
+      sm_budget: at most this many SMs for the persistent GEMM (the rest is left to NCCL).
+      nccl_max_ctas: bound on NCCL's CTAs for the overlapped collective.
+      force_reference: always take the XLA reference path (same as FO_JAX_FORCE_REFERENCE=1).
+    """
+
+    gemm_config: Optional[str] = None
+    num_groups: Optional[int] = None
+    group_tile_rows: Optional[Tuple[int, ...]] = None
+    sm_budget: Optional[int] = None
+    nccl_max_ctas: Optional[int] = None
+    force_reference: bool = False
+
+    def __post_init__(self):
+        for name in ("num_groups", "sm_budget", "nccl_max_ctas"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"OverlapConfig.{name} must be a positive int or None, got {value!r}")
+        if self.group_tile_rows is not None:
+            rows = tuple(self.group_tile_rows)
+            if not rows or any((not isinstance(r, int)) or r < 1 for r in rows):
+                raise ValueError(
+                    "OverlapConfig.group_tile_rows must be a non-empty tuple of positive ints, "
+                    f"got {self.group_tile_rows!r}")
+            object.__setattr__(self, "group_tile_rows", rows)
+        if self.gemm_config is not None and not isinstance(self.gemm_config, str):
+            raise ValueError(f"OverlapConfig.gemm_config must be a str or None, got {self.gemm_config!r}")

@@ -1,0 +1,45 @@
+"""Test setup: 8 host CPU devices for the multi-device reference tests, and GPU gating.
+
+XLA_FLAGS must be set before jax is imported anywhere, so this runs first. GPU tests carry the
+`gpu` marker and skip with a reason when GPUs are missing; FO_JAX_REQUIRE_GPU=1 turns that skip
+into a failure (for runs on GPU machines).
+"""
+
+import os
+
+_flag = "--xla_force_host_platform_device_count=8"
+if _flag not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+
+jax.config.update("jax_enable_x64", False)
+
+
+def cpu_devices(n: int):
+    devs = jax.devices("cpu")
+    if len(devs) < n:
+        pytest.skip(f"needs {n} CPU devices, have {len(devs)} (XLA_FLAGS={os.environ.get('XLA_FLAGS')})")
+    return devs[:n]
+
+
+def cpu_mesh(shape, names) -> Mesh:
+    n = int(np.prod(shape))
+    return Mesh(np.array(cpu_devices(n)).reshape(shape), names)
+
+
+def gpu_devices_or_skip(n: int = 1):
+    """The first n CUDA devices, or skip (fail under FO_JAX_REQUIRE_GPU=1) with the reason."""
+    try:
+        devs = [d for d in jax.devices() if d.platform == "gpu"]
+    except RuntimeError:
+        devs = []
+    if len(devs) < n:
+        reason = f"needs {n} CUDA GPU(s), found {len(devs)}"
+        if os.environ.get("FO_JAX_REQUIRE_GPU") == "1":
+            pytest.fail(f"FO_JAX_REQUIRE_GPU=1 but {reason}")
+        pytest.skip(reason)
+    return devs[:n]

@@ -1,0 +1,92 @@
+"""Every bad input fails at trace time with a TypeError/ValueError that names the problem."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import fo_jax
+from conftest import cpu_mesh
+
+
+def run_tp(x, w, tp=2, **kw):
+    mesh = cpu_mesh((tp,), ("tp",))
+    kw.setdefault("axis_name", "tp")
+
+    def body(x, w):
+        return fo_jax.overlapped_matmul(x, w, **kw)
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P(), check_vma=False)
+    return jax.jit(f).trace(x, w)
+
+
+X = jax.ShapeDtypeStruct((8, 16), jnp.bfloat16)
+W = jax.ShapeDtypeStruct((16, 8), jnp.bfloat16)
+
+
+def test_rank_other_than_two():
+    with pytest.raises(ValueError, match="x must have rank 2"):
+        run_tp(jax.ShapeDtypeStruct((2, 8, 16), jnp.bfloat16), W)
+    with pytest.raises(ValueError, match="w must have rank 2"):
+        run_tp(X, jax.ShapeDtypeStruct((16,), jnp.bfloat16))
+
+
+def test_mismatched_contraction():
+    with pytest.raises(ValueError, match="contraction sizes differ"):
+        run_tp(X, jax.ShapeDtypeStruct((12, 8), jnp.bfloat16))
+
+
+def test_mismatched_dtypes():
+    with pytest.raises(TypeError, match="same dtype"):
+        run_tp(X, jax.ShapeDtypeStruct((16, 8), jnp.float16))
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.int32, jnp.float64 if jax.config.jax_enable_x64
+                                   else jnp.uint8])
+def test_unsupported_dtype(dtype):
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        run_tp(jax.ShapeDtypeStruct((8, 16), dtype), jax.ShapeDtypeStruct((16, 8), dtype))
+
+
+def test_rows_not_divisible_for_reduce_scatter():
+    with pytest.raises(ValueError, match="divisible by the size of axis 'tp'"):
+        run_tp(jax.ShapeDtypeStruct((6, 16), jnp.bfloat16), W, tp=4, collective="reduce_scatter")
+
+
+def test_all_reduce_does_not_need_divisible_rows():
+    run_tp(jax.ShapeDtypeStruct((6, 16), jnp.bfloat16), W, tp=4, collective="all_reduce")
+
+
+def test_unknown_collective():
+    with pytest.raises(ValueError, match="unknown collective 'all_gather'"):
+        run_tp(X, W, collective="all_gather")
+
+
+def test_axis_not_bound_inside_shard_map():
+    with pytest.raises(ValueError, match="axis name 'model' is not bound"):
+        run_tp(X, W, axis_name="model")
+
+
+def test_outside_shard_map():
+    with pytest.raises(ValueError, match="is not bound"):
+        jax.jit(lambda x, w: fo_jax.overlapped_matmul(x, w, axis_name="tp")).trace(X, W)
+
+
+def test_axis_name_must_be_a_string():
+    with pytest.raises(TypeError, match="axis_name must be a str"):
+        run_tp(X, W, axis_name=("tp",))
+
+
+def test_config_type():
+    with pytest.raises(TypeError, match="OverlapConfig"):
+        run_tp(X, W, config={"num_groups": 2})
+
+
+def test_not_an_array():
+    with pytest.raises(TypeError, match="x must be a JAX array"):
+        fo_jax.overlapped_matmul([[1.0]], W, axis_name="tp")
+
+
+def test_matmul_checks_too():
+    with pytest.raises(ValueError, match="contraction sizes differ"):
+        jax.jit(fo_jax.matmul).trace(X, jax.ShapeDtypeStruct((12, 8), jnp.bfloat16))
