@@ -1,8 +1,17 @@
-// The Python extension fo_jax._fo_jax_cuda: hands the FFI handler capsules to Python, nothing
-// else. Python registers them with jax.ffi.register_ffi_target (fo_jax/_cuda.py).
+// The Python extension fo_jax._fo_jax_cuda: hands the FFI handler capsules to Python and answers
+// the few host-side questions the lowering needs (GEMM config table, NCCL unique ids).
+// Python registers the capsules with jax.ffi.register_ffi_target (fo_jax/_cuda.py).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nccl.h>
 
+#include <stdexcept>
+#include <string>
+
+#include "ffi/gemm_ffi.h"
+#include "ffi/overlap_ffi.h"
 #include "ffi/scale_ffi.h"
+#include "kernels/signaling_gemm.h"
 
 namespace nb = nanobind;
 
@@ -19,6 +28,53 @@ NB_MODULE(_fo_jax_cuda, m) {
   m.def("registrations", []() {
     nb::dict d;
     d["fo_jax_scale_ffi"] = EncapsulateFfiHandler(FoJaxScaleFfi);
+    d["fo_jax_gemm_ffi"] = EncapsulateFfiHandler(FoJaxGemmFfi);
+    d["fo_jax_gemm_into_ffi"] = EncapsulateFfiHandler(FoJaxGemmIntoFfi);
+    d["fo_jax_overlapped_matmul_ffi"] = EncapsulateFfiHandler(FoJaxOverlappedMatmulFfi);
     return d;
+  });
+
+  m.def("gemm_configs", []() {
+    nb::list configs;
+    for (int i = 0; i < fo_jax::NumGemmConfigs(); ++i) {
+      const fo_jax::GemmTileConfig& c = fo_jax::GetGemmConfig(i);
+      nb::dict d;
+      d["index"] = i;
+      d["name"] = std::string(c.name);
+      d["tile_m"] = c.tile_m;
+      d["tile_n"] = c.tile_n;
+      d["tile_k"] = c.tile_k;
+      d["cluster_m"] = c.cluster_m;
+      d["cluster_n"] = c.cluster_n;
+      d["pingpong"] = c.pingpong;
+      configs.append(d);
+    }
+    return configs;
+  });
+
+  m.def(
+      "select_gemm_config",
+      [](int dtype, int m, int n, int k, int batch, int sm_budget) {
+        return fo_jax::SelectGemmConfig(static_cast<fo_jax::GemmDtype>(dtype), m, n, k, batch,
+                                        sm_budget);
+      },
+      nb::arg("dtype"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("batch"),
+      nb::arg("sm_budget"));
+
+  m.def("max_gemm_groups", []() { return fo_jax::kMaxGemmGroups; });
+
+  m.def("nccl_unique_id", []() {
+    ncclUniqueId id;
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) {
+      throw std::runtime_error(std::string("ncclGetUniqueId failed: ") + ncclGetErrorString(r));
+    }
+    return nb::bytes(id.internal, sizeof(id.internal));
+  });
+
+  m.def("nccl_version", []() {
+    int v = 0;
+    ncclGetVersion(&v);
+    return v;
   });
 }

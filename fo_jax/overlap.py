@@ -3,19 +3,23 @@
 Each call validates its input at trace time, picks a path (see `describe`), and logs the choice on
 the "fo_jax" logger at DEBUG level. Paths:
   - "reference": XLA dot (fp32 accumulation) then psum / psum_scatter; exact definition.
-  - "cuda": fo_jax's own kernels through XLA FFI (not built yet: see README 'Status').
+  - "cuda": fo_jax's own kernels through XLA FFI: the signaling GEMM, and for overlapped_matmul
+    the counter-gated NCCL collective. Chosen per lowering platform (jax.lax.platform_dependent):
+    CUDA devices run it, other platforms run the reference.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from typing import Optional
 
 import jax
 
-from fo_jax import _checks, reference
+from fo_jax import _checks, _cuda, _plan, reference
+from fo_jax.autodiff import overlapped_matmul_vjp
 from fo_jax.config import OverlapConfig
 
 log = logging.getLogger("fo_jax")
@@ -37,12 +41,35 @@ def _force_reference(config: Optional[OverlapConfig]) -> bool:
         config is not None and config.force_reference)
 
 
-def _choose_path(op: str, dtype, config: Optional[OverlapConfig], **extra) -> PathChoice:
+def _cuda_blocker(dtype, m: int, n: int, k: int) -> Optional[str]:
+    """Why the CUDA kernels cannot take this call (m: GEMM rows per rank), or None."""
+    if dtype not in _checks.CUDA_DTYPES:
+        return f"{dtype} runs on the reference path (the CUDA kernels take bfloat16/float16)"
+    if m % 8 or n % 8 or k % 8:
+        return (f"the CUDA kernels need M (per rank for reduce_scatter), N and K multiples of 8; "
+                f"got M={m}, N={n}, K={k}")
+    if not _cuda.module_available():
+        return _cuda.unavailable_reason()
+    return None
+
+
+def _choose_path(op: str, dtype, config: Optional[OverlapConfig], m: int, n: int, k: int,
+                 platform: Optional[str] = None, **extra) -> PathChoice:
     if _force_reference(config):
         why = "forced (FO_JAX_FORCE_REFERENCE=1 or config.force_reference)"
         return PathChoice(op, "reference", why, **extra)
-    # The overlapped CUDA path is not implemented yet: every platform runs the reference.
-    return PathChoice(op, "reference", "the CUDA overlap path is not implemented yet", **extra)
+    blocker = _cuda_blocker(dtype, m, n, k)
+    if blocker is not None:
+        return PathChoice(op, "reference", blocker, **extra)
+    if platform is not None and platform not in ("gpu", "cuda"):
+        return PathChoice(op, "reference", f"platform {platform!r}: the CUDA path runs only on "
+                          "CUDA devices", **extra)
+    return PathChoice(op, "cuda", "fo_jax CUDA kernels on CUDA devices (reference elsewhere)",
+                      **extra)
+
+
+def _gemm_rows(x, collective: str, size: int) -> int:
+    return x.shape[0] // size if collective == "reduce_scatter" else x.shape[0]
 
 
 def _validate_overlapped(x, w, axis_name, collective, config) -> tuple:
@@ -62,7 +89,9 @@ def describe(x, w, *, axis_name: str, collective: str = "reduce_scatter",
     """Says which path `overlapped_matmul` takes for these arguments (call it where you would
     call `overlapped_matmul`, i.e. inside shard_map; it validates the same way)."""
     dtype, size = _validate_overlapped(x, w, axis_name, collective, config)
-    return _choose_path("overlapped_matmul", dtype, config, collective=collective, axis_size=size)
+    return _choose_path("overlapped_matmul", dtype, config, _gemm_rows(x, collective, size),
+                        w.shape[1], x.shape[1], platform=jax.default_backend(),
+                        collective=collective, axis_size=size)
 
 
 def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
@@ -86,19 +115,51 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
       TypeError / ValueError at trace time for bad input (rank, shapes, dtypes, collective, an
       axis name not bound by shard_map, M not divisible by the axis size for reduce_scatter).
     """
+    fn = "fo_jax.overlapped_matmul"
     dtype, size = _validate_overlapped(x, w, axis_name, collective, config)
-    choice = _choose_path("overlapped_matmul", dtype, config, collective=collective, axis_size=size)
-    log.debug("fo_jax.overlapped_matmul x%s w%s %s over %r (size %d): path=%s (%s)",
-              tuple(x.shape), tuple(w.shape), collective, axis_name, size, choice.path,
-              choice.reason)
-    return reference.overlapped_matmul(x, w, axis_name, collective)
+    m = _gemm_rows(x, collective, size)
+    choice = _choose_path("overlapped_matmul", dtype, config, m, w.shape[1], x.shape[1],
+                          collective=collective, axis_size=size)
+    log.debug("%s x%s w%s %s over %r (size %d): path=%s (%s)", fn, tuple(x.shape),
+              tuple(w.shape), collective, axis_name, size, choice.path, choice.reason)
+    ref = functools.partial(reference.overlapped_matmul, axis_name=axis_name,
+                            collective=collective)
+    forward = ref
+    if choice.path == "cuda":
+        from fo_jax._cuda_ops import overlapped_matmul_cuda  # noqa: PLC0415 (needs the module)
+
+        batch = size if collective == "reduce_scatter" else 1
+        plan = _plan.plan_gemm(fn, dtype, m, w.shape[1], x.shape[1], batch, config,
+                               _plan.DEFAULT_NUM_GROUPS, -_plan.DEFAULT_SMS_FOR_NCCL)
+        max_ctas = _plan.DEFAULT_NCCL_MAX_CTAS
+        if config is not None and config.nccl_max_ctas is not None:
+            max_ctas = config.nccl_max_ctas
+        log.debug("%s: plan %s, groups %s, sm_budget %d, nccl_max_ctas %d", fn, plan.config_name,
+                  plan.group_begin, plan.sm_budget, max_ctas)
+        cuda = functools.partial(overlapped_matmul_cuda, axis_name=axis_name,
+                                 collective=collective, axis_size=size, plan=plan,
+                                 nccl_max_ctas=max_ctas)
+
+        def forward(x, w):
+            return jax.lax.platform_dependent(x, w, cuda=cuda, default=ref)
+
+    return overlapped_matmul_vjp(forward, x, w, axis_name, collective)
 
 
 def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None) -> jax.Array:
     """x @ w with float32 accumulation, in x's dtype (fo_jax's GEMM; no collective)."""
     fn = "fo_jax.matmul"
     dtype = _checks.check_operands(fn, x, w)
-    choice = _choose_path("matmul", dtype, config)
-    log.debug("fo_jax.matmul x%s w%s: path=%s (%s)", tuple(x.shape), tuple(w.shape), choice.path,
+    if config is not None and not isinstance(config, OverlapConfig):
+        raise TypeError(f"{fn}: config must be a fo_jax.OverlapConfig or None, got {type(config)}")
+    m, k, n = x.shape[0], x.shape[1], w.shape[1]
+    choice = _choose_path("matmul", dtype, config, m, n, k)
+    log.debug("%s x%s w%s: path=%s (%s)", fn, tuple(x.shape), tuple(w.shape), choice.path,
               choice.reason)
-    return reference.matmul(x, w)
+    if choice.path != "cuda":
+        return reference.matmul(x, w)
+    from fo_jax._cuda_ops import matmul_cuda  # noqa: PLC0415 (needs the module)
+
+    plan = _plan.plan_gemm(fn, dtype, m, n, k, 1, config, 1, 0)
+    return jax.lax.platform_dependent(
+        x, w, cuda=functools.partial(matmul_cuda, plan=plan), default=reference.matmul)

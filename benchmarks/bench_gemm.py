@@ -1,0 +1,108 @@
+"""Single-GPU GEMM benchmark: fo_jax's signaling CUTLASS GEMM against XLA's dot.
+
+Methods (bf16, x[M,K] @ w[K,N] per GPU):
+  xla.dot                  jnp.dot with fp32 accumulation (what JAX users get today)
+  fo_jax.matmul.nosignal   fo_jax's GEMM, one group, no counters
+  fo_jax.matmul            fo_jax's GEMM with 8 groups and counters (the overlap's producer)
+  fo_jax.matmul.remap      + the reduce-scatter row remap (batch 4), counters on
+  fo_jax.matmul.sm116      signaling GEMM on 116 SMs (16 left to NCCL), the overlap default
+Times: median of 5 x 20 back-to-back calls (benchlib). Writes JSON Lines + a markdown table.
+
+Usage: python benchmarks/bench_gemm.py [--out benchmarks/results] [--shapes MxNxK ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
+import fo_jax  # noqa: E402
+
+DESIGN_SHAPES = ["4096x8192x2048", "8192x8192x2048", "8192x8192x7168", "16384x8192x7168",
+                 "16384x8192x2048"]
+ODD_SHAPES = ["1000x1032x520", "6000x5000x3000"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--shapes", nargs="*", default=DESIGN_SHAPES + ODD_SHAPES)
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus or not fo_jax.cuda_module_available():
+        sys.exit("bench_gemm.py needs a CUDA GPU and fo_jax's CUDA module")
+    from fo_jax import _cuda_ops, _plan
+
+    dev = gpus[0]
+    dtype = jnp.dtype(jnp.bfloat16)
+    res = benchlib.Results(benchlib.device_info([dev]) | {"dtype": str(dtype)})
+    table = []
+    for i, s in enumerate(args.shapes):
+        m, n, k = (int(v) for v in s.split("x"))
+        print(f"[{i + 1}/{len(args.shapes)}] {s}", file=sys.stderr, flush=True)
+        rng = np.random.default_rng(i)
+        x = jax.device_put(jnp.asarray(rng.standard_normal((m, k)) / np.sqrt(k), dtype), dev)
+        w = jax.device_put(jnp.asarray(rng.standard_normal((k, n)), dtype), dev)
+        assert x.dtype == dtype and w.dtype == dtype
+        flops = 2.0 * m * n * k
+
+        def plan(groups, batch=1, sm=0, mm=m):
+            cfg = fo_jax.OverlapConfig(num_groups=groups)
+            return _plan.plan_gemm("bench", dtype, mm, n, k, batch, cfg, groups, sm)
+
+        p1, p8 = plan(1), plan(8)
+        methods = {
+            "xla.dot": jax.jit(fo_jax.reference.matmul),
+            "fo_jax.matmul.nosignal": jax.jit(lambda a, b: _cuda_ops.signaling_gemm(
+                a, b, p1, 1, False)[0]),
+            "fo_jax.matmul": jax.jit(lambda a, b: _cuda_ops.signaling_gemm(a, b, p8, 1, True)[0]),
+            "fo_jax.matmul.sm116": jax.jit(lambda a, b: _cuda_ops.signaling_gemm(
+                a, b, plan(8, sm=116), 1, True)[0]),
+        }
+        if m % 32 == 0:
+            p_rs = plan(8, batch=4, mm=m // 4)
+            methods["fo_jax.matmul.remap"] = jax.jit(
+                lambda a, b: _cuda_ops.signaling_gemm(a, b, p_rs, 4, True)[0])
+        # Correctness guard: a benchmark of a wrong kernel is worthless.
+        ref = np.asarray(methods["xla.dot"](x, w).astype(jnp.float32))
+        got = np.asarray(methods["fo_jax.matmul"](x, w).astype(jnp.float32))
+        err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+        assert err < 1e-2, f"{s}: fo_jax.matmul differs from xla.dot (rel err {err:.2e})"
+        times = {}
+        for name, f in methods.items():
+            out = f(x, w)
+            assert out.dtype == dtype, (name, out.dtype)
+            ms = benchlib.time_ms(f, x, w)
+            times[name] = ms
+            res.add(M=m, N=n, K=k, method=name + args.tag, ms=round(ms, 4),
+                    tflops=round(flops / ms / 1e9, 1),
+                    config=p8.config_name if name.startswith("fo_jax") else None)
+        base = times["xla.dot"]
+        table.append([s, p8.config_name, f"{base:.3f}", f"{times['fo_jax.matmul']:.3f}",
+                      f"{flops / times['fo_jax.matmul'] / 1e9:.0f}",
+                      f"{base / times['fo_jax.matmul']:.3f}",
+                      f"{times['fo_jax.matmul'] / times['fo_jax.matmul.nosignal'] - 1:+.1%}",
+                      f"{times.get('fo_jax.matmul.remap', float('nan')) / times['fo_jax.matmul.nosignal'] - 1:+.1%}",
+                      f"{times['fo_jax.matmul.sm116'] / times['fo_jax.matmul'] - 1:+.1%}"])
+    header = ["M x N x K", "config", "xla.dot ms", "fo_jax ms", "fo_jax TFLOP/s",
+              "speed vs xla", "signal ovh", "remap+signal ovh", "116 SMs"]
+    md = (f"{res.base['device']}, {res.base['date']}, commit {res.base['commit']}, bf16\n\n" +
+          benchlib.markdown_table(header, table))
+    print("\n" + md)
+    stem = os.path.join(args.out, f"gemm_{res.base['date']}{args.tag}")
+    res.write_jsonl(stem + ".jsonl")
+    res.write_markdown(stem + ".md", md)
+
+
+if __name__ == "__main__":
+    main()

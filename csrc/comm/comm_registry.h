@@ -1,0 +1,38 @@
+// Per-device state for overlapped collectives: a dedicated NCCL communicator per tensor-parallel
+// group (never one that XLA's own collectives use), a high-priority comm stream and two events.
+// Created on first use for a (device, unique id, options) key and kept for the process lifetime;
+// thread-safe, since XLA drives each local device from its own host thread.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <string>
+
+namespace fo_jax {
+
+struct CommOptions {
+  int max_ctas = 0;  // NCCL CTAs per collective at most (0: NCCL's default)
+  int min_ctas = 0;  // at least (0: NCCL's default)
+};
+
+struct CommState {
+  int device = -1;
+  int nranks = 0;
+  int rank = -1;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;       // comm stream, highest priority
+  cudaEvent_t inputs_ready = nullptr;  // recorded on XLA's stream, waited on by the comm stream
+  cudaEvent_t comm_done = nullptr;     // recorded on the comm stream, waited on by XLA's stream
+};
+
+// Returns the state for this key, creating it (blocking until every rank of the group joined)
+// on first use. The calling thread's current device must be `device`. On failure returns nullptr
+// and sets *error; the failure is remembered, later calls return it again without hanging.
+CommState* GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, int rank,
+                                const CommOptions& options, std::string* error);
+
+// ncclCommGetAsyncError as a message ("" when fine).
+std::string CommAsyncError(const CommState& state);
+
+}  // namespace fo_jax

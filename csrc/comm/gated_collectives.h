@@ -1,0 +1,37 @@
+// The consumer half of the overlap: on the comm stream, for each output group in order, wait
+// until the GEMM's counter for it is full, then run NCCL on that group's contiguous bytes.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/comm_registry.h"
+
+namespace fo_jax {
+
+enum class Collective : int { kReduceScatter = 0, kAllReduce = 1 };
+
+// One group: reduce-scatter sends `count * nranks` elements from send + send_offset and receives
+// `count` at recv + recv_offset; all-reduce reduces `count` elements in place at recv_offset.
+struct GroupSpan {
+  size_t send_offset = 0;  // elements
+  size_t recv_offset = 0;  // elements
+  size_t count = 0;        // elements (per rank for reduce-scatter)
+  uint32_t expected = 0;   // counter value meaning "group done"
+};
+
+// Enqueues the gated collectives. Precondition (caller, on `xla_stream`): counters zeroed, then
+// state->inputs_ready recorded, then the producer GEMM launched. Afterwards `xla_stream` waits
+// for the comm stream, so XLA never reuses a buffer NCCL still touches.
+cudaError_t EnqueueGatedCollectives(CommState& state, cudaStream_t xla_stream, Collective kind,
+                                    ncclDataType_t dtype, const void* send, void* recv,
+                                    size_t elem_bytes, const uint32_t* counters,
+                                    const std::vector<GroupSpan>& groups, bool spin_wait,
+                                    std::string* error);
+
+}  // namespace fo_jax

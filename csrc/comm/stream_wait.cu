@@ -1,0 +1,66 @@
+// See stream_wait.h.
+#include "comm/stream_wait.h"
+
+#include <cuda.h>  // types and enums only; the entry point comes from cudaGetDriverEntryPoint
+
+#include <mutex>
+
+namespace fo_jax {
+namespace {
+
+using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+// One thread polls the counter with acquire loads. The volatile-free acquire load keeps the
+// compiler from hoisting it; the acquire orders this stream's later work after the producer's
+// release (the consumer kernels are launched after this kernel ends, so stream order suffices).
+__global__ void SpinWaitGeqKernel(const uint32_t* counter, uint32_t value) {
+  uint32_t seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    if (seen >= value) break;
+    __nanosleep(200);
+  } while (true);
+}
+
+WaitValue32Fn g_wait_value32 = nullptr;
+std::once_flag g_resolve_once;
+
+void ResolveWaitValue32() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status;
+  if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault,
+                                       &status) == cudaSuccess &&
+      status == cudaDriverEntryPointSuccess) {
+    g_wait_value32 = reinterpret_cast<WaitValue32Fn>(fn);
+  } else {
+    (void)cudaGetLastError();  // leave no sticky error behind; the spin kernel takes over
+  }
+}
+
+}  // namespace
+
+cudaError_t PrepareStreamWait(std::string* error) {
+  std::call_once(g_resolve_once, ResolveWaitValue32);
+  cudaFuncAttributes attr;
+  cudaError_t err = cudaFuncGetAttributes(&attr, SpinWaitGeqKernel);  // loads it on this device
+  if (err != cudaSuccess && error) *error = "loading the spin-wait kernel failed";
+  return err;
+}
+
+cudaError_t EnqueueWaitGeq(cudaStream_t stream, const uint32_t* counter, uint32_t value,
+                           bool use_spin_kernel, std::string* error) {
+  if (!use_spin_kernel && g_wait_value32 != nullptr) {
+    CUresult r = g_wait_value32(reinterpret_cast<CUstream>(stream),
+                                reinterpret_cast<CUdeviceptr>(counter), value,
+                                CU_STREAM_WAIT_VALUE_GEQ);
+    if (r == CUDA_SUCCESS) return cudaSuccess;
+    if (error) *error = "cuStreamWaitValue32 failed with CUresult " + std::to_string(r);
+    return cudaErrorUnknown;
+  }
+  SpinWaitGeqKernel<<<1, 1, 0, stream>>>(counter, value);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess && error) *error = "launching the spin-wait kernel failed";
+  return err;
+}
+
+}  // namespace fo_jax

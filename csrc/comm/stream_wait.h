@@ -1,0 +1,21 @@
+// Gating a stream on a 32-bit counter in device memory that a running kernel increments:
+// cuStreamWaitValue32 (holds no SM; resolved through the runtime, no libcuda link) or, where the
+// driver lacks it, a 1-thread spin kernel. Both must be enqueued AFTER the producer kernel, and
+// both kernels must be loaded before (CUDA lazy loading serializes first launches: DESIGN.md).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+namespace fo_jax {
+
+// Loads the spin kernel and resolves cuStreamWaitValue32 for the current device. Idempotent.
+cudaError_t PrepareStreamWait(std::string* error);
+
+// Enqueues on `stream`: wait until *counter >= value. `use_spin_kernel` forces the fallback.
+cudaError_t EnqueueWaitGeq(cudaStream_t stream, const uint32_t* counter, uint32_t value,
+                           bool use_spin_kernel, std::string* error);
+
+}  // namespace fo_jax

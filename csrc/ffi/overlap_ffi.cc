@@ -1,0 +1,169 @@
+// fo_jax_overlapped_matmul_ffi: one call = zero counters, signaling GEMM on XLA's stream,
+// counter-gated NCCL per group on the comm stream, join. The mesh table attributes say which
+// rank of which tensor-parallel group this device is; the communicator is created on first use.
+#include "ffi/overlap_ffi.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <array>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "comm/comm_registry.h"
+#include "comm/gated_collectives.h"
+#include "ffi/ffi_status.h"
+#include "ffi/gemm_plan.h"
+#include "kernels/signaling_gemm.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace fo_jax {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// Every kernel this handler launches is loaded once per device before its first overlapped
+// launch, whatever CUDA_MODULE_LOADING says (lazy loading deadlocks the gated stream: DESIGN.md).
+ffi::Error LoadKernelsOnce(int device) {
+  static std::array<std::once_flag, kMaxDevices> once;
+  static std::array<std::string, kMaxDevices> errors;
+  if (device < 0 || device >= kMaxDevices) return ffi::Error::InvalidArgument("device ordinal");
+  std::call_once(once[device], [&] {
+    std::string msg;
+    if (LoadAllGemmKernels(&msg) != cudaSuccess) errors[device] = "loading GEMM kernels: " + msg;
+  });
+  if (!errors[device].empty()) return ffi::Error::Internal("fo_jax: " + errors[device]);
+  return ffi::Error::Success();
+}
+
+struct MeshEntry {
+  int rank = -1;
+  int group = -1;
+};
+
+// This device's rank and group from the mesh table (one row per mesh device); "" or a message.
+std::string FindSelf(int32_t process, int32_t device, ffi::Span<const int32_t> procs,
+                     ffi::Span<const int32_t> locals, ffi::Span<const int32_t> ranks,
+                     ffi::Span<const int32_t> groups, MeshEntry* self) {
+  if (procs.size() != locals.size() || procs.size() != ranks.size() ||
+      procs.size() != groups.size()) {
+    return "mesh table columns differ in length";
+  }
+  for (size_t i = 0; i < procs.size(); ++i) {
+    if (procs[i] == process && locals[i] == device) {
+      *self = MeshEntry{ranks[i], groups[i]};
+      return "";
+    }
+  }
+  return "this device (process " + std::to_string(process) + ", ordinal " +
+         std::to_string(device) + ") is not in the mesh the call was lowered for";
+}
+
+ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
+                       ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
+                       ffi::Result<ffi::Buffer<ffi::U32>> counters, int32_t collective,
+                       int32_t config, ffi::Span<const int32_t> group_begin, int32_t sm_budget,
+                       int32_t nccl_max_ctas, bool spin_wait, int32_t nranks, int32_t process,
+                       ffi::Span<const int32_t> mesh_process, ffi::Span<const int32_t> mesh_local,
+                       ffi::Span<const int32_t> mesh_rank, ffi::Span<const int32_t> mesh_group,
+                       ffi::Span<const uint8_t> unique_ids) {
+  const auto dt = x.element_type();
+  if ((dt != ffi::DataType::BF16 && dt != ffi::DataType::F16) || w.element_type() != dt ||
+      out->element_type() != dt) {
+    return ffi::Error::InvalidArgument("fo_jax_overlapped_matmul_ffi: bf16 or f16 operands");
+  }
+  if (collective != 0 && collective != 1) return ffi::Error::InvalidArgument("collective");
+  const Collective kind = collective == 0 ? Collective::kReduceScatter : Collective::kAllReduce;
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0] || nranks < 1) {
+    return ffi::Error::InvalidArgument("fo_jax_overlapped_matmul_ffi: x[M,K] @ w[K,N]");
+  }
+  const int64_t M = xd[0], K = xd[1], N = wd[1];
+  const bool rs = kind == Collective::kReduceScatter;
+  if (rs && M % nranks) return ffi::Error::InvalidArgument("M not divisible by the axis size");
+  const int64_t out_rows = rs ? M / nranks : M;
+  if (out->element_count() != static_cast<size_t>(out_rows * N) ||
+      (rs && workspace->element_count() != static_cast<size_t>(M * N))) {
+    return ffi::Error::InvalidArgument("fo_jax_overlapped_matmul_ffi: result sizes");
+  }
+
+  MeshEntry me;
+  std::string msg = FindSelf(process, device, mesh_process, mesh_local, mesh_rank, mesh_group, &me);
+  if (!msg.empty()) return ffi::Error::InvalidArgument("fo_jax: " + msg);
+  if (me.rank < 0 || me.rank >= nranks || me.group < 0 ||
+      unique_ids.size() < static_cast<size_t>(me.group + 1) * NCCL_UNIQUE_ID_BYTES) {
+    return ffi::Error::InvalidArgument("fo_jax: bad rank/group/unique id table");
+  }
+  ncclUniqueId id;
+  std::memcpy(id.internal, unique_ids.begin() + me.group * NCCL_UNIQUE_ID_BYTES,
+              NCCL_UNIQUE_ID_BYTES);
+
+  FO_JAX_RETURN_IF_ERROR(LoadKernelsOnce(device));
+  CommOptions options;
+  options.max_ctas = nccl_max_ctas;
+  CommState* state = GetOrCreateCommState(device, id, nranks, me.rank, options, &msg);
+  if (state == nullptr) return ffi::Error::Internal("fo_jax: " + msg);
+  msg = CommAsyncError(*state);
+  if (!msg.empty()) return ffi::Error::Internal("fo_jax: " + msg);
+
+  SignalingGemmArgs args;
+  args.dtype = dt == ffi::DataType::BF16 ? GemmDtype::kBF16 : GemmDtype::kF16;
+  args.batch = rs ? nranks : 1;
+  args.m = static_cast<int>(M / args.batch);
+  args.n = static_cast<int>(N);
+  args.k = static_cast<int>(K);
+  args.a = x.untyped_data();
+  args.b = w.untyped_data();
+  args.d = rs ? workspace->untyped_data() : out->untyped_data();
+  args.sm_budget = ResolveSmBudget(sm_budget);
+  args.config = config;
+  msg = SetGroups(args, group_begin.begin(), group_begin.size());
+  if (!msg.empty()) return ffi::Error::InvalidArgument("fo_jax_overlapped_matmul_ffi: " + msg);
+  if (counters->element_count() != static_cast<size_t>(args.num_groups)) {
+    return ffi::Error::InvalidArgument("fo_jax: counters must have one entry per group");
+  }
+  args.counters = counters->typed_data();
+
+  // Stream order on XLA's stream: zero counters -> inputs_ready -> GEMM. The gated waits are
+  // enqueued after the GEMM launch (never before the producer: DESIGN.md).
+  FO_JAX_RETURN_IF_CUDA_ERROR(
+      cudaMemsetAsync(args.counters, 0, args.num_groups * sizeof(uint32_t), stream));
+  FO_JAX_RETURN_IF_CUDA_ERROR(cudaEventRecord(state->inputs_ready, stream));
+  cudaError_t err = LaunchSignalingGemm(stream, args, &msg);
+  if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: GEMM launch: " + msg);
+  const ncclDataType_t nccl_dt = dt == ffi::DataType::BF16 ? ncclBfloat16 : ncclFloat16;
+  err = EnqueueGatedCollectives(*state, stream, kind, nccl_dt, args.d, out->untyped_data(), 2,
+                                args.counters, CollectiveSpans(args, kind), spin_wait, &msg);
+  if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: " + msg);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace fo_jax
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    FoJaxOverlappedMatmulFfi, fo_jax::OverlapImpl,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::PlatformStream<cudaStream_t>>()        // XLA's stream
+        .Ctx<ffi::DeviceOrdinal>()                       // local device ordinal
+        .Arg<ffi::AnyBuffer>()                           // x [M, K]
+        .Arg<ffi::AnyBuffer>()                           // w [K, N]
+        .Ret<ffi::AnyBuffer>()                           // out [M/P or M, N]
+        .Ret<ffi::AnyBuffer>()                           // workspace [M, N] (reduce-scatter)
+        .Ret<ffi::Buffer<ffi::U32>>()                    // counters [G]
+        .Attr<int32_t>("collective")                     // 0 reduce-scatter, 1 all-reduce
+        .Attr<int32_t>("config")                         // GEMM config index
+        .Attr<ffi::Span<const int32_t>>("group_begin")   // tile-row group boundaries
+        .Attr<int32_t>("sm_budget")                      // GEMM SMs (0: all)
+        .Attr<int32_t>("nccl_max_ctas")                  // NCCL CTA bound (0: default)
+        .Attr<bool>("spin_wait")                         // spin kernel instead of WaitValue32
+        .Attr<int32_t>("nranks")                         // axis size
+        .Attr<int32_t>("process")                        // this process's index
+        .Attr<ffi::Span<const int32_t>>("mesh_process")  // per mesh device: process index
+        .Attr<ffi::Span<const int32_t>>("mesh_local")    //   local hardware id (ordinal)
+        .Attr<ffi::Span<const int32_t>>("mesh_rank")     //   rank along the axis
+        .Attr<ffi::Span<const int32_t>>("mesh_group")    //   tensor-parallel group index
+        .Attr<ffi::Span<const uint8_t>>("unique_ids"));  // 128 bytes per group

@@ -1,0 +1,128 @@
+"""Reverse-mode autodiff of overlapped_matmul: one custom VJP around an opaque forward.
+
+The CUDA forward is an XLA FFI custom call that JAX cannot differentiate, so the op carries its own
+rule; the reference forward goes through the same rule, so both paths train the same way. The rule
+is the transpose of "local GEMM, then psum / psum_scatter", written out with explicit GEMMs.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+Forward = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def overlapped_matmul_vjp(forward: Forward, x: jax.Array, w: jax.Array, axis_name: str,
+                          collective: str) -> jax.Array:
+    """Calls `forward(x, w)` with fo_jax's reverse-mode rule attached (inside `jax.shard_map`).
+
+    `forward` must compute `psum(x @ w, axis_name)` (collective="all_reduce") or
+    `psum_scatter(x @ w, axis_name, scatter_dimension=0, tiled=True)` (collective=
+    "reduce_scatter") in x's dtype; it is treated as opaque and is never differentiated, so it may
+    be a custom call without an autodiff rule. Backward, with fp32 GEMM accumulation and cotangents
+    returned in the primal dtypes:
+
+    - all_reduce: dx = dy @ w^T, dw = x^T @ dy. dy is replicated over `axis_name`, so there is no
+      communication (under `check_vma=False` JAX hands each device a share of the cotangent of a
+      replicated value, and the rule sums the shares with one psum of dy, as JAX's own psum
+      transpose does there).
+    - reduce_scatter: g = all_gather(dy, axis_name, axis=0, tiled=True), dx = g @ w^T,
+      dw = x^T @ g.
+
+    Under `check_vma=True` each cotangent gets the varying-manual-axes type of its primal: summed
+    (psum) over axes it varies over but its primal does not (e.g. dw over a data axis when w is
+    replicated over it), marked varying over axes it lacks. Forward-mode (jvp) is not supported.
+
+    Args:
+      forward: `forward(x, w) -> y`, the primal implementation (reference or CUDA).
+      x: local shard [M, K_local].
+      w: local shard [K_local, N].
+      axis_name: the mesh axis reduced over (bound by an enclosing shard_map).
+      collective: "all_reduce" or "reduce_scatter".
+
+    Returns:
+      `forward(x, w)`.
+    """
+    return _overlapped(forward, axis_name, collective, x, w)
+
+
+# forward, axis_name and collective are static: a fresh lambda per call only re-traces this rule
+# inside the (cached) trace of the caller's jit; it never reaches a jit cache key.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _overlapped(forward, axis_name, collective, x, w):
+    return forward(x, w)
+
+
+def _overlapped_fwd(forward, axis_name, collective, x, w):
+    return forward(x, w), (x, w)
+
+
+def _overlapped_bwd(forward, axis_name, collective, res, dy):
+    del forward
+    x, w = res
+    # Under check_vma=False every aval has an empty varying set; under check_vma=True the product
+    # being reduced varies over axis_name, so x or w does.
+    checked = bool(_varying(x) | _varying(w))
+    if collective == "reduce_scatter":
+        g = jax.lax.all_gather(_vary(dy, {axis_name}) if checked else dy, axis_name, axis=0,
+                               tiled=True)
+    elif collective == "all_reduce":
+        g = dy if checked else jax.lax.psum(dy, axis_name)
+    else:
+        raise ValueError(f"fo_jax.autodiff: unknown collective {collective!r}")
+    # Operands of each GEMM share one varying type (JAX would insert these pvarys itself).
+    dx = _dot(*_common_vary(g, w), (1, 1))  # [M, N] x [K, N] -> [M, K]
+    dw = _dot(*_common_vary(x, g), (0, 0))  # [M, K] x [M, N] -> [K, N]
+    return _like(dx, x), _like(dw, w)
+
+
+_overlapped.defvjp(_overlapped_fwd, _overlapped_bwd)
+
+
+def _dot(a, b, contract: tuple[int, int]):
+    return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+
+def _varying(a) -> frozenset:
+    """Mesh axes the value varies over (empty outside shard_map or under check_vma=False)."""
+    aval = jax.typeof(a)
+    mat = getattr(aval, "mat", None)  # jax 0.10
+    if mat is not None:
+        return frozenset(mat.varying)
+    if hasattr(aval, "vma"):  # jax 0.6 - 0.9
+        return frozenset(aval.vma)
+    # Guessing "not varying" would silently mis-scale gradients under check_vma=True.
+    raise NotImplementedError(f"fo_jax.autodiff: cannot read the varying manual axes of {aval} "
+                              f"with jax {jax.__version__}; please report this")
+
+
+def _axes(names) -> tuple:
+    return tuple(sorted(names, key=str))  # deterministic order: stable jaxprs across runs
+
+
+def _vary(a, axes):
+    missing = set(axes) - _varying(a)
+    if not missing:
+        return a
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(a, _axes(missing), to="varying")
+    return jax.lax.pvary(a, _axes(missing))
+
+
+def _common_vary(a, b):
+    axes = _varying(a) | _varying(b)
+    return _vary(a, axes), _vary(b, axes)
+
+
+def _like(ct, primal):
+    """ct in primal's dtype and varying-axes type (a psum transposes an implicit pvary)."""
+    ct = ct.astype(primal.dtype)
+    extra = _varying(ct) - _varying(primal)
+    if extra:
+        ct = jax.lax.psum(ct, _axes(extra))
+    return _vary(ct, _varying(primal))

@@ -1,0 +1,164 @@
+"""The overlapped CUDA path on 2+ GPUs against the reference: both collectives, bf16/fp16,
+several shapes (M per rank not a multiple of the tile too), 1000 back-to-back calls, XLA's own
+collectives in the same jit, a 2x2 mesh, and one process per GPU."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+import fo_jax
+from conftest import gpu_devices_or_skip
+from numerics import assert_close, random_operands
+
+pytestmark = pytest.mark.gpu
+
+
+def _mesh(n, shape=None, names=("tp",)):
+    devs = gpu_devices_or_skip(n)
+    assert fo_jax.cuda_module_available(), "GPU present but the CUDA module is not built"
+    return Mesh(np.array(devs).reshape(shape or (n,)), names)
+
+
+def _tp_fn(mesh, collective, data_axis=None, config=None, use_reference=False):
+    def body(x, w):
+        if use_reference:
+            return fo_jax.reference.overlapped_matmul(x, w, "tp", collective)
+        return fo_jax.overlapped_matmul(x, w, axis_name="tp", collective=collective,
+                                        config=config)
+
+    if collective == "reduce_scatter":
+        out = P((data_axis, "tp") if data_axis else "tp", None)
+    else:
+        out = P(data_axis, None)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(data_axis, "tp"), P("tp", None)),
+                                 out_specs=out))
+
+
+def _ntp():
+    n = len(gpu_devices_or_skip(2))
+    return 4 if n >= 4 else 2
+
+
+SHAPES = [  # global (M, N, K_total); per rank K = K_total / tp
+    (1024, 1024, 2048),
+    (4096, 512, 1024),
+    (800, 264, 544),  # M per rank (tp 4: 200, tp 2: 400) not a multiple of any tile
+    (2048, 8192, 1024),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
+def test_overlap_matches_reference(collective, shape, dtype):
+    tp = _ntp()
+    mesh = _mesh(tp)
+    m, n, k = shape
+    rng = np.random.default_rng(hash((collective, shape)) % 2**32)
+    x, w, x64, w64 = random_operands(rng, m, k, n, dtype)
+    f = _tp_fn(mesh, collective)
+    assert "fo_jax_overlapped_matmul_ffi" in f.lower(x, w).as_text()
+    out = f(x, w)
+    assert out.dtype == jnp.dtype(dtype) and out.shape == (m, n)
+    assert_close(out, x64 @ w64, dtype)
+    ref = _tp_fn(mesh, collective, use_reference=True)(x, w)
+    assert_close(out, np.asarray(ref.astype(jnp.float32)), dtype, factor=2.0)
+
+
+def test_explicit_partition_and_options():
+    tp = _ntp()
+    mesh = _mesh(tp)
+    m, n, k = 2048, 1024, 1024
+    rng = np.random.default_rng(2)
+    x, w, x64, w64 = random_operands(rng, m, k, n, jnp.bfloat16)
+    rows = (m // tp) // 128  # tile-rows per rank for 128-row tiles
+    for cfg in (fo_jax.OverlapConfig(num_groups=1, sm_budget=100, nccl_max_ctas=8),
+                fo_jax.OverlapConfig(gemm_config=None, num_groups=3)):
+        out = _tp_fn(mesh, "reduce_scatter", config=cfg)(x, w)
+        assert_close(out, x64 @ w64, jnp.bfloat16)
+    del rows
+
+
+def test_thousand_back_to_back_calls():
+    tp = _ntp()
+    mesh = _mesh(tp)
+    m, n, k = 1024, 1024, 1024
+    rng = np.random.default_rng(3)
+    for collective in ("reduce_scatter", "all_reduce"):
+        x, w, x64, w64 = random_operands(rng, m, k, n, jnp.bfloat16)
+        f = _tp_fn(mesh, collective)
+        outs = [f(x, w) for _ in range(1000)]
+        jax.block_until_ready(outs)
+        assert_close(outs[-1], x64 @ w64, jnp.bfloat16)
+        np.testing.assert_array_equal(np.asarray(outs[0]), np.asarray(outs[-1]))
+
+
+def test_with_xla_collectives_in_the_same_jit():
+    tp = _ntp()
+    mesh = _mesh(tp)
+    m, n, k = 1024, 512, 1024
+    rng = np.random.default_rng(4)
+    x, w, x64, w64 = random_operands(rng, m, k, n, jnp.bfloat16)
+    z = jnp.asarray(rng.standard_normal((tp * 64, 32)), jnp.float32)
+
+    def body(x, w, z):
+        a = jax.lax.psum(z, "tp")
+        y = fo_jax.overlapped_matmul(x, w, axis_name="tp", collective="reduce_scatter")
+        b = jax.lax.all_gather(z, "tp", tiled=True)
+        y2 = fo_jax.overlapped_matmul(x, w, axis_name="tp", collective="all_reduce")
+        return y, y2, a, b
+
+    f = jax.jit(jax.shard_map(
+        body, mesh=mesh, in_specs=(P(None, "tp"), P("tp", None), P("tp", None)),
+        out_specs=(P("tp", None), P(), P(), P())))
+    for _ in range(3):
+        y, y2, a, b = f(x, w, z)
+    z64 = np.asarray(z, np.float64)
+    assert_close(y, x64 @ w64, jnp.bfloat16)
+    assert_close(y2, x64 @ w64, jnp.bfloat16)
+    np.testing.assert_allclose(np.asarray(a), z64.reshape(tp, 64, 32).sum(0), rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(b), np.asarray(z))
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
+def test_2x2_mesh_two_communicators(collective):
+    mesh = _mesh(4, (2, 2), ("data", "tp"))
+    m, n, k = 2048, 1024, 1024
+    rng = np.random.default_rng(5)
+    x, w, x64, w64 = random_operands(rng, m, k, n, jnp.bfloat16)
+    out = _tp_fn(mesh, collective, data_axis="data")(x, w)
+    assert_close(out, x64 @ w64, jnp.bfloat16)
+
+
+def test_one_process_per_gpu():
+    n = len(gpu_devices_or_skip(2))
+    nproc = 4 if n >= 4 else 2
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = os.path.join(os.path.dirname(__file__), "multiprocess_worker.py")
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    env.pop("XLA_FLAGS", None)
+    procs = [subprocess.Popen([sys.executable, worker, str(i), str(nproc), str(port)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(nproc)]
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("one-process-per-GPU run hung (killed after 240 s)")
+        outs.append(out)
+    for i, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"process {i} failed:\n{out[-3000:]}"
+        assert "WORKER OK" in out, out[-3000:]

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs on a lent GPU machine (device tool), from the repo root: installs fo_jax against the
+# carried .devbuild/libfo_jax_cuda.a (built here by tools/build_cuda_lib.sh), then the named
+# steps. Logs and result files go to $OUT. NVLink multicast stays off.
+# Steps: info smoke test-gemm test-overlap bench-gemm bench-overlap bench-overlap-sweep selftest
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 FO_JAX_REQUIRE_GPU=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+t0=$(date +%s)
+stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
+stamp install
+python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/site \
+  -C cmake.define.FO_JAX_PREBUILT_CUDA_LIB="$PWD/.devbuild/libfo_jax_cuda.a" . \
+  > "$OUT/install.log" 2>&1 || { tail -40 "$OUT/install.log"; exit 1; }
+export PYTHONPATH=/tmp/site
+cd /tmp  # so that imports find the installed fo_jax, not the source tree (no .so there)
+R=$OLDPWD
+rc=0
+for step in "$@"; do
+  stamp "$step"
+  case "$step" in
+    info) nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv
+          python3 -c "import jax, fo_jax; print(jax.__version__, jax.devices(), fo_jax.cuda_module_available())";;
+    smoke) python3 -m pytest -q -rs -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/test_gpu_smoke.py" "$R/tests/test_package.py" 2>&1 | tee -a "$OUT/tests.log" | tail -5 || rc=1;;
+    test-gemm) timeout 600 python3 -m pytest -q -x -rs -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/test_gemm_gpu.py" 2>&1 | tee -a "$OUT/tests.log" | tail -25 || rc=1;;
+    test-overlap) timeout 900 python3 -m pytest -q -x -rs -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/test_overlap_gpu.py" 2>&1 | tee -a "$OUT/tests.log" | tail -30 || rc=1;;
+    bench-gemm) python3 "$R/benchmarks/bench_gemm.py" --out "$OUT" 2>&1 | tail -22 || rc=1;;
+    bench-overlap) python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" 2>&1 | tail -22 || rc=1;;
+    bench-overlap-sweep) python3 "$R/benchmarks/bench_overlap.py" --sweep --out "$OUT" 2>&1 | tail -22 || rc=1;;
+    selftest) "$R/.devbuild/gemm_selftest" 2>&1 | tee "$OUT/selftest.log" | tail -40 || rc=1;;
+    *) echo "unknown step $step"; rc=1;;
+  esac
+done
+stamp done
+exit $rc
