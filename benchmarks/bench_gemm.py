@@ -2,8 +2,9 @@
 
 Methods (bf16, x[M,K] @ w[K,N] per GPU):
   xla.dot                  jnp.dot with fp32 accumulation (what JAX users get today)
-  fo_jax.matmul.nosignal   fo_jax's GEMM, one group, no counters
+  fo_jax.matmul.nosignal   fo_jax's GEMM, 8 groups (same tile order), no counters
   fo_jax.matmul            fo_jax's GEMM with 8 groups and counters (the overlap's producer)
+  fo_jax.matmul.1group     one group, no counters (the plain GEMM tile order)
   fo_jax.matmul.remap      + the reduce-scatter row remap (batch 4), counters on
   fo_jax.matmul.sm116      signaling GEMM on 116 SMs (16 left to NCCL), the overlap default
 Times: median of 5 x 20 back-to-back calls (benchlib). Writes JSON Lines + a markdown table.
@@ -64,6 +65,8 @@ def main() -> None:
         methods = {
             "xla.dot": jax.jit(fo_jax.reference.matmul),
             "fo_jax.matmul.nosignal": jax.jit(lambda a, b: _cuda_ops.signaling_gemm(
+                a, b, p8, 1, False)[0]),
+            "fo_jax.matmul.1group": jax.jit(lambda a, b: _cuda_ops.signaling_gemm(
                 a, b, p1, 1, False)[0]),
             "fo_jax.matmul": jax.jit(lambda a, b: _cuda_ops.signaling_gemm(a, b, p8, 1, True)[0]),
             "fo_jax.matmul.sm116": jax.jit(lambda a, b: _cuda_ops.signaling_gemm(

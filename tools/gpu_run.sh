@@ -24,9 +24,10 @@ for step in "$@"; do
           python3 -c "import jax, fo_jax; print(jax.__version__, jax.devices(), fo_jax.cuda_module_available())";;
     smoke) python3 -m pytest -q -rs -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/test_gpu_smoke.py" "$R/tests/test_package.py" 2>&1 | tee -a "$OUT/tests.log" | tail -5 || rc=1;;
     test-gemm) timeout 600 python3 -m pytest -q -x -rs -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/test_gemm_gpu.py" 2>&1 | tee -a "$OUT/tests.log" | tail -25 || rc=1;;
-    test-overlap) timeout 900 python3 -m pytest -q -x -rs -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/test_overlap_gpu.py" 2>&1 | tee -a "$OUT/tests.log" | tail -30 || rc=1;;
+    test-overlap) timeout 560 python3 -m pytest -q -x -rs --timeout 150 -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/test_overlap_gpu.py" 2>&1 | tee -a "$OUT/tests.log" | tail -30 || rc=1;;
     bench-gemm) python3 "$R/benchmarks/bench_gemm.py" --out "$OUT" 2>&1 | tail -22 || rc=1;;
     bench-overlap) python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" 2>&1 | tail -22 || rc=1;;
+    bench-overlap-quick) python3 "$R/benchmarks/bench_overlap.py" --shapes 8192x8192x2048 --out "$OUT" --tag _quick 2>&1 | tail -16 || rc=1;;
     bench-overlap-sweep) python3 "$R/benchmarks/bench_overlap.py" --sweep --out "$OUT" 2>&1 | tail -22 || rc=1;;
     selftest) "$R/.devbuild/gemm_selftest" 2>&1 | tee "$OUT/selftest.log" | tail -40 || rc=1;;
     *) echo "unknown step $step"; rc=1;;

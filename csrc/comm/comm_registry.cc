@@ -46,7 +46,9 @@ std::string WarmUp(CommState& s) {
   for (ncclDataType_t dt : {ncclBfloat16, ncclFloat16}) {
     for (size_t count : {size_t{1024}, kElems}) {
       ncclResult_t r = ncclGroupStart();
-      if (r == ncclSuccess) r = ncclReduceScatter(buf, buf, count, dt, ncclSum, s.comm, s.stream);
+      // In-place reduce-scatter: this rank's chunk of the send buffer is the receive buffer.
+      void* chunk = static_cast<char*>(buf) + static_cast<size_t>(s.rank) * count * 2;
+      if (r == ncclSuccess) r = ncclReduceScatter(buf, chunk, count, dt, ncclSum, s.comm, s.stream);
       if (r == ncclSuccess) r = ncclAllReduce(buf, buf, count, dt, ncclSum, s.comm, s.stream);
       if (r == ncclSuccess) r = ncclGroupEnd();
       if (r != ncclSuccess) return NcclMessage("NCCL warm-up", r, s.comm);
