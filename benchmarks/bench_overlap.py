@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", default=DESIGN_SHAPES)
     ap.add_argument("--collectives", nargs="*", default=["reduce_scatter", "all_reduce"])
     ap.add_argument("--sweep", action="store_true", help="also time the SWEEP configurations")
+    ap.add_argument("--configs", nargs="*", default=[],
+                    help="extra configurations to time, each GROUPS:SM_BUDGET:NCCL_MAX_CTAS")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
 
@@ -100,8 +102,10 @@ def main() -> None:
             "gemm_only": (build(mesh, collective, "gemm_only"), (x, w)),
             "comm_only": (build(mesh, collective, "comm_only"), (y,)),
         }
-        if args.sweep:
-            for cfg in SWEEP:
+        extra = [dict(zip(("num_groups", "sm_budget", "nccl_max_ctas"), map(int, c.split(":"))))
+                 for c in args.configs]
+        if args.sweep or extra:
+            for cfg in (SWEEP if args.sweep else []) + extra:
                 label = "fo_jax[g{num_groups},sm{sm_budget},c{nccl_max_ctas}]".format(**cfg)
                 fns[label] = (build(mesh, collective, "fo_jax", fo_jax.OverlapConfig(**cfg)),
                               (x, w))

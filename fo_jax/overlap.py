@@ -138,7 +138,8 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
                   plan.group_begin, plan.sm_budget, max_ctas)
         cuda = functools.partial(overlapped_matmul_cuda, axis_name=axis_name,
                                  collective=collective, axis_size=size, plan=plan,
-                                 nccl_max_ctas=max_ctas)
+                                 nccl_max_ctas=max_ctas,
+                                 spin_wait=os.environ.get("FO_JAX_SPIN_WAIT", "") == "1")
 
         def forward(x, w):
             return jax.lax.platform_dependent(x, w, cuda=cuda, default=ref)

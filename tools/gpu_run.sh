@@ -28,6 +28,9 @@ for step in "$@"; do
     bench-gemm) python3 "$R/benchmarks/bench_gemm.py" --out "$OUT" 2>&1 | tail -22 || rc=1;;
     bench-overlap) python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" 2>&1 | tail -22 || rc=1;;
     bench-overlap-quick) python3 "$R/benchmarks/bench_overlap.py" --shapes 8192x8192x2048 --out "$OUT" --tag _quick 2>&1 | tail -16 || rc=1;;
+    diag-overlap) for envs in "" "CUDA_MODULE_LOADING=EAGER" "FO_JAX_SPIN_WAIT=1"; do
+          echo "--- env: $envs"; env $envs python3 "$R/benchmarks/bench_overlap.py" --shapes 8192x8192x2048 \
+            --collectives reduce_scatter --configs 1:116:16 8:116:16 4:100:32 16:116:16 --out "$OUT" --tag "_diag" 2>&1 | grep -E "^\| |method" | cut -c1-400 | grep -oE '"method": "[^"]*", "ms": [0-9.]*|^\| .*' ; done || rc=1;;
     bench-overlap-sweep) python3 "$R/benchmarks/bench_overlap.py" --sweep --out "$OUT" 2>&1 | tail -22 || rc=1;;
     selftest) "$R/.devbuild/gemm_selftest" 2>&1 | tee "$OUT/selftest.log" | tail -40 || rc=1;;
     *) echo "unknown step $step"; rc=1;;
