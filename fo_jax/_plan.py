@@ -17,11 +17,29 @@ from fo_jax.config import OverlapConfig
 
 DTYPE_CODES = {jnp.dtype(jnp.bfloat16): 0, jnp.dtype(jnp.float16): 1}
 
-# Overlap defaults: leave this many SMs to NCCL, bound NCCL to as many CTAs, split the output
-# into this many groups (fewer if it has fewer tile-rows).
-DEFAULT_SMS_FOR_NCCL = 16
-DEFAULT_NCCL_MAX_CTAS = 16
-DEFAULT_NUM_GROUPS = 8
+# Overlap defaults, measured on H200 (benchmarks/NOTES.md). The GEMM leaves SMs to NCCL; how
+# many pays depends on how long the GEMM runs against the collective: when they take about as long
+# (r = T_gemm / T_comm < 1.5), NCCL needs 32 free SMs and 32 CTAs to keep pace and 4 groups keep
+# per-call NCCL overhead low; when the GEMM dominates, 16 SMs suffice and 8 groups shorten the tail.
+SHORT_GEMM = dict(num_groups=4, sms_for_nccl=32, nccl_max_ctas=32)
+LONG_GEMM = dict(num_groups=8, sms_for_nccl=16, nccl_max_ctas=32)
+RATIO_THRESHOLD = 1.5
+# Rough H100/H200 rates for the ratio only (bf16 GEMM; NCCL algorithm bandwidth over NVLink).
+GEMM_FLOPS = 650e12
+ALGBW = {"reduce_scatter": 330e9, "all_reduce": 180e9}
+# Below this estimated GEMM time the overlap cannot repay its fixed costs: use the XLA path.
+MIN_GEMM_SECONDS = 40e-6
+
+
+def estimate_seconds(collective: str, m: int, n: int, k: int, itemsize: int = 2) -> tuple:
+    """(T_gemm, T_comm) rough estimates for a per-GPU x[m, k] @ w[k, n] and its collective."""
+    return 2.0 * m * n * k / GEMM_FLOPS, m * n * itemsize / ALGBW[collective]
+
+
+def overlap_defaults(collective: str, m: int, n: int, k: int) -> dict:
+    """Default groups / SMs left to NCCL / NCCL CTAs for this shape (m: rows of x per GPU)."""
+    t_gemm, t_comm = estimate_seconds(collective, m, n, k)
+    return dict(SHORT_GEMM if t_gemm < RATIO_THRESHOLD * t_comm else LONG_GEMM)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -59,6 +59,13 @@ def _choose_path(op: str, dtype, config: Optional[OverlapConfig], m: int, n: int
         why = "forced (FO_JAX_FORCE_REFERENCE=1 or config.force_reference)"
         return PathChoice(op, "reference", why, **extra)
     blocker = _cuda_blocker(dtype, m, n, k)
+    if blocker is None and op == "overlapped_matmul" and (config is None or
+                                                         config.allow_fallback):
+        rows = m * extra["axis_size"] if extra["collective"] == "reduce_scatter" else m
+        t_gemm = _plan.estimate_seconds(extra["collective"], rows, n, k)[0]
+        if t_gemm < _plan.MIN_GEMM_SECONDS:
+            blocker = (f"too small to gain from overlap (estimated GEMM {t_gemm * 1e6:.0f} us < "
+                       f"{_plan.MIN_GEMM_SECONDS * 1e6:.0f} us); XLA's path is faster here")
     if blocker is not None:
         return PathChoice(op, "reference", blocker, **extra)
     if platform is not None and platform not in ("gpu", "cuda"):
@@ -129,9 +136,10 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
         from fo_jax._cuda_ops import overlapped_matmul_cuda  # noqa: PLC0415 (needs the module)
 
         batch = size if collective == "reduce_scatter" else 1
+        d = _plan.overlap_defaults(collective, x.shape[0], w.shape[1], x.shape[1])
         plan = _plan.plan_gemm(fn, dtype, m, w.shape[1], x.shape[1], batch, config,
-                               _plan.DEFAULT_NUM_GROUPS, -_plan.DEFAULT_SMS_FOR_NCCL)
-        max_ctas = _plan.DEFAULT_NCCL_MAX_CTAS
+                               d["num_groups"], -d["sms_for_nccl"])
+        max_ctas = d["nccl_max_ctas"]
         if config is not None and config.nccl_max_ctas is not None:
             max_ctas = config.nccl_max_ctas
         log.debug("%s: plan %s, groups %s, sm_budget %d, nccl_max_ctas %d", fn, plan.config_name,

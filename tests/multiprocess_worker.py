@@ -14,6 +14,7 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=
 import fo_jax  # noqa: E402
 
 mesh = Mesh(np.array(jax.devices()), ("tp",))
+NO_FALLBACK = fo_jax.OverlapConfig(allow_fallback=False)  # small test shape: keep the CUDA path
 m, n, k = 1024, 512, 256 * nproc
 rng = np.random.default_rng(0)  # same data in every process
 x = (rng.standard_normal((m, k)) / np.sqrt(k)).astype(np.float32)
@@ -31,7 +32,8 @@ def global_array(a, spec):
 xg, wg = global_array(x, P(None, "tp")), global_array(w, P("tp", None))
 for collective, out_spec in (("reduce_scatter", P("tp", None)), ("all_reduce", P())):
     f = jax.jit(jax.shard_map(
-        lambda a, b, c=collective: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective=c),
+        lambda a, b, c=collective: fo_jax.overlapped_matmul(
+            a, b, axis_name="tp", collective=c, config=NO_FALLBACK),
         mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=out_spec))
     assert "fo_jax_overlapped_matmul_ffi" in f.lower(xg, wg).as_text()
     for _ in range(5):

@@ -26,7 +26,11 @@ def _mesh(n, shape=None, names=("tp",)):
     return Mesh(np.array(devs).reshape(shape or (n,)), names)
 
 
-def _tp_fn(mesh, collective, data_axis=None, config=None, use_reference=False):
+# Test shapes are small: without this the size fallback would send them to XLA's path.
+NO_FALLBACK = fo_jax.OverlapConfig(allow_fallback=False)
+
+
+def _tp_fn(mesh, collective, data_axis=None, config=NO_FALLBACK, use_reference=False):
     def body(x, w):
         if use_reference:
             return fo_jax.reference.overlapped_matmul(x, w, "tp", collective)
@@ -78,12 +82,11 @@ def test_explicit_partition_and_options():
     m, n, k = 2048, 1024, 1024
     rng = np.random.default_rng(2)
     x, w, x64, w64 = random_operands(rng, m, k, n, jnp.bfloat16)
-    rows = (m // tp) // 128  # tile-rows per rank for 128-row tiles
-    for cfg in (fo_jax.OverlapConfig(num_groups=1, sm_budget=100, nccl_max_ctas=8),
-                fo_jax.OverlapConfig(gemm_config=None, num_groups=3)):
+    for cfg in (fo_jax.OverlapConfig(num_groups=1, sm_budget=100, nccl_max_ctas=8,
+                                     allow_fallback=False),
+                fo_jax.OverlapConfig(num_groups=3, allow_fallback=False)):
         out = _tp_fn(mesh, "reduce_scatter", config=cfg)(x, w)
         assert_close(out, x64 @ w64, jnp.bfloat16)
-    del rows
 
 
 def test_thousand_back_to_back_calls():
@@ -110,9 +113,11 @@ def test_with_xla_collectives_in_the_same_jit():
 
     def body(x, w, z):
         a = jax.lax.psum(z, "tp")
-        y = fo_jax.overlapped_matmul(x, w, axis_name="tp", collective="reduce_scatter")
+        y = fo_jax.overlapped_matmul(x, w, axis_name="tp", collective="reduce_scatter",
+                                     config=NO_FALLBACK)
         b = jax.lax.all_gather(z, "tp", tiled=True)
-        y2 = fo_jax.overlapped_matmul(x, w, axis_name="tp", collective="all_reduce")
+        y2 = fo_jax.overlapped_matmul(x, w, axis_name="tp", collective="all_reduce",
+                                      config=NO_FALLBACK)
         return y, y2, a, b
 
     f = jax.jit(jax.shard_map(

@@ -19,7 +19,7 @@ struct Entry {
   std::string error;
 };
 
-using Key = std::tuple<int, std::string, int, int, int, int>;
+using Key = std::tuple<int, std::string, int, int, int, int, int>;
 
 std::mutex g_mutex;
 std::map<Key, std::shared_ptr<Entry>>& Registry() {
@@ -74,6 +74,7 @@ std::string Create(CommState& s, const ncclUniqueId& id, const CommOptions& opti
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   if (options.max_ctas > 0) config.maxCTAs = options.max_ctas;
   if (options.min_ctas > 0) config.minCTAs = options.min_ctas;
+  if (options.cga_cluster_size > 0) config.cgaClusterSize = options.cga_cluster_size;
   ncclResult_t r = ncclCommInitRankConfig(&s.comm, s.nranks, id, s.rank, &config);
   if (r != ncclSuccess) return NcclMessage("ncclCommInitRankConfig", r, nullptr);
   return WarmUp(s);
@@ -84,7 +85,7 @@ std::string Create(CommState& s, const ncclUniqueId& id, const CommOptions& opti
 CommState* GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, int rank,
                                 const CommOptions& options, std::string* error) {
   Key key{device, std::string(id.internal, sizeof(id.internal)), nranks, rank, options.max_ctas,
-          options.min_ctas};
+          options.min_ctas, options.cga_cluster_size};
   std::shared_ptr<Entry> entry;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
