@@ -39,7 +39,8 @@ class OverlapConfig:
         for name in ("num_groups", "sm_budget", "nccl_max_ctas"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"OverlapConfig.{name} must be a positive int or None, got {value!r}")
+                raise ValueError(
+                    f"OverlapConfig.{name} must be a positive int or None, got {value!r}")
         if self.group_tile_rows is not None:
             rows = tuple(self.group_tile_rows)
             if not rows or any((not isinstance(r, int)) or r < 1 for r in rows):
@@ -48,4 +49,5 @@ class OverlapConfig:
                     f"got {self.group_tile_rows!r}")
             object.__setattr__(self, "group_tile_rows", rows)
         if self.gemm_config is not None and not isinstance(self.gemm_config, str):
-            raise ValueError(f"OverlapConfig.gemm_config must be a str or None, got {self.gemm_config!r}")
+            raise ValueError(
+                f"OverlapConfig.gemm_config must be a str or None, got {self.gemm_config!r}")

@@ -28,7 +28,8 @@ def scale(x: jax.Array, alpha: float) -> jax.Array:
     """
     x = jnp.asarray(x)
     if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
-        raise TypeError(f"fo_jax.ops.scale: dtype must be float32, bfloat16 or float16, got {x.dtype}")
+        raise TypeError(
+            f"fo_jax.ops.scale: dtype must be float32, bfloat16 or float16, got {x.dtype}")
     alpha = float(alpha)
     if not _cuda.module_available():
         return _scale_reference(x, alpha)

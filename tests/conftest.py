@@ -22,7 +22,8 @@ jax.config.update("jax_enable_x64", False)
 def cpu_devices(n: int):
     devs = jax.devices("cpu")
     if len(devs) < n:
-        pytest.skip(f"needs {n} CPU devices, have {len(devs)} (XLA_FLAGS={os.environ.get('XLA_FLAGS')})")
+        flags = os.environ.get("XLA_FLAGS")
+        pytest.skip(f"needs {n} CPU devices, have {len(devs)} (XLA_FLAGS={flags})")
     return devs[:n]
 
 
