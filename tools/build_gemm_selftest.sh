@@ -7,23 +7,34 @@ cd "$(dirname "$0")/.."
 JOBS=2
 if [[ "${1:-}" == "-j" ]]; then JOBS="$2"; fi
 NVCC=${NVCC:-nvcc}
-CUTLASS_INCLUDE=${CUTLASS_INCLUDE:-$(python3 -c 'import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include"))')}
-CUBLAS_INCLUDE=${CUBLAS_INCLUDE:-$(python3 -c 'import nvidia, os; p=[os.path.join(x,"cu13","include") for x in nvidia.__path__]; print(next(x for x in p if os.path.exists(os.path.join(x,"cublas_api.h"))))')}
+# CUTLASS headers from the nvidia-cutlass wheel; cuBLAS headers (types only: the self-test
+# dlopens libcublas) from the nvidia-cublas wheel (pip install nvidia-cublas).
+CUTLASS_INCLUDE=${CUTLASS_INCLUDE:-$(python3 -c 'import cutlass_library as c, os
+print(os.path.join(os.path.dirname(c.__file__), "source", "include"))')}
+CUBLAS_INCLUDE=${CUBLAS_INCLUDE:-$(python3 -c 'import nvidia, os
+p = [os.path.join(x, "cu13", "include") for x in nvidia.__path__]
+print(next(x for x in p if os.path.exists(os.path.join(x, "cublas_api.h"))))')}
 FLAGS=(-std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DNDEBUG -O3
        -I"$CUTLASS_INCLUDE" -Xptxas=-warn-spills)
 OBJ=.devbuild/obj
 mkdir -p "$OBJ"
 python3 csrc/kernels/gemm_configs.py
+# Drop objects of configs no longer in the table.
+for o in "$OBJ"/gemm_*.o; do
+  [[ -e "$o" ]] || continue
+  b=$(basename "${o%.o}")
+  [[ -f "csrc/kernels/generated/$b.cu" ]] || rm -f "$o" "$o.log"
+done
 SRCS=(csrc/kernels/signaling_gemm.cu csrc/kernels/generated/gemm_*.cu)
 compile() {
   local src=$1 obj=$OBJ/$(basename "${1%.cu}").o
-  if [[ ! -f "$obj" || "$src" -nt "$obj" || csrc/kernels/signaling_gemm_kernel.cuh -nt "$obj" \
-        || csrc/kernels/signaling_gemm.h -nt "$obj" ]]; then
+  local newer=0 dep
+  for dep in "$src" csrc/kernels/*.cuh csrc/kernels/*.h; do [[ "$dep" -nt "$obj" ]] && newer=1; done
+  if [[ ! -f "$obj" || $newer == 1 ]]; then
     "$NVCC" "${FLAGS[@]}" -c "$src" -o "$obj" 2>&1 | tee "$obj.log" | grep -E "error|warning|C7510" || true
     [[ -f "$obj" && "$obj" -nt "$src" ]] || { echo "compile failed: $src"; cat "$obj.log"; return 1; }
   fi
 }
-export -f compile; export NVCC OBJ; export FLAGS_STR="${FLAGS[*]}"
 pids=()
 for src in "${SRCS[@]}"; do
   compile "$src" &

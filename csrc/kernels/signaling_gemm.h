@@ -60,7 +60,20 @@ struct SignalingGemmArgs {
   uint32_t* counters = nullptr;  // device memory, num_groups entries, or nullptr: no signal
   int sm_budget = 0;             // persistent CTAs at most this many SMs; 0: all SMs
   int config = -1;               // index into the table; -1: SelectGemmConfig
+  // Additions (kernel library, optional):
+  int raster_swizzle = 0;  // tile-rows per raster chunk within a group (L2 reuse of B); 0: 8
+  // 0 (default): a CTA adds its consecutive tiles of one group in one release-add when it moves
+  // to another group or finishes (cooperative configs; ping-pong signals each tile): the counter
+  // may jump by more than 1, completion (counter == expected) is unchanged and not later.
+  // 1: one add per tile right after its store. 2: one add per tile, deferred to the start of the
+  // next tile's epilogue. 3: as 0, but the add is issued after the next tile's stores are issued
+  // (waits only for the older bulk stores).
+  int signal_mode = 0;
 };
+
+// Tiles whose completion counters[g] counts, for the configuration args.config (resolved with
+// SelectGemmConfig when -1): batch * (group_begin[g+1] - group_begin[g]) * ceil(n / tile_n).
+int ExpectedGroupCount(const SignalingGemmArgs& args, int g);
 
 // Validates the arguments and enqueues the kernel on `stream`. On failure returns the CUDA
 // error (cudaErrorInvalidValue for bad arguments) and sets *error to a readable message.

@@ -1,0 +1,163 @@
+// Public API of the signaling GEMM (signaling_gemm.h): config table, shape heuristic, argument
+// validation, dispatch to the generated instantiations, and eager kernel loading. Contains no
+// CUTLASS code itself so that it compiles quickly; the kernels live in generated/gemm_*.cu.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "signaling_gemm.h"
+#include "signaling_gemm_internal.h"
+
+#include "generated/gemm_config_table.inc"
+
+namespace fo_jax {
+namespace {
+
+constexpr int kNumConfigs = int(sizeof(detail::kGemmConfigs) / sizeof(detail::kGemmConfigs[0]));
+
+int ConfigIndex(const char* name) {
+  for (int i = 0; i < kNumConfigs; ++i) {
+    if (std::strcmp(detail::kGemmConfigs[i].name, name) == 0) return i;
+  }
+  return 0;
+}
+
+cudaError_t Fail(std::string* error, cudaError_t code, const std::string& message) {
+  if (error != nullptr) *error = message;
+  return code;
+}
+
+constexpr int kMaxDevices = 64;
+std::atomic<int> g_device_sms[kMaxDevices];
+
+cudaError_t DeviceSms(int device, int* sms) {
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  int cached = g_device_sms[device].load(std::memory_order_relaxed);
+  if (cached <= 0) {
+    cudaError_t e = cudaDeviceGetAttribute(&cached, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) return e;
+    g_device_sms[device].store(cached, std::memory_order_relaxed);
+  }
+  *sms = cached;
+  return cudaSuccess;
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+int NumGemmConfigs() { return kNumConfigs; }
+
+const GemmTileConfig& GetGemmConfig(int index) {
+  if (index < 0 || index >= kNumConfigs) index = 0;
+  return detail::kGemmConfigs[index];
+}
+
+// Heuristic (measured on H200, benchmarks/results/gemm_selftest_*.log): on the TP shapes
+// (4096..16384 x 8192 x 2048..7168) the cooperative 128x256 tile is at 0.95-1.01x cuBLAS and the
+// other large cooperative tiles (256x128, cluster 2x1) are within ~1% of it; the tile order within
+// a group (raster_swizzle 1..16) made no measurable difference. When 128x256 tiles would not fill
+// two waves of the SM budget, the smaller ping-pong 128x128 tile (the best 128x128 variant
+// measured) keeps more SMs busy.
+int SelectGemmConfig(GemmDtype dtype, int m, int n, int k, int batch, int sm_budget) {
+  (void)dtype;
+  (void)k;
+  const int sms = sm_budget > 0 ? sm_budget : 132;
+  const long long rows = static_cast<long long>(m) * (batch > 0 ? batch : 1);
+  const long long tiles_big = ((rows + 127) / 128) * ((n + 255) / 256);
+  if (tiles_big >= 2LL * sms) return ConfigIndex("coop_128x256x64_c1");
+  return ConfigIndex("pp_128x128x64_c1");
+}
+
+int ExpectedGroupCount(const SignalingGemmArgs& args, int g) {
+  int cfg = args.config >= 0 ? args.config
+                             : SelectGemmConfig(args.dtype, args.m, args.n, args.k, args.batch,
+                                                args.sm_budget);
+  const GemmTileConfig& c = GetGemmConfig(cfg);
+  if (g < 0 || g >= args.num_groups) return 0;
+  return args.batch * (args.group_begin[g + 1] - args.group_begin[g]) *
+         ((args.n + c.tile_n - 1) / c.tile_n);
+}
+
+cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& args,
+                                std::string* error) {
+  const cudaError_t kBad = cudaErrorInvalidValue;
+  if (args.dtype != GemmDtype::kBF16 && args.dtype != GemmDtype::kF16) {
+    return Fail(error, kBad, "dtype must be bf16 or f16");
+  }
+  if (args.m <= 0 || args.n <= 0 || args.k <= 0 || args.m % 8 || args.n % 8 || args.k % 8) {
+    return Fail(error, kBad,
+                "m, n, k must be positive multiples of 8 (got " + std::to_string(args.m) + ", " +
+                    std::to_string(args.n) + ", " + std::to_string(args.k) + ")");
+  }
+  if (args.batch < 1) return Fail(error, kBad, "batch must be >= 1");
+  if (static_cast<long long>(args.batch) * args.m >= (1LL << 31)) {
+    return Fail(error, kBad, "batch * m too large");
+  }
+  if (args.a == nullptr || args.b == nullptr || args.d == nullptr) {
+    return Fail(error, kBad, "a, b, d must be non-null");
+  }
+  if (!Aligned16(args.a) || !Aligned16(args.b) || !Aligned16(args.d)) {
+    return Fail(error, kBad, "a, b, d must be 16-byte aligned");
+  }
+  if (args.num_groups < 1 || args.num_groups > kMaxGemmGroups) {
+    return Fail(error, kBad, "num_groups must be in [1, " + std::to_string(kMaxGemmGroups) + "]");
+  }
+  if (args.sm_budget < 0) return Fail(error, kBad, "sm_budget must be >= 0");
+  const int cfg = args.config >= 0 ? args.config
+                                   : SelectGemmConfig(args.dtype, args.m, args.n, args.k,
+                                                      args.batch, args.sm_budget);
+  if (cfg >= kNumConfigs) return Fail(error, kBad, "config index out of range");
+  const GemmTileConfig& c = detail::kGemmConfigs[cfg];
+  const int tiles_m = (args.m + c.tile_m - 1) / c.tile_m;
+  if (args.group_begin[0] != 0 || args.group_begin[args.num_groups] != tiles_m) {
+    return Fail(error, kBad,
+                "group_begin must start at 0 and end at ceil(m / tile_m) = " +
+                    std::to_string(tiles_m) + " for config " + c.name);
+  }
+  for (int g = 0; g < args.num_groups; ++g) {
+    if (args.group_begin[g + 1] < args.group_begin[g]) {
+      return Fail(error, kBad, "group_begin must be non-decreasing");
+    }
+  }
+  const long long units = static_cast<long long>(args.batch) * tiles_m *
+                          ((args.n + c.tile_n - 1) / c.tile_n);
+  if (units >= (1LL << 30)) return Fail(error, kBad, "problem has too many tiles");
+
+  detail::GemmRun run;
+  run.args = args;
+  run.args.config = cfg;
+  cudaError_t e = cudaGetDevice(&run.device);
+  if (e == cudaSuccess) e = DeviceSms(run.device, &run.device_sms);
+  if (e != cudaSuccess) {
+    return Fail(error, e, std::string("device query: ") + cudaGetErrorString(e));
+  }
+  const detail::RunGemmFn* table =
+      args.dtype == GemmDtype::kBF16 ? detail::kRunGemm_bf16 : detail::kRunGemm_f16;
+  return table[cfg](run, stream, error);
+}
+
+cudaError_t LoadAllGemmKernels(std::string* error) {
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) {
+    return Fail(error, e, std::string("cudaGetDevice: ") + cudaGetErrorString(e));
+  }
+  int sms = 0;
+  e = DeviceSms(device, &sms);
+  if (e != cudaSuccess) {
+    return Fail(error, e, std::string("device query: ") + cudaGetErrorString(e));
+  }
+  for (int i = 0; i < kNumConfigs; ++i) {
+    e = detail::kLoadGemm_bf16[i](device, error);
+    if (e != cudaSuccess) return e;
+    e = detail::kLoadGemm_f16[i](device, error);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace fo_jax

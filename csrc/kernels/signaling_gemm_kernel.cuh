@@ -1,0 +1,491 @@
+// Internal template of the signaling GEMM: a CUTLASS 3.x sm90 warp-specialized persistent kernel
+// (TMA loads, WGMMA, fp32 accumulation) with two pieces of our own: a tile scheduler that visits
+// output tiles group by group (group_tile_scheduler.cuh), and an epilogue (here) that writes each
+// tile to its (possibly permuted) rows of D and then signals counters[group]; plus the host-side
+// launcher. Included only by the generated gemm_*.cu files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/device_kernel.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/detail.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/numeric_conversion.h"
+#include "cutlass/pipeline/pipeline.hpp"
+#include "group_tile_scheduler.cuh"
+#include "signaling_gemm.h"
+#include "signaling_gemm_internal.h"
+
+namespace fo_jax::detail {
+
+// Epilogue parameters: D, counters, the group table (placement of signaling_gemm.h).
+struct EpilogueParams {
+  void* d = nullptr;
+  uint32_t* counters = nullptr;
+  int m = 0, n = 0, batch = 1;
+  int tiles_m = 0;
+  int num_groups = 1;
+  // 0: per group, deferred: consecutive tiles of one group in this CTA are added together when
+  //    the CTA's next tile belongs to another group (or at the end); 1: each tile right after its
+  //    own store; 2: each tile at the start of the next tile's epilogue; 3: as 0, but issued
+  //    after the next tile's TMA stores (TMA epilogue only; otherwise as 0).
+  int signal_mode = 0;
+  int group_begin[kMaxGemmGroups + 1] = {};
+};
+
+// Predicated register -> global store of one tile whose first destination row is dst_row0 and
+// whose first valid_rows rows exist. GMMA accumulator values 2j and 2j+1 of a thread are adjacent
+// columns of one row; n is a multiple of 8, so a pair is either fully inside or fully outside.
+template <class Element, int kTileM, int kTileN, class Acc, class TiledMma>
+CUTLASS_DEVICE void StoreDirect(EpilogueParams const& p, int64_t dst_row0, int valid_rows,
+                                int n_idx, Acc const& accumulators, TiledMma const& tiled_mma,
+                                int thread_idx) {
+  using namespace cute;
+  const int n0 = n_idx * kTileN;
+  const int valid_cols = min(kTileN, p.n - n0);
+  Element* base = reinterpret_cast<Element*>(p.d) + dst_row0 * int64_t(p.n) + n0;
+  const int64_t ld = p.n;
+  auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
+  Tensor coord =
+      thr_mma.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
+  static_assert(decltype(size(accumulators))::value % 2 == 0);
+  cutlass::NumericArrayConverter<Element, float, 2> convert;
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(accumulators); i += 2) {
+    const int r = get<0>(coord(i));
+    const int c = get<1>(coord(i));
+    cutlass::Array<float, 2> v;
+    v[0] = accumulators(i);
+    v[1] = accumulators(i + 1);
+    cutlass::Array<Element, 2> o = convert(v);
+    if (r < valid_rows && c < valid_cols) {
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(base + r * ld + c) = o;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signaling epilogue.
+//
+// Store: CUTLASS's sm90 TMA warp-specialized epilogue (registers -> smem -> TMA store, issued by
+// warp 0 of the consumer set), applied to D viewed as one [batch * m, n] matrix. A tile whose
+// destination row is a multiple of tile_m and that cannot spill past its band is stored by TMA at
+// tile-row dst_row0 / tile_m: always for batch == 1 (the only partial tile is clipped by TMA at
+// the end of D), and for batch > 1 every tile of every group whose rows are whole tiles. The rest
+// (batch > 1, last group, tile_m not dividing m) takes StoreDirect, which never writes a row
+// outside the tile's band.
+//
+// Why the signal is correct (PTX memory model):
+//  * TMA-stored tiles: their global writes are performed by the async proxy on behalf of the
+//    issuing lanes of warp 0. Each lane of warp 0 executes cp.async.bulk.wait_group N (the
+//    full-completion form, not .read, which only says smem was read): when it returns, the
+//    writes of all but the newest N of its bulk groups are complete and visible to that thread.
+//    fence.proxy.async.global then orders those async-proxy writes with the thread's subsequent
+//    generic-proxy operations, and __syncwarp orders every lane before lane 0.
+//  * Direct-stored tiles: every consumer thread writes with st.global, then all of them meet at a
+//    named barrier (bar.sync, CTA scope), so their writes happen-before what thread 0 does next.
+//  * Thread 0 then performs ONE red.release.gpu.global.add.u32 on counters[group]. A release is
+//    cumulative: every write that happens-before it (the whole tile, via the steps above) is
+//    visible at GPU scope before the counter update is. A consumer that observes the value with
+//    an acquire load (spin kernel) or with cuStreamWaitValue32 followed by stream-ordered work
+//    therefore sees the complete tiles. (The same shape as cutlass/barrier.h's arrive_inc.)
+//
+// When (EpilogueParams::signal_mode): a signal costs a fence on the tensor-core warps' critical
+// path (the cooperative kernel does not overlap its epilogue with MMA), so by default (mode 0) a
+// CTA adds up its consecutive tiles of one group and signals them with one add of the count when
+// its next tile belongs to another group, at the start of that tile's epilogue (the stores are
+// long complete by then, the wait is free), or in store_tail() at the end. Tiles run group by
+// group, so a group completes no later than with per-tile signals (its last tile decides).
+// Ping-pong calls store_tail() after every tile, so it signals each tile right after its store
+// (hidden behind the other warp group's MMA). Measured on H200 (benchmarks/results): mode 0 costs
+// 0.4-1.3% against counters == nullptr on the TP shapes with 8 groups; per-tile modes cost more.
+// ---------------------------------------------------------------------------------------------
+template <class Element, class TileShape, class ClusterShape, bool kPingpong>
+struct TmaEpilogueInner {
+  using Stride = cute::Stride<int64_t, cute::Int<1>, int64_t>;
+  using Schedule = std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
+                                      cutlass::epilogue::TmaWarpSpecializedCooperative>;
+  using type = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Stride, 8, Element,
+      Stride, 8, Schedule>::CollectiveOp;
+};
+
+template <class Element, class TileShape, class ClusterShape, bool kPingpong>
+class SignalingTmaEpilogue
+    : public TmaEpilogueInner<Element, TileShape, ClusterShape, kPingpong>::type {
+ public:
+  using Inner = typename TmaEpilogueInner<Element, TileShape, ClusterShape, kPingpong>::type;
+  using typename Inner::LoadPipeline;
+  using typename Inner::LoadPipelineState;
+  using typename Inner::StorePipeline;
+  using typename Inner::StorePipelineState;
+  using typename Inner::TensorStorage;
+
+  struct Arguments {
+    typename Inner::Arguments inner;
+    EpilogueParams signal;
+  };
+  struct Params {
+    typename Inner::Params inner;
+    EpilogueParams signal;
+    uint32_t tma_transaction_bytes = 0;  // read by the kernel (epilogue load pipeline)
+  };
+
+  static constexpr int kTileM = cute::size<0>(TileShape{});
+  static constexpr int kTileN = cute::size<1>(TileShape{});
+  static constexpr int kTileThreads = kPingpong ? 128 : 256;
+  static constexpr int kFirstBarrier = 8;  // cutlass::arch::ReservedNamedBarriers::FirstUserBarrier
+
+  // D as one matrix of batch * m rows (L = 1).
+  template <class ProblemShape>
+  CUTLASS_HOST_DEVICE static auto Flat(ProblemShape const& ps) {
+    return cute::make_shape(int(cute::get<0>(ps)) * int(cute::get<3>(ps)), int(cute::get<1>(ps)),
+                            int(cute::get<2>(ps)), 1);
+  }
+
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape const& ps, Arguments const& args,
+                                        void* workspace) {
+    Params p;
+    p.inner = Inner::to_underlying_arguments(Flat(ps), args.inner, workspace);
+    p.signal = args.signal;
+    p.tma_transaction_bytes = p.inner.tma_transaction_bytes;
+    return p;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const& ps, Arguments const& args) {
+    return Inner::get_workspace_size(Flat(ps), args.inner);
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const& ps, Arguments const& args,
+                                              void* workspace, cudaStream_t stream,
+                                              cutlass::CudaHostAdapter* adapter = nullptr) {
+    return Inner::initialize_workspace(Flat(ps), args.inner, workspace, stream, adapter);
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const& ps, Arguments const& args) {
+    return args.signal.d != nullptr && Inner::can_implement(Flat(ps), args.inner);
+  }
+  CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const& p) {
+    Inner::prefetch_tma_descriptors(p.inner);
+  }
+
+  CUTLASS_HOST_DEVICE SignalingTmaEpilogue(Params const& params, TensorStorage& shared)
+      : Inner(params.inner, shared), p_(&params.signal) {}
+
+  template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class AccEngine,
+            class AccLayout, class TiledMma, class... Ts>
+  CUTLASS_DEVICE auto store(LoadPipeline load_pipeline, LoadPipelineState load_state,
+                            StorePipeline store_pipeline, StorePipelineState store_state,
+                            ProblemShapeMNKL problem_shape, TileShapeMNK tile_shape,
+                            TileCoordMNKL tile_coord,
+                            cute::Tensor<AccEngine, AccLayout> accumulators, TiledMma tiled_mma,
+                            int thread_idx, TensorStorage& shared, Ts... rest) {
+    using namespace cute;
+    EpilogueParams const& p = *p_;
+    auto result = cute::make_tuple(load_state, store_state);
+
+    const int m_idx = int(get<0>(tile_coord));
+    const int n_idx = int(get<1>(tile_coord));
+    const int l_idx = int(get<3>(tile_coord));
+    const bool valid = m_idx < p.tiles_m;
+    const int g = valid ? group_of(m_idx) : -1;
+    const bool flush_pending =
+        pending_count_ > 0 && ((valid && g != pending_group_) || p.signal_mode == 2);
+    if (valid) {
+      const int i0 = m_idx * kTileM;
+      const int r0 = min(p.group_begin[g] * kTileM, p.m);
+      const int r1 = min(p.group_begin[g + 1] * kTileM, p.m);
+      const int valid_rows = min(kTileM, r1 - i0);
+      const int64_t dst_row0 =
+          int64_t(p.batch) * r0 + int64_t(l_idx) * (r1 - r0) + (i0 - r0);
+      const bool use_tma =
+          (dst_row0 % kTileM) == 0 && (valid_rows == kTileM || p.batch == 1);
+      // Mode 3: signal the earlier tiles after this tile's stores are issued, waiting only for
+      // the bulk groups older than this tile's (exactly kSubtiles commits per TMA tile).
+      const bool late = flush_pending && p.signal_mode == 3 && !pending_direct_ && use_tma;
+      int late_group = -1;
+      uint32_t late_count = 0;
+      if (late) {
+        late_group = pending_group_;
+        late_count = pending_count_;
+        pending_group_ = -1;
+        pending_count_ = 0;
+      } else if (flush_pending) {
+        flush_signal(thread_idx);
+      }
+      if (use_tma) {
+        auto flat_coord = make_coord(int(dst_row0 / kTileM), n_idx, get<2>(tile_coord), 0);
+        result = Inner::store(load_pipeline, load_state, store_pipeline, store_state,
+                              Flat(problem_shape), tile_shape, flat_coord, accumulators,
+                              tiled_mma, thread_idx, shared, rest...);
+      } else {
+        StoreDirect<Element, kTileM, kTileN>(p, dst_row0, valid_rows, n_idx, accumulators,
+                                             tiled_mma, thread_idx);
+      }
+      if (late) signal_from_store_warp<kSubtiles>(thread_idx, late_group, late_count);
+      if (p.counters != nullptr) {
+        pending_group_ = g;
+        ++pending_count_;
+        pending_direct_ |= !use_tma;
+      }
+    } else if (flush_pending) {
+      flush_signal(thread_idx);
+    }
+    if (p.signal_mode == 1) flush_signal(thread_idx);
+    return result;
+  }
+
+  CUTLASS_DEVICE auto store_tail(LoadPipeline load_pipeline, LoadPipelineState load_state,
+                                 StorePipeline store_pipeline, StorePipelineState store_state) {
+    flush_signal(-1);
+    return Inner::store_tail(load_pipeline, load_state, store_pipeline, store_state);
+  }
+
+ private:
+  CUTLASS_DEVICE int group_of(int m_idx) const {
+    EpilogueParams const& p = *p_;
+    int lo = 0, hi = p.num_groups - 1;
+    while (lo < hi) {
+      int mid = (lo + hi + 1) >> 1;
+      if (p.group_begin[mid] <= m_idx) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+  }
+
+  // Warp 0 of the set issued this set's TMA stores. All of its lanes wait until at most
+  // kKeepGroups of their bulk async-groups are pending (the full-completion form, not .read), fence
+  // the async proxy against the generic proxy, and order themselves before lane 0 (__syncwarp);
+  // lane 0 then adds `count` with release semantics at GPU scope.
+  template <int kKeepGroups>
+  CUTLASS_DEVICE void signal_from_store_warp(int set_thread, int group, uint32_t count) {
+    if (set_thread < 32) {
+      asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kKeepGroups) : "memory");
+      asm volatile("fence.proxy.async.global;" ::: "memory");
+      __syncwarp();
+      if (set_thread == 0) {
+        uint32_t* ctr = p_->counters + group;
+        asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ctr), "r"(count)
+                     : "memory");
+      }
+    }
+  }
+
+  // Signals the pending tiles now. All kTileThreads threads of the set call this together
+  // (the pending state is uniform). Tiles written by TMA only need warp 0; if any pending tile
+  // took the direct path, every thread's stores are first ordered by a named barrier.
+  CUTLASS_DEVICE void flush_signal(int thread_idx) {
+    if (pending_count_ == 0) return;
+    const int set_thread = thread_idx >= 0 ? thread_idx : int(threadIdx.x) % kTileThreads;
+    if (pending_direct_) {
+      if (set_thread < 32) {
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+      }
+      const int barrier_id =
+          kPingpong ? kFirstBarrier + cutlass::canonical_warp_group_idx() : kFirstBarrier;
+      asm volatile("bar.sync %0, %1;" ::"r"(barrier_id), "r"(kTileThreads) : "memory");
+      if (set_thread == 0) {
+        uint32_t* ctr = p_->counters + pending_group_;
+        asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ctr), "r"(pending_count_)
+                     : "memory");
+      }
+    } else {
+      signal_from_store_warp<0>(set_thread, pending_group_, pending_count_);
+    }
+    pending_group_ = -1;
+    pending_count_ = 0;
+    pending_direct_ = false;
+  }
+
+  // TMA store commits (bulk async-groups) per tile: one per epilogue subtile.
+  static constexpr int kSubtiles = Inner::get_store_pipe_increment(TileShape{});
+
+  EpilogueParams const* p_;
+  int pending_group_ = -1;  // group of the tiles stored but not yet signalled
+  uint32_t pending_count_ = 0;
+  bool pending_direct_ = false;  // some pending tile was stored by the direct path
+};
+
+// ---------------------------------------------------------------------------------------------
+// Kernel type from a config row.
+// ---------------------------------------------------------------------------------------------
+template <class Element_, int kTM, int kTN, int kTK, int kCM, int kCN, bool kPingpong>
+struct GemmKernelConfig {
+  static_assert(kCN == 1, "clusters along N are not supported by the group scheduler");
+  using Element = Element_;
+  using TileShape = cute::Shape<cute::Int<kTM>, cute::Int<kTN>, cute::Int<kTK>>;
+  using ClusterShape = cute::Shape<cute::Int<kCM>, cute::Int<kCN>, cute::_1>;
+  using StrideA = cute::Stride<int64_t, cute::Int<1>, int64_t>;          // x[m,k], batch m*k
+  using StrideB = cute::Stride<cute::Int<1>, int64_t, cute::Int<0>>;     // w[k,n], shared
+  using Epilogue = SignalingTmaEpilogue<Element, TileShape, ClusterShape, kPingpong>;
+  using Schedule = std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                                      cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, StrideA, 8, Element, StrideB,
+      8, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      Schedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop,
+                                                      Epilogue, GroupSchedulerTag>;
+  static constexpr int kTileM = kTM, kTileN = kTN, kClusterM = kCM;
+};
+
+// Per (config, device) one-time state: attribute set and the co-resident cluster limit.
+template <class Cfg>
+struct KernelState {
+  static constexpr int kMaxDevices = 64;
+  std::atomic<int> max_clusters[kMaxDevices];  // 0: not loaded yet
+};
+template <class Cfg>
+KernelState<Cfg>& GetKernelState() {
+  static KernelState<Cfg> state{};
+  return state;
+}
+
+template <class Cfg>
+cudaError_t LoadGemmImpl(int device, std::string* error) {
+  using Kernel = typename Cfg::Kernel;
+  auto& st = GetKernelState<Cfg>();
+  if (device < 0 || device >= KernelState<Cfg>::kMaxDevices) {
+    if (error) *error = "device ordinal out of range";
+    return cudaErrorInvalidDevice;
+  }
+  if (st.max_clusters[device].load(std::memory_order_acquire) > 0) return cudaSuccess;
+  auto* fn = &cutlass::device_kernel<Kernel>;
+  cudaFuncAttributes attr;
+  cudaError_t e = cudaFuncGetAttributes(&attr, fn);
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(Kernel::SharedStorageSize));
+  }
+  int clusters = 0;
+  if (e == cudaSuccess) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(Cfg::kClusterM, 1, 1);
+    cfg.blockDim = Kernel::get_block_shape();
+    cfg.dynamicSmemBytes = Kernel::SharedStorageSize;
+    cudaLaunchAttribute attr_cluster;
+    attr_cluster.id = cudaLaunchAttributeClusterDimension;
+    attr_cluster.val.clusterDim.x = Cfg::kClusterM;
+    attr_cluster.val.clusterDim.y = 1;
+    attr_cluster.val.clusterDim.z = 1;
+    cfg.attrs = &attr_cluster;
+    cfg.numAttrs = 1;
+    e = cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg);
+  }
+  if (e != cudaSuccess) {
+    if (error) *error = std::string("loading GEMM kernel failed: ") + cudaGetErrorString(e);
+    return e;
+  }
+  if (clusters < 1) {
+    if (error) *error = "GEMM kernel cannot be resident on this device";
+    return cudaErrorInvalidConfiguration;
+  }
+  st.max_clusters[device].store(clusters, std::memory_order_release);
+  return cudaSuccess;
+}
+
+template <class Cfg>
+cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* error) {
+  using Kernel = typename Cfg::Kernel;
+  using Element = typename Cfg::Element;
+  constexpr int kTM = Cfg::kTileM, kTN = Cfg::kTileN, kCM = Cfg::kClusterM;
+  const SignalingGemmArgs& a = run.args;
+
+  cudaError_t e = LoadGemmImpl<Cfg>(run.device, error);
+  if (e != cudaSuccess) return e;
+  const int max_clusters = GetKernelState<Cfg>().max_clusters[run.device].load();
+
+  const int tiles_m = (a.m + kTM - 1) / kTM;
+  const int tiles_n = (a.n + kTN - 1) / kTN;
+  GroupTable table;
+  table.num_groups = a.num_groups;
+  table.tiles_n = tiles_n;
+  table.batch = a.batch;
+  int swizzle = a.raster_swizzle > 0 ? a.raster_swizzle : 8;
+  table.swizzle = swizzle;
+  table.unit_start[0] = 0;
+  for (int g = 0; g <= a.num_groups; ++g) {
+    table.sgroup_begin[g] = (a.group_begin[g] + kCM - 1) / kCM;
+  }
+  for (int g = 0; g < a.num_groups; ++g) {
+    const int srows = table.sgroup_begin[g + 1] - table.sgroup_begin[g];
+    table.unit_start[g + 1] = table.unit_start[g] + a.batch * srows * tiles_n;
+  }
+
+  EpilogueParams epi;
+  epi.d = a.d;
+  epi.counters = a.counters;
+  epi.m = a.m;
+  epi.n = a.n;
+  epi.batch = a.batch;
+  epi.tiles_m = tiles_m;
+  epi.num_groups = a.num_groups;
+  epi.signal_mode = a.signal_mode;
+  for (int g = 0; g <= a.num_groups; ++g) epi.group_begin[g] = a.group_begin[g];
+
+  int budget = a.sm_budget > 0 && a.sm_budget < run.device_sms ? a.sm_budget : run.device_sms;
+  int clusters = budget / kCM;
+  if (clusters > max_clusters) clusters = max_clusters;
+  if (clusters < 1) {
+    if (error) *error = "sm_budget is smaller than one cluster of this config";
+    return cudaErrorInvalidValue;
+  }
+
+  typename Kernel::Arguments args{};
+  args.mode = a.batch > 1 ? cutlass::gemm::GemmUniversalMode::kBatched
+                          : cutlass::gemm::GemmUniversalMode::kGemm;
+  args.problem_shape = cute::make_shape(a.m, a.n, a.k, a.batch);
+  args.mainloop.ptr_A = reinterpret_cast<Element const*>(a.a);
+  args.mainloop.dA = cute::make_stride(int64_t(a.k), cute::Int<1>{}, int64_t(a.m) * a.k);
+  args.mainloop.ptr_B = reinterpret_cast<Element const*>(a.b);
+  args.mainloop.dB = cute::make_stride(cute::Int<1>{}, int64_t(a.n), cute::Int<0>{});
+  args.epilogue.inner.ptr_C = nullptr;
+  args.epilogue.inner.ptr_D = reinterpret_cast<Element*>(a.d);
+  // D as [batch * m, n]; L = 1 (its stride only needs to be a valid TMA stride).
+  args.epilogue.inner.dD =
+      cute::make_stride(int64_t(a.n), cute::Int<1>{}, int64_t(a.m) * a.batch * a.n);
+  args.epilogue.inner.dC = args.epilogue.inner.dD;
+  args.epilogue.signal = epi;
+  args.hw_info.device_id = run.device;
+  args.hw_info.sm_count = clusters * kCM;
+  args.scheduler.table = &table;
+
+  if (!Kernel::can_implement(args)) {
+    if (error) *error = "CUTLASS cannot implement this problem (alignment?)";
+    return cudaErrorInvalidValue;
+  }
+  typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
+
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = Kernel::get_grid_shape(params);
+  cfg.blockDim = Kernel::get_block_shape();
+  cfg.dynamicSmemBytes = Kernel::SharedStorageSize;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr_cluster;
+  attr_cluster.id = cudaLaunchAttributeClusterDimension;
+  attr_cluster.val.clusterDim.x = kCM;
+  attr_cluster.val.clusterDim.y = 1;
+  attr_cluster.val.clusterDim.z = 1;
+  cfg.attrs = &attr_cluster;
+  cfg.numAttrs = 1;
+  e = cudaLaunchKernelEx(&cfg, &cutlass::device_kernel<Kernel>, params);
+  if (e != cudaSuccess && error) {
+    *error = std::string("GEMM launch failed: ") + cudaGetErrorString(e);
+  }
+  return e;
+}
+
+}  // namespace fo_jax::detail
