@@ -36,10 +36,39 @@ def estimate_seconds(collective: str, m: int, n: int, k: int, itemsize: int = 2)
     return 2.0 * m * n * k / GEMM_FLOPS, m * n * itemsize / ALGBW[collective]
 
 
-def overlap_defaults(collective: str, m: int, n: int, k: int) -> dict:
-    """Default groups / SMs left to NCCL / NCCL CTAs for this shape (m: rows of x per GPU)."""
+def heuristic_defaults(collective: str, m: int, n: int, k: int) -> dict:
+    """The shape heuristic: groups / SMs left to NCCL / NCCL CTAs (m: rows of x per GPU)."""
     t_gemm, t_comm = estimate_seconds(collective, m, n, k)
     return dict(SHORT_GEMM if t_gemm < RATIO_THRESHOLD * t_comm else LONG_GEMM)
+
+
+def _tuned(collective: str, m: int, n: int, k: int, dtype, tp: int) -> Optional[dict]:
+    """The entry of `python -m fo_jax.tune` for this call on this GPU model, or None."""
+    try:
+        import jax  # noqa: PLC0415
+
+        dev = jax.devices()[0]
+        if dev.platform != "gpu":
+            return None
+        from fo_jax.tuning import cache  # noqa: PLC0415 (fo_jax.tuning imports this module)
+
+        return cache.lookup(dev.device_kind, collective, m, n, k, dtype, tp)
+    except Exception:  # noqa: BLE001 (planning must not fail on a cache problem)
+        return None
+
+
+def overlap_defaults(collective: str, m: int, n: int, k: int, dtype=None,
+                     tp: Optional[int] = None) -> dict:
+    """Default groups / SMs left to NCCL / NCCL CTAs for this shape (m: rows of x per GPU).
+
+    With `dtype` and `tp` (the axis size) the tuning cache is consulted first (read-only; see
+    fo_jax.tuning); without an entry, or without them, the shape heuristic decides.
+    """
+    if dtype is not None and tp is not None:
+        tuned = _tuned(collective, m, n, k, dtype, tp)
+        if tuned is not None:
+            return tuned
+    return heuristic_defaults(collective, m, n, k)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -136,7 +136,8 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
         from fo_jax._cuda_ops import overlapped_matmul_cuda  # noqa: PLC0415 (needs the module)
 
         batch = size if collective == "reduce_scatter" else 1
-        d = _plan.overlap_defaults(collective, x.shape[0], w.shape[1], x.shape[1])
+        d = _plan.overlap_defaults(collective, x.shape[0], w.shape[1], x.shape[1],
+                                   dtype=dtype, tp=size)
         plan = _plan.plan_gemm(fn, dtype, m, w.shape[1], x.shape[1], batch, config,
                                d["num_groups"], -d["sms_for_nccl"])
         max_ctas = d["nccl_max_ctas"]

@@ -7,12 +7,14 @@ set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 FO_JAX_REQUIRE_GPU=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+: "${FO_JAX_COMMIT:?set FO_JAX_COMMIT (the working tree copy has no .git): result files record it}"
+export FO_JAX_COMMIT
 t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
 stamp install
 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/site \
   -C cmake.define.FO_JAX_PREBUILT_CUDA_LIB="$PWD/.devbuild/libfo_jax_cuda.a" . \
-  > "$OUT/install.log" 2>&1 || { tail -40 "$OUT/install.log"; exit 1; }
+  > /tmp/install.log 2>&1 || { tail -40 /tmp/install.log; exit 1; }
 export PYTHONPATH=/tmp/site
 cd /tmp  # so that imports find the installed fo_jax, not the source tree (no .so there)
 R=$OLDPWD
@@ -31,6 +33,12 @@ for step in "$@"; do
     diag-overlap) for envs in "" "CUDA_MODULE_LOADING=EAGER" "FO_JAX_SPIN_WAIT=1"; do
           echo "--- env: $envs"; env $envs python3 "$R/benchmarks/bench_overlap.py" --shapes 8192x8192x2048 \
             --collectives reduce_scatter --configs 1:116:16 8:116:16 4:100:32 16:116:16 --out "$OUT" --tag "_diag" 2>&1 | grep -E "^\| |method" | cut -c1-400 | grep -oE '"method": "[^"]*", "ms": [0-9.]*|^\| .*' ; done || rc=1;;
+    tune) XDG_CACHE_HOME=/tmp/cache timeout 420 python3 -m fo_jax.tune --top 3 \
+            --shapes 4096x8192x2048 8192x8192x2048 8192x8192x7168 16384x8192x7168 16384x8192x2048 \
+            --collectives reduce_scatter all_reduce > "$OUT/tune.log" 2>&1 || rc=1
+          tail -20 "$OUT/tune.log"; cp /tmp/cache/fo_jax/tuning.json "$OUT/" 2>/dev/null;;
+    bench-cli) XDG_CACHE_HOME=/tmp/cache timeout 560 python3 -m fo_jax.bench --out "$OUT/bench" \
+            --configs 4:100:32 8:116:32 2>&1 | tail -45 || rc=1;;
     bench-overlap-sweep) python3 "$R/benchmarks/bench_overlap.py" --sweep --out "$OUT" 2>&1 | tail -22 || rc=1;;
     selftest) "$R/.devbuild/gemm_selftest" 2>&1 | tee "$OUT/selftest.log" | tail -40 || rc=1;;
     *) echo "unknown step $step"; rc=1;;

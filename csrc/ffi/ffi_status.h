@@ -23,10 +23,3 @@ inline xla::ffi::Error CudaError(cudaError_t err, const char* what) {
     cudaError_t fo_jax_err_ = (expr);                                  \
     if (fo_jax_err_ != cudaSuccess) return ::fo_jax::CudaError(fo_jax_err_, #expr); \
   } while (0)
-
-// Return an ffi::Error from the enclosing handler if an expression yields a non-ok ffi::Error.
-#define FO_JAX_RETURN_IF_ERROR(expr)                   \
-  do {                                                 \
-    ::xla::ffi::Error fo_jax_status_ = (expr);         \
-    if (fo_jax_status_.failure()) return fo_jax_status_; \
-  } while (0)

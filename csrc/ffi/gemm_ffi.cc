@@ -15,7 +15,7 @@ namespace ffi = xla::ffi;
 namespace fo_jax {
 namespace {
 
-ffi::Error GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
+ffi::Error GemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
                     ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::Buffer<ffi::U32>> counters,
                     int32_t config, int32_t batch, ffi::Span<const int32_t> group_begin,
                     int32_t sm_budget, bool signal) {
@@ -29,6 +29,8 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
       ad[1] != bd[0] || dd[0] != ad[0] || dd[1] != bd[1]) {
     return ffi::Error::InvalidArgument("fo_jax_gemm_ffi: shapes must be a[B*m,k] b[k,n] d[B*m,n]");
   }
+  std::string msg = LoadGemmKernelsOnce(device);
+  if (!msg.empty()) return ffi::Error::Internal("fo_jax_gemm_ffi: " + msg);
   SignalingGemmArgs args;
   args.dtype = dt == ffi::DataType::BF16 ? GemmDtype::kBF16 : GemmDtype::kF16;
   args.m = static_cast<int>(ad[0] / batch);
@@ -40,7 +42,7 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   args.d = d->untyped_data();
   args.sm_budget = ResolveSmBudget(sm_budget);
   args.config = config;
-  std::string msg = SetGroups(args, group_begin.begin(), group_begin.size());
+  msg = SetGroups(args, group_begin.begin(), group_begin.size());
   if (!msg.empty()) return ffi::Error::InvalidArgument("fo_jax_gemm_ffi: " + msg);
   if (counters->element_count() != static_cast<size_t>(args.num_groups)) {
     return ffi::Error::InvalidArgument("fo_jax_gemm_ffi: counters must have one entry per group");
@@ -62,14 +64,15 @@ ffi::Error GemmImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
 
 // Test entry: d_init is aliased to d by the caller (input_output_aliases), so elements the kernel
 // does not write keep their poison value.
-ffi::Error GemmIntoImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
+ffi::Error GemmIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
                         ffi::AnyBuffer d_init, ffi::Result<ffi::AnyBuffer> d,
                         ffi::Result<ffi::Buffer<ffi::U32>> counters, int32_t config, int32_t batch,
                         ffi::Span<const int32_t> group_begin, int32_t sm_budget, bool signal) {
   if (d_init.untyped_data() != d->untyped_data()) {
     return ffi::Error::InvalidArgument("fo_jax_gemm_into_ffi: d_init must be aliased to d");
   }
-  return GemmImpl(stream, a, b, d, counters, config, batch, group_begin, sm_budget, signal);
+  return GemmImpl(stream, device, a, b, d, counters, config, batch, group_begin, sm_budget,
+                  signal);
 }
 
 }  // namespace
@@ -78,6 +81,7 @@ ffi::Error GemmIntoImpl(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FoJaxGemmFfi, fo_jax::GemmImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Ctx<ffi::DeviceOrdinal>()                 // device
                                   .Arg<ffi::AnyBuffer>()                     // a [B*m, k]
                                   .Arg<ffi::AnyBuffer>()                     // b [k, n]
                                   .Ret<ffi::AnyBuffer>()                     // d [B*m, n]
@@ -91,6 +95,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FoJaxGemmFfi, fo_jax::GemmImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FoJaxGemmIntoFfi, fo_jax::GemmIntoImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Ctx<ffi::DeviceOrdinal>()                 // device
                                   .Arg<ffi::AnyBuffer>()                     // a [B*m, k]
                                   .Arg<ffi::AnyBuffer>()                     // b [k, n]
                                   .Arg<ffi::AnyBuffer>()                     // d_init (aliased)

@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <mutex>
 
 namespace fo_jax {
 
@@ -37,6 +39,18 @@ uint32_t ExpectedTiles(const SignalingGemmArgs& args, int g) {
 int64_t GroupRow(const SignalingGemmArgs& args, int g) {
   const int64_t tile_m = GetGemmConfig(args.config).tile_m;
   return std::min<int64_t>(args.group_begin[g] * tile_m, args.m);
+}
+
+std::string LoadGemmKernelsOnce(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::once_flag, kMaxDevices> once;
+  static std::array<std::string, kMaxDevices> errors;
+  if (device < 0 || device >= kMaxDevices) return "device ordinal out of range";
+  std::call_once(once[device], [&] {
+    std::string msg;
+    if (LoadAllGemmKernels(&msg) != cudaSuccess) errors[device] = "loading GEMM kernels: " + msg;
+  });
+  return errors[device];
 }
 
 int ResolveSmBudget(int budget) {

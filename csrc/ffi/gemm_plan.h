@@ -25,6 +25,10 @@ int64_t GroupRow(const SignalingGemmArgs& args, int g);
 // device (the GEMM leaves those SMs to NCCL). At least 1.
 int ResolveSmBudget(int budget);
 
+// Loads every GEMM kernel on `device` once per process (LoadAllGemmKernels), so that no first
+// launch is serialized by CUDA lazy loading (DESIGN.md). "" or the (remembered) failure.
+std::string LoadGemmKernelsOnce(int device);
+
 // The collective span of every group (DESIGN.md layouts): reduce-scatter reads the GEMM's
 // group-major workspace and writes the final rows; all-reduce works in place on the output.
 std::vector<GroupSpan> CollectiveSpans(const SignalingGemmArgs& args, Collective kind);

@@ -6,9 +6,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <array>
 #include <cstring>
-#include <mutex>
 #include <string>
 
 #include "comm/comm_registry.h"
@@ -22,22 +20,6 @@ namespace ffi = xla::ffi;
 
 namespace fo_jax {
 namespace {
-
-constexpr int kMaxDevices = 64;
-
-// Every kernel this handler launches is loaded once per device before its first overlapped
-// launch, whatever CUDA_MODULE_LOADING says (lazy loading deadlocks the gated stream: DESIGN.md).
-ffi::Error LoadKernelsOnce(int device) {
-  static std::array<std::once_flag, kMaxDevices> once;
-  static std::array<std::string, kMaxDevices> errors;
-  if (device < 0 || device >= kMaxDevices) return ffi::Error::InvalidArgument("device ordinal");
-  std::call_once(once[device], [&] {
-    std::string msg;
-    if (LoadAllGemmKernels(&msg) != cudaSuccess) errors[device] = "loading GEMM kernels: " + msg;
-  });
-  if (!errors[device].empty()) return ffi::Error::Internal("fo_jax: " + errors[device]);
-  return ffi::Error::Success();
-}
 
 struct MeshEntry {
   int rank = -1;
@@ -101,7 +83,8 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   std::memcpy(id.internal, unique_ids.begin() + me.group * NCCL_UNIQUE_ID_BYTES,
               NCCL_UNIQUE_ID_BYTES);
 
-  FO_JAX_RETURN_IF_ERROR(LoadKernelsOnce(device));
+  msg = LoadGemmKernelsOnce(device);
+  if (!msg.empty()) return ffi::Error::Internal("fo_jax: " + msg);
   CommOptions options;
   options.max_ctas = nccl_max_ctas;
   CommState* state = GetOrCreateCommState(device, id, nranks, me.rank, options, &msg);

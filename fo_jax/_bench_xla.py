@@ -1,0 +1,69 @@
+"""Worker of `python -m fo_jax.bench` for method xla.windowed_einsum (run in its own process).
+
+XLA reads XLA_FLAGS once per process, so the parent starts this module with the windowed-einsum
+flags set and reads one "FO_JAX_ROW {json}" line per (collective, shape) from its stdout. The GEMM
+is written the way XLA's SPMD partitioner (not shard_map) sees it: jit of a dot of K-sharded
+operands with NamedSharding outputs, so XLA itself inserts (and may window) the collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+WINDOWED_EINSUM_FLAGS = ("--xla_gpu_threshold_for_windowed_einsum_mib=0",
+                         "--xla_gpu_multi_streamed_windowed_einsum=true")
+ROW_PREFIX = "FO_JAX_ROW "
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpu-shapes", nargs="+", required=True, help="shapes if 2+ GPUs")
+    ap.add_argument("--cpu-shapes", nargs="+", required=True, help="shapes on CPU devices")
+    ap.add_argument("--collectives", nargs="+", required=True)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--trials", type=int, default=5)
+    args = ap.parse_args()
+
+    import jax  # noqa: PLC0415 (after the parent set XLA_FLAGS)
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: PLC0415
+
+    from fo_jax import _benchcore  # noqa: PLC0415
+
+    from fo_jax import _cuda  # noqa: PLC0415
+
+    devs = _cuda.gpu_devices()
+    on_cpu = len(devs) < 2
+    if on_cpu:
+        devs = jax.devices("cpu")[:8]
+        args.reps, args.trials = 3, 3
+    print(f"FO_JAX_PLATFORM {'cpu' if on_cpu else 'gpu'} {len(devs)}", flush=True)
+    mesh = Mesh(np.array(devs), ("tp",))
+    dtype = jnp.dtype(jnp.bfloat16)
+    for collective in args.collectives:
+        out = NamedSharding(mesh, P("tp", None) if collective == "reduce_scatter" else P())
+        f = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype),
+                    out_shardings=out)
+        ref_f = _benchcore.build(mesh, collective, "baseline")
+        for s in args.cpu_shapes if on_cpu else args.gpu_shapes:
+            m, n, k = _benchcore.parse_shape(s)
+            row = dict(M=m, N=n, K=k, collective=collective, method="xla.windowed_einsum")
+            try:
+                x, w = _benchcore.random_operands(mesh, m, n, k, dtype)
+                y = f(x, w)
+                assert y.dtype == dtype, y.dtype
+                err = float(_benchcore.rel_err(y, ref_f(x, w)))
+                if err > 2e-2:
+                    raise AssertionError(f"wrong result (rel err {err:.2e})")
+                row["ms"] = round(_benchcore.time_ms(f, x, w, reps=args.reps,
+                                                     trials=args.trials), 4)
+            except Exception as e:  # noqa: BLE001 (recorded in the row; the parent reports it)
+                row["ms"], row["error"] = None, repr(e)[:500]
+            print(ROW_PREFIX + json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

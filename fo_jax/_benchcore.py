@@ -1,0 +1,184 @@
+"""Measuring code shared by `python -m fo_jax.bench`, `python -m fo_jax.tune` and benchmarks/.
+
+Timing follows the anchors' method (median over `trials` of `reps` back-to-back calls, one
+block_until_ready each), so all numbers compare. It lives in the package, not in benchmarks/
+(not shipped in the wheel), so the installed CLIs can import it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import time
+from typing import Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import fo_jax
+
+DESIGN_SHAPES = ["4096x8192x2048", "8192x8192x2048", "8192x8192x7168", "16384x8192x7168",
+                 "16384x8192x2048"]
+COLLECTIVES = ("reduce_scatter", "all_reduce")
+
+
+def commit() -> str:
+    """Short git commit of the fo_jax source tree (or of the working directory), or "unknown"."""
+    env = os.environ.get("FO_JAX_COMMIT")
+    if env:
+        return env
+    for where in (os.path.dirname(os.path.abspath(fo_jax.__file__)), os.getcwd()):
+        try:
+            return subprocess.check_output(["git", "-C", where, "rev-parse", "--short=12", "HEAD"],
+                                           text=True, stderr=subprocess.DEVNULL).strip()
+        except (OSError, subprocess.CalledProcessError):
+            continue
+    return "unknown"
+
+
+def device_info(devices: Sequence) -> dict:
+    return {"device": devices[0].device_kind, "num_devices": len(devices),
+            "date": datetime.date.today().isoformat(), "commit": commit()}
+
+
+def time_ms(f: Callable, *args, reps: int = 20, trials: int = 5, warmup: int = 3) -> float:
+    """Median over `trials` of the mean time of `reps` back-to-back calls, in milliseconds."""
+    for _ in range(warmup):
+        jax.block_until_ready(f(*args))
+    samples = []
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        outs = [f(*args) for _ in range(reps)]
+        jax.block_until_ready(outs)
+        samples.append((time.perf_counter() - t0) * 1e3 / reps)
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+class Results:
+    """Collects rows (printed as JSON as they come); writes JSON Lines and a markdown table."""
+
+    def __init__(self, base: dict, echo: bool = True):
+        self.base = base
+        self.rows: list = []
+        self.echo = echo
+
+    def add(self, **row) -> dict:
+        full = {**self.base, **row}
+        self.rows.append(full)
+        if self.echo:
+            print(json.dumps(full), flush=True)
+        return full
+
+    def write_jsonl(self, path: str) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as fh:
+            for r in self.rows:
+                fh.write(json.dumps(r) + "\n")
+
+    def write_markdown(self, path: str, table: str) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(table)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def parse_shape(s: str) -> tuple:
+    """"MxNxK" -> (M, N, K) ints (per-GPU x[M, K] @ w[K, N])."""
+    try:
+        m, n, k = (int(v) for v in s.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"bad shape {s!r}: expected MxNxK, e.g. 8192x8192x2048") from None
+    return m, n, k
+
+
+def random_operands(mesh: Mesh, m: int, n: int, k: int, dtype, seed: int = 0) -> tuple:
+    """Global x[M, tp*K] (K sharded) and w[tp*K, N] (K sharded), drawn on the devices."""
+    tp = mesh.shape["tp"]
+    kx, kw = jax.random.split(jax.random.key(seed))
+    scale = 1.0 / (tp * k) ** 0.5
+
+    def draw(kx, kw):
+        x = (jax.random.normal(kx, (m, tp * k), jnp.float32) * scale).astype(dtype)
+        w = jax.random.normal(kw, (tp * k, n), jnp.float32).astype(dtype)
+        return x, w
+
+    draw = jax.jit(draw, out_shardings=(NamedSharding(mesh, P(None, "tp")),
+                                        NamedSharding(mesh, P("tp", None))))
+    return draw(kx, kw)
+
+
+def random_partials(mesh: Mesh, m: int, n: int, dtype, seed: int = 1) -> jax.Array:
+    """Per-device partial products y[tp*M, N] (one [M, N] block per device), for comm_only."""
+    tp = mesh.shape["tp"]
+    f = jax.jit(lambda key: jax.random.normal(key, (tp * m, n), jnp.float32).astype(dtype),
+                out_shardings=NamedSharding(mesh, P("tp", None)))
+    return f(jax.random.key(seed))
+
+
+def _chunked(x, w, collective: str, chunks: int, tp: int):
+    """x @ w then the collective, in `chunks` row chunks (inside shard_map).
+
+    reduce_scatter: chunk c takes band c of every rank's block of rows, so that concatenating
+    the scattered chunks gives exactly the tiled psum_scatter layout.
+    """
+    m = x.shape[0]
+    if collective == "all_reduce":
+        parts = [jax.lax.psum(fo_jax.reference.matmul(xc, w), "tp")
+                 for xc in jnp.split(x, chunks, axis=0)]
+        return jnp.concatenate(parts, axis=0)
+    band = m // (tp * chunks)
+    xr = x.reshape(tp, chunks, band, x.shape[1])
+    parts = [jax.lax.psum_scatter(fo_jax.reference.matmul(xr[:, c].reshape(tp * band, -1), w),
+                                  "tp", scatter_dimension=0, tiled=True) for c in range(chunks)]
+    return jnp.concatenate(parts, axis=0)
+
+
+def build(mesh: Mesh, collective: str, kind: str, config: Optional[fo_jax.OverlapConfig] = None,
+          chunks: int = 0) -> Callable:
+    """A jitted shard_map function of (x, w) (or (y,) for "comm_only").
+
+    kinds: "fo_jax" (overlapped_matmul with `config`), "baseline" (XLA dot + psum /
+    psum_scatter), "gemm_only" (XLA dot alone), "comm_only" (the collective alone on y),
+    "chunked" (`chunks` row chunks of dot + collective).
+    """
+    out_spec = P("tp", None) if collective == "reduce_scatter" else P()
+    tp = mesh.shape["tp"]
+
+    def body(x, w):
+        if kind == "fo_jax":
+            return fo_jax.overlapped_matmul(x, w, axis_name="tp", collective=collective,
+                                            config=config)
+        if kind == "baseline":
+            return fo_jax.reference.overlapped_matmul(x, w, "tp", collective)
+        if kind == "gemm_only":
+            return fo_jax.reference.matmul(x, w)
+        if kind == "chunked":
+            return _chunked(x, w, collective, chunks, tp)
+        raise ValueError(f"unknown kind {kind!r}")
+
+    if kind == "gemm_only":
+        out_spec = P("tp", None)  # per-device [M, N] stacked
+    if kind == "comm_only":
+        def comm(y):  # y: this device's [M, N] partial product
+            if collective == "reduce_scatter":
+                return jax.lax.psum_scatter(y, "tp", scatter_dimension=0, tiled=True)
+            return jax.lax.psum(y, "tp")
+        return jax.jit(jax.shard_map(comm, mesh=mesh, in_specs=P("tp", None), out_specs=out_spec))
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)),
+                                 out_specs=out_spec))
+
+
+@jax.jit
+def rel_err(got: jax.Array, ref: jax.Array) -> jax.Array:
+    """||got - ref|| / ||ref|| in float32, computed on the devices."""
+    g, r = got.astype(jnp.float32), ref.astype(jnp.float32)
+    return jnp.linalg.norm(g - r) / jnp.maximum(jnp.linalg.norm(r), 1e-30)
