@@ -16,6 +16,9 @@ python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/site \
   -C cmake.define.FO_JAX_PREBUILT_CUDA_LIB="$PWD/.devbuild/libfo_jax_cuda.a" . \
   > /tmp/install.log 2>&1 || { tail -40 /tmp/install.log; exit 1; }
 export PYTHONPATH=/tmp/site
+if [[ -f .carry/tuning.json ]]; then  # a tuning cache from an earlier call (python -m fo_jax.tune)
+  mkdir -p /tmp/cache/fo_jax && cp .carry/tuning.json /tmp/cache/fo_jax/tuning.json
+fi
 cd /tmp  # so that imports find the installed fo_jax, not the source tree (no .so there)
 R=$OLDPWD
 rc=0
