@@ -45,7 +45,7 @@ def main() -> None:
     dtype = jnp.dtype(jnp.bfloat16)
     for collective in args.collectives:
         out = NamedSharding(mesh, P("tp", None) if collective == "reduce_scatter" else P())
-        f = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype),
+        f = jax.jit(_benchcore.xla_matmul,
                     out_shardings=out)
         ref_f = _benchcore.build(mesh, collective, "baseline")
         for s in args.cpu_shapes if on_cpu else args.gpu_shapes:

@@ -84,8 +84,11 @@ _overlapped.defvjp(_overlapped_fwd, _overlapped_bwd)
 
 
 def _dot(a, b, contract: tuple[int, int]):
+    # 16-bit GEMMs output their own dtype: XLA accumulates them in float32 inside the GEMM and
+    # rounds once, so a float32 output plus a cast would only add a conversion pass.
+    out = a.dtype if a.dtype == b.dtype and a.dtype.itemsize == 2 else jnp.float32
     return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
-                               preferred_element_type=jnp.float32)
+                               preferred_element_type=out)
 
 
 def _varying(a) -> frozenset:
