@@ -115,6 +115,8 @@ def to_dense_psum(tree):
 
 
 def git_commit() -> str:
+    if os.environ.get("FO_JAX_COMMIT"):  # set on GPU machines, whose tree copy has no .git
+        return os.environ["FO_JAX_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True,

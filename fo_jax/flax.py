@@ -196,8 +196,9 @@ class ColumnParallelDense(nn.Module):
                                      (self.axis_name,)),
                 (local,), self.param_dtype)
         x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
-        y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
-                                preferred_element_type=jnp.float32).astype(x.dtype)
+        # Like nn.Dense: output in the compute dtype (16-bit GEMMs accumulate in float32 inside
+        # XLA's GEMM); a float32 output plus a cast would add a conversion pass each way.
+        y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
         return y if bias is None else y + bias
 
 
