@@ -27,8 +27,11 @@ RATIO_THRESHOLD = 1.5
 # Rough H100/H200 rates for the ratio only (bf16 GEMM; NCCL algorithm bandwidth over NVLink).
 GEMM_FLOPS = 650e12
 ALGBW = {"reduce_scatter": 330e9, "all_reduce": 180e9}
-# Below this estimated GEMM time the overlap cannot repay its fixed costs: use the XLA path.
-MIN_GEMM_SECONDS = 40e-6
+# Below this estimated GEMM time the overlap does not repay its costs (SMs given to NCCL, the last
+# group's tail, per-group NCCL calls): take the plain XLA path. Measured on 4x H200 (NOTES.md §3):
+# 4096x8192x2048 (estimated 0.21 ms) ran 1.00x (reduce-scatter) and 0.94x (all-reduce) of plain
+# JAX; 8192x8192x2048 (0.42 ms) and larger gained.
+MIN_GEMM_SECONDS = 250e-6
 
 
 def estimate_seconds(collective: str, m: int, n: int, k: int, itemsize: int = 2) -> tuple:

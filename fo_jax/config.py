@@ -23,8 +23,9 @@ class OverlapConfig:
       sm_budget: at most this many SMs for the persistent GEMM (the rest is left to NCCL).
       nccl_max_ctas: bound on NCCL's CTAs for the overlapped collective.
       force_reference: always take the XLA reference path (same as FO_JAX_FORCE_REFERENCE=1).
-      allow_fallback: let overlapped_matmul take the XLA path for calls too small to gain from
-        overlap (estimated GEMM time under 40 us); False always runs the CUDA pipeline on CUDA.
+      allow_fallback: let overlapped_matmul take the plain XLA path for calls too small to gain
+        from overlap (estimated GEMM time under 250 us on H100/H200-class GPUs); False always runs
+        the CUDA pipeline on CUDA.
     """
 
     gemm_config: Optional[str] = None

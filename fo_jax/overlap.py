@@ -3,6 +3,9 @@
 Each call validates its input at trace time, picks a path (see `describe`), and logs the choice on
 the "fo_jax" logger at DEBUG level. Paths:
   - "reference": XLA dot (fp32 accumulation) then psum / psum_scatter; exact definition.
+  - "xla": on CUDA, `x @ w` then the collective, as users write it (XLA's 16-bit GEMM accumulates
+    in fp32 and rounds once, like the reference, without its extra conversion pass); taken by
+    calls too small for the overlap to pay (see _plan.MIN_GEMM_SECONDS).
   - "cuda": fo_jax's own kernels through XLA FFI: the signaling GEMM, and for overlapped_matmul
     the counter-gated NCCL collective. Chosen per lowering platform (jax.lax.platform_dependent):
     CUDA devices run it, other platforms run the reference.
@@ -30,7 +33,7 @@ class PathChoice:
     """Which implementation a call takes and why (returned by `describe`)."""
 
     op: str
-    path: str  # "reference" or "cuda"
+    path: str  # "reference", "xla" (plain XLA ops, for calls too small to gain) or "cuda"
     reason: str
     collective: Optional[str] = None
     axis_size: Optional[int] = None
@@ -59,18 +62,19 @@ def _choose_path(op: str, dtype, config: Optional[OverlapConfig], m: int, n: int
         why = "forced (FO_JAX_FORCE_REFERENCE=1 or config.force_reference)"
         return PathChoice(op, "reference", why, **extra)
     blocker = _cuda_blocker(dtype, m, n, k)
-    if blocker is None and op == "overlapped_matmul" and (config is None or
-                                                         config.allow_fallback):
-        rows = m * extra["axis_size"] if extra["collective"] == "reduce_scatter" else m
-        t_gemm = _plan.estimate_seconds(extra["collective"], rows, n, k)[0]
-        if t_gemm < _plan.MIN_GEMM_SECONDS:
-            blocker = (f"too small to gain from overlap (estimated GEMM {t_gemm * 1e6:.0f} us < "
-                       f"{_plan.MIN_GEMM_SECONDS * 1e6:.0f} us); XLA's path is faster here")
     if blocker is not None:
         return PathChoice(op, "reference", blocker, **extra)
     if platform is not None and platform not in ("gpu", "cuda"):
         return PathChoice(op, "reference", f"platform {platform!r}: the CUDA path runs only on "
                           "CUDA devices", **extra)
+    if op == "overlapped_matmul" and (config is None or config.allow_fallback):
+        rows = m * extra["axis_size"] if extra["collective"] == "reduce_scatter" else m
+        t_gemm = _plan.estimate_seconds(extra["collective"], rows, n, k)[0]
+        if t_gemm < _plan.MIN_GEMM_SECONDS:
+            return PathChoice(op, "xla", (
+                f"too small to gain from overlap (estimated GEMM {t_gemm * 1e6:.0f} us < "
+                f"{_plan.MIN_GEMM_SECONDS * 1e6:.0f} us): plain XLA dot + collective on CUDA "
+                "(reference elsewhere)"), **extra)
     return PathChoice(op, "cuda", "fo_jax CUDA kernels on CUDA devices (reference elsewhere)",
                       **extra)
 
@@ -132,6 +136,13 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
     ref = functools.partial(reference.overlapped_matmul, axis_name=axis_name,
                             collective=collective)
     forward = ref
+    if choice.path == "xla":
+        plain = functools.partial(reference.plain_overlapped_matmul, axis_name=axis_name,
+                                  collective=collective)
+
+        def forward(x, w):
+            return jax.lax.platform_dependent(x, w, cuda=plain, default=ref)
+
     if choice.path == "cuda":
         from fo_jax._cuda_ops import overlapped_matmul_cuda  # noqa: PLC0415 (needs the module)
 

@@ -82,3 +82,27 @@ def test_mesh_attributes_leave_foreign_groups_empty():
     uids = attrs["unique_ids"].reshape(2, 128)
     assert (uids[0] == 7).all() and (uids[1] == 0).all() and len(calls) == 1
     assert attrs["mesh_process"].tolist() == [0, 0, 1, 1]
+
+
+def test_small_calls_take_the_plain_xla_path_on_cuda():
+    import jax.numpy as jnp
+
+    import fo_jax
+    from fo_jax import overlap
+
+    if not fo_jax.cuda_module_available():
+        pytest.skip("CUDA module not built here: every call takes the reference path")
+    bf16 = jnp.dtype(jnp.bfloat16)
+    small = overlap._choose_path("overlapped_matmul", bf16, None, 1024, 8192, 2048,
+                                 platform="gpu", collective="all_reduce", axis_size=4)
+    assert small.path == "xla" and "too small" in small.reason
+    big = overlap._choose_path("overlapped_matmul", bf16, None, 8192, 8192, 2048,
+                               platform="gpu", collective="all_reduce", axis_size=4)
+    assert big.path == "cuda"
+    forced = overlap._choose_path("overlapped_matmul", bf16,
+                                  fo_jax.OverlapConfig(allow_fallback=False), 1024, 8192, 2048,
+                                  platform="gpu", collective="all_reduce", axis_size=4)
+    assert forced.path == "cuda"
+    cpu = overlap._choose_path("overlapped_matmul", bf16, None, 1024, 8192, 2048,
+                               platform="cpu", collective="all_reduce", axis_size=4)
+    assert cpu.path == "reference"
