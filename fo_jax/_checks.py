@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 COLLECTIVES = ("reduce_scatter", "all_reduce")
 # Input dtypes accepted at all; the CUDA path takes the 16-bit ones (fp32: reference path only).
@@ -57,6 +56,3 @@ def check_scatter_rows(fn: str, m: int, size: int, axis_name: str) -> None:
             f"{fn}: reduce_scatter needs x.shape[0] (M={m}) divisible by the size of axis "
             f"{axis_name!r} ({size}); got remainder {m % size}")
 
-
-def is_integer_scalar(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)

@@ -28,14 +28,6 @@ std::string SetGroups(SignalingGemmArgs& args, const int32_t* group_begin, size_
   return "";
 }
 
-uint32_t ExpectedTiles(const SignalingGemmArgs& args, int g) {
-  const GemmTileConfig& c = GetGemmConfig(args.config);
-  const int tiles_n = (args.n + c.tile_n - 1) / c.tile_n;
-  return static_cast<uint32_t>(args.batch) *
-         static_cast<uint32_t>(args.group_begin[g + 1] - args.group_begin[g]) *
-         static_cast<uint32_t>(tiles_n);
-}
-
 int64_t GroupRow(const SignalingGemmArgs& args, int g) {
   const int64_t tile_m = GetGemmConfig(args.config).tile_m;
   return std::min<int64_t>(args.group_begin[g] * tile_m, args.m);
@@ -69,7 +61,7 @@ std::vector<GroupSpan> CollectiveSpans(const SignalingGemmArgs& args, Collective
   for (int g = 0; g < args.num_groups; ++g) {
     const int64_t r0 = GroupRow(args, g), r1 = GroupRow(args, g + 1);
     GroupSpan& s = spans[g];
-    s.expected = ExpectedTiles(args, g);
+    s.expected = static_cast<uint32_t>(ExpectedGroupCount(args, g));
     s.recv_offset = static_cast<size_t>(r0 * n);
     s.count = static_cast<size_t>((r1 - r0) * n);
     // Reduce-scatter: group g is rows [batch*r0, batch*r1) of the workspace (batch == nranks).

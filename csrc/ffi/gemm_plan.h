@@ -1,5 +1,5 @@
 // Turning a group table (tile-row boundaries) into kernel arguments and collective spans. Shared
-// by the GEMM handler and the overlap handler; pure host arithmetic, no CUDA calls.
+// by the GEMM handler and the overlap handler: group arithmetic, SM budget, kernel loading.
 #pragma once
 
 #include <cstdint>
@@ -14,9 +14,6 @@ namespace fo_jax {
 // Fills args.num_groups / group_begin from `group_begin` and checks it against the config's
 // tile_m and m. Returns "" or a message.
 std::string SetGroups(SignalingGemmArgs& args, const int32_t* group_begin, size_t size);
-
-// Counter value meaning "group g done" for these arguments.
-uint32_t ExpectedTiles(const SignalingGemmArgs& args, int g);
 
 // First row of group g within one batch: min(group_begin[g] * tile_m, m).
 int64_t GroupRow(const SignalingGemmArgs& args, int g);
