@@ -14,7 +14,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from fo_jax import _bootstrap, _cuda
+from fo_jax import _bootstrap, _cuda, _vma
 from fo_jax._plan import GemmPlan
 
 COLLECTIVE_CODES = {"reduce_scatter": 0, "all_reduce": 1}
@@ -26,16 +26,12 @@ def _result_aval(likes, shape, dtype, drop_axes=()):
     same types as on the reference path."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    avals = [jax.typeof(a) for a in likes]
-    base = avals[0]
+    base = jax.typeof(likes[0])
     sharding = NamedSharding(base.sharding.mesh, PartitionSpec(*([None] * len(shape))))
-    kw = dict(shape=tuple(shape), dtype=np.dtype(dtype), weak_type=False, sharding=sharding)
-    if all(getattr(a, "mat", None) is not None for a in avals):  # jax 0.10+: ManualAxisType
-        varying = frozenset().union(*(a.mat.varying for a in avals)) - frozenset(drop_axes)
-        kw["manual_axis_type"] = base.mat.update(varying=varying)
-    elif all(getattr(a, "vma", None) is not None for a in avals):  # earlier jax: vma
-        kw["vma"] = frozenset().union(*(a.vma for a in avals)) - frozenset(drop_axes)
-    return base.update(**kw)
+    varying = frozenset().union(*(_vma.varying_axes(a) for a in likes)) - frozenset(drop_axes)
+    aval = base.update(shape=tuple(shape), dtype=np.dtype(dtype), weak_type=False,
+                       sharding=sharding)
+    return _vma.with_varying(aval, varying)
 
 
 def signaling_gemm(a: jax.Array, b: jax.Array, plan: GemmPlan, batch: int = 1,

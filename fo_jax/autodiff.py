@@ -13,6 +13,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from fo_jax import _vma
+
 Forward = Callable[[jax.Array, jax.Array], jax.Array]
 
 
@@ -66,7 +68,7 @@ def _overlapped_bwd(forward, axis_name, collective, res, dy):
     x, w = res
     # Under check_vma=False every aval has an empty varying set; under check_vma=True the product
     # being reduced varies over axis_name, so x or w does.
-    checked = bool(_varying(x) | _varying(w))
+    checked = bool(_vma.varying_axes(x) | _vma.varying_axes(w))
     if collective == "reduce_scatter":
         g = jax.lax.all_gather(_vary(dy, {axis_name}) if checked else dy, axis_name, axis=0,
                                tiled=True)
@@ -91,25 +93,12 @@ def _dot(a, b, contract: tuple[int, int]):
                                preferred_element_type=out)
 
 
-def _varying(a) -> frozenset:
-    """Mesh axes the value varies over (empty outside shard_map or under check_vma=False)."""
-    aval = jax.typeof(a)
-    mat = getattr(aval, "mat", None)  # jax 0.10
-    if mat is not None:
-        return frozenset(mat.varying)
-    if hasattr(aval, "vma"):  # jax 0.6 - 0.9
-        return frozenset(aval.vma)
-    # Guessing "not varying" would silently mis-scale gradients under check_vma=True.
-    raise NotImplementedError(f"fo_jax.autodiff: cannot read the varying manual axes of {aval} "
-                              f"with jax {jax.__version__}; please report this")
-
-
 def _axes(names) -> tuple:
     return tuple(sorted(names, key=str))  # deterministic order: stable jaxprs across runs
 
 
 def _vary(a, axes):
-    missing = set(axes) - _varying(a)
+    missing = set(axes) - _vma.varying_axes(a)
     if not missing:
         return a
     if hasattr(jax.lax, "pcast"):
@@ -118,14 +107,14 @@ def _vary(a, axes):
 
 
 def _common_vary(a, b):
-    axes = _varying(a) | _varying(b)
+    axes = _vma.varying_axes(a) | _vma.varying_axes(b)
     return _vary(a, axes), _vary(b, axes)
 
 
 def _like(ct, primal):
     """ct in primal's dtype and varying-axes type (a psum transposes an implicit pvary)."""
     ct = ct.astype(primal.dtype)
-    extra = _varying(ct) - _varying(primal)
+    extra = _vma.varying_axes(ct) - _vma.varying_axes(primal)
     if extra:
         ct = jax.lax.psum(ct, _axes(extra))
-    return _vary(ct, _varying(primal))
+    return _vary(ct, _vma.varying_axes(primal))

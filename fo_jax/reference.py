@@ -24,12 +24,18 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, axis_name: str, collective: st
     return jax.lax.psum_scatter(partial, axis_name, scatter_dimension=0, tiled=True)
 
 
+def plain_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """`x @ w` in the input dtype, as users write it: on GPU XLA's 16-bit GEMM accumulates in
+    float32 and rounds once (like `matmul`), without `matmul`'s separate conversion pass."""
+    return jnp.dot(x, w)
+
+
 def plain_overlapped_matmul(x: jax.Array, w: jax.Array, axis_name: str,
                             collective: str) -> jax.Array:
     """The same result as `overlapped_matmul` written as users write it: `x @ w` in the input
     dtype (on GPU XLA accumulates 16-bit GEMMs in float32 and rounds once), then the collective.
     fo_jax takes this on CUDA for calls too small to gain from overlap."""
-    partial = jnp.dot(x, w)
+    partial = plain_matmul(x, w)
     if collective == "all_reduce":
         return jax.lax.psum(partial, axis_name)
     return jax.lax.psum_scatter(partial, axis_name, scatter_dimension=0, tiled=True)
