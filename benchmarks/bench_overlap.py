@@ -15,7 +15,8 @@ Times: median of 5 x 20 back-to-back calls. Writes JSON Lines + a markdown table
 `python -m fo_jax.bench`.
 
 Usage: python benchmarks/bench_overlap.py [--collectives reduce_scatter all_reduce]
-       [--shapes MxNxK ...] [--sweep] [--configs G:SM:C ...] [--out benchmarks/results]
+       [--shapes MxNxK ...] [--sweep] [--configs G:SM:C[:GEMM_CONFIG] ...]
+       [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def main() -> None:
     ap.add_argument("--collectives", nargs="*", default=["reduce_scatter", "all_reduce"])
     ap.add_argument("--sweep", action="store_true", help="also time the SWEEP configurations")
     ap.add_argument("--configs", nargs="*", default=[],
-                    help="extra configurations to time, each GROUPS:SM_BUDGET:NCCL_MAX_CTAS")
+                    help="extra configurations to time, each "
+                    "GROUPS:SM_BUDGET:NCCL_MAX_CTAS[:GEMM_CONFIG]")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
     configs = (SWEEP if args.sweep else []) + bench.parse_configs(args.configs, sweep=False)

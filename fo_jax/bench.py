@@ -86,7 +86,8 @@ def run(shapes: Optional[Sequence[str]], collectives: Sequence[str], out: str,
       collectives: "reduce_scatter" and/or "all_reduce".
       out: output folder.
       stem_prefix: file names are {out}/{stem_prefix}_tp{tp}_{date}{tag}.*
-      configs: extra fo_jax configurations (OverlapConfig fields), labelled fo_jax[g,sm,c].
+      configs: extra fo_jax configurations (OverlapConfig fields), labelled
+        fo_jax[g,sm,c] or fo_jax[g,sm,c,gemm_config].
       extended: also fo_jax.tuned, jax.chunked, xla.windowed_einsum (else the core methods).
       chunks: chunk counts of jax.chunked.
       windowed: run xla.windowed_einsum (a separate process).
@@ -159,7 +160,8 @@ def run(shapes: Optional[Sequence[str]], collectives: Sequence[str], out: str,
                     num_groups=tuned["num_groups"], sm_budget=total_sms - tuned["sms_for_nccl"],
                     nccl_max_ctas=tuned["nccl_max_ctas"]))
         for cfg in configs:
-            label = "fo_jax[g{num_groups},sm{sm_budget},c{nccl_max_ctas}]".format(**cfg)
+            label = "fo_jax[g{num_groups},sm{sm_budget},c{nccl_max_ctas}".format(**cfg)
+            label += f",{cfg['gemm_config']}]" if cfg.get("gemm_config") else "]"
             fns[label] = build(mesh, collective, "fo_jax", fo_jax.OverlapConfig(**cfg))
         fns["jax.baseline"] = build(mesh, collective, "baseline")
         if extended:
@@ -233,7 +235,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time the SWEEP configurations")
     ap.add_argument("--configs", nargs="*", default=[],
-                    help="extra configurations, each GROUPS:SM_BUDGET:NCCL_MAX_CTAS")
+                    help="extra configurations, each GROUPS:SM_BUDGET:NCCL_MAX_CTAS[:GEMM_CONFIG]")
     ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)
     run(args.shapes, args.collectives, args.out, configs=parse_configs(args.configs, args.sweep),
@@ -243,9 +245,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def parse_configs(specs: Sequence[str], sweep: bool) -> list:
-    """--configs G:SM:C strings (+ SWEEP with --sweep) -> OverlapConfig field dicts."""
-    extra = [dict(zip(("num_groups", "sm_budget", "nccl_max_ctas"), map(int, c.split(":"))))
-             for c in specs]
+    """--configs G:SM:C[:GEMM_CONFIG] strings (+ SWEEP with --sweep) -> OverlapConfig fields."""
+    extra = []
+    for spec in specs:
+        parts = spec.split(":")
+        if len(parts) not in (3, 4):
+            raise ValueError(f"--configs {spec!r}: expected GROUPS:SM_BUDGET:NCCL_MAX_CTAS"
+                             "[:GEMM_CONFIG]")
+        cfg = dict(zip(("num_groups", "sm_budget", "nccl_max_ctas"), map(int, parts[:3])))
+        if len(parts) == 4:
+            cfg["gemm_config"] = parts[3]
+        extra.append(cfg)
     return (SWEEP if sweep else []) + extra
 
 

@@ -3,6 +3,7 @@
 # carried .devbuild/libfo_jax_cuda.a (built here by tools/build_cuda_lib.sh), then the named
 # steps. Logs and result files go to $OUT. NVLink multicast stays off.
 # Steps: info smoke test-gemm test-overlap bench-gemm bench-overlap bench-overlap-sweep selftest
+#        probe profile-gemm smi-start smi-stop (GPU clock/power sampling around other steps)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 FO_JAX_REQUIRE_GPU=1
@@ -48,6 +49,22 @@ for step in "$@"; do
             --configs 4:100:32 8:116:32 2>&1 | tail -45 || rc=1;;
     bench-overlap-sweep) python3 "$R/benchmarks/bench_overlap.py" --sweep --out "$OUT" 2>&1 | tail -22 || rc=1;;
     selftest) "$R/.devbuild/gemm_selftest" 2>&1 | tee "$OUT/selftest.log" | tail -40 || rc=1;;
+    probe) "$R/.devbuild/gemm_probe" 2>&1 | tee "$OUT/gemm_probe.log" || rc=1;;
+    profile-gemm) python3 "$R/benchmarks/profile_gemm.py" --out "$OUT" \
+                    --configs coop_128x256x64_c2 coop_256x128x64_c2 2>&1 | tee "$OUT/profile_gemm.log" || rc=1;;
+    smi-start) (nvidia-smi --query-gpu=index,clocks.sm,power.draw,temperature.gpu --format=csv \
+                  -lms 250 > "$OUT/smi.csv" 2>&1 & echo $! > /tmp/smi.pid);;
+    smi-stop) kill "$(cat /tmp/smi.pid)" 2>/dev/null; python3 - "$OUT/smi.csv" <<'PY' || true
+import sys, collections
+rows = [l.strip().split(", ") for l in open(sys.argv[1]) if l[:1].isdigit()]
+by = collections.defaultdict(list)
+for r in rows:
+    by[r[0]].append((float(r[1].split()[0]), float(r[2].split()[0])))
+for gpu, v in sorted(by.items()):
+    busy = [x for x in v if x[1] > 200] or v
+    print(f"GPU{gpu}: {len(v)} samples; while >200 W: SM clock median {sorted(c for c, _ in busy)[len(busy)//2]:.0f} MHz, power median {sorted(p for _, p in busy)[len(busy)//2]:.0f} W, max {max(p for _, p in v):.0f} W")
+PY
+    ;;
     *) echo "unknown step $step"; rc=1;;
   esac
 done

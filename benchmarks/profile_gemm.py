@@ -1,0 +1,160 @@
+"""Kernel-level GEMM profile: which GPU kernels XLA's dot and fo_jax's GEMM run, and for how long.
+
+The wall-clock harness (bench_gemm.py) times whole calls back to back; this script records a JAX
+profiler trace (CUPTI) of the same calls and reports, per method and shape, every GPU kernel the
+call launched with its mean device duration, plus the custom call / fusion XLA chose for the dot
+(from the optimized HLO). Methods run round-robin (ABAB...) so clock drift hits all alike.
+
+Usage: python benchmarks/profile_gemm.py [--shapes MxNxK ...] [--configs NAME ...] [--out DIR]
+Writes <out>/gemm_profile_<date>.jsonl (one row per method, shape and kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import re
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.profiler import ProfileData
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
+import fo_jax  # noqa: E402
+
+DESIGN_SHAPES = ["4096x8192x2048", "8192x8192x2048", "8192x8192x7168", "16384x8192x7168",
+                 "16384x8192x2048", "6000x5000x3000"]
+
+
+def gpu_kernel_events(trace_dir: str):
+    """(name, start_ns, duration_ns) of every kernel on the first GPU plane of the trace."""
+    paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    if not paths:
+        raise RuntimeError(f"no xplane.pb under {trace_dir}")
+    pd = ProfileData.from_file(sorted(paths)[-1])
+    events = []
+    for plane in pd.planes:
+        if not plane.name.startswith("/device:GPU:0"):
+            continue
+        for line in plane.lines:
+            # Kernel activity lines are the streams; skip XLA op / module summary lines.
+            if not line.name.startswith("Stream"):
+                continue
+            for ev in line.events:
+                events.append((ev.name, ev.start_ns, ev.duration_ns))
+    return events
+
+
+def hlo_summary(fn, *args) -> str:
+    """The GEMM XLA picked: custom-call targets and GEMM fusion configs of the optimized HLO."""
+    text = fn.lower(*args).compile().as_text()
+    found = []
+    for line in text.splitlines():
+        if "custom_call_target" in line or "triton_gemm_config" in line or "__cudnn" in line:
+            target = re.search(r'custom_call_target="([^"]+)"', line)
+            cfg = re.search(r'"triton_gemm_config":\{[^}]*\}', line)
+            algo = re.search(r'"selected_algorithm":"?(-?\d+)', line)
+            found.append(" ".join(x for x in [
+                target.group(1) if target else "", cfg.group(0) if cfg else "",
+                f"algorithm={algo.group(1)}" if algo else ""] if x))
+    return "; ".join(found) or "(no custom call or GEMM fusion in the optimized HLO)"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="*", default=DESIGN_SHAPES)
+    ap.add_argument("--configs", nargs="*", default=[],
+                    help="fo_jax GEMM configs to profile besides the selected one")
+    ap.add_argument("--calls", type=int, default=20, help="profiled calls per method")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    args = ap.parse_args()
+
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus or not fo_jax.cuda_module_available():
+        sys.exit("profile_gemm.py needs a CUDA GPU and fo_jax's CUDA module")
+    from fo_jax import _cuda_ops, _plan
+
+    dev = gpus[0]
+    dtype = jnp.dtype(jnp.bfloat16)
+    res = benchlib.Results(benchlib.device_info([dev]) | {"dtype": str(dtype)}, echo=False)
+    for i, s in enumerate(args.shapes):
+        m, n, k = (int(v) for v in s.split("x"))
+        rng = np.random.default_rng(i)
+        x = jax.device_put(jnp.asarray(rng.standard_normal((m, k)) / np.sqrt(k), dtype), dev)
+        w = jax.device_put(jnp.asarray(rng.standard_normal((k, n)), dtype), dev)
+        flops = 2.0 * m * n * k
+
+        def gemm(cfg_name=None, groups=1):
+            cfg = fo_jax.OverlapConfig(num_groups=groups, gemm_config=cfg_name)
+            plan = _plan.plan_gemm("profile", dtype, m, n, k, 1, cfg, groups, 0)
+            return plan.config_name, jax.jit(
+                lambda a, b: _cuda_ops.signaling_gemm(a, b, plan, 1, False)[0])
+
+        xla = jax.jit(jnp.dot)
+        methods = {"xla.dot": xla}
+        name, f = gemm()
+        methods[f"fo_jax[{name}]"] = f
+        for c in args.configs:
+            if c != name:
+                methods[f"fo_jax[{c}]"] = gemm(c)[1]
+        print(f"[{i + 1}/{len(args.shapes)}] {s}: XLA chose {hlo_summary(xla, x, w)}",
+              flush=True)
+        ref = np.asarray(xla(x, w).astype(jnp.float32))
+        for mname, f in methods.items():
+            got = np.asarray(f(x, w).astype(jnp.float32))
+            err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+            assert err < 1e-2, f"{s} {mname}: differs from xla.dot (rel err {err:.2e})"
+            for _ in range(3):
+                jax.block_until_ready(f(x, w))
+        # Round-robin inside one trace; a sync after each call separates the methods' kernels.
+        with tempfile.TemporaryDirectory() as tdir:
+            with jax.profiler.trace(tdir):
+                for _ in range(args.calls):
+                    for f in methods.values():
+                        jax.block_until_ready(f(x, w))
+            events = gpu_kernel_events(tdir)
+        # Attribute kernels to calls by order: calls are separated by a host sync, so the
+        # calls * methods - 1 largest idle gaps of the device timeline are the call boundaries
+        # (kernels of one call run back to back).
+        events.sort(key=lambda e: e[1])
+        if len(events) < args.calls * len(methods):
+            print(f"  only {len(events)} kernels for {args.calls} x {len(methods)} calls:",
+                  sorted({e[0] for e in events}))
+            continue
+        gaps = sorted(range(1, len(events)),
+                      key=lambda j: events[j][1] - (events[j - 1][1] + events[j - 1][2]))
+        cuts = sorted(gaps[-(args.calls * len(methods) - 1):])
+        chunks, start = [], 0
+        for c in cuts + [len(events)]:
+            chunks.append(events[start:c])
+            start = c
+        order = [mn for _ in range(args.calls) for mn in methods]
+        stats = collections.defaultdict(lambda: collections.defaultdict(list))
+        for mname, chunk in zip(order, chunks):
+            for kname, _, dur in chunk:
+                stats[mname][kname].append(dur / 1e3)
+        for mname in methods:
+            total_us = sum(np.mean(v) * len(v) / args.calls for v in stats[mname].values())
+            print(f"  {mname:36s} {total_us / 1e3:8.4f} ms  {flops / total_us / 1e6:6.1f} TFLOP/s")
+            for kname, durs in stats[mname].items():
+                per = len(durs) / args.calls
+                print(f"      {np.median(durs):9.1f} us x{per:.0f}  {kname[:150]}")
+                res.add(M=m, N=n, K=k, method=mname, kernel=kname,
+                        median_us=round(float(np.median(durs)), 2),
+                        launches_per_call=len(durs) / args.calls,
+                        call_ms=round(total_us / 1e3, 4),
+                        tflops=round(flops / total_us / 1e6, 1))
+    path = os.path.join(args.out, f"gemm_profile_{res.base['date']}.jsonl")
+    res.write_jsonl(path)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+// Diagnostic: where does the signaling GEMM lose against XLA's GEMM? Times, round-robin on the same
+// bf16 inputs, (1) fo_jax's GEMM (no counters, one group), (2) stock CUTLASS 3.x sm90 kernels of
+// the same tile shapes with CUTLASS's own persistent scheduler, both with w row-major as JAX stores
+// it ("NN": B is N-major) and with B K-major ("NT", the layout cuBLAS calls TN), and (3) every
+// algorithm cuBLASLt's heuristic offers (what XLA picks from). Not part of the library.
+// Build: tools/build_gemm_probe.sh. Run: .devbuild/gemm_probe [MxNxK ...]
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../kernels/signaling_gemm.h"
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));          \
+      std::exit(2);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+using Bf16 = cutlass::bfloat16_t;
+
+// ---------------- stock CUTLASS kernels ----------------
+template <class LayoutB, int kTM, int kTN, int kCM, bool kPingpong>
+struct Stock {
+  using TileShape = cute::Shape<cute::Int<kTM>, cute::Int<kTN>, cute::_64>;
+  using ClusterShape = cute::Shape<cute::Int<kCM>, cute::_1, cute::_1>;
+  using EpiSchedule = std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
+                                         cutlass::epilogue::TmaWarpSpecializedCooperative>;
+  using Schedule = std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                                      cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void,
+      cutlass::layout::RowMajor, 8, Bf16, cutlass::layout::RowMajor, 8,
+      EpiSchedule>::CollectiveOp;
+  using Main = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor, 8,
+      Bf16, LayoutB, 8, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename Epi::SharedStorage))>,
+      Schedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Main, Epi,
+                                                      cutlass::gemm::PersistentScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  static constexpr bool kKMajorB = std::is_same_v<LayoutB, cutlass::layout::ColumnMajor>;
+};
+
+struct Runner {
+  std::string name;
+  // Launch on stream; returns false if the problem cannot run.
+  std::function<bool(cudaStream_t)> run;
+  std::vector<float> ms;
+};
+
+template <class S>
+Runner MakeStock(const char* name, int m, int n, int k, const void* a, const void* b, void* d,
+                 int sms, void* workspace, size_t ws_bytes) {
+  using Gemm = typename S::Gemm;
+  using K = typename S::Kernel;
+  typename K::StrideA sa = cute::make_stride(int64_t(k), cute::Int<1>{}, int64_t(m) * k);
+  typename K::StrideB sb;
+  if constexpr (S::kKMajorB) {
+    sb = cute::make_stride(int64_t(k), cute::Int<1>{}, int64_t(n) * k);
+  } else {
+    sb = cute::make_stride(cute::Int<1>{}, int64_t(n), int64_t(n) * k);
+  }
+  typename K::StrideD sd = cute::make_stride(int64_t(n), cute::Int<1>{}, int64_t(m) * n);
+  typename K::Arguments args{};
+  args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+  args.problem_shape = cute::make_shape(m, n, k, 1);
+  args.mainloop.ptr_A = static_cast<Bf16 const*>(a);
+  args.mainloop.dA = sa;
+  args.mainloop.ptr_B = static_cast<Bf16 const*>(b);
+  args.mainloop.dB = sb;
+  args.epilogue.thread.alpha = 1.f;
+  args.epilogue.thread.beta = 0.f;
+  args.epilogue.ptr_C = nullptr;
+  args.epilogue.dC = sd;
+  args.epilogue.ptr_D = static_cast<Bf16*>(d);
+  args.epilogue.dD = sd;
+  args.hw_info.device_id = 0;
+  args.hw_info.sm_count = sms;
+  auto gemm = std::make_shared<Gemm>();
+  if (gemm->can_implement(args) != cutlass::Status::kSuccess ||
+      Gemm::get_workspace_size(args) > ws_bytes ||
+      gemm->initialize(args, workspace) != cutlass::Status::kSuccess) {
+    return {name, [](cudaStream_t) { return false; }, {}};
+  }
+  return {name, [gemm](cudaStream_t s) { return gemm->run(s) == cutlass::Status::kSuccess; }, {}};
+}
+
+// ---------------- cuBLASLt through dlopen ----------------
+struct Lt {
+  decltype(&cublasLtCreate) create;
+  decltype(&cublasLtMatmulDescCreate) desc_create;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create;
+  decltype(&cublasLtMatmulPreferenceCreate) pref_create;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+  decltype(&cublasLtMatmul) matmul;
+  cublasLtHandle_t h = nullptr;
+  bool Load() {
+    void* lib = dlopen("libcublasLt.so.13", RTLD_NOW | RTLD_GLOBAL);
+    if (!lib) { std::printf("dlopen cublasLt: %s\n", dlerror()); return false; }
+#define SYM(f, s) f = reinterpret_cast<decltype(f)>(dlsym(lib, s)); if (!f) return false;
+    SYM(create, "cublasLtCreate") SYM(desc_create, "cublasLtMatmulDescCreate")
+    SYM(layout_create, "cublasLtMatrixLayoutCreate") SYM(pref_create, "cublasLtMatmulPreferenceCreate")
+    SYM(pref_set, "cublasLtMatmulPreferenceSetAttribute")
+    SYM(heuristic, "cublasLtMatmulAlgoGetHeuristic") SYM(matmul, "cublasLtMatmul")
+#undef SYM
+    return create(&h) == CUBLAS_STATUS_SUCCESS;
+  }
+};
+
+std::vector<Runner> MakeLt(Lt& lt, int m, int n, int k, const void* a, const void* b, void* d,
+                           void* ws, size_t ws_bytes) {
+  // Row-major D[m,n] = A[m,k] B[k,n] as column-major D^T[n,m] = B^T[n,k] A^T[k,m] (both "N").
+  auto desc = std::make_shared<cublasLtMatmulDesc_t>();
+  lt.desc_create(desc.get(), CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  auto la = std::make_shared<cublasLtMatrixLayout_t>(), lb = std::make_shared<cublasLtMatrixLayout_t>(),
+       ld = std::make_shared<cublasLtMatrixLayout_t>();
+  lt.layout_create(la.get(), CUDA_R_16BF, n, k, n);  // B^T
+  lt.layout_create(lb.get(), CUDA_R_16BF, k, m, k);  // A^T
+  lt.layout_create(ld.get(), CUDA_R_16BF, n, m, n);
+  cublasLtMatmulPreference_t pref;
+  lt.pref_create(&pref);
+  lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
+  cublasLtMatmulHeuristicResult_t res[16];
+  int found = 0;
+  lt.heuristic(lt.h, *desc, *la, *lb, *ld, *ld, pref, 16, res, &found);
+  std::vector<Runner> out;
+  for (int i = 0; i < found; ++i) {
+    if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    auto algo = std::make_shared<cublasLtMatmulAlgo_t>(res[i].algo);
+    Lt* p = &lt;
+    out.push_back({"cublasLt#" + std::to_string(i), [=](cudaStream_t s) {
+                     const float one = 1.f, zero = 0.f;
+                     return p->matmul(p->h, *desc, &one, b, *la, a, *lb, &zero, d, *ld, d, *ld,
+                                      algo.get(), ws, ws_bytes, s) == CUBLAS_STATUS_SUCCESS;
+                   }, {}});
+  }
+  return out;
+}
+
+__global__ void Fill(uint16_t* p, size_t count, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15; h *= 0x2c1b3c6dU; h ^= h >> 12; h *= 0x297a2d39U; h ^= h >> 15;
+    float v = (float(h >> 8) / float(1u << 24)) * 2.f - 1.f;  // uniform (-1, 1)
+    __nv_bfloat16 bv = __float2bfloat16(v);
+    p[i] = *reinterpret_cast<uint16_t*>(&bv);
+  }
+}
+
+int main(int argc, char** argv) {
+  std::vector<std::string> shapes;
+  for (int i = 1; i < argc; ++i) shapes.push_back(argv[i]);
+  if (shapes.empty()) {
+    shapes = {"4096x8192x2048", "8192x8192x2048", "8192x8192x7168", "16384x8192x7168",
+              "16384x8192x2048", "6000x5000x3000"};
+  }
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  std::printf("gemm_probe  device: %s (%d SMs); bf16, median of 30 round-robin event-timed "
+              "launches\n", prop.name, sms);
+  std::string err;
+  if (fo_jax::LoadAllGemmKernels(&err) != cudaSuccess) { std::printf("%s\n", err.c_str()); return 2; }
+  Lt lt;
+  const bool have_lt = lt.Load();
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const size_t ws_bytes = size_t(64) << 20;
+  void* ws;
+  CK(cudaMalloc(&ws, ws_bytes));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (const std::string& sh : shapes) {
+    int m, n, k;
+    if (std::sscanf(sh.c_str(), "%dx%dx%d", &m, &n, &k) != 3) continue;
+    uint16_t *a, *b, *d;
+    CK(cudaMalloc(&a, size_t(m) * k * 2));
+    CK(cudaMalloc(&b, size_t(k) * n * 2));
+    CK(cudaMalloc(&d, size_t(m) * n * 2));
+    Fill<<<1024, 256, 0, s>>>(a, size_t(m) * k, 1);
+    Fill<<<1024, 256, 0, s>>>(b, size_t(k) * n, 2);
+    std::vector<Runner> rs;
+    for (int cfg = 0; cfg < fo_jax::NumGemmConfigs(); ++cfg) {
+      fo_jax::SignalingGemmArgs g;
+      g.dtype = fo_jax::GemmDtype::kBF16;
+      g.m = m; g.n = n; g.k = k; g.a = a; g.b = b; g.d = d;
+      g.config = cfg;
+      g.num_groups = 1;
+      g.group_begin[0] = 0;
+      g.group_begin[1] = (m + fo_jax::GetGemmConfig(cfg).tile_m - 1) / fo_jax::GetGemmConfig(cfg).tile_m;
+      rs.push_back({std::string("fo_jax ") + fo_jax::GetGemmConfig(cfg).name,
+                    [g](cudaStream_t st) {
+                      std::string e;
+                      return fo_jax::LaunchSignalingGemm(st, g, &e) == cudaSuccess;
+                    }, {}});
+    }
+    using RM = cutlass::layout::RowMajor;
+    using CM = cutlass::layout::ColumnMajor;
+    rs.push_back(MakeStock<Stock<RM, 128, 256, 1, false>>("stock NN coop 128x256 c1", m, n, k, a, b, d, sms, ws, ws_bytes));
+    rs.push_back(MakeStock<Stock<RM, 128, 256, 2, false>>("stock NN coop 128x256 c2", m, n, k, a, b, d, sms, ws, ws_bytes));
+    rs.push_back(MakeStock<Stock<RM, 256, 128, 2, false>>("stock NN coop 256x128 c2", m, n, k, a, b, d, sms, ws, ws_bytes));
+    rs.push_back(MakeStock<Stock<CM, 128, 256, 1, false>>("stock NT coop 128x256 c1", m, n, k, a, b, d, sms, ws, ws_bytes));
+    rs.push_back(MakeStock<Stock<CM, 128, 256, 2, false>>("stock NT coop 128x256 c2", m, n, k, a, b, d, sms, ws, ws_bytes));
+    rs.push_back(MakeStock<Stock<CM, 256, 128, 2, false>>("stock NT coop 256x128 c2", m, n, k, a, b, d, sms, ws, ws_bytes));
+    rs.push_back(MakeStock<Stock<RM, 128, 128, 1, true>>("stock NN pingpong 128x128 c1", m, n, k, a, b, d, sms, ws, ws_bytes));
+    rs.push_back(MakeStock<Stock<CM, 128, 128, 1, true>>("stock NT pingpong 128x128 c1", m, n, k, a, b, d, sms, ws, ws_bytes));
+    if (have_lt) {
+      for (Runner& r : MakeLt(lt, m, n, k, a, b, d, ws, ws_bytes)) rs.push_back(std::move(r));
+    }
+    for (int round = 0; round < 35; ++round) {
+      for (Runner& r : rs) {
+        CK(cudaEventRecord(e0, s));
+        if (!r.run(s)) { r.ms.clear(); continue; }
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (round >= 5) r.ms.push_back(ms);
+      }
+    }
+    const double flop = 2.0 * m * n * k;
+    std::printf("\n%s\n", sh.c_str());
+    for (Runner& r : rs) {
+      if (r.ms.empty()) { std::printf("  %-32s cannot run\n", r.name.c_str()); continue; }
+      std::sort(r.ms.begin(), r.ms.end());
+      const float med = r.ms[r.ms.size() / 2];
+      std::printf("  %-32s %8.4f ms %7.1f TFLOP/s\n", r.name.c_str(), med, flop / med / 1e9);
+    }
+    CK(cudaFree(a)); CK(cudaFree(b)); CK(cudaFree(d));
+  }
+  return 0;
+}
