@@ -51,7 +51,7 @@ for step in "$@"; do
     selftest) "$R/.devbuild/gemm_selftest" 2>&1 | tee "$OUT/selftest.log" | tail -40 || rc=1;;
     probe) "$R/.devbuild/gemm_probe" 2>&1 | tee "$OUT/gemm_probe.log" || rc=1;;
     profile-gemm) python3 "$R/benchmarks/profile_gemm.py" --out "$OUT" \
-                    --configs coop_128x256x64_c2 coop_256x128x64_c2 2>&1 | tee "$OUT/profile_gemm.log" || rc=1;;
+                    --configs coop_128x256x64_c2 pp_128x128x64_c2 pp_128x160x64_c2 pp_128x192x64_c2 2>&1 | tee "$OUT/profile_gemm.log" || rc=1;;
     smi-start) (nvidia-smi --query-gpu=index,clocks.sm,power.draw,temperature.gpu --format=csv \
                   -lms 250 > "$OUT/smi.csv" 2>&1 & echo $! > /tmp/smi.pid);;
     smi-stop) kill "$(cat /tmp/smi.pid)" 2>/dev/null; python3 - "$OUT/smi.csv" <<'PY' || true

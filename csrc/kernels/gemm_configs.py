@@ -34,6 +34,9 @@ CONFIGS: list[GemmConfig] = [
     GemmConfig("coop_256x128x64_c2", 256, 128, 64, 2, 1, False),
     GemmConfig("coop_128x128x64_c1", 128, 128, 64, 1, 1, False),
     GemmConfig("pp_128x128x64_c1", 128, 128, 64, 1, 1, True),
+    GemmConfig("pp_128x128x64_c2", 128, 128, 64, 2, 1, True),
+    GemmConfig("pp_128x160x64_c2", 128, 160, 64, 2, 1, True),
+    GemmConfig("pp_128x192x64_c2", 128, 192, 64, 2, 1, True),
 ]
 
 DTYPES = {"bf16": "cutlass::bfloat16_t", "f16": "cutlass::half_t"}

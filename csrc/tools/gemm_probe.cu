@@ -212,11 +212,16 @@ int main(int argc, char** argv) {
       g.num_groups = 1;
       g.group_begin[0] = 0;
       g.group_begin[1] = (m + fo_jax::GetGemmConfig(cfg).tile_m - 1) / fo_jax::GetGemmConfig(cfg).tile_m;
-      rs.push_back({std::string("fo_jax ") + fo_jax::GetGemmConfig(cfg).name,
-                    [g](cudaStream_t st) {
-                      std::string e;
-                      return fo_jax::LaunchSignalingGemm(st, g, &e) == cudaSuccess;
-                    }, {}});
+      // Raster: chunks of 8 tile-rows (the default) and whole columns of the group ("along M").
+      for (int swizzle : {8, 1 << 20}) {
+        g.raster_swizzle = swizzle;
+        rs.push_back({std::string("fo_jax ") + fo_jax::GetGemmConfig(cfg).name +
+                          (swizzle == 8 ? "" : " alongM"),
+                      [g](cudaStream_t st) {
+                        std::string e;
+                        return fo_jax::LaunchSignalingGemm(st, g, &e) == cudaSuccess;
+                      }, {}});
+      }
     }
     using RM = cutlass::layout::RowMajor;
     using CM = cutlass::layout::ColumnMajor;
@@ -228,6 +233,9 @@ int main(int argc, char** argv) {
     rs.push_back(MakeStock<Stock<CM, 256, 128, 2, false>>("stock NT coop 256x128 c2", m, n, k, a, b, d, sms, ws, ws_bytes));
     rs.push_back(MakeStock<Stock<RM, 128, 128, 1, true>>("stock NN pingpong 128x128 c1", m, n, k, a, b, d, sms, ws, ws_bytes));
     rs.push_back(MakeStock<Stock<CM, 128, 128, 1, true>>("stock NT pingpong 128x128 c1", m, n, k, a, b, d, sms, ws, ws_bytes));
+    rs.push_back(MakeStock<Stock<RM, 128, 128, 2, true>>("stock NN pingpong 128x128 c2", m, n, k, a, b, d, sms, ws, ws_bytes));
+    rs.push_back(MakeStock<Stock<RM, 128, 160, 2, true>>("stock NN pingpong 128x160 c2", m, n, k, a, b, d, sms, ws, ws_bytes));
+    rs.push_back(MakeStock<Stock<RM, 128, 192, 2, true>>("stock NN pingpong 128x192 c2", m, n, k, a, b, d, sms, ws, ws_bytes));
     if (have_lt) {
       for (Runner& r : MakeLt(lt, m, n, k, a, b, d, ws, ws_bytes)) rs.push_back(std::move(r));
     }
