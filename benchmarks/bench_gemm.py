@@ -7,7 +7,9 @@ Methods (bf16, x[M,K] @ w[K,N] per GPU):
   fo_jax.matmul.1group     one group, no counters (the plain GEMM tile order)
   fo_jax.matmul.remap      + the reduce-scatter row remap (batch 4), counters on
   fo_jax.matmul.sm116      signaling GEMM on 116 SMs (16 left to NCCL), the overlap default
-Times: median of 5 x 20 back-to-back calls (benchlib). Writes JSON Lines + a markdown table.
+Times: median of 5 x 20 back-to-back calls (benchlib), the methods' trials interleaved so clock
+drift hits all alike. Kernel-level times (no host or harness effects): benchmarks/profile_gemm.py.
+Writes JSON Lines + a markdown table.
 
 Usage: python benchmarks/bench_gemm.py [--out benchmarks/results] [--shapes MxNxK ...]
 """
@@ -82,12 +84,11 @@ def main() -> None:
         got = np.asarray(methods["fo_jax.matmul"](x, w).astype(jnp.float32))
         err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
         assert err < 1e-2, f"{s}: fo_jax.matmul differs from xla.dot (rel err {err:.2e})"
-        times = {}
         for name, f in methods.items():
             out = f(x, w)
             assert out.dtype == dtype, (name, out.dtype)
-            ms = benchlib.time_ms(f, x, w)
-            times[name] = ms
+        times = benchlib.time_ms_interleaved(methods, x, w)
+        for name, ms in times.items():
             res.add(M=m, N=n, K=k, method=name + args.tag, ms=round(ms, 4),
                     tflops=round(flops / ms / 1e9, 1),
                     config=p8.config_name if name.startswith("fo_jax") else None)

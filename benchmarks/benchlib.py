@@ -14,4 +14,5 @@ from fo_jax._benchcore import (  # noqa: F401 (re-exports)
     device_info,
     markdown_table,
     time_ms,
+    time_ms_interleaved,
 )

@@ -1,9 +1,10 @@
 """Kernel-level GEMM profile: which GPU kernels XLA's dot and fo_jax's GEMM run, and for how long.
 
-The wall-clock harness (bench_gemm.py) times whole calls back to back; this script records a JAX
-profiler trace (CUPTI) of the same calls and reports, per method and shape, every GPU kernel the
-call launched with its mean device duration, plus the custom call / fusion XLA chose for the dot
-(from the optimized HLO). Methods run round-robin (ABAB...) so clock drift hits all alike.
+The wall-clock harness (bench_gemm.py) times whole calls back to back; this script records JAX
+profiler traces (CUPTI) of the same calls and reports, per method and shape, every GPU kernel the
+call launched with its median device duration, plus the custom call / fusion XLA chose for the
+dot (from the optimized HLO). Methods alternate (one short trace each, twice) so clock drift hits
+all alike.
 
 Usage: python benchmarks/profile_gemm.py [--shapes MxNxK ...] [--configs NAME ...] [--out DIR]
 Writes <out>/gemm_profile_<date>.jsonl (one row per method, shape and kernel).
@@ -113,42 +114,28 @@ def main() -> None:
             assert err < 1e-2, f"{s} {mname}: differs from xla.dot (rel err {err:.2e})"
             for _ in range(3):
                 jax.block_until_ready(f(x, w))
-        # Round-robin inside one trace; a sync after each call separates the methods' kernels.
-        with tempfile.TemporaryDirectory() as tdir:
-            with jax.profiler.trace(tdir):
-                for _ in range(args.calls):
-                    for f in methods.values():
-                        jax.block_until_ready(f(x, w))
-            events = gpu_kernel_events(tdir)
-        # Attribute kernels to calls by order: calls are separated by a host sync, so the
-        # calls * methods - 1 largest idle gaps of the device timeline are the call boundaries
-        # (kernels of one call run back to back).
-        events.sort(key=lambda e: e[1])
-        if len(events) < args.calls * len(methods):
-            print(f"  only {len(events)} kernels for {args.calls} x {len(methods)} calls:",
-                  sorted({e[0] for e in events}))
-            continue
-        gaps = sorted(range(1, len(events)),
-                      key=lambda j: events[j][1] - (events[j - 1][1] + events[j - 1][2]))
-        cuts = sorted(gaps[-(args.calls * len(methods) - 1):])
-        chunks, start = [], 0
-        for c in cuts + [len(events)]:
-            chunks.append(events[start:c])
-            start = c
-        order = [mn for _ in range(args.calls) for mn in methods]
-        stats = collections.defaultdict(lambda: collections.defaultdict(list))
-        for mname, chunk in zip(order, chunks):
-            for kname, _, dur in chunk:
-                stats[mname][kname].append(dur / 1e3)
+        # One trace per method (kernels are then attributed without guessing), the methods
+        # alternating over `rounds` short traces so clock drift hits them alike.
+        stats = {mname: collections.defaultdict(list) for mname in methods}
+        rounds = 2
+        for _ in range(rounds):
+            for mname, f in methods.items():
+                with tempfile.TemporaryDirectory() as tdir:
+                    with jax.profiler.trace(tdir):
+                        for _ in range(args.calls // rounds):
+                            jax.block_until_ready(f(x, w))
+                    for kname, _, dur in gpu_kernel_events(tdir):
+                        stats[mname][kname].append(dur / 1e3)
+        ncalls = rounds * (args.calls // rounds)
         for mname in methods:
-            total_us = sum(np.mean(v) * len(v) / args.calls for v in stats[mname].values())
+            total_us = sum(np.median(v) * len(v) / ncalls for v in stats[mname].values())
             print(f"  {mname:36s} {total_us / 1e3:8.4f} ms  {flops / total_us / 1e6:6.1f} TFLOP/s")
             for kname, durs in stats[mname].items():
-                per = len(durs) / args.calls
+                per = len(durs) / ncalls
                 print(f"      {np.median(durs):9.1f} us x{per:.0f}  {kname[:150]}")
                 res.add(M=m, N=n, K=k, method=mname, kernel=kname,
                         median_us=round(float(np.median(durs)), 2),
-                        launches_per_call=len(durs) / args.calls,
+                        launches_per_call=len(durs) / ncalls,
                         call_ms=round(total_us / 1e3, 4),
                         tflops=round(flops / total_us / 1e6, 1))
     path = os.path.join(args.out, f"gemm_profile_{res.base['date']}.jsonl")

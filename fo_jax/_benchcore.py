@@ -58,6 +58,23 @@ def time_ms(f: Callable, *args, reps: int = 20, trials: int = 5, warmup: int = 3
     return samples[len(samples) // 2]
 
 
+def time_ms_interleaved(fns: dict, *args, reps: int = 20, trials: int = 5,
+                        warmup: int = 3) -> dict:
+    """time_ms for several functions of the same arguments, their trials interleaved (A B C A B C
+    ...) so that clock and power drift over the run hits all of them alike. {name: ms}."""
+    for f in fns.values():
+        for _ in range(warmup):
+            jax.block_until_ready(f(*args))
+    samples: dict = {name: [] for name in fns}
+    for _ in range(trials):
+        for name, f in fns.items():
+            t0 = time.perf_counter()
+            outs = [f(*args) for _ in range(reps)]
+            jax.block_until_ready(outs)
+            samples[name].append((time.perf_counter() - t0) * 1e3 / reps)
+    return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
+
+
 class Results:
     """Collects rows (printed as JSON as they come); writes JSON Lines and a markdown table."""
 

@@ -29,7 +29,7 @@ SRCS=(csrc/kernels/signaling_gemm.cu csrc/kernels/generated/gemm_*.cu)
 compile() {
   local src=$1 obj=$OBJ/$(basename "${1%.cu}").o
   local newer=0 dep
-  for dep in "$src" csrc/kernels/*.cuh csrc/kernels/*.h; do [[ "$dep" -nt "$obj" ]] && newer=1; done
+  for dep in "$src" csrc/kernels/*.cuh csrc/kernels/*.h csrc/kernels/generated/*.inc; do [[ "$dep" -nt "$obj" ]] && newer=1; done
   if [[ ! -f "$obj" || $newer == 1 ]]; then
     "$NVCC" "${FLAGS[@]}" -c "$src" -o "$obj" 2>&1 | tee "$obj.log" | grep -E "error|warning|C7510" || true
     [[ -f "$obj" && "$obj" -nt "$src" ]] || { echo "compile failed: $src"; cat "$obj.log"; return 1; }

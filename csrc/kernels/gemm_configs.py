@@ -23,10 +23,14 @@ class GemmConfig(NamedTuple):
     pingpong: bool
 
 
-# SelectGemmConfig in signaling_gemm.cu refers to these names. Measured on H200 (see
-# benchmarks/results/gemm_selftest_*.log): the four large cooperative tiles are within ~1% of each
-# other on the TP shapes; ping-pong 128x128 is the best small tile. Dropped after measuring:
-# ping-pong 64x256 (0.6-0.75x cuBLAS) and a register->global (no TMA store) epilogue (0.83-0.97x).
+# SelectGemmConfig in signaling_gemm.cu refers to these names. Measured on H200 (kernel times from
+# the JAX profiler, benchmarks/results/gemm_profile_h200_*.log): ping-pong 128x192 with a 2x1
+# cluster is the fastest large tile (0.97-0.99x XLA's cuBLASLt kernel on the TP shapes; its
+# epilogue overlaps the other warp group's MMA, which matters at K = 2048); the four large
+# cooperative tiles are within ~1-4% of each other and 2-10% behind it; ping-pong 128x128 is the
+# best small tile. Dropped after measuring: ping-pong 64x256 (0.6-0.75x cuBLAS), ping-pong 128x160
+# (0.57-0.7x: N = 160 forces a 64-byte swizzle on the N-major B tile) and a register->global (no
+# TMA store) epilogue (0.83-0.97x).
 CONFIGS: list[GemmConfig] = [
     GemmConfig("coop_128x256x64_c1", 128, 256, 64, 1, 1, False),
     GemmConfig("coop_128x256x64_c2", 128, 256, 64, 2, 1, False),
@@ -34,8 +38,6 @@ CONFIGS: list[GemmConfig] = [
     GemmConfig("coop_256x128x64_c2", 256, 128, 64, 2, 1, False),
     GemmConfig("coop_128x128x64_c1", 128, 128, 64, 1, 1, False),
     GemmConfig("pp_128x128x64_c1", 128, 128, 64, 1, 1, True),
-    GemmConfig("pp_128x128x64_c2", 128, 128, 64, 2, 1, True),
-    GemmConfig("pp_128x160x64_c2", 128, 160, 64, 2, 1, True),
     GemmConfig("pp_128x192x64_c2", 128, 192, 64, 2, 1, True),
 ]
 

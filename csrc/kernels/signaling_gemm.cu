@@ -56,19 +56,18 @@ const GemmTileConfig& GetGemmConfig(int index) {
   return detail::kGemmConfigs[index];
 }
 
-// Heuristic (measured on H200, benchmarks/results/gemm_selftest_*.log): on the TP shapes
-// (4096..16384 x 8192 x 2048..7168) the cooperative 128x256 tile is at 0.95-1.01x cuBLAS and the
-// other large cooperative tiles (256x128, cluster 2x1) are within ~1% of it; the tile order within
-// a group (raster_swizzle 1..16) made no measurable difference. When 128x256 tiles would not fill
-// two waves of the SM budget, the smaller ping-pong 128x128 tile (the best 128x128 variant
-// measured) keeps more SMs busy.
+// Heuristic (measured on H200: kernel times under the JAX profiler,
+// benchmarks/results/gemm_profile_h200_*.log; earlier selftest logs beside them). On the TP
+// shapes (4096..16384 x 8192 x 2048..7168) ping-pong 128x192 with a 2x1 cluster runs at
+// 0.97-0.99x XLA's cuBLASLt kernel, 2-10% ahead of the cooperative 128x256/256x128 tiles. When it
+// would not fill two waves of the SM budget, the ping-pong 128x128 tile keeps more SMs busy.
 int SelectGemmConfig(GemmDtype dtype, int m, int n, int k, int batch, int sm_budget) {
   (void)dtype;
   (void)k;
   const int sms = sm_budget > 0 ? sm_budget : 132;
   const long long rows = static_cast<long long>(m) * (batch > 0 ? batch : 1);
-  const long long tiles_big = ((rows + 127) / 128) * ((n + 255) / 256);
-  if (tiles_big >= 2LL * sms) return ConfigIndex("coop_128x256x64_c1");
+  const long long tiles_big = ((rows + 127) / 128) * ((n + 191) / 192);
+  if (tiles_big >= 2LL * sms) return ConfigIndex("pp_128x192x64_c2");
   return ConfigIndex("pp_128x128x64_c1");
 }
 
