@@ -47,11 +47,14 @@ for step in "$@"; do
           tail -20 "$OUT/tune.log"; cp /tmp/cache/fo_jax/tuning.json "$OUT/" 2>/dev/null;;
     bench-cli) XDG_CACHE_HOME=/tmp/cache timeout 560 python3 -m fo_jax.bench --out "$OUT/bench" \
             --configs 4:100:32 8:116:32 2>&1 | tail -45 || rc=1;;
+    overlap-configs) python3 "$R/benchmarks/bench_overlap.py" --shapes ${SHAPES:-8192x8192x2048} \
+          --collectives ${COLLS:-reduce_scatter all_reduce} --configs ${CONFIGS:?} --out "$OUT" \
+          --tag "${TAG:-_cfg}" 2>&1 | grep -E "^\| |Error|error" || rc=1;;
     bench-overlap-sweep) python3 "$R/benchmarks/bench_overlap.py" --sweep --out "$OUT" 2>&1 | tail -22 || rc=1;;
     selftest) "$R/.devbuild/gemm_selftest" 2>&1 | tee "$OUT/selftest.log" | tail -40 || rc=1;;
     probe) "$R/.devbuild/gemm_probe" 2>&1 | tee "$OUT/gemm_probe.log" || rc=1;;
     profile-gemm) python3 "$R/benchmarks/profile_gemm.py" --out "$OUT" \
-                    --configs coop_128x256x64_c2 pp_128x128x64_c2 pp_128x160x64_c2 pp_128x192x64_c2 2>&1 | tee "$OUT/profile_gemm.log" || rc=1;;
+                    --configs coop_128x256x64_c2 pp_128x128x64_c1 coop_128x256x64_c1 2>&1 | tee "$OUT/profile_gemm.log" || rc=1;;
     smi-start) (nvidia-smi --query-gpu=index,clocks.sm,power.draw,temperature.gpu --format=csv \
                   -lms 250 > "$OUT/smi.csv" 2>&1 & echo $! > /tmp/smi.pid);;
     smi-stop) kill "$(cat /tmp/smi.pid)" 2>/dev/null; python3 - "$OUT/smi.csv" <<'PY' || true
