@@ -25,7 +25,7 @@ SHORT_GEMM = dict(num_groups=4, sms_for_nccl=32, nccl_max_ctas=32)
 LONG_GEMM = dict(num_groups=8, sms_for_nccl=16, nccl_max_ctas=32)
 RATIO_THRESHOLD = 1.5
 # Rough H100/H200 rates for the ratio only (bf16 GEMM; NCCL algorithm bandwidth over NVLink).
-GEMM_FLOPS = 650e12
+GEMM_FLOPS = 780e12  # fo_jax's ping-pong 128x192 kernel on the TP shapes (NOTES.md §1)
 ALGBW = {"reduce_scatter": 330e9, "all_reduce": 180e9}
 # Below this estimated GEMM time the overlap does not repay its costs (SMs given to NCCL, the last
 # group's tail, per-group NCCL calls): take the plain XLA path. Measured on 4x H200 (NOTES.md §3):

@@ -16,7 +16,8 @@ from typing import Optional
 
 log = logging.getLogger("fo_jax")
 
-VERSION = 1
+# 2: GEMM default tile became ping-pong 128x192 (entries measured with the old kernels are stale).
+VERSION = 2
 _memo: dict = {}  # path -> ((mtime_ns, size), data): trace-time lookups read the file once
 
 

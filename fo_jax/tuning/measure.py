@@ -27,8 +27,8 @@ from fo_jax.tuning.model import (Candidate, CommCurve, GemmTiming, fit_busy_fact
 
 log = logging.getLogger("fo_jax")
 
-SMS_FOR_NCCL = (16, 24, 32)  # candidate SMs left to NCCL (GEMM runs on the rest)
-NCCL_CTAS = (16, 32)  # candidate NCCL CTA bounds; curves measured at each (8 was always slow)
+SMS_FOR_NCCL = (8, 16, 24, 32)  # candidate SMs left to NCCL (GEMM runs on the rest)
+NCCL_CTAS = (8, 16, 32)  # candidate NCCL CTA bounds; curves measured at each
 GROUPS = (1, 2, 3, 4, 6, 8, 12, 16)
 CALIB_ROWS = (1024, 4096, 16384)  # per-GPU M of the NCCL calibration, N = 8192, K = 256
 CALIB_N, CALIB_K = 8192, 256
