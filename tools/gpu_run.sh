@@ -50,6 +50,10 @@ for step in "$@"; do
     overlap-configs) python3 "$R/benchmarks/bench_overlap.py" --shapes ${SHAPES:-8192x8192x2048} \
           --collectives ${COLLS:-reduce_scatter all_reduce} --configs ${CONFIGS:?} --out "$OUT" \
           --tag "${TAG:-_cfg}" 2>&1 | grep -E "^\| |Error|error" || rc=1;;
+    profile-overlap) for shape in ${SHAPES:-8192x8192x2048}; do
+          python3 "$R/benchmarks/profile_overlap.py" --shape "$shape" --collectives ${COLLS:-reduce_scatter all_reduce} \
+            --configs ${CONFIGS:-} --out "$OUT" 2>&1 | tee -a "$OUT/profile_overlap.log" || rc=1
+          mv "$OUT"/overlap_profile_tp*_????-??-??.jsonl "$OUT/overlap_profile_$shape.jsonl" 2>/dev/null; done;;
     bench-overlap-sweep) python3 "$R/benchmarks/bench_overlap.py" --sweep --out "$OUT" 2>&1 | tail -22 || rc=1;;
     selftest) "$R/.devbuild/gemm_selftest" 2>&1 | tee "$OUT/selftest.log" | tail -40 || rc=1;;
     probe) "$R/.devbuild/gemm_probe" 2>&1 | tee "$OUT/gemm_probe.log" || rc=1;;
