@@ -20,6 +20,7 @@ import glob
 import os
 import sys
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -107,7 +108,19 @@ def main() -> None:
                     for _ in range(args.calls):
                         jax.block_until_ready(f(x, w))
                 per_gpu = kernel_events(tdir)
-            print(f"--- {name}")
+            # Host side: dispatching 20 calls without waiting, per call (if this is as long as
+            # the wall-clock time per call, the benchmark is host-bound), then the wall time.
+            t0 = time.perf_counter()
+            outs = [f(x, w) for _ in range(20)]
+            t1 = time.perf_counter()
+            jax.block_until_ready(outs)
+            t2 = time.perf_counter()
+            print(f"--- {name}: host dispatch {(t1 - t0) / 20 * 1e3:.3f} ms/call, wall "
+                  f"{(t2 - t0) / 20 * 1e3:.3f} ms/call (20 back to back)")
+            starts = {gpu: last_call(per_gpu[gpu])[0][1] for gpu in per_gpu}
+            first = min(starts.values())
+            print("  last call's first kernel, us after the earliest GPU's: " + ", ".join(
+                f"GPU{g} {(t - first) / 1e3:.1f}" for g, t in sorted(starts.items())))
             for gpu in sorted(per_gpu):
                 evs = last_call(per_gpu[gpu])
                 t0 = evs[0][1]
