@@ -47,17 +47,19 @@ ffi::Error GemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::
   if (counters->element_count() != static_cast<size_t>(args.num_groups)) {
     return ffi::Error::InvalidArgument("fo_jax_gemm_ffi: counters must have one entry per group");
   }
+  // Counters are zeroed by the launcher right before the kernel (no GPU idle time while the host
+  // builds the kernel's parameters); without signals they are zeroed after it (defined output).
   if (signal) {
     args.counters = counters->typed_data();
-    FO_JAX_RETURN_IF_CUDA_ERROR(
-        cudaMemsetAsync(args.counters, 0, args.num_groups * sizeof(uint32_t), stream));
-  } else {
-    FO_JAX_RETURN_IF_CUDA_ERROR(  // defined output even when unused
-        cudaMemsetAsync(counters->typed_data(), 0, args.num_groups * sizeof(uint32_t), stream));
+    args.zero_counters_on_launch = true;
   }
   cudaError_t err = LaunchSignalingGemm(stream, args, &msg);
   if (err != cudaSuccess) {
     return ffi::Error::Internal("fo_jax_gemm_ffi: " + msg + " (" + cudaGetErrorString(err) + ")");
+  }
+  if (!signal) {
+    FO_JAX_RETURN_IF_CUDA_ERROR(
+        cudaMemsetAsync(counters->typed_data(), 0, args.num_groups * sizeof(uint32_t), stream));
   }
   return ffi::Error::Success();
 }

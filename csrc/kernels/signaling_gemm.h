@@ -47,7 +47,8 @@ int SelectGemmConfig(GemmDtype dtype, int m, int n, int k, int batch, int sm_bud
 // Signal: if counters != nullptr, each finished tile adds 1 to counters[its group], after its
 // output is complete and visible in global memory (release at GPU scope). A group is done when
 // its counter reaches batch * (group_begin[g+1] - group_begin[g]) * ceil(n / tile_n).
-// The caller zeroes the counters before the launch (stream order).
+// The counters must be zero when the kernel starts: the caller zeroes them in stream order, or
+// sets zero_counters_on_launch (below).
 struct SignalingGemmArgs {
   GemmDtype dtype = GemmDtype::kBF16;
   int m = 0, n = 0, k = 0;  // multiples of 8
@@ -69,6 +70,12 @@ struct SignalingGemmArgs {
   // next tile's epilogue. 3: as 0, but the add is issued after the next tile's stores are issued
   // (waits only for the older bulk stores).
   int signal_mode = 0;
+  // Zero `counters` on the stream right before the kernel launch, after all host-side setup
+  // (TMA descriptors, parameters), so the GPU does not idle between the two. If
+  // after_zero_event is set it is recorded between the zeroing and the kernel (a consumer stream
+  // that waits on it sees zeroed counters and inputs ready, and does not wait for the kernel).
+  bool zero_counters_on_launch = false;
+  cudaEvent_t after_zero_event = nullptr;
 };
 
 // Tiles whose completion counters[g] counts, for the configuration args.config (resolved with

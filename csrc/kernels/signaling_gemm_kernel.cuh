@@ -481,6 +481,16 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   attr_cluster.val.clusterDim.z = 1;
   cfg.attrs = &attr_cluster;
   cfg.numAttrs = 1;
+  if (a.zero_counters_on_launch && a.counters != nullptr) {
+    e = cudaMemsetAsync(a.counters, 0, size_t(a.num_groups) * sizeof(uint32_t), stream);
+    if (e == cudaSuccess && a.after_zero_event != nullptr) {
+      e = cudaEventRecord(a.after_zero_event, stream);
+    }
+    if (e != cudaSuccess) {
+      if (error) *error = std::string("zeroing the counters: ") + cudaGetErrorString(e);
+      return e;
+    }
+  }
   e = cudaLaunchKernelEx(&cfg, &cutlass::device_kernel<Kernel>, params);
   if (e != cudaSuccess && error) {
     *error = std::string("GEMM launch failed: ") + cudaGetErrorString(e);
