@@ -1,10 +1,10 @@
 """Device timeline of one overlapped call: when the GEMM and each NCCL kernel ran, per GPU.
 
 The wall-clock benchmark (bench_overlap.py) says how long a call takes; this script says why. It
-records a JAX profiler trace (CUPTI) of a few calls per method and prints, for the last call on
-every GPU, each kernel's start and end relative to the call's first kernel (microseconds), the
-call's device span, and how much NCCL time ran while the GEMM was running. Kernel-level timing
-has no host or dispatch effects, so it also tells whether the wall-clock numbers are host-bound.
+records a JAX profiler trace (CUPTI) of a few back-to-back calls per method and prints, for the
+last call on every GPU, each kernel's start and end relative to the call's first kernel (us),
+the call's device span, and how much NCCL time ran while the GEMM was running. Kernel-level
+timing has no host or dispatch effects; the host dispatch time per call is printed beside it.
 
 Methods: fo_jax with the default configuration and each --configs G:SM:C[:GEMM_CONFIG], and
 jax.baseline (XLA dot + psum / psum_scatter). Per-GPU x[M,K] @ w[K,N], bf16, TP = all GPUs.
@@ -95,8 +95,8 @@ def main() -> None:
     for collective in args.collectives:
         fns = {"fo_jax": _benchcore.build(mesh, collective, "fo_jax")}
         for cfg in bench.parse_configs(args.configs, sweep=False):
-            label = "fo_jax[" + ",".join(str(v) for v in cfg.values()) + "]"
-            fns[label] = _benchcore.build(mesh, collective, "fo_jax", fo_jax.OverlapConfig(**cfg))
+            fns[bench.config_label(cfg)] = _benchcore.build(mesh, collective, "fo_jax",
+                                                            fo_jax.OverlapConfig(**cfg))
         fns["jax.baseline"] = _benchcore.build(mesh, collective, "baseline")
         print(f"\n=== {collective} {args.shape} TP={tp} (last of {args.calls} calls; us from the "
               "call's first kernel; GEMM-concurrent NCCL = NCCL time inside the GEMM's span)")
@@ -104,9 +104,8 @@ def main() -> None:
             for _ in range(3):
                 jax.block_until_ready(f(x, w))
             with tempfile.TemporaryDirectory() as tdir:
-                with jax.profiler.trace(tdir):
-                    for _ in range(args.calls):
-                        jax.block_until_ready(f(x, w))
+                with jax.profiler.trace(tdir):  # back to back, as in the benchmarks
+                    jax.block_until_ready([f(x, w) for _ in range(args.calls)])
                 per_gpu = kernel_events(tdir)
             # Host side: dispatching 20 calls without waiting, per call (if this is as long as
             # the wall-clock time per call, the benchmark is host-bound), then the wall time.

@@ -17,12 +17,15 @@ from fo_jax.config import OverlapConfig
 
 DTYPE_CODES = {jnp.dtype(jnp.bfloat16): 0, jnp.dtype(jnp.float16): 1}
 
-# Overlap defaults, measured on H200 (benchmarks/NOTES.md). The GEMM leaves SMs to NCCL; how
-# many pays depends on how long the GEMM runs against the collective: when they take about as long
-# (r = T_gemm / T_comm < 1.5), NCCL needs 32 free SMs and 32 CTAs to keep pace and 4 groups keep
-# per-call NCCL overhead low; when the GEMM dominates, 16 SMs suffice and 8 groups shorten the tail.
+# Overlap defaults, measured on 4x H200 (benchmarks/NOTES.md §3-4). The GEMM leaves SMs to NCCL;
+# how many pays depends on how long the GEMM runs against the collective: when they take about as
+# long (r = T_gemm / T_comm < 1.5), NCCL needs 32 free SMs and 32 CTAs to keep pace and 4 groups
+# keep per-call NCCL overhead low. When the GEMM dominates, every SM taken from it costs more than
+# the collective's speed gains: a reduce-scatter runs best on 8 SMs / 8 CTAs in 8 groups (slow,
+# but hidden behind the GEMM); an all-reduce, with twice the traffic, on 16 SMs / 32 CTAs.
 SHORT_GEMM = dict(num_groups=4, sms_for_nccl=32, nccl_max_ctas=32)
-LONG_GEMM = dict(num_groups=8, sms_for_nccl=16, nccl_max_ctas=32)
+LONG_GEMM = {"reduce_scatter": dict(num_groups=8, sms_for_nccl=8, nccl_max_ctas=8),
+             "all_reduce": dict(num_groups=4, sms_for_nccl=16, nccl_max_ctas=32)}
 RATIO_THRESHOLD = 1.5
 # Rough H100/H200 rates for the ratio only (bf16 GEMM; NCCL algorithm bandwidth over NVLink).
 GEMM_FLOPS = 780e12  # fo_jax's ping-pong 128x192 kernel on the TP shapes (NOTES.md §1)
@@ -42,7 +45,7 @@ def estimate_seconds(collective: str, m: int, n: int, k: int, itemsize: int = 2)
 def heuristic_defaults(collective: str, m: int, n: int, k: int) -> dict:
     """The shape heuristic: groups / SMs left to NCCL / NCCL CTAs (m: rows of x per GPU)."""
     t_gemm, t_comm = estimate_seconds(collective, m, n, k)
-    return dict(SHORT_GEMM if t_gemm < RATIO_THRESHOLD * t_comm else LONG_GEMM)
+    return dict(SHORT_GEMM if t_gemm < RATIO_THRESHOLD * t_comm else LONG_GEMM[collective])
 
 
 def _tuned(collective: str, m: int, n: int, k: int, dtype, tp: int) -> Optional[dict]:

@@ -160,9 +160,7 @@ def run(shapes: Optional[Sequence[str]], collectives: Sequence[str], out: str,
                     num_groups=tuned["num_groups"], sm_budget=total_sms - tuned["sms_for_nccl"],
                     nccl_max_ctas=tuned["nccl_max_ctas"]))
         for cfg in configs:
-            label = "fo_jax[g{num_groups},sm{sm_budget},c{nccl_max_ctas}".format(**cfg)
-            label += f",{cfg['gemm_config']}]" if cfg.get("gemm_config") else "]"
-            fns[label] = build(mesh, collective, "fo_jax", fo_jax.OverlapConfig(**cfg))
+            fns[config_label(cfg)] = build(mesh, collective, "fo_jax", fo_jax.OverlapConfig(**cfg))
         fns["jax.baseline"] = build(mesh, collective, "baseline")
         if extended:
             for c in chunks:
@@ -253,15 +251,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+def config_label(cfg: dict) -> str:
+    """fo_jax[g4,sm100,c32] / fo_jax[g2+4+5+5,sm100,c32,pp_128x192x64_c2] for a config dict."""
+    groups = cfg.get("num_groups")
+    if cfg.get("group_tile_rows"):
+        groups = "+".join(str(r) for r in cfg["group_tile_rows"])
+    label = f"fo_jax[g{groups},sm{cfg['sm_budget']},c{cfg['nccl_max_ctas']}"
+    return label + (f",{cfg['gemm_config']}]" if cfg.get("gemm_config") else "]")
+
+
 def parse_configs(specs: Sequence[str], sweep: bool) -> list:
-    """--configs G:SM:C[:GEMM_CONFIG] strings (+ SWEEP with --sweep) -> OverlapConfig fields."""
+    """--configs G:SM:C[:GEMM_CONFIG] strings (+ SWEEP with --sweep) -> OverlapConfig fields.
+    G is a group count, or explicit group sizes in tile-rows joined by "+" (e.g. 2+4+5+5)."""
     extra = []
     for spec in specs:
         parts = spec.split(":")
         if len(parts) not in (3, 4):
             raise ValueError(f"--configs {spec!r}: expected GROUPS:SM_BUDGET:NCCL_MAX_CTAS"
                              "[:GEMM_CONFIG]")
-        cfg = dict(zip(("num_groups", "sm_budget", "nccl_max_ctas"), map(int, parts[:3])))
+        cfg = dict(zip(("sm_budget", "nccl_max_ctas"), map(int, parts[1:3])))
+        if "+" in parts[0]:
+            cfg["group_tile_rows"] = tuple(int(r) for r in parts[0].split("+"))
+        else:
+            cfg["num_groups"] = int(parts[0])
         if len(parts) == 4:
             cfg["gemm_config"] = parts[3]
         extra.append(cfg)
