@@ -92,16 +92,17 @@ def main() -> None:
         w = jax.device_put(jnp.asarray(rng.standard_normal((k, n)), dtype), dev)
         flops = 2.0 * m * n * k
 
-        def gemm(cfg_name=None, groups=1):
+        def gemm(cfg_name=None, groups=1, signal=False):
             cfg = fo_jax.OverlapConfig(num_groups=groups, gemm_config=cfg_name)
             plan = _plan.plan_gemm("profile", dtype, m, n, k, 1, cfg, groups, 0)
             return plan.config_name, jax.jit(
-                lambda a, b: _cuda_ops.signaling_gemm(a, b, plan, 1, False)[0])
+                lambda a, b: _cuda_ops.signaling_gemm(a, b, plan, 1, signal)[0])
 
         xla = jax.jit(jnp.dot)
         methods = {"xla.dot": xla}
         name, f = gemm()
         methods[f"fo_jax[{name}]"] = f
+        methods[f"fo_jax[{name}] 8 groups, signals"] = gemm(groups=8, signal=True)[1]
         for c in args.configs:
             if c != name:
                 methods[f"fo_jax[{c}]"] = gemm(c)[1]
@@ -117,26 +118,35 @@ def main() -> None:
         # One trace per method (kernels are then attributed without guessing), the methods
         # alternating over `rounds` short traces so clock drift hits them alike.
         stats = {mname: collections.defaultdict(list) for mname in methods}
+        periods: dict = {mname: [] for mname in methods}
         rounds = 2
         for _ in range(rounds):
             for mname, f in methods.items():
                 with tempfile.TemporaryDirectory() as tdir:
-                    with jax.profiler.trace(tdir):
-                        for _ in range(args.calls // rounds):
-                            jax.block_until_ready(f(x, w))
-                    for kname, _, dur in gpu_kernel_events(tdir):
-                        stats[mname][kname].append(dur / 1e3)
+                    with jax.profiler.trace(tdir):  # back to back, as in the benchmarks
+                        jax.block_until_ready([f(x, w) for _ in range(args.calls // rounds)])
+                    events = gpu_kernel_events(tdir)
+                for kname, _, dur in events:
+                    stats[mname][kname].append(dur / 1e3)
+                # Device period per call: first kernel start to last kernel end, over the calls
+                # (includes the idle gaps between kernels and calls that kernel times miss).
+                if events:
+                    first = min(e[1] for e in events)
+                    last = max(e[1] + e[2] for e in events)
+                    periods[mname].append((last - first) / 1e3 / (args.calls // rounds))
         ncalls = rounds * (args.calls // rounds)
         for mname in methods:
             total_us = sum(np.median(v) * len(v) / ncalls for v in stats[mname].values())
-            print(f"  {mname:36s} {total_us / 1e3:8.4f} ms  {flops / total_us / 1e6:6.1f} TFLOP/s")
+            period = float(np.median(periods[mname])) if periods[mname] else float("nan")
+            print(f"  {mname:36s} {total_us / 1e3:8.4f} ms  {flops / total_us / 1e6:6.1f} TFLOP/s"
+                  f"   device period {period / 1e3:8.4f} ms/call")
             for kname, durs in stats[mname].items():
                 per = len(durs) / ncalls
                 print(f"      {np.median(durs):9.1f} us x{per:.0f}  {kname[:150]}")
                 res.add(M=m, N=n, K=k, method=mname, kernel=kname,
                         median_us=round(float(np.median(durs)), 2),
                         launches_per_call=len(durs) / ncalls,
-                        call_ms=round(total_us / 1e3, 4),
+                        call_ms=round(total_us / 1e3, 4), period_ms=round(period / 1e3, 4),
                         tflops=round(flops / total_us / 1e6, 1))
     path = os.path.join(args.out, f"gemm_profile_{res.base['date']}.jsonl")
     res.write_jsonl(path)

@@ -57,7 +57,7 @@ for step in "$@"; do
     bench-overlap-sweep) python3 "$R/benchmarks/bench_overlap.py" --sweep --out "$OUT" 2>&1 | tail -22 || rc=1;;
     selftest) "$R/.devbuild/gemm_selftest" 2>&1 | tee "$OUT/selftest.log" | tail -40 || rc=1;;
     probe) "$R/.devbuild/gemm_probe" 2>&1 | tee "$OUT/gemm_probe.log" || rc=1;;
-    profile-gemm) python3 "$R/benchmarks/profile_gemm.py" --out "$OUT" \
+    profile-gemm) python3 "$R/benchmarks/profile_gemm.py" --out "$OUT" ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} \
                     --configs coop_128x256x64_c2 pp_128x128x64_c1 coop_128x256x64_c1 2>&1 | tee "$OUT/profile_gemm.log" || rc=1;;
     smi-start) (nvidia-smi --query-gpu=index,clocks.sm,power.draw,temperature.gpu --format=csv \
                   -lms 250 > "$OUT/smi.csv" 2>&1 & echo $! > /tmp/smi.pid);;
