@@ -46,7 +46,7 @@ for step in "$@"; do
             --collectives reduce_scatter all_reduce > "$OUT/tune.log" 2>&1 || rc=1
           tail -20 "$OUT/tune.log"; cp /tmp/cache/fo_jax/tuning.json "$OUT/" 2>/dev/null;;
     bench-cli) XDG_CACHE_HOME=/tmp/cache timeout 560 python3 -m fo_jax.bench --out "$OUT/bench" \
-            --configs 4:100:32 8:116:32 2>&1 | tail -45 || rc=1;;
+            ${CONFIGS:+--configs $CONFIGS} 2>&1 | tail -45 || rc=1;;
     overlap-configs) python3 "$R/benchmarks/bench_overlap.py" --shapes ${SHAPES:-8192x8192x2048} \
           --collectives ${COLLS:-reduce_scatter all_reduce} --configs ${CONFIGS:?} --out "$OUT" \
           --tag "${TAG:-_cfg}" 2>&1 | grep -E "^\| |Error|error" || rc=1;;
