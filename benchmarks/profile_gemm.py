@@ -102,6 +102,7 @@ def main() -> None:
         methods = {"xla.dot": xla}
         name, f = gemm()
         methods[f"fo_jax[{name}]"] = f
+        methods[f"fo_jax[{name}] 8 groups"] = gemm(groups=8)[1]
         methods[f"fo_jax[{name}] 8 groups, signals"] = gemm(groups=8, signal=True)[1]
         for c in args.configs:
             if c != name:
