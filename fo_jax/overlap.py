@@ -150,7 +150,7 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
         d = _plan.overlap_defaults(collective, x.shape[0], w.shape[1], x.shape[1],
                                    dtype=dtype, tp=size)
         plan = _plan.plan_gemm(fn, dtype, m, w.shape[1], x.shape[1], batch, config,
-                               d["num_groups"], -d["sms_for_nccl"])
+                               d["num_groups"], -d["sms_for_nccl"], d.get("group_weights"))
         max_ctas = d["nccl_max_ctas"]
         if config is not None and config.nccl_max_ctas is not None:
             max_ctas = config.nccl_max_ctas

@@ -22,6 +22,29 @@ def test_explicit_groups_must_sum_to_tile_rows():
         _plan.explicit_groups(7, (3, 3), "f")
 
 
+def test_weighted_groups_follow_the_weights_and_never_leave_a_group_empty():
+    assert _plan.weighted_groups(64, (1, 2, 2.5, 2.5)) == (0, 8, 24, 44, 64)
+    assert _plan.weighted_groups(128, (1, 2, 2.5, 2.5)) == (0, 16, 48, 88, 128)
+    assert _plan.weighted_groups(9, (1, 2, 2.5, 2.5)) == (0, 1, 3, 6, 9)
+    assert _plan.weighted_groups(5, (1, 2, 2.5, 2.5)) == _plan.uniform_groups(5, 4)
+    for rows in range(8, 70):
+        b = _plan.weighted_groups(rows, (1, 2, 2.5, 2.5))
+        assert b[0] == 0 and b[-1] == rows and all(x < y for x, y in zip(b, b[1:]))
+
+
+def test_heuristic_defaults_per_collective():
+    # 8192 x 8192 x 2048 per GPU: the collective takes about as long as the GEMM.
+    ar = _plan.heuristic_defaults("all_reduce", 8192, 8192, 2048)
+    rs = _plan.heuristic_defaults("reduce_scatter", 8192, 8192, 2048)
+    assert ar["group_weights"] == (1.0, 2.0, 2.5, 2.5) and ar["sms_for_nccl"] == 32
+    assert "group_weights" not in rs and rs["num_groups"] == 4
+    # K = 7168: the GEMM dominates.
+    assert _plan.heuristic_defaults("reduce_scatter", 8192, 8192, 7168) == dict(
+        num_groups=8, sms_for_nccl=8, nccl_max_ctas=8)
+    assert _plan.heuristic_defaults("all_reduce", 8192, 8192, 7168) == dict(
+        num_groups=4, sms_for_nccl=16, nccl_max_ctas=32)
+
+
 @dataclasses.dataclass(frozen=True)
 class FakeDevice:
     id: int

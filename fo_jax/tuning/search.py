@@ -172,6 +172,8 @@ def pick_top(ranked: list, top: int, per_pair: int = 2) -> list:
 
 
 def _heuristic(collective: str, m: int, n: int, k: int) -> Candidate:
+    # (The heuristic's all-reduce group weights are not a tuner candidate: the tuner measures
+    # equal groups with the heuristic's counts and budgets.)
     d = _plan.heuristic_defaults(collective, m, n, k)
     return Candidate(d["num_groups"], d["sms_for_nccl"], d["nccl_max_ctas"])
 
