@@ -109,19 +109,19 @@ def main() -> None:
         times = benchlib.time_ms_interleaved(methods, x, w)
         # Device time per call (profiler): what the GPU spends per call back to back, without
         # the wall clock's host and synchronization noise (which reaches +-10% on 0.2 ms calls).
-        dev = {name: device_ms_per_call(f, x, w) for name, f in methods.items()}
+        dev_ms = {name: device_ms_per_call(f, x, w) for name, f in methods.items()}
         for name, ms in times.items():
             res.add(M=m, N=n, K=k, method=name + args.tag, ms=round(ms, 4),
-                    tflops=round(flops / ms / 1e9, 1), device_ms=round(dev[name], 4),
+                    tflops=round(flops / ms / 1e9, 1), device_ms=round(dev_ms[name], 4),
                     config=p8.config_name if name.startswith("fo_jax") else None)
-        base, dbase = times["xla.dot"], dev["xla.dot"]
-        dnosig = dev["fo_jax.matmul.nosignal"]
-        fo, dfo = times["fo_jax.matmul"], dev["fo_jax.matmul"]
+        base, dbase = times["xla.dot"], dev_ms["xla.dot"]
+        dnosig = dev_ms["fo_jax.matmul.nosignal"]
+        fo, dfo = times["fo_jax.matmul"], dev_ms["fo_jax.matmul"]
         table.append([s, p8.config_name, f"{base:.3f}", f"{fo:.3f}", f"{base / fo:.3f}",
                       f"{dbase:.3f}", f"{dfo:.3f}", f"{flops / dfo / 1e9:.0f}",
                       f"{dbase / dfo:.3f}", f"{dfo / dnosig - 1:+.1%}",
-                      f"{dev.get('fo_jax.matmul.remap', math.nan) / dnosig - 1:+.1%}",
-                      f"{dev['fo_jax.matmul.sm116'] / dfo - 1:+.1%}"])
+                      f"{dev_ms.get('fo_jax.matmul.remap', math.nan) / dnosig - 1:+.1%}",
+                      f"{dev_ms['fo_jax.matmul.sm116'] / dfo - 1:+.1%}"])
     header = ["M x N x K", "config", "xla.dot ms (wall)", "fo_jax ms (wall)", "speed (wall)",
               "xla.dot ms (device)", "fo_jax ms (device)", "fo_jax TFLOP/s (device)",
               "speed vs xla (device)", "signal ovh (device)", "remap+signal ovh (device)",
