@@ -7,11 +7,8 @@ Methods (bf16, x[M,K] @ w[K,N] per GPU):
   fo_jax.matmul.1group     one group, no counters (the plain GEMM tile order)
   fo_jax.matmul.remap      + the reduce-scatter row remap (batch 4), counters on
   fo_jax.matmul.sm116      signaling GEMM on 116 SMs (16 left to NCCL), the overlap default
-Times: wall clock, median of 5 x 20 back-to-back calls (benchlib), the methods' trials interleaved
-so clock drift hits all alike; and device time per call (JAX profiler, 20 back-to-back calls,
-first kernel start to last kernel end), which is what the speed and overhead columns compare:
-the wall clock of a 0.2 ms call varies by +-10% between runs. Per-kernel detail:
-benchmarks/profile_gemm.py.
+Times: median of 5 x 20 back-to-back calls (benchlib), the methods' trials interleaved so clock
+drift hits all alike. Kernel-level times (no host or harness effects): benchmarks/profile_gemm.py.
 Writes JSON Lines + a markdown table.
 
 Usage: python benchmarks/bench_gemm.py [--out benchmarks/results] [--shapes MxNxK ...]
@@ -23,7 +20,6 @@ import argparse
 import math
 import os
 import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -37,21 +33,6 @@ import fo_jax  # noqa: E402
 DESIGN_SHAPES = ["4096x8192x2048", "8192x8192x2048", "8192x8192x7168", "16384x8192x7168",
                  "16384x8192x2048"]
 ODD_SHAPES = ["1000x1032x520", "6000x5000x3000"]
-
-
-def device_ms_per_call(f, x, w, calls: int = 20) -> float:
-    """GPU time per call of `calls` back-to-back calls (first kernel start to last kernel end,
-    JAX profiler), gaps between kernels included."""
-    from profile_gemm import gpu_kernel_events  # noqa: PLC0415 (benchmarks/ is on sys.path)
-
-    jax.block_until_ready(f(x, w))
-    with tempfile.TemporaryDirectory() as tdir:
-        with jax.profiler.trace(tdir):
-            jax.block_until_ready([f(x, w) for _ in range(calls)])
-        events = gpu_kernel_events(tdir)
-    first = min(e[1] for e in events)
-    last = max(e[1] + e[2] for e in events)
-    return (last - first) / 1e6 / calls
 
 
 def main() -> None:
@@ -107,25 +88,20 @@ def main() -> None:
             out = f(x, w)
             assert out.dtype == dtype, (name, out.dtype)
         times = benchlib.time_ms_interleaved(methods, x, w)
-        # Device time per call (profiler): what the GPU spends per call back to back, without
-        # the wall clock's host and synchronization noise (which reaches +-10% on 0.2 ms calls).
-        dev_ms = {name: device_ms_per_call(f, x, w) for name, f in methods.items()}
         for name, ms in times.items():
             res.add(M=m, N=n, K=k, method=name + args.tag, ms=round(ms, 4),
-                    tflops=round(flops / ms / 1e9, 1), device_ms=round(dev_ms[name], 4),
+                    tflops=round(flops / ms / 1e9, 1),
                     config=p8.config_name if name.startswith("fo_jax") else None)
-        base, dbase = times["xla.dot"], dev_ms["xla.dot"]
-        dnosig = dev_ms["fo_jax.matmul.nosignal"]
-        fo, dfo = times["fo_jax.matmul"], dev_ms["fo_jax.matmul"]
-        table.append([s, p8.config_name, f"{base:.3f}", f"{fo:.3f}", f"{base / fo:.3f}",
-                      f"{dbase:.3f}", f"{dfo:.3f}", f"{flops / dfo / 1e9:.0f}",
-                      f"{dbase / dfo:.3f}", f"{dfo / dnosig - 1:+.1%}",
-                      f"{dev_ms.get('fo_jax.matmul.remap', math.nan) / dnosig - 1:+.1%}",
-                      f"{dev_ms['fo_jax.matmul.sm116'] / dfo - 1:+.1%}"])
-    header = ["M x N x K", "config", "xla.dot ms (wall)", "fo_jax ms (wall)", "speed (wall)",
-              "xla.dot ms (device)", "fo_jax ms (device)", "fo_jax TFLOP/s (device)",
-              "speed vs xla (device)", "signal ovh (device)", "remap+signal ovh (device)",
-              "116 SMs (device)"]
+        base = times["xla.dot"]
+        nosig = times["fo_jax.matmul.nosignal"]
+        table.append([s, p8.config_name, f"{base:.3f}", f"{times['fo_jax.matmul']:.3f}",
+                      f"{flops / times['fo_jax.matmul'] / 1e9:.0f}",
+                      f"{base / times['fo_jax.matmul']:.3f}",
+                      f"{times['fo_jax.matmul'] / nosig - 1:+.1%}",
+                      f"{times.get('fo_jax.matmul.remap', math.nan) / nosig - 1:+.1%}",
+                      f"{times['fo_jax.matmul.sm116'] / times['fo_jax.matmul'] - 1:+.1%}"])
+    header = ["M x N x K", "config", "xla.dot ms", "fo_jax ms", "fo_jax TFLOP/s",
+              "speed vs xla", "signal ovh", "remap+signal ovh", "116 SMs"]
     md = (f"{res.base['device']}, {res.base['date']}, commit {res.base['commit']}, bf16\n\n" +
           benchlib.markdown_table(header, table))
     print("\n" + md)
