@@ -318,3 +318,16 @@ def test_search_on_a_simulated_gpu(tmp_cache, monkeypatch):
     monkeypatch.setattr(measure, "comm_points", None)
     assert search.calibrate(mesh, "reduce_scatter", 132, BF16, progress) == (curves, factors,
                                                                              gap)
+
+
+def test_bench_configs_parse_counts_sizes_and_gemm_configs():
+    from fo_jax import bench
+
+    cfgs = bench.parse_configs(["4:100:32", "2+4+5+5:108:16:pp_128x192x64_c2"], sweep=False)
+    assert cfgs[0] == dict(num_groups=4, sm_budget=100, nccl_max_ctas=32)
+    assert cfgs[1] == dict(group_tile_rows=(2, 4, 5, 5), sm_budget=108, nccl_max_ctas=16,
+                           gemm_config="pp_128x192x64_c2")
+    assert [bench.config_label(c) for c in cfgs] == [
+        "fo_jax[g4,sm100,c32]", "fo_jax[g2+4+5+5,sm108,c16,pp_128x192x64_c2]"]
+    with pytest.raises(ValueError, match="GROUPS:SM_BUDGET:NCCL_MAX_CTAS"):
+        bench.parse_configs(["4:100"], sweep=False)
