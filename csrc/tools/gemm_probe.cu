@@ -69,9 +69,25 @@ struct Runner {
   std::vector<float> ms;
 };
 
+// One timed problem: D[m,n] = A[m,k] @ B[k,n] (bf16), plus the device's SMs and a workspace.
+struct Problem {
+  int m, n, k;
+  const void* a;
+  const void* b;
+  void* d;
+  int sms;
+  void* workspace;
+  size_t ws_bytes;
+};
+
 template <class S>
-Runner MakeStock(const char* name, int m, int n, int k, const void* a, const void* b, void* d,
-                 int sms, void* workspace, size_t ws_bytes) {
+Runner MakeStock(const char* name, const Problem& p) {
+  const int m = p.m, n = p.n, k = p.k;
+  const void *a = p.a, *b = p.b;
+  void* d = p.d;
+  void* workspace = p.workspace;
+  const size_t ws_bytes = p.ws_bytes;
+  const int sms = p.sms;
   using Gemm = typename S::Gemm;
   using K = typename S::Kernel;
   typename K::StrideA sa = cute::make_stride(int64_t(k), cute::Int<1>{}, int64_t(m) * k);
@@ -121,7 +137,8 @@ struct Lt {
     if (!lib) { std::printf("dlopen cublasLt: %s\n", dlerror()); return false; }
 #define SYM(f, s) f = reinterpret_cast<decltype(f)>(dlsym(lib, s)); if (!f) return false;
     SYM(create, "cublasLtCreate") SYM(desc_create, "cublasLtMatmulDescCreate")
-    SYM(layout_create, "cublasLtMatrixLayoutCreate") SYM(pref_create, "cublasLtMatmulPreferenceCreate")
+    SYM(layout_create, "cublasLtMatrixLayoutCreate")
+    SYM(pref_create, "cublasLtMatmulPreferenceCreate")
     SYM(pref_set, "cublasLtMatmulPreferenceSetAttribute")
     SYM(heuristic, "cublasLtMatmulAlgoGetHeuristic") SYM(matmul, "cublasLtMatmul")
 #undef SYM
@@ -134,8 +151,9 @@ std::vector<Runner> MakeLt(Lt& lt, int m, int n, int k, const void* a, const voi
   // Row-major D[m,n] = A[m,k] B[k,n] as column-major D^T[n,m] = B^T[n,k] A^T[k,m] (both "N").
   auto desc = std::make_shared<cublasLtMatmulDesc_t>();
   lt.desc_create(desc.get(), CUBLAS_COMPUTE_32F, CUDA_R_32F);
-  auto la = std::make_shared<cublasLtMatrixLayout_t>(), lb = std::make_shared<cublasLtMatrixLayout_t>(),
-       ld = std::make_shared<cublasLtMatrixLayout_t>();
+  auto la = std::make_shared<cublasLtMatrixLayout_t>();
+  auto lb = std::make_shared<cublasLtMatrixLayout_t>();
+  auto ld = std::make_shared<cublasLtMatrixLayout_t>();
   lt.layout_create(la.get(), CUDA_R_16BF, n, k, n);  // B^T
   lt.layout_create(lb.get(), CUDA_R_16BF, k, m, k);  // A^T
   lt.layout_create(ld.get(), CUDA_R_16BF, n, m, n);
@@ -183,7 +201,10 @@ int main(int argc, char** argv) {
   std::printf("gemm_probe  device: %s (%d SMs); bf16, median of 30 round-robin event-timed "
               "launches\n", prop.name, sms);
   std::string err;
-  if (fo_jax::LoadAllGemmKernels(&err) != cudaSuccess) { std::printf("%s\n", err.c_str()); return 2; }
+  if (fo_jax::LoadAllGemmKernels(&err) != cudaSuccess) {
+    std::printf("%s\n", err.c_str());
+    return 2;
+  }
   Lt lt;
   const bool have_lt = lt.Load();
   cudaStream_t s;
@@ -211,7 +232,8 @@ int main(int argc, char** argv) {
       g.config = cfg;
       g.num_groups = 1;
       g.group_begin[0] = 0;
-      g.group_begin[1] = (m + fo_jax::GetGemmConfig(cfg).tile_m - 1) / fo_jax::GetGemmConfig(cfg).tile_m;
+      const int tile_m = fo_jax::GetGemmConfig(cfg).tile_m;
+      g.group_begin[1] = (m + tile_m - 1) / tile_m;
       // Raster: chunks of 8 tile-rows (the default) and whole columns of the group ("along M").
       for (int swizzle : {8, 1 << 20}) {
         g.raster_swizzle = swizzle;
@@ -223,19 +245,20 @@ int main(int argc, char** argv) {
                       }, {}});
       }
     }
+    const Problem prob{m, n, k, a, b, d, sms, ws, ws_bytes};
     using RM = cutlass::layout::RowMajor;
     using CM = cutlass::layout::ColumnMajor;
-    rs.push_back(MakeStock<Stock<RM, 128, 256, 1, false>>("stock NN coop 128x256 c1", m, n, k, a, b, d, sms, ws, ws_bytes));
-    rs.push_back(MakeStock<Stock<RM, 128, 256, 2, false>>("stock NN coop 128x256 c2", m, n, k, a, b, d, sms, ws, ws_bytes));
-    rs.push_back(MakeStock<Stock<RM, 256, 128, 2, false>>("stock NN coop 256x128 c2", m, n, k, a, b, d, sms, ws, ws_bytes));
-    rs.push_back(MakeStock<Stock<CM, 128, 256, 1, false>>("stock NT coop 128x256 c1", m, n, k, a, b, d, sms, ws, ws_bytes));
-    rs.push_back(MakeStock<Stock<CM, 128, 256, 2, false>>("stock NT coop 128x256 c2", m, n, k, a, b, d, sms, ws, ws_bytes));
-    rs.push_back(MakeStock<Stock<CM, 256, 128, 2, false>>("stock NT coop 256x128 c2", m, n, k, a, b, d, sms, ws, ws_bytes));
-    rs.push_back(MakeStock<Stock<RM, 128, 128, 1, true>>("stock NN pingpong 128x128 c1", m, n, k, a, b, d, sms, ws, ws_bytes));
-    rs.push_back(MakeStock<Stock<CM, 128, 128, 1, true>>("stock NT pingpong 128x128 c1", m, n, k, a, b, d, sms, ws, ws_bytes));
-    rs.push_back(MakeStock<Stock<RM, 128, 128, 2, true>>("stock NN pingpong 128x128 c2", m, n, k, a, b, d, sms, ws, ws_bytes));
-    rs.push_back(MakeStock<Stock<RM, 128, 160, 2, true>>("stock NN pingpong 128x160 c2", m, n, k, a, b, d, sms, ws, ws_bytes));
-    rs.push_back(MakeStock<Stock<RM, 128, 192, 2, true>>("stock NN pingpong 128x192 c2", m, n, k, a, b, d, sms, ws, ws_bytes));
+    rs.push_back(MakeStock<Stock<RM, 128, 256, 1, false>>("stock NN coop 128x256 c1", prob));
+    rs.push_back(MakeStock<Stock<RM, 128, 256, 2, false>>("stock NN coop 128x256 c2", prob));
+    rs.push_back(MakeStock<Stock<RM, 256, 128, 2, false>>("stock NN coop 256x128 c2", prob));
+    rs.push_back(MakeStock<Stock<CM, 128, 256, 1, false>>("stock NT coop 128x256 c1", prob));
+    rs.push_back(MakeStock<Stock<CM, 128, 256, 2, false>>("stock NT coop 128x256 c2", prob));
+    rs.push_back(MakeStock<Stock<CM, 256, 128, 2, false>>("stock NT coop 256x128 c2", prob));
+    rs.push_back(MakeStock<Stock<RM, 128, 128, 1, true>>("stock NN pingpong 128x128 c1", prob));
+    rs.push_back(MakeStock<Stock<CM, 128, 128, 1, true>>("stock NT pingpong 128x128 c1", prob));
+    rs.push_back(MakeStock<Stock<RM, 128, 128, 2, true>>("stock NN pingpong 128x128 c2", prob));
+    rs.push_back(MakeStock<Stock<RM, 128, 160, 2, true>>("stock NN pingpong 128x160 c2", prob));
+    rs.push_back(MakeStock<Stock<RM, 128, 192, 2, true>>("stock NN pingpong 128x192 c2", prob));
     if (have_lt) {
       for (Runner& r : MakeLt(lt, m, n, k, a, b, d, ws, ws_bytes)) rs.push_back(std::move(r));
     }
