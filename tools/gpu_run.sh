@@ -2,8 +2,11 @@
 # Runs on a lent GPU machine (device tool), from the repo root: installs fo_jax against the
 # carried .devbuild/libfo_jax_cuda.a (built here by tools/build_cuda_lib.sh), then the named
 # steps. Logs and result files go to $OUT. NVLink multicast stays off.
-# Steps: info smoke test-gemm test-overlap bench-gemm bench-overlap bench-overlap-sweep selftest
-#        probe profile-gemm smi-start smi-stop (GPU clock/power sampling around other steps)
+# Steps: info smoke test-gemm test-overlap test-autodiff train bench-gemm bench-overlap
+#        bench-overlap-quick bench-overlap-sweep bench-cli tune diag-overlap selftest probe
+#        profile-gemm profile-overlap overlap-configs smi-start smi-stop (GPU clock/power sampling).
+# Knobs (env): FO_JAX_COMMIT (required), SHAPES, COLLS, CONFIGS (G:SM:C[:GEMM_CONFIG] ...), TAG,
+#        GEMM_SHAPES, FO_JAX_REQUIRE_GPU=0 (skip tests needing more GPUs than present).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 FO_JAX_REQUIRE_GPU=${FO_JAX_REQUIRE_GPU:-1}  # 0: skip tests needing more GPUs
