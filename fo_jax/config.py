@@ -1,7 +1,9 @@
 """Tuning knobs of one fo_jax call, as one frozen (hashable, trace-time static) object.
 
-Every field defaults to None, meaning "let fo_jax choose" (a shape heuristic today, the tuner
-later). Fields that a path does not use are ignored by it; the reference path ignores them all.
+Every field defaults to None, meaning "let fo_jax choose": the entry of the tuning cache
+(`python -m fo_jax.tune`) for the call when there is one, else a shape heuristic
+(fo_jax/_plan.py). Fields that a path does not use are ignored by it; the reference path ignores
+them all.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ class OverlapConfig:
     Attributes:
       gemm_config: name of a compiled GEMM tile configuration (see `fo_jax.gemm_configs()`), or
         None for the shape heuristic.
-      num_groups: number of uniform output groups the collective is split into.
+      num_groups: number of uniform output groups the collective is split into. Unset, the
+        default is 4 or 8 groups; an all-reduce whose collective outlasts its GEMM gets 4 groups
+        of relative sizes 1 : 2 : 2.5 : 2.5 (its first NCCL call starts sooner).
       group_tile_rows: an explicit partition of the output's tile-rows into groups (sizes in
         tile-rows, summing to the tile-row count); overrides `num_groups`.
       sm_budget: at most this many SMs for the persistent GEMM (the rest is left to NCCL).
