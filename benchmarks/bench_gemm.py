@@ -30,15 +30,13 @@ import benchlib  # noqa: E402
 
 import fo_jax  # noqa: E402
 
-DESIGN_SHAPES = ["4096x8192x2048", "8192x8192x2048", "8192x8192x7168", "16384x8192x7168",
-                 "16384x8192x2048"]
 ODD_SHAPES = ["1000x1032x520", "6000x5000x3000"]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    ap.add_argument("--shapes", nargs="*", default=DESIGN_SHAPES + ODD_SHAPES)
+    ap.add_argument("--shapes", nargs="*", default=benchlib.DESIGN_SHAPES + ODD_SHAPES)
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
 
@@ -54,10 +52,7 @@ def main() -> None:
     for i, s in enumerate(args.shapes):
         m, n, k = (int(v) for v in s.split("x"))
         print(f"[{i + 1}/{len(args.shapes)}] {s}", file=sys.stderr, flush=True)
-        rng = np.random.default_rng(i)
-        x = jax.device_put(jnp.asarray(rng.standard_normal((m, k)) / np.sqrt(k), dtype), dev)
-        w = jax.device_put(jnp.asarray(rng.standard_normal((k, n)), dtype), dev)
-        assert x.dtype == dtype and w.dtype == dtype
+        x, w = benchlib.gemm_operands(m, n, k, dtype, dev, seed=i)
         flops = 2.0 * m * n * k
 
         def plan(groups, batch=1, sm=0, mm=m):

@@ -1,14 +1,24 @@
-"""Shared benchmark plumbing for the scripts here: timing, result rows, output files.
+"""Shared benchmark plumbing for the scripts here: timing, operands, result rows, profiler traces.
 
-Re-exported from fo_jax/_benchcore.py (one copy of the timing code for the scripts, the tuner
-and `python -m fo_jax.bench`). Timing: `reps` back-to-back calls of a jitted function, one
-block_until_ready at the end, time divided by `reps`; repeated `trials` times; the median is
-reported (the method of ../shared/anchors, median of 5 x 20 calls), so numbers compare.
+Timing and result rows are re-exported from fo_jax/_benchcore.py (one copy of the timing code for
+the scripts, the tuner and `python -m fo_jax.bench`). Timing: `reps` back-to-back calls of a
+jitted function, one block_until_ready at the end, time divided by `reps`; repeated `trials`
+times; the median is reported (the method of ../shared/anchors, median of 5 x 20 calls), so
+numbers compare.
 """
 
 from __future__ import annotations
 
+import glob
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from fo_jax._benchcore import (  # noqa: F401 (re-exports)
+    DESIGN_SHAPES,
     Results,
     commit,
     device_info,
@@ -16,3 +26,44 @@ from fo_jax._benchcore import (  # noqa: F401 (re-exports)
     time_ms,
     time_ms_interleaved,
 )
+
+
+def gemm_operands(m: int, n: int, k: int, dtype, device, seed: int) -> tuple:
+    """x [m, k] ~ N(0, 1/k) and w [k, n] ~ N(0, 1) in `dtype` on `device` (outputs ~ N(0, 1))."""
+    rng = np.random.default_rng(seed)
+    x = jax.device_put(jnp.asarray(rng.standard_normal((m, k)) / np.sqrt(k), dtype), device)
+    w = jax.device_put(jnp.asarray(rng.standard_normal((k, n)), dtype), device)
+    assert x.dtype == dtype and w.dtype == dtype  # a float64 scalar must not promote them
+    return x, w
+
+
+def kernel_events(trace_dir: str) -> dict:
+    """{GPU index: [(name, start_ns, end_ns, stream line name)]}: every kernel and memset of a
+    `jax.profiler.trace` written to trace_dir (the "Stream" lines of each GPU plane)."""
+    from jax.profiler import ProfileData  # noqa: PLC0415 (only the profiling scripts need it)
+
+    paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    if not paths:
+        raise RuntimeError(f"no xplane.pb under {trace_dir}")
+    out: dict = {}
+    for plane in ProfileData.from_file(sorted(paths)[-1]).planes:
+        if not plane.name.startswith("/device:GPU:"):
+            continue
+        gpu = int(plane.name.split(":")[2].split()[0])
+        for line in plane.lines:
+            if not line.name.startswith("Stream"):  # skip XLA op / module summary lines
+                continue
+            for ev in line.events:
+                out.setdefault(gpu, []).append(
+                    (ev.name, ev.start_ns, ev.start_ns + ev.duration_ns, line.name))
+    return out
+
+
+def dispatch_and_wall_ms(f, *args, calls: int = 20) -> tuple:
+    """(host ms to enqueue one call, wall ms per call) over `calls` back-to-back calls: when the
+    first is as long as the second, a wall-clock harness measures the host, not the GPU."""
+    t0 = time.perf_counter()
+    outs = [f(*args) for _ in range(calls)]
+    t1 = time.perf_counter()
+    jax.block_until_ready(outs)
+    return (t1 - t0) / calls * 1e3, (time.perf_counter() - t0) / calls * 1e3

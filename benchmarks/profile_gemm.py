@@ -14,44 +14,22 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import os
 import re
 import sys
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.profiler import ProfileData
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
 
 import fo_jax  # noqa: E402
 
-DESIGN_SHAPES = ["4096x8192x2048", "8192x8192x2048", "8192x8192x7168", "16384x8192x7168",
-                 "16384x8192x2048", "6000x5000x3000"]
-
-
-def gpu_kernel_events(trace_dir: str):
-    """(name, start_ns, duration_ns) of every kernel on the first GPU plane of the trace."""
-    paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-    if not paths:
-        raise RuntimeError(f"no xplane.pb under {trace_dir}")
-    pd = ProfileData.from_file(sorted(paths)[-1])
-    events = []
-    for plane in pd.planes:
-        if not plane.name.startswith("/device:GPU:0"):
-            continue
-        for line in plane.lines:
-            # Kernel activity lines are the streams; skip XLA op / module summary lines.
-            if not line.name.startswith("Stream"):
-                continue
-            for ev in line.events:
-                events.append((ev.name, ev.start_ns, ev.duration_ns))
-    return events
+# The design shapes plus one with partial tiles in M and N.
+SHAPES = benchlib.DESIGN_SHAPES + ["6000x5000x3000"]
 
 
 def hlo_summary(fn, *args) -> str:
@@ -71,7 +49,7 @@ def hlo_summary(fn, *args) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", nargs="*", default=DESIGN_SHAPES)
+    ap.add_argument("--shapes", nargs="*", default=SHAPES)
     ap.add_argument("--configs", nargs="*", default=[],
                     help="fo_jax GEMM configs to profile besides the selected one")
     ap.add_argument("--calls", type=int, default=20, help="profiled calls per method")
@@ -88,9 +66,7 @@ def main() -> None:
     res = benchlib.Results(benchlib.device_info([dev]) | {"dtype": str(dtype)}, echo=False)
     for i, s in enumerate(args.shapes):
         m, n, k = (int(v) for v in s.split("x"))
-        rng = np.random.default_rng(i)
-        x = jax.device_put(jnp.asarray(rng.standard_normal((m, k)) / np.sqrt(k), dtype), dev)
-        w = jax.device_put(jnp.asarray(rng.standard_normal((k, n)), dtype), dev)
+        x, w = benchlib.gemm_operands(m, n, k, dtype, dev, seed=i)
         flops = 2.0 * m * n * k
 
         def gemm(cfg_name=None, groups=1, signal=False, batch=1):
@@ -133,25 +109,19 @@ def main() -> None:
                 with tempfile.TemporaryDirectory() as tdir:
                     with jax.profiler.trace(tdir):  # back to back, as in the benchmarks
                         jax.block_until_ready([f(x, w) for _ in range(args.calls // rounds)])
-                    events = gpu_kernel_events(tdir)
-                for kname, _, dur in events:
-                    stats[mname][kname].append(dur / 1e3)
+                    events = benchlib.kernel_events(tdir).get(0, [])
+                for kname, start, end, _ in events:
+                    stats[mname][kname].append((end - start) / 1e3)
                 # Device period per call: first kernel start to last kernel end, over the calls
                 # (includes the idle gaps between kernels and calls that kernel times miss).
                 if events:
                     first = min(e[1] for e in events)
-                    last = max(e[1] + e[2] for e in events)
+                    last = max(e[2] for e in events)
                     periods[mname].append((last - first) / 1e3 / (args.calls // rounds))
         ncalls = rounds * (args.calls // rounds)
         # Host side, as the wall-clock harness runs it: time to enqueue 20 calls without waiting,
         # and the wall time of the 20 (if dispatch >= the device period, the harness is host-bound).
-        host = {}
-        for mname, f in methods.items():
-            t0 = time.perf_counter()
-            outs = [f(x, w) for _ in range(20)]
-            t1 = time.perf_counter()
-            jax.block_until_ready(outs)
-            host[mname] = ((t1 - t0) / 20 * 1e3, (time.perf_counter() - t0) / 20 * 1e3)
+        host = {mname: benchlib.dispatch_and_wall_ms(f, x, w) for mname, f in methods.items()}
         for mname in methods:
             total_us = sum(np.median(v) * len(v) / ncalls for v in stats[mname].values())
             period = float(np.median(periods[mname])) if periods[mname] else float("nan")

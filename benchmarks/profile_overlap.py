@@ -16,16 +16,13 @@ Writes <out>/overlap_profile_tp{P}_<date>.jsonl (one row per method, GPU and ker
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import sys
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.profiler import ProfileData
 from jax.sharding import Mesh
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -33,24 +30,6 @@ import benchlib  # noqa: E402
 
 import fo_jax  # noqa: E402
 from fo_jax import _benchcore, bench  # noqa: E402
-
-
-def kernel_events(trace_dir: str) -> dict:
-    """{gpu index: [(name, start_ns, end_ns, stream line name)]} of every kernel/memset."""
-    paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-    pd = ProfileData.from_file(sorted(paths)[-1])
-    out: dict = {}
-    for plane in pd.planes:
-        if not plane.name.startswith("/device:GPU:"):
-            continue
-        gpu = int(plane.name.split(":")[2].split()[0])
-        for line in plane.lines:
-            if not line.name.startswith("Stream"):
-                continue
-            for ev in line.events:
-                out.setdefault(gpu, []).append(
-                    (ev.name, ev.start_ns, ev.start_ns + ev.duration_ns, line.name))
-    return out
 
 
 def last_call(events: list, gap_ns: float = 30e3) -> list:
@@ -106,16 +85,12 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tdir:
                 with jax.profiler.trace(tdir):  # back to back, as in the benchmarks
                     jax.block_until_ready([f(x, w) for _ in range(args.calls)])
-                per_gpu = kernel_events(tdir)
+                per_gpu = benchlib.kernel_events(tdir)
             # Host side: dispatching 20 calls without waiting, per call (if this is as long as
             # the wall-clock time per call, the benchmark is host-bound), then the wall time.
-            t0 = time.perf_counter()
-            outs = [f(x, w) for _ in range(20)]
-            t1 = time.perf_counter()
-            jax.block_until_ready(outs)
-            t2 = time.perf_counter()
-            print(f"--- {name}: host dispatch {(t1 - t0) / 20 * 1e3:.3f} ms/call, wall "
-                  f"{(t2 - t0) / 20 * 1e3:.3f} ms/call (20 back to back)")
+            dispatch_ms, wall_ms = benchlib.dispatch_and_wall_ms(f, x, w)
+            print(f"--- {name}: host dispatch {dispatch_ms:.3f} ms/call, wall {wall_ms:.3f} "
+                  "ms/call (20 back to back)")
             starts = {gpu: last_call(per_gpu[gpu])[0][1] for gpu in per_gpu}
             first = min(starts.values())
             print("  last call's first kernel, us after the earliest GPU's: " + ", ".join(

@@ -43,20 +43,6 @@ from fo_jax.flax import ParallelMLP, init_sharded
 LOSS_RTOL = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
 
 
-class FoJaxBlock(nn.Module):
-    """Pre-LayerNorm residual MLP block on fo_jax.flax.ParallelMLP."""
-
-    d_ff: int
-    collective: str
-    dtype: jnp.dtype
-
-    @nn.compact
-    def __call__(self, x):
-        h = nn.LayerNorm(dtype=self.dtype, name="ln")(x)
-        return x + ParallelMLP(self.d_ff, collective=self.collective, dtype=self.dtype,
-                               name="mlp")(h)
-
-
 class DensePsumMLP(nn.Module):
     """The same MLP from plain nn.Dense on local shards + explicit collectives (the baseline)."""
 
@@ -78,7 +64,10 @@ class DensePsumMLP(nn.Module):
         return y + self.param("down_bias", nn.initializers.zeros_init(), (x.shape[-1],))
 
 
-class DensePsumBlock(nn.Module):
+class Block(nn.Module):
+    """Pre-LayerNorm residual block around `mlp` (fo_jax.flax.ParallelMLP or DensePsumMLP)."""
+
+    mlp: type
     d_ff: int
     collective: str
     dtype: jnp.dtype
@@ -86,11 +75,12 @@ class DensePsumBlock(nn.Module):
     @nn.compact
     def __call__(self, x):
         h = nn.LayerNorm(dtype=self.dtype, name="ln")(x)
-        return x + DensePsumMLP(self.d_ff, self.collective, self.dtype, name="mlp")(h)
+        return x + self.mlp(self.d_ff, collective=self.collective, dtype=self.dtype,
+                            name="mlp")(h)
 
 
 class Stack(nn.Module):
-    block: type
+    mlp: type
     layers: int
     d_ff: int
     collective: str
@@ -99,12 +89,12 @@ class Stack(nn.Module):
     @nn.compact
     def __call__(self, x):
         for i in range(self.layers):
-            x = self.block(self.d_ff, self.collective, self.dtype, name=f"block{i}")(x)
+            x = Block(self.mlp, self.d_ff, self.collective, self.dtype, name=f"block{i}")(x)
         return x
 
 
 def to_dense_psum(tree):
-    """fo_jax params (or specs) -> DensePsumBlock layout: the row bias moves out of "down"."""
+    """fo_jax params (or specs) -> the DensePsumMLP layout: the row bias moves out of "down"."""
     out = {}
     for name, block in tree["params"].items():
         mlp = block["mlp"]
@@ -151,8 +141,8 @@ def run(args, mesh, devices, collective):
     x = jax.device_put(x, NamedSharding(mesh, x_spec))
     target = jax.device_put(target, NamedSharding(mesh, x_spec))
 
-    fo_model = Stack(FoJaxBlock, args.layers, args.d_ff, collective, dtype)
-    base_model = Stack(DensePsumBlock, args.layers, args.d_ff, collective, dtype)
+    fo_model = Stack(ParallelMLP, args.layers, args.d_ff, collective, dtype)
+    base_model = Stack(DensePsumMLP, args.layers, args.d_ff, collective, dtype)
     variables = init_sharded(fo_model, mesh, kp, x, in_specs=(x_spec,))
     fo_specs = nn.get_partition_spec(variables)
     fo_params = nn.unbox(variables)

@@ -44,20 +44,6 @@ def device_info(devices: Sequence) -> dict:
             "date": datetime.date.today().isoformat(), "commit": commit()}
 
 
-def time_ms(f: Callable, *args, reps: int = 20, trials: int = 5, warmup: int = 3) -> float:
-    """Median over `trials` of the mean time of `reps` back-to-back calls, in milliseconds."""
-    for _ in range(warmup):
-        jax.block_until_ready(f(*args))
-    samples = []
-    for _ in range(trials):
-        t0 = time.perf_counter()
-        outs = [f(*args) for _ in range(reps)]
-        jax.block_until_ready(outs)
-        samples.append((time.perf_counter() - t0) * 1e3 / reps)
-    samples.sort()
-    return samples[len(samples) // 2]
-
-
 def time_ms_interleaved(fns: dict, *args, reps: int = 20, trials: int = 5,
                         warmup: int = 3) -> dict:
     """time_ms for several functions of the same arguments, their trials interleaved (A B C A B C
@@ -73,6 +59,11 @@ def time_ms_interleaved(fns: dict, *args, reps: int = 20, trials: int = 5,
             jax.block_until_ready(outs)
             samples[name].append((time.perf_counter() - t0) * 1e3 / reps)
     return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
+
+
+def time_ms(f: Callable, *args, reps: int = 20, trials: int = 5, warmup: int = 3) -> float:
+    """Median over `trials` of the mean time of `reps` back-to-back calls, in milliseconds."""
+    return time_ms_interleaved({"f": f}, *args, reps=reps, trials=trials, warmup=warmup)["f"]
 
 
 class Results:

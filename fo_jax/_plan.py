@@ -26,9 +26,9 @@ DTYPE_CODES = {jnp.dtype(jnp.bfloat16): 0, jnp.dtype(jnp.float16): 1}
 # When the collective is the critical path (short GEMMs), an all-reduce gains from a small first
 # group (its NCCL call starts sooner): relative group sizes 1 : 2 : 2.5 : 2.5 measured 3-7% faster
 # than equal groups on 8192 and 16384 x 8192 x 2048 (NOTES.md §4); a reduce-scatter did not gain.
-SHORT_GEMM = {"reduce_scatter": dict(num_groups=4, sms_for_nccl=32, nccl_max_ctas=32),
-              "all_reduce": dict(num_groups=4, sms_for_nccl=32, nccl_max_ctas=32,
-                                 group_weights=(1.0, 2.0, 2.5, 2.5))}
+_SHORT = dict(num_groups=4, sms_for_nccl=32, nccl_max_ctas=32)
+SHORT_GEMM = {"reduce_scatter": _SHORT,
+              "all_reduce": dict(_SHORT, group_weights=(1.0, 2.0, 2.5, 2.5))}
 LONG_GEMM = {"reduce_scatter": dict(num_groups=8, sms_for_nccl=8, nccl_max_ctas=8),
              "all_reduce": dict(num_groups=4, sms_for_nccl=16, nccl_max_ctas=32)}
 RATIO_THRESHOLD = 1.5

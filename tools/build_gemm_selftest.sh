@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Builds the signaling GEMM self-test (csrc/tools/gemm_selftest.cu + csrc/kernels) into
-# .devbuild/gemm_selftest, with static cudart, for running on the GPU machine.
+# Builds the GEMM tools of csrc/tools against the kernels of csrc/kernels, with static cudart, for
+# running on the GPU machine: .devbuild/gemm_selftest (the signaling GEMM self-test) and
+# .devbuild/gemm_probe (fo_jax vs stock CUTLASS vs cuBLASLt timing). Both dlopen cuBLAS.
 # Usage: tools/build_gemm_selftest.sh [-j JOBS]   (CUTLASS_INCLUDE overrides the header path)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=2
 if [[ "${1:-}" == "-j" ]]; then JOBS="$2"; fi
 NVCC=${NVCC:-nvcc}
-# CUTLASS headers from the nvidia-cutlass wheel; cuBLAS headers (types only: the self-test
-# dlopens libcublas) from the nvidia-cublas wheel (pip install nvidia-cublas).
+# CUTLASS headers from the nvidia-cutlass wheel; cuBLAS headers (types only: the tools
+# dlopen libcublas) from the nvidia-cublas wheel (pip install nvidia-cublas).
 CUTLASS_INCLUDE=${CUTLASS_INCLUDE:-$(python3 -c 'import cutlass_library as c, os
 print(os.path.join(os.path.dirname(c.__file__), "source", "include"))')}
 CUBLAS_INCLUDE=${CUBLAS_INCLUDE:-$(python3 -c 'import nvidia, os
 p = [os.path.join(x, "cu13", "include") for x in nvidia.__path__]
-print(next(x for x in p if os.path.exists(os.path.join(x, "cublas_api.h"))))')}
+print(next(x for x in p if os.path.exists(os.path.join(x, "cublasLt.h"))))')}
 FLAGS=(-std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DNDEBUG -O3
        -I"$CUTLASS_INCLUDE" -Xptxas=-warn-spills)
 OBJ=.devbuild/obj
@@ -42,7 +43,9 @@ for src in "${SRCS[@]}"; do
   while (( $(jobs -rp | wc -l) >= JOBS )); do sleep 1; done
 done
 for p in "${pids[@]}"; do wait "$p"; done
-"$NVCC" "${FLAGS[@]}" -I"$CUBLAS_INCLUDE" -c csrc/tools/gemm_selftest.cu -o "$OBJ/selftest_main.o"
-"$NVCC" -gencode=arch=compute_90a,code=sm_90a -o .devbuild/gemm_selftest "$OBJ"/selftest_main.o \
-  "$OBJ"/signaling_gemm.o "$OBJ"/gemm_*.o -cudart static -ldl
-echo "built .devbuild/gemm_selftest"
+for tool in gemm_selftest gemm_probe; do
+  "$NVCC" "${FLAGS[@]}" -I"$CUBLAS_INCLUDE" -c "csrc/tools/$tool.cu" -o "$OBJ/main_$tool.o"
+  "$NVCC" -gencode=arch=compute_90a,code=sm_90a -o ".devbuild/$tool" "$OBJ/main_$tool.o" \
+    "$OBJ"/signaling_gemm.o "$OBJ"/gemm_*.o -cudart static -ldl
+  echo "built .devbuild/$tool"
+done

@@ -3,7 +3,7 @@
 // the same tile shapes with CUTLASS's own persistent scheduler, both with w row-major as JAX stores
 // it ("NN": B is N-major) and with B K-major ("NT", the layout cuBLAS calls TN), and (3) every
 // algorithm cuBLASLt's heuristic offers (what XLA picks from). Not part of the library.
-// Build: tools/build_gemm_probe.sh. Run: .devbuild/gemm_probe [MxNxK ...]
+// Build: tools/build_gemm_selftest.sh. Run: .devbuild/gemm_probe [MxNxK ...]
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
