@@ -38,6 +38,7 @@ CONFIGS: list[GemmConfig] = [
     GemmConfig("coop_256x128x64_c2", 256, 128, 64, 2, 1, False),
     GemmConfig("coop_128x128x64_c1", 128, 128, 64, 1, 1, False),
     GemmConfig("pp_128x128x64_c1", 128, 128, 64, 1, 1, True),
+    GemmConfig("pp_128x128x64_c2", 128, 128, 64, 2, 1, True),
     GemmConfig("pp_128x192x64_c2", 128, 192, 64, 2, 1, True),
 ]
 

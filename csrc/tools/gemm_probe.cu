@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../kernels/signaling_gemm.h"
+#include "../kernels/signaling_gemm_kernel.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -122,6 +123,102 @@ Runner MakeStock(const char* name, const Problem& p) {
   return {name, [gemm](cudaStream_t s) { return gemm->run(s) == cutlass::Status::kSuccess; }, {}};
 }
 
+// ---------------- ping-pong hybrids: which fo_jax part costs against stock CUTLASS ----------------
+// fo_jax's ping-pong mainloop (B N-major, shared over L) with either CUTLASS's persistent scheduler
+// or fo_jax's group scheduler, and either CUTLASS's TMA epilogue or fo_jax's signaling epilogue
+// (no counters), all launched by CUTLASS's adapter (a plain launch for a 1x1 cluster; fo_jax's
+// launcher always uses a cluster launch sized by cudaOccupancyMaxActiveClusters).
+template <int kTM, int kTN, int kCM, bool kGroupSched, bool kOurEpi>
+struct Hybrid {
+  using Cfg = fo_jax::detail::GemmKernelConfig<Bf16, kTM, kTN, 64, kCM, 1, true>;
+  using Epi = std::conditional_t<kOurEpi, typename Cfg::Epilogue,
+                                 typename Stock<cutlass::layout::RowMajor, kTM, kTN, kCM, true>::Epi>;
+  using Sched = std::conditional_t<kGroupSched, fo_jax::detail::GroupSchedulerTag,
+                                   cutlass::gemm::PersistentScheduler>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
+                                                      typename Cfg::Mainloop, Epi, Sched>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+template <class H>
+Runner MakeHybrid(const char* name, const Problem& p) {
+  constexpr int kTM = H::Cfg::kTileM, kTN = H::Cfg::kTileN, kCM = H::Cfg::kClusterM;
+  using K = typename H::Kernel;
+  const int tiles_m = (p.m + kTM - 1) / kTM, tiles_n = (p.n + kTN - 1) / kTN;
+  typename K::Arguments args{};
+  args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+  args.problem_shape = cute::make_shape(p.m, p.n, p.k, 1);
+  args.mainloop.ptr_A = static_cast<Bf16 const*>(p.a);
+  args.mainloop.dA = cute::make_stride(int64_t(p.k), cute::Int<1>{}, int64_t(p.m) * p.k);
+  args.mainloop.ptr_B = static_cast<Bf16 const*>(p.b);
+  args.mainloop.dB = cute::make_stride(cute::Int<1>{}, int64_t(p.n), cute::Int<0>{});
+  auto sd = cute::make_stride(int64_t(p.n), cute::Int<1>{}, int64_t(p.m) * p.n);
+  if constexpr (std::is_same_v<typename H::Epi, typename H::Cfg::Epilogue>) {
+    args.epilogue.inner.ptr_C = nullptr;
+    args.epilogue.inner.dC = sd;
+    args.epilogue.inner.ptr_D = static_cast<Bf16*>(p.d);
+    args.epilogue.inner.dD = sd;
+    fo_jax::detail::EpilogueParams e;
+    e.d = p.d;
+    e.m = p.m;
+    e.n = p.n;
+    e.tiles_m = tiles_m;
+    e.num_groups = 1;
+    e.group_begin[0] = 0;
+    e.group_begin[1] = tiles_m;
+    args.epilogue.signal = e;
+  } else {
+    args.epilogue.thread.alpha = 1.f;
+    args.epilogue.thread.beta = 0.f;
+    args.epilogue.ptr_C = nullptr;
+    args.epilogue.dC = sd;
+    args.epilogue.ptr_D = static_cast<Bf16*>(p.d);
+    args.epilogue.dD = sd;
+  }
+  args.hw_info.device_id = 0;
+  args.hw_info.sm_count = p.sms;
+  auto table = std::make_shared<fo_jax::detail::GroupTable>();
+  if constexpr (std::is_same_v<typename H::Sched, fo_jax::detail::GroupSchedulerTag>) {
+    table->num_groups = 1;
+    table->tiles_n = tiles_n;
+    table->swizzle = 8;
+    table->sgroup_begin[1] = (tiles_m + kCM - 1) / kCM;
+    table->unit_start[1] = table->sgroup_begin[1] * tiles_n;
+    args.scheduler.table = table.get();
+  }
+  auto gemm = std::make_shared<typename H::Gemm>();
+  if (gemm->can_implement(args) != cutlass::Status::kSuccess ||
+      H::Gemm::get_workspace_size(args) > p.ws_bytes ||
+      gemm->initialize(args, p.workspace) != cutlass::Status::kSuccess) {
+    return {name, [](cudaStream_t) { return false; }, {}};
+  }
+  return {name, [gemm, table](cudaStream_t s) {
+            return gemm->run(s) == cutlass::Status::kSuccess;
+          }, {}};
+}
+
+// Co-resident clusters of a kernel (what fo_jax's launcher caps its grid at).
+template <class K, int kCM>
+int MaxClusters() {
+  auto* fn = &cutlass::device_kernel<K>;
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(K::SharedStorageSize)) != cudaSuccess) return -1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(kCM, 1, 1);
+  cfg.blockDim = K::get_block_shape();
+  cfg.dynamicSmemBytes = K::SharedStorageSize;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = kCM;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = -1;
+  if (cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg) != cudaSuccess) return -1;
+  return clusters;
+}
+
 // ---------------- cuBLASLt through dlopen ----------------
 struct Lt {
   decltype(&cublasLtCreate) create;
@@ -200,6 +297,10 @@ int main(int argc, char** argv) {
   const int sms = prop.multiProcessorCount;
   std::printf("gemm_probe  device: %s (%d SMs); bf16, median of 30 round-robin event-timed "
               "launches\n", prop.name, sms);
+  using H11 = Hybrid<128, 128, 1, true, true>;
+  using H12 = Hybrid<128, 128, 2, true, true>;
+  std::printf("max co-resident clusters: pp128x128 c1 %d, pp128x128 c2 %d\n",
+              MaxClusters<H11::Kernel, 1>(), MaxClusters<H12::Kernel, 2>());
   std::string err;
   if (fo_jax::LoadAllGemmKernels(&err) != cudaSuccess) {
     std::printf("%s\n", err.c_str());
@@ -259,6 +360,14 @@ int main(int argc, char** argv) {
     rs.push_back(MakeStock<Stock<RM, 128, 128, 2, true>>("stock NN pingpong 128x128 c2", prob));
     rs.push_back(MakeStock<Stock<RM, 128, 160, 2, true>>("stock NN pingpong 128x160 c2", prob));
     rs.push_back(MakeStock<Stock<RM, 128, 192, 2, true>>("stock NN pingpong 128x192 c2", prob));
+    rs.push_back(MakeHybrid<Hybrid<128, 128, 1, true, false>>(
+        "hyb pp128 c1 groupsched+stockepi", prob));
+    rs.push_back(MakeHybrid<Hybrid<128, 128, 1, false, true>>(
+        "hyb pp128 c1 stocksched+ourepi", prob));
+    rs.push_back(MakeHybrid<Hybrid<128, 128, 1, false, false>>(
+        "hyb pp128 c1 stocksched+stockepi", prob));
+    rs.push_back(MakeHybrid<H11>("hyb pp128 c1 ours, plain launch", prob));
+    rs.push_back(MakeHybrid<H12>("hyb pp128 c2 ours, adapter", prob));
     if (have_lt) {
       for (Runner& r : MakeLt(lt, m, n, k, a, b, d, ws, ws_bytes)) rs.push_back(std::move(r));
     }
