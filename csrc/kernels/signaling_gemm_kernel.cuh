@@ -371,7 +371,14 @@ cudaError_t LoadGemmImpl(int device, std::string* error) {
                              int(Kernel::SharedStorageSize));
   }
   int clusters = 0;
-  if (e == cudaSuccess) {
+  if (e == cudaSuccess && Cfg::kClusterM == 1) {
+    // Launched without a cluster attribute (below): co-resident CTAs per SM times SMs.
+    int per_sm = 0, sms = 0;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, Kernel::MaxThreadsPerBlock,
+                                                      Kernel::SharedStorageSize);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    clusters = per_sm * sms;
+  } else if (e == cudaSuccess) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(Cfg::kClusterM, 1, 1);
     cfg.blockDim = Kernel::get_block_shape();
@@ -480,7 +487,10 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   attr_cluster.val.clusterDim.y = 1;
   attr_cluster.val.clusterDim.z = 1;
   cfg.attrs = &attr_cluster;
-  cfg.numAttrs = 1;
+  // A 1x1 cluster is launched as a plain grid, as CUTLASS's own adapter does: measured on H200
+  // (gemm_probe, results/gemm_probe_h200_2026-11-21_6cd201e.log) the same ping-pong 128x128
+  // kernel ran 9-15% slower when launched with a cluster attribute of 1.
+  cfg.numAttrs = kCM > 1 ? 1 : 0;
   if (a.zero_counters_on_launch && a.counters != nullptr) {
     e = cudaMemsetAsync(a.counters, 0, size_t(a.num_groups) * sizeof(uint32_t), stream);
     if (e == cudaSuccess && a.after_zero_event != nullptr) {

@@ -285,6 +285,14 @@ __global__ void Fill(uint16_t* p, size_t count, uint32_t seed) {
   }
 }
 
+// Keeps the GPU busy while the host prepares the next launch, so that the event pair times the
+// kernel alone (fo_jax's launcher builds its parameters per launch; CUTLASS's adapter and
+// cuBLASLt have theirs ready).
+__global__ void Sleep(unsigned ns) {
+  unsigned t = 0;
+  while (t < ns) { __nanosleep(1000); t += 1000; }
+}
+
 int main(int argc, char** argv) {
   std::vector<std::string> shapes;
   for (int i = 1; i < argc; ++i) shapes.push_back(argv[i]);
@@ -296,7 +304,7 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
   std::printf("gemm_probe  device: %s (%d SMs); bf16, median of 30 round-robin event-timed "
-              "launches\n", prop.name, sms);
+              "launches (a 50 us sleep kernel ahead of each hides host setup)\n", prop.name, sms);
   using H11 = Hybrid<128, 128, 1, true, true>;
   using H12 = Hybrid<128, 128, 2, true, true>;
   std::printf("max co-resident clusters: pp128x128 c1 %d, pp128x128 c2 %d\n",
@@ -313,6 +321,8 @@ int main(int argc, char** argv) {
   const size_t ws_bytes = size_t(64) << 20;
   void* ws;
   CK(cudaMalloc(&ws, ws_bytes));
+  uint32_t* counters;
+  CK(cudaMalloc(&counters, 64 * sizeof(uint32_t)));
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
@@ -335,15 +345,26 @@ int main(int argc, char** argv) {
       g.group_begin[0] = 0;
       const int tile_m = fo_jax::GetGemmConfig(cfg).tile_m;
       g.group_begin[1] = (m + tile_m - 1) / tile_m;
-      // Raster: chunks of 8 tile-rows (the default) and whole columns of the group ("along M").
-      for (int swizzle : {8, 1 << 20}) {
-        g.raster_swizzle = swizzle;
-        rs.push_back({std::string("fo_jax ") + fo_jax::GetGemmConfig(cfg).name +
-                          (swizzle == 8 ? "" : " alongM"),
-                      [g](cudaStream_t st) {
-                        std::string e;
-                        return fo_jax::LaunchSignalingGemm(st, g, &e) == cudaSuccess;
-                      }, {}});
+      // Raster: chunks of 8 tile-rows (the default) and whole columns of the group ("along M");
+      // one group without counters (fo_jax.matmul) and 8 groups with counters (the overlap's
+      // producer; counters zeroed by the launcher).
+      const int tiles_m = g.group_begin[1];
+      for (int groups : {1, 8}) {
+        if (groups > tiles_m) continue;
+        fo_jax::SignalingGemmArgs gg = g;
+        gg.num_groups = groups;
+        for (int i = 0; i <= groups; ++i) gg.group_begin[i] = int(int64_t(tiles_m) * i / groups);
+        gg.counters = groups > 1 ? counters : nullptr;
+        gg.zero_counters_on_launch = groups > 1;
+        for (int swizzle : {8, 1 << 20}) {
+          gg.raster_swizzle = swizzle;
+          rs.push_back({std::string("fo_jax ") + fo_jax::GetGemmConfig(cfg).name +
+                            (swizzle == 8 ? "" : " alongM") + (groups > 1 ? " 8g+sig" : ""),
+                        [gg](cudaStream_t st) {
+                          std::string e;
+                          return fo_jax::LaunchSignalingGemm(st, gg, &e) == cudaSuccess;
+                        }, {}});
+        }
       }
     }
     const Problem prob{m, n, k, a, b, d, sms, ws, ws_bytes};
@@ -373,6 +394,7 @@ int main(int argc, char** argv) {
     }
     for (int round = 0; round < 35; ++round) {
       for (Runner& r : rs) {
+        Sleep<<<1, 1, 0, s>>>(50000);
         CK(cudaEventRecord(e0, s));
         if (!r.run(s)) { r.ms.clear(); continue; }
         CK(cudaEventRecord(e1, s));

@@ -1,0 +1,359 @@
+// Feasibility probe (not part of the library): can a reduce-scatter whose data moves on the copy
+// engines (NCCL's zero-CTA all-to-all on symmetric windows, NCCL >= 2.28) plus a small local
+// reduction kernel run next to the signaling GEMM without taking its SMs, and how fast is the
+// counter-gated pipeline built from it compared with the per-group ncclReduceScatter pipeline
+// fo_jax runs today? One process drives every visible GPU; times are host wall clock over
+// back-to-back iterations (all GPUs synchronized before and after), median of 5 x 20.
+//
+// Build on the GPU machine (its NCCL headers; no CUTLASS needed, the kernels come prebuilt):
+//   nvcc -std=c++17 -arch=sm_90a -Icsrc -I$NCCL/include csrc/tools/ce_rs_probe.cu \
+//     .devbuild/libfo_jax_cuda.a -L$NCCL/lib -l:libnccl.so.2 -Xlinker -rpath,$NCCL/lib -o probe
+// Run: probe [M N K [--check-only]]   (per-GPU x[M,K] @ w[K,N]; default 8192 8192 2048)
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/stream_wait.h"
+#include "kernels/signaling_gemm.h"
+
+#define CK(x)                                                                           \
+  do {                                                                                  \
+    cudaError_t e_ = (x);                                                               \
+    if (e_ != cudaSuccess) {                                                            \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
+      std::exit(2);                                                                     \
+    }                                                                                   \
+  } while (0)
+#define NK(x)                                                                           \
+  do {                                                                                  \
+    ncclResult_t r_ = (x);                                                              \
+    if (r_ != ncclSuccess) {                                                            \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(r_));    \
+      std::exit(2);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+using Bf16 = __nv_bfloat16;
+
+__global__ void FillRandom(Bf16* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15; h *= 0x2c1b3c6dU; h ^= h >> 12; h *= 0x297a2d39U; h ^= h >> 15;
+    p[i] = __float2bfloat16((float(h >> 8) / float(1u << 24)) * 2.f - 1.f);
+  }
+}
+
+// out[i] = sum over p < parts of in[p * band + i], fp32 accumulation; band % 8 == 0.
+__global__ void SumBands(const Bf16* in, Bf16* out, size_t band, int parts) {
+  const size_t n8 = band / 8;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n8;
+       i += size_t(gridDim.x) * blockDim.x) {
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int p = 0; p < parts; ++p) {
+      uint4 v = reinterpret_cast<const uint4*>(in + p * band)[i];
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float2 f = __bfloat1622float2(h[j]);
+        acc[2 * j] += f.x;
+        acc[2 * j + 1] += f.y;
+      }
+    }
+    uint4 o;
+    __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) oh[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
+    reinterpret_cast<uint4*>(out)[i] = o;
+  }
+}
+
+// max |a - b| / max |b| over n bf16 values (host copies).
+double RelErr(const Bf16* a, const Bf16* b, size_t n) {
+  std::vector<Bf16> ha(n), hb(n);
+  CK(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost));
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double x = __bfloat162float(ha[i]), y = __bfloat162float(hb[i]);
+    diff = std::max(diff, std::fabs(x - y));
+    ref = std::max(ref, std::fabs(y));
+  }
+  return diff / std::max(ref, 1e-30);
+}
+
+struct Dev {
+  cudaStream_t gemm_s, comm_s;
+  ncclComm_t zero = nullptr, dflt = nullptr;
+  Bf16 *a, *b, *send, *recv, *out, *out_ref;
+  ncclWindow_t wsend, wrecv;
+  uint32_t* ctr;
+  cudaEvent_t ready, done;
+};
+
+int main(int argc, char** argv) {
+  int M = 8192, N = 8192, K = 2048;
+  if (argc >= 4) { M = std::atoi(argv[1]); N = std::atoi(argv[2]); K = std::atoi(argv[3]); }
+  const bool check_only = argc >= 5 && std::string(argv[4]) == "--check-only";
+  int P = 0;
+  CK(cudaGetDeviceCount(&P));
+  int nccl_version = 0;
+  NK(ncclGetVersion(&nccl_version));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  const int m = M / P;  // rows each rank receives
+  std::printf("ce_rs_probe: %d x %s (%d SMs), NCCL %d, per-GPU x[%d,%d] @ w[%d,%d] bf16, "
+              "reduce-scatter over %d GPUs\n", P, prop.name, sms, nccl_version, M, K, K, N, P);
+  if (M % (P * 8) != 0 || N % 8 != 0 || K % 8 != 0) { std::printf("bad shape\n"); return 2; }
+
+  std::vector<Dev> dev(P);
+  ncclUniqueId id_zero, id_dflt;
+  NK(ncclGetUniqueId(&id_zero));
+  NK(ncclGetUniqueId(&id_dflt));
+  const size_t full = size_t(M) * N, band = size_t(m) * N;
+  for (int d = 0; d < P; ++d) {
+    CK(cudaSetDevice(d));
+    std::string err;
+    if (fo_jax::LoadAllGemmKernels(&err) != cudaSuccess || fo_jax::PrepareStreamWait(&err) != cudaSuccess) {
+      std::printf("load: %s\n", err.c_str());
+      return 2;
+    }
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, SumBands));
+    CK(cudaFuncGetAttributes(&fa, FillRandom));
+    int lo, hi;
+    CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    CK(cudaStreamCreateWithFlags(&dev[d].gemm_s, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithPriority(&dev[d].comm_s, cudaStreamNonBlocking, hi));
+    CK(cudaEventCreateWithFlags(&dev[d].ready, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&dev[d].done, cudaEventDisableTiming));
+    CK(cudaMalloc(&dev[d].a, size_t(M) * K * 2));
+    CK(cudaMalloc(&dev[d].b, size_t(K) * N * 2));
+    CK(cudaMalloc(&dev[d].out, band * 2));
+    CK(cudaMalloc(&dev[d].out_ref, band * 2));
+    CK(cudaMalloc(&dev[d].ctr, 64 * 4));
+    NK(ncclMemAlloc(reinterpret_cast<void**>(&dev[d].send), full * 2));
+    NK(ncclMemAlloc(reinterpret_cast<void**>(&dev[d].recv), full * 2));
+    FillRandom<<<1024, 256>>>(dev[d].a, size_t(M) * K, 11 + d);
+    FillRandom<<<1024, 256>>>(dev[d].b, size_t(K) * N, 101 + d);
+    CK(cudaDeviceSynchronize());
+  }
+  NK(ncclGroupStart());
+  for (int d = 0; d < P; ++d) {
+    CK(cudaSetDevice(d));
+    ncclConfig_t cz = NCCL_CONFIG_INITIALIZER;
+    cz.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+    NK(ncclCommInitRankConfig(&dev[d].zero, P, id_zero, d, &cz));
+  }
+  NK(ncclGroupEnd());
+  NK(ncclGroupStart());
+  for (int d = 0; d < P; ++d) {
+    CK(cudaSetDevice(d));
+    ncclConfig_t cd = NCCL_CONFIG_INITIALIZER;  // fo_jax's communicator settings
+    cd.maxCTAs = 32;
+    cd.cgaClusterSize = 1;
+    NK(ncclCommInitRankConfig(&dev[d].dflt, P, id_dflt, d, &cd));
+  }
+  NK(ncclGroupEnd());
+  NK(ncclGroupStart());
+  for (int d = 0; d < P; ++d) {
+    CK(cudaSetDevice(d));
+    NK(ncclCommWindowRegister(dev[d].zero, dev[d].send, full * 2, &dev[d].wsend,
+                              NCCL_WIN_COLL_SYMMETRIC));
+    NK(ncclCommWindowRegister(dev[d].zero, dev[d].recv, full * 2, &dev[d].wrecv,
+                              NCCL_WIN_COLL_SYMMETRIC));
+  }
+  NK(ncclGroupEnd());
+
+  auto sync_all = [&] {
+    for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); CK(cudaDeviceSynchronize()); }
+  };
+  auto time_ms = [&](const std::function<void()>& op) {
+    op();
+    sync_all();
+    std::vector<double> t;
+    for (int trial = 0; trial < 5; ++trial) {
+      auto t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < 20; ++r) op();
+      sync_all();
+      t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                      .count() / 20);
+    }
+    std::sort(t.begin(), t.end());
+    return t[2];
+  };
+
+  // GEMM arguments in the reduce-scatter layout (batch = P bands, group-major rows).
+  auto gemm_args = [&](int d, int groups, int sm_budget, bool signal) {
+    fo_jax::SignalingGemmArgs g;
+    g.dtype = fo_jax::GemmDtype::kBF16;
+    g.m = m; g.n = N; g.k = K; g.batch = P;
+    g.a = dev[d].a; g.b = dev[d].b; g.d = dev[d].send;
+    g.sm_budget = sm_budget;
+    g.config = fo_jax::SelectGemmConfig(g.dtype, m, N, K, P, sm_budget);
+    const int tm = fo_jax::GetGemmConfig(g.config).tile_m;
+    const int tiles_m = (m + tm - 1) / tm;
+    g.num_groups = groups;
+    for (int i = 0; i <= groups; ++i) g.group_begin[i] = int(int64_t(tiles_m) * i / groups);
+    if (signal) {
+      g.counters = dev[d].ctr;
+      g.zero_counters_on_launch = true;
+      g.after_zero_event = dev[d].ready;
+    }
+    return g;
+  };
+  auto launch_gemm = [&](int d, const fo_jax::SignalingGemmArgs& g) {
+    std::string err;
+    if (fo_jax::LaunchSignalingGemm(dev[d].gemm_s, g, &err) != cudaSuccess) {
+      std::printf("gemm: %s\n", err.c_str());
+      std::exit(2);
+    }
+  };
+  auto gemm_only = [&](int sm_budget) {
+    return [&, sm_budget] {
+      for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); launch_gemm(d, gemm_args(d, 1, sm_budget, false)); }
+    };
+  };
+  auto nccl_rs_full = [&] {
+    NK(ncclGroupStart());
+    for (int d = 0; d < P; ++d)
+      NK(ncclReduceScatter(dev[d].send, dev[d].out_ref, band, ncclBfloat16, ncclSum, dev[d].dflt,
+                           dev[d].comm_s));
+    NK(ncclGroupEnd());
+  };
+  auto a2a_full = [&] {
+    NK(ncclGroupStart());
+    for (int d = 0; d < P; ++d)
+      NK(ncclAlltoAll(dev[d].send, dev[d].recv, band, ncclBfloat16, dev[d].zero, dev[d].comm_s));
+    NK(ncclGroupEnd());
+  };
+  auto reduce_full = [&](int grid) {
+    return [&, grid] {
+      for (int d = 0; d < P; ++d) {
+        CK(cudaSetDevice(d));
+        SumBands<<<grid, 512, 0, dev[d].comm_s>>>(dev[d].recv, dev[d].out, band, P);
+      }
+    };
+  };
+  // GEMM (all SMs, no counters) on one stream and the full all-to-all on the other, unordered.
+  auto gemm_and_a2a = [&] {
+    for (int d = 0; d < P; ++d) {
+      CK(cudaSetDevice(d));
+      launch_gemm(d, gemm_args(d, 1, 0, false));
+    }
+    a2a_full();
+  };
+  // The counter-gated pipeline: GEMM with counters on gemm_s; on comm_s per group wait, then
+  // either CE all-to-all + SumBands (ce = true) or ncclReduceScatter (fo_jax today).
+  auto pipeline = [&](int groups, int sm_budget, bool ce, int reduce_grid) {
+    return [&, groups, sm_budget, ce, reduce_grid] {
+      std::vector<fo_jax::SignalingGemmArgs> args(P);
+      for (int d = 0; d < P; ++d) {
+        CK(cudaSetDevice(d));
+        args[d] = gemm_args(d, groups, sm_budget, true);
+        launch_gemm(d, args[d]);
+        CK(cudaStreamWaitEvent(dev[d].comm_s, dev[d].ready, 0));
+      }
+      const int tm = fo_jax::GetGemmConfig(args[0].config).tile_m;
+      for (int g = 0; g < groups; ++g) {
+        const size_t r0 = std::min(args[0].group_begin[g] * tm, m);
+        const size_t r1 = std::min(args[0].group_begin[g + 1] * tm, m);
+        const size_t cnt = (r1 - r0) * N;
+        for (int d = 0; d < P; ++d) {
+          CK(cudaSetDevice(d));
+          std::string err;
+          CK(fo_jax::EnqueueWaitGeq(dev[d].comm_s, dev[d].ctr + g,
+                                    uint32_t(fo_jax::ExpectedGroupCount(args[d], g)), false, &err));
+        }
+        NK(ncclGroupStart());
+        for (int d = 0; d < P; ++d) {
+          if (ce) {
+            NK(ncclAlltoAll(dev[d].send + P * r0 * N, dev[d].recv + P * r0 * N, cnt, ncclBfloat16,
+                            dev[d].zero, dev[d].comm_s));
+          } else {
+            NK(ncclReduceScatter(dev[d].send + P * r0 * N, dev[d].out + r0 * N, cnt, ncclBfloat16,
+                                 ncclSum, dev[d].dflt, dev[d].comm_s));
+          }
+        }
+        NK(ncclGroupEnd());
+        if (ce) {
+          for (int d = 0; d < P; ++d) {
+            CK(cudaSetDevice(d));
+            SumBands<<<reduce_grid, 512, 0, dev[d].comm_s>>>(dev[d].recv + P * r0 * N,
+                                                            dev[d].out + r0 * N, cnt, P);
+          }
+        }
+      }
+      for (int d = 0; d < P; ++d) {
+        CK(cudaSetDevice(d));
+        CK(cudaEventRecord(dev[d].done, dev[d].comm_s));
+        CK(cudaStreamWaitEvent(dev[d].gemm_s, dev[d].done, 0));
+      }
+    };
+  };
+
+  // Correctness: reference = one GEMM, then one ncclReduceScatter; each pipeline's out vs it.
+  gemm_only(0)();
+  sync_all();
+  for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); CK(cudaStreamSynchronize(dev[d].gemm_s)); }
+  nccl_rs_full();
+  sync_all();
+  auto check = [&](const char* what) {
+    double worst = 0;
+    for (int d = 0; d < P; ++d) {
+      CK(cudaSetDevice(d));
+      worst = std::max(worst, RelErr(dev[d].out, dev[d].out_ref, band));
+    }
+    std::printf("  check %-44s max|err|/max|ref| = %.2e %s\n", what, worst,
+                worst < 2e-2 ? "ok" : "MISMATCH");
+  };
+  for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); CK(cudaMemset(dev[d].out, 0xff, band * 2)); }
+  pipeline(4, 0, true, 2 * sms)();
+  sync_all();
+  check("CE pipeline, 4 groups");
+  for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); CK(cudaMemset(dev[d].out, 0xff, band * 2)); }
+  pipeline(4, 100, false, 0)();
+  sync_all();
+  check("NCCL reduce-scatter pipeline, 4 groups");
+
+  if (check_only) return 0;
+  struct Row { std::string name; double ms; };
+  std::vector<Row> rows;
+  auto add = [&](const std::string& name, const std::function<void()>& op) {
+    rows.push_back({name, time_ms(op)});
+    std::printf("  %-60s %8.3f ms\n", name.c_str(), rows.back().ms);
+    std::fflush(stdout);
+  };
+  add("gemm alone, all SMs", gemm_only(0));
+  add("gemm alone, 116 SMs", gemm_only(116));
+  add("gemm alone, 100 SMs", gemm_only(100));
+  add("ncclReduceScatter alone (maxCTAs 32)", nccl_rs_full);
+  add("CE all-to-all alone (CTA policy zero)", a2a_full);
+  add("SumBands alone, 2 CTAs/SM", reduce_full(2 * sms));
+  add("SumBands alone, 16 CTAs", reduce_full(16));
+  add("CE all-to-all then SumBands (CE reduce-scatter)", [&] { a2a_full(); reduce_full(2 * sms)(); });
+  add("gemm (all SMs) || CE all-to-all, unordered", gemm_and_a2a);
+  for (int groups : {4, 8}) {
+    for (int budget : {0, 124, 116}) {
+      for (int grid : {16, 2 * sms}) {
+        add("CE pipeline: " + std::to_string(groups) + " groups, GEMM SMs " +
+                std::to_string(budget ? budget : sms) + ", SumBands grid " + std::to_string(grid),
+            pipeline(groups, budget, true, grid));
+      }
+    }
+  }
+  add("NCCL RS pipeline (fo_jax today): 4 groups, GEMM SMs 100", pipeline(4, 100, false, 0));
+  add("NCCL RS pipeline: 8 groups, GEMM SMs 116", pipeline(8, 116, false, 0));
+  // Communicators and windows are left to process exit (a probe, not a library).
+  return 0;
+}
