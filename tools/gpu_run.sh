@@ -6,7 +6,7 @@
 #        bench-overlap-quick bench-overlap-sweep bench-cli tune diag-overlap selftest probe ce-probe
 #        profile-gemm profile-overlap overlap-configs smi-start smi-stop (GPU clock/power sampling).
 # Knobs (env): FO_JAX_COMMIT (required), SHAPES, COLLS, CONFIGS (G:SM:C[:GEMM_CONFIG] ...), TAG,
-#        GEMM_SHAPES, CE_SHAPE / CE_SHAPES ("M N K" for ce-probe), FO_JAX_REQUIRE_GPU=0 (skip tests
+#        GEMM_SHAPES, CE_SHAPES (MxNxK ... for ce-probe), FO_JAX_REQUIRE_GPU=0 (skip tests
 #        needing more GPUs than present).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -64,11 +64,11 @@ for step in "$@"; do
             "$R/.devbuild/libfo_jax_cuda.a" -L"$N/lib" -l:libnccl.so.2 -Xlinker -rpath,"$N/lib" \
             -o /tmp/ce_rs_probe 2>&1 | grep -v -i deprecat || true
           NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL NCCL_DEBUG_FILE=/tmp/nccl_dbg.%p \
-            /tmp/ce_rs_probe ${CE_SHAPE:-8192 8192 2048} --check-only > "$OUT/ce_rs_probe_check.log" 2>&1 || rc=1
+            /tmp/ce_rs_probe 8192 8192 2048 --check-only > "$OUT/ce_rs_probe_check.log" 2>&1 || rc=1
           cat /tmp/nccl_dbg.* | grep -iE "copy engine|\bCE\b|symmetric|window|CTA ?policy|AlltoAll" \
             | sed -E 's/^[^ ]+ [^ ]+ //' | sort | uniq -c | sort -rn | head -40 > "$OUT/ce_rs_probe_nccl.txt"
-          for shape in ${CE_SHAPES:-"8192 8192 2048"}; do
-            /tmp/ce_rs_probe $shape 2>&1 | tee -a "$OUT/ce_rs_probe.log" || rc=1; done;;
+          for shape in ${CE_SHAPES:-8192x8192x2048}; do
+            /tmp/ce_rs_probe ${shape//x/ } 2>&1 | tee -a "$OUT/ce_rs_probe.log" || rc=1; done;;
     selftest) "$R/.devbuild/gemm_selftest" 2>&1 | tee "$OUT/selftest.log" | tail -40 || rc=1;;
     probe) "$R/.devbuild/gemm_probe" 2>&1 | tee "$OUT/gemm_probe.log" || rc=1;;
     profile-gemm) python3 "$R/benchmarks/profile_gemm.py" --out "$OUT" ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} \

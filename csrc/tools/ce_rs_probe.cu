@@ -92,12 +92,35 @@ double RelErr(const Bf16* a, const Bf16* b, size_t n) {
 }
 
 struct Dev {
-  cudaStream_t gemm_s, comm_s;
+  cudaStream_t gemm_s, comm_s, red_s;
   ncclComm_t zero = nullptr, dflt = nullptr;
   Bf16 *a, *b, *send, *recv, *out, *out_ref;
   ncclWindow_t wsend, wrecv;
   uint32_t* ctr;
   cudaEvent_t ready, done;
+  cudaEvent_t a2a_done[64];
+};
+
+// Device-0 timeline of one call: event name -> us after the call's first event.
+struct Timeline {
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;
+  void Mark(const std::string& name, cudaStream_t s) {
+    cudaEvent_t e;
+    CK(cudaEventCreate(&e));
+    CK(cudaEventRecord(e, s));
+    marks.push_back({name, e});
+  }
+  void Print() {
+    std::printf("      timeline GPU0 (us):");
+    for (size_t i = 1; i < marks.size(); ++i) {
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, marks[0].second, marks[i].second));
+      std::printf(" %s %.0f", marks[i].first.c_str(), ms * 1000);
+    }
+    std::printf("\n");
+    for (auto& m : marks) CK(cudaEventDestroy(m.second));
+    marks.clear();
+  }
 };
 
 int main(int argc, char** argv) {
@@ -135,6 +158,8 @@ int main(int argc, char** argv) {
     CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     CK(cudaStreamCreateWithFlags(&dev[d].gemm_s, cudaStreamNonBlocking));
     CK(cudaStreamCreateWithPriority(&dev[d].comm_s, cudaStreamNonBlocking, hi));
+    CK(cudaStreamCreateWithPriority(&dev[d].red_s, cudaStreamNonBlocking, hi));
+    for (auto& e : dev[d].a2a_done) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     CK(cudaEventCreateWithFlags(&dev[d].ready, cudaEventDisableTiming));
     CK(cudaEventCreateWithFlags(&dev[d].done, cudaEventDisableTiming));
     CK(cudaMalloc(&dev[d].a, size_t(M) * K * 2));
@@ -246,22 +271,30 @@ int main(int argc, char** argv) {
     };
   };
   // GEMM (all SMs, no counters) on one stream and the full all-to-all on the other, unordered.
+  Timeline* tl = nullptr;  // set: record device 0's timeline of the next call
   auto gemm_and_a2a = [&] {
     for (int d = 0; d < P; ++d) {
       CK(cudaSetDevice(d));
+      if (tl && d == 0) { tl->Mark("start", dev[0].gemm_s); CK(cudaStreamWaitEvent(dev[0].comm_s, tl->marks[0].second, 0)); }
       launch_gemm(d, gemm_args(d, 1, 0, false));
+      if (tl && d == 0) tl->Mark("gemm_end", dev[0].gemm_s);
     }
     a2a_full();
+    if (tl) { CK(cudaSetDevice(0)); tl->Mark("a2a_end", dev[0].comm_s); }
   };
   // The counter-gated pipeline: GEMM with counters on gemm_s; on comm_s per group wait, then
-  // either CE all-to-all + SumBands (ce = true) or ncclReduceScatter (fo_jax today).
+  // either the CE all-to-all (ce = true; SumBands of the group then runs on red_s once that
+  // all-to-all is done, so a reduction waiting for SMs never holds up the next group's copies)
+  // or ncclReduceScatter (fo_jax today).
   auto pipeline = [&](int groups, int sm_budget, bool ce, int reduce_grid) {
     return [&, groups, sm_budget, ce, reduce_grid] {
       std::vector<fo_jax::SignalingGemmArgs> args(P);
       for (int d = 0; d < P; ++d) {
         CK(cudaSetDevice(d));
         args[d] = gemm_args(d, groups, sm_budget, true);
+        if (tl && d == 0) tl->Mark("start", dev[0].gemm_s);
         launch_gemm(d, args[d]);
+        if (tl && d == 0) tl->Mark("gemm_end", dev[0].gemm_s);
         CK(cudaStreamWaitEvent(dev[d].comm_s, dev[d].ready, 0));
       }
       const int tm = fo_jax::GetGemmConfig(args[0].config).tile_m;
@@ -274,6 +307,7 @@ int main(int argc, char** argv) {
           std::string err;
           CK(fo_jax::EnqueueWaitGeq(dev[d].comm_s, dev[d].ctr + g,
                                     uint32_t(fo_jax::ExpectedGroupCount(args[d], g)), false, &err));
+          if (tl && d == 0) tl->Mark("ready" + std::to_string(g), dev[0].comm_s);
         }
         NK(ncclGroupStart());
         for (int d = 0; d < P; ++d) {
@@ -286,18 +320,26 @@ int main(int argc, char** argv) {
           }
         }
         NK(ncclGroupEnd());
+        if (tl) { CK(cudaSetDevice(0)); tl->Mark((ce ? "a2a" : "rs") + std::to_string(g), dev[0].comm_s); }
         if (ce) {
           for (int d = 0; d < P; ++d) {
             CK(cudaSetDevice(d));
-            SumBands<<<reduce_grid, 512, 0, dev[d].comm_s>>>(dev[d].recv + P * r0 * N,
-                                                            dev[d].out + r0 * N, cnt, P);
+            CK(cudaEventRecord(dev[d].a2a_done[g], dev[d].comm_s));
+            CK(cudaStreamWaitEvent(dev[d].red_s, dev[d].a2a_done[g], 0));
+            SumBands<<<reduce_grid, 512, 0, dev[d].red_s>>>(dev[d].recv + P * r0 * N,
+                                                           dev[d].out + r0 * N, cnt, P);
+            if (tl && d == 0) tl->Mark("sum" + std::to_string(g), dev[0].red_s);
           }
         }
       }
       for (int d = 0; d < P; ++d) {
         CK(cudaSetDevice(d));
-        CK(cudaEventRecord(dev[d].done, dev[d].comm_s));
+        cudaStream_t last = ce ? dev[d].red_s : dev[d].comm_s;
+        CK(cudaEventRecord(dev[d].done, last));
         CK(cudaStreamWaitEvent(dev[d].gemm_s, dev[d].done, 0));
+        if (ce) {  // the next call's copies must not overtake this call's reductions
+          CK(cudaStreamWaitEvent(dev[d].comm_s, dev[d].done, 0));
+        }
       }
     };
   };
@@ -332,6 +374,14 @@ int main(int argc, char** argv) {
   auto add = [&](const std::string& name, const std::function<void()>& op) {
     rows.push_back({name, time_ms(op)});
     std::printf("  %-60s %8.3f ms\n", name.c_str(), rows.back().ms);
+    if (name.find("pipeline") != std::string::npos || name.find("||") != std::string::npos) {
+      Timeline t;
+      tl = &t;
+      op();
+      tl = nullptr;
+      sync_all();
+      t.Print();
+    }
     std::fflush(stdout);
   };
   add("gemm alone, all SMs", gemm_only(0));
@@ -345,7 +395,7 @@ int main(int argc, char** argv) {
   add("gemm (all SMs) || CE all-to-all, unordered", gemm_and_a2a);
   for (int groups : {4, 8}) {
     for (int budget : {0, 124, 116}) {
-      for (int grid : {16, 2 * sms}) {
+      for (int grid : {2 * sms}) {
         add("CE pipeline: " + std::to_string(groups) + " groups, GEMM SMs " +
                 std::to_string(budget ? budget : sms) + ", SumBands grid " + std::to_string(grid),
             pipeline(groups, budget, true, grid));
