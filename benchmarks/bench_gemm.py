@@ -40,9 +40,7 @@ def main() -> None:
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
 
-    gpus = [d for d in jax.devices() if d.platform == "gpu"]
-    if not gpus or not fo_jax.cuda_module_available():
-        sys.exit("bench_gemm.py needs a CUDA GPU and fo_jax's CUDA module")
+    gpus = benchlib.cuda_gpus_or_exit("bench_gemm.py")
     from fo_jax import _cuda_ops, _plan
 
     dev = gpus[0]

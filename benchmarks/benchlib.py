@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+import fo_jax
 from fo_jax._benchcore import (  # noqa: F401 (re-exports)
     DESIGN_SHAPES,
     Results,
@@ -26,6 +28,15 @@ from fo_jax._benchcore import (  # noqa: F401 (re-exports)
     time_ms,
     time_ms_interleaved,
 )
+
+
+def cuda_gpus_or_exit(script: str, minimum: int = 1) -> list:
+    """The CUDA devices, or exit with a message if fewer than `minimum` or no fo_jax CUDA module."""
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if len(gpus) < minimum or not fo_jax.cuda_module_available():
+        need = "a CUDA GPU" if minimum == 1 else f"{minimum}+ CUDA GPUs"
+        sys.exit(f"{script} needs {need} and fo_jax's CUDA module")
+    return gpus
 
 
 def gemm_operands(m: int, n: int, k: int, dtype, device, seed: int) -> tuple:

@@ -56,9 +56,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
 
-    gpus = [d for d in jax.devices() if d.platform == "gpu"]
-    if not gpus or not fo_jax.cuda_module_available():
-        sys.exit("profile_gemm.py needs a CUDA GPU and fo_jax's CUDA module")
+    gpus = benchlib.cuda_gpus_or_exit("profile_gemm.py")
     from fo_jax import _cuda_ops, _plan
 
     dev = gpus[0]

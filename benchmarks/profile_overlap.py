@@ -62,9 +62,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
 
-    gpus = [d for d in jax.devices() if d.platform == "gpu"]
-    if len(gpus) < 2 or not fo_jax.cuda_module_available():
-        sys.exit("profile_overlap.py needs 2+ CUDA GPUs and fo_jax's CUDA module")
+    gpus = benchlib.cuda_gpus_or_exit("profile_overlap.py", minimum=2)
     tp = len(gpus)
     mesh = Mesh(np.array(gpus), ("tp",))
     m, n, k = _benchcore.parse_shape(args.shape)

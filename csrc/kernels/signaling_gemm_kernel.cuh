@@ -354,6 +354,35 @@ KernelState<Cfg>& GetKernelState() {
   return state;
 }
 
+// Launch configuration of a GEMM kernel on `grid`: a cluster launch of kCM CTAs along M, but a
+// 1x1 cluster launches as a plain grid, as CUTLASS's own adapter does (measured on H200,
+// results/gemm_probe_h200_2026-11-21_6cd201e.log: the same ping-pong 128x128 kernel ran 9-15%
+// slower with a cluster attribute of 1). `attr` must outlive the returned config.
+template <class Kernel, int kCM>
+cudaLaunchConfig_t GemmLaunchConfig(dim3 grid, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = Kernel::get_block_shape();
+  cfg.dynamicSmemBytes = Kernel::SharedStorageSize;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = kCM;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = kCM > 1 ? 1 : 0;
+  return cfg;
+}
+
+// Clusters of kCM CTAs that can be resident at once on the current device: the persistent
+// grid's cap (for kCM == 1, CTAs). The kernel's shared-memory attribute must be set already.
+template <class Kernel, int kCM>
+cudaError_t MaxResidentClusters(int* clusters) {
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = GemmLaunchConfig<Kernel, kCM>(dim3(kCM, 1, 1), &attr);
+  cfg.numAttrs = 1;  // the query counts clusters, so it always names their size
+  return cudaOccupancyMaxActiveClusters(clusters, &cutlass::device_kernel<Kernel>, &cfg);
+}
+
 template <class Cfg>
 cudaError_t LoadGemmImpl(int device, std::string* error) {
   using Kernel = typename Cfg::Kernel;
@@ -371,27 +400,7 @@ cudaError_t LoadGemmImpl(int device, std::string* error) {
                              int(Kernel::SharedStorageSize));
   }
   int clusters = 0;
-  if (e == cudaSuccess && Cfg::kClusterM == 1) {
-    // Launched without a cluster attribute (below): co-resident CTAs per SM times SMs.
-    int per_sm = 0, sms = 0;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, Kernel::MaxThreadsPerBlock,
-                                                      Kernel::SharedStorageSize);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    clusters = per_sm * sms;
-  } else if (e == cudaSuccess) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(Cfg::kClusterM, 1, 1);
-    cfg.blockDim = Kernel::get_block_shape();
-    cfg.dynamicSmemBytes = Kernel::SharedStorageSize;
-    cudaLaunchAttribute attr_cluster;
-    attr_cluster.id = cudaLaunchAttributeClusterDimension;
-    attr_cluster.val.clusterDim.x = Cfg::kClusterM;
-    attr_cluster.val.clusterDim.y = 1;
-    attr_cluster.val.clusterDim.z = 1;
-    cfg.attrs = &attr_cluster;
-    cfg.numAttrs = 1;
-    e = cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg);
-  }
+  if (e == cudaSuccess) e = MaxResidentClusters<Kernel, Cfg::kClusterM>(&clusters);
   if (e != cudaSuccess) {
     if (error) *error = std::string("loading GEMM kernel failed: ") + cudaGetErrorString(e);
     return e;
@@ -476,21 +485,10 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   }
   typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
 
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = Kernel::get_grid_shape(params);
-  cfg.blockDim = Kernel::get_block_shape();
-  cfg.dynamicSmemBytes = Kernel::SharedStorageSize;
-  cfg.stream = stream;
   cudaLaunchAttribute attr_cluster;
-  attr_cluster.id = cudaLaunchAttributeClusterDimension;
-  attr_cluster.val.clusterDim.x = kCM;
-  attr_cluster.val.clusterDim.y = 1;
-  attr_cluster.val.clusterDim.z = 1;
-  cfg.attrs = &attr_cluster;
-  // A 1x1 cluster is launched as a plain grid, as CUTLASS's own adapter does: measured on H200
-  // (gemm_probe, results/gemm_probe_h200_2026-11-21_6cd201e.log) the same ping-pong 128x128
-  // kernel ran 9-15% slower when launched with a cluster attribute of 1.
-  cfg.numAttrs = kCM > 1 ? 1 : 0;
+  cudaLaunchConfig_t cfg = GemmLaunchConfig<Kernel, kCM>(Kernel::get_grid_shape(params),
+                                                         &attr_cluster);
+  cfg.stream = stream;
   if (a.zero_counters_on_launch && a.counters != nullptr) {
     e = cudaMemsetAsync(a.counters, 0, size_t(a.num_groups) * sizeof(uint32_t), stream);
     if (e == cudaSuccess && a.after_zero_event != nullptr) {

@@ -24,15 +24,8 @@
 
 #include "comm/stream_wait.h"
 #include "kernels/signaling_gemm.h"
+#include "tools/tool_common.cuh"
 
-#define CK(x)                                                                           \
-  do {                                                                                  \
-    cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                            \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-      std::exit(2);                                                                     \
-    }                                                                                   \
-  } while (0)
 #define NK(x)                                                                           \
   do {                                                                                  \
     ncclResult_t r_ = (x);                                                              \
@@ -43,15 +36,6 @@
   } while (0)
 
 using Bf16 = __nv_bfloat16;
-
-__global__ void FillRandom(Bf16* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15; h *= 0x2c1b3c6dU; h ^= h >> 12; h *= 0x297a2d39U; h ^= h >> 15;
-    p[i] = __float2bfloat16((float(h >> 8) / float(1u << 24)) * 2.f - 1.f);
-  }
-}
 
 // out[i] = sum over p < parts of in[p * band + i], fp32 accumulation; band % 8 == 0.
 __global__ void SumBands(const Bf16* in, Bf16* out, size_t band, int parts) {
@@ -169,8 +153,8 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&dev[d].ctr, 64 * 4));
     NK(ncclMemAlloc(reinterpret_cast<void**>(&dev[d].send), full * 2));
     NK(ncclMemAlloc(reinterpret_cast<void**>(&dev[d].recv), full * 2));
-    FillRandom<<<1024, 256>>>(dev[d].a, size_t(M) * K, 11 + d);
-    FillRandom<<<1024, 256>>>(dev[d].b, size_t(K) * N, 101 + d);
+    FillRandom<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dev[d].a), size_t(M) * K, 11 + d, 1);
+    FillRandom<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dev[d].b), size_t(K) * N, 101 + d, 1);
     CK(cudaDeviceSynchronize());
   }
   NK(ncclGroupStart());
@@ -369,11 +353,8 @@ int main(int argc, char** argv) {
   check("NCCL reduce-scatter pipeline, 4 groups");
 
   if (check_only) return 0;
-  struct Row { std::string name; double ms; };
-  std::vector<Row> rows;
   auto add = [&](const std::string& name, const std::function<void()>& op) {
-    rows.push_back({name, time_ms(op)});
-    std::printf("  %-60s %8.3f ms\n", name.c_str(), rows.back().ms);
+    std::printf("  %-60s %8.3f ms\n", name.c_str(), time_ms(op));
     if (name.find("pipeline") != std::string::npos || name.find("||") != std::string::npos) {
       Timeline t;
       tl = &t;

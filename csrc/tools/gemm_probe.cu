@@ -19,21 +19,13 @@
 
 #include "../kernels/signaling_gemm.h"
 #include "../kernels/signaling_gemm_kernel.cuh"
+#include "tool_common.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
-
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));          \
-      std::exit(2);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 using Bf16 = cutlass::bfloat16_t;
 
@@ -126,8 +118,8 @@ Runner MakeStock(const char* name, const Problem& p) {
 // ---------------- ping-pong hybrids: which fo_jax part costs against stock CUTLASS ----------------
 // fo_jax's ping-pong mainloop (B N-major, shared over L) with either CUTLASS's persistent scheduler
 // or fo_jax's group scheduler, and either CUTLASS's TMA epilogue or fo_jax's signaling epilogue
-// (no counters), all launched by CUTLASS's adapter (a plain launch for a 1x1 cluster; fo_jax's
-// launcher always uses a cluster launch sized by cudaOccupancyMaxActiveClusters).
+// (no counters), all launched by CUTLASS's adapter. (Before commit 809fb72 fo_jax's launcher
+// used a cluster launch even for a 1x1 cluster; the adapter launches those as a plain grid.)
 template <int kTM, int kTN, int kCM, bool kGroupSched, bool kOurEpi>
 struct Hybrid {
   using Cfg = fo_jax::detail::GemmKernelConfig<Bf16, kTM, kTN, 64, kCM, 1, true>;
@@ -197,25 +189,15 @@ Runner MakeHybrid(const char* name, const Problem& p) {
           }, {}};
 }
 
-// Co-resident clusters of a kernel (what fo_jax's launcher caps its grid at).
+// Co-resident clusters of a kernel: the launcher's own query (its cap on the persistent grid).
 template <class K, int kCM>
 int MaxClusters() {
-  auto* fn = &cutlass::device_kernel<K>;
-  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(K::SharedStorageSize)) != cudaSuccess) return -1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(kCM, 1, 1);
-  cfg.blockDim = K::get_block_shape();
-  cfg.dynamicSmemBytes = K::SharedStorageSize;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = kCM;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
   int clusters = -1;
-  if (cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg) != cudaSuccess) return -1;
+  if (cudaFuncSetAttribute(&cutlass::device_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(K::SharedStorageSize)) != cudaSuccess ||
+      fo_jax::detail::MaxResidentClusters<K, kCM>(&clusters) != cudaSuccess) {
+    return -1;
+  }
   return clusters;
 }
 
@@ -274,17 +256,6 @@ std::vector<Runner> MakeLt(Lt& lt, int m, int n, int k, const void* a, const voi
   return out;
 }
 
-__global__ void Fill(uint16_t* p, size_t count, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15; h *= 0x2c1b3c6dU; h ^= h >> 12; h *= 0x297a2d39U; h ^= h >> 15;
-    float v = (float(h >> 8) / float(1u << 24)) * 2.f - 1.f;  // uniform (-1, 1)
-    __nv_bfloat16 bv = __float2bfloat16(v);
-    p[i] = *reinterpret_cast<uint16_t*>(&bv);
-  }
-}
-
 // Keeps the GPU busy while the host prepares the next launch, so that the event pair times the
 // kernel alone (fo_jax's launcher builds its parameters per launch; CUTLASS's adapter and
 // cuBLASLt have theirs ready).
@@ -333,8 +304,8 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&a, size_t(m) * k * 2));
     CK(cudaMalloc(&b, size_t(k) * n * 2));
     CK(cudaMalloc(&d, size_t(m) * n * 2));
-    Fill<<<1024, 256, 0, s>>>(a, size_t(m) * k, 1);
-    Fill<<<1024, 256, 0, s>>>(b, size_t(k) * n, 2);
+    FillRandom<<<1024, 256, 0, s>>>(a, size_t(m) * k, 1, 1);
+    FillRandom<<<1024, 256, 0, s>>>(b, size_t(k) * n, 2, 1);
     std::vector<Runner> rs;
     for (int cfg = 0; cfg < fo_jax::NumGemmConfigs(); ++cfg) {
       fo_jax::SignalingGemmArgs g;
