@@ -4,9 +4,10 @@
 # steps. Logs and result files go to $OUT. NVLink multicast stays off.
 # Steps: info smoke test-gemm test-overlap test-autodiff train bench-gemm bench-overlap
 #        bench-overlap-quick bench-overlap-sweep bench-cli tune diag-overlap selftest probe ce-probe
+#        p2p-probe
 #        profile-gemm profile-overlap overlap-configs smi-start smi-stop (GPU clock/power sampling).
 # Knobs (env): FO_JAX_COMMIT (required), SHAPES, COLLS, CONFIGS (G:SM:C[:GEMM_CONFIG] ...), TAG,
-#        GEMM_SHAPES, CE_SHAPES (MxNxK ... for ce-probe), FO_JAX_REQUIRE_GPU=0 (skip tests
+#        GEMM_SHAPES, CE_SHAPES (MxNxK ... for ce-probe and p2p-probe), FO_JAX_REQUIRE_GPU=0 (skip tests
 #        needing more GPUs than present).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -69,6 +70,12 @@ for step in "$@"; do
             | sed -E 's/^[^ ]+ [^ ]+ //' | sort | uniq -c | sort -rn | head -40 > "$OUT/ce_rs_probe_nccl.txt"
           for shape in ${CE_SHAPES:-8192x8192x2048}; do
             /tmp/ce_rs_probe ${shape//x/ } 2>&1 | tee -a "$OUT/ce_rs_probe.log" || rc=1; done;;
+    p2p-probe) N=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])")
+          nvcc -std=c++17 -arch=sm_90a -I"$R/csrc" -I"$N/include" "$R/csrc/tools/p2p_rs_probe.cu" \
+            "$R/.devbuild/libfo_jax_cuda.a" -L"$N/lib" -l:libnccl.so.2 -Xlinker -rpath,"$N/lib" \
+            -o /tmp/p2p_rs_probe 2>&1 | grep -v -i deprecat || true
+          for shape in ${CE_SHAPES:-8192x8192x2048}; do
+            timeout 300 /tmp/p2p_rs_probe ${shape//x/ } 2>&1 | tee -a "$OUT/p2p_rs_probe.log" || rc=1; done;;
     selftest) "$R/.devbuild/gemm_selftest" 2>&1 | tee "$OUT/selftest.log" | tail -40 || rc=1;;
     probe) "$R/.devbuild/gemm_probe" 2>&1 | tee "$OUT/gemm_probe.log" || rc=1;;
     profile-gemm) python3 "$R/benchmarks/profile_gemm.py" --out "$OUT" ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} \

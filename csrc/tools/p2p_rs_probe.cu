@@ -1,0 +1,450 @@
+// Feasibility probe (not part of the library): a reduce-scatter whose bytes move as copy-engine
+// writes straight into the peers' memory (cudaMemcpyAsync to a peer pointer), gated and signalled
+// with stream memory operations only (cuStreamWaitValue32 / cuStreamWriteValue32), so that no
+// step of the transport needs an SM while the signaling GEMM holds them. Only the final sum of
+// the P received bands is a kernel. This is the transport of PyTorch's AsyncTP, rebuilt on
+// fo_jax's signaling GEMM; ce_rs_probe.cu measured NCCL's own copy-engine all-to-all, which does
+// not progress next to a GEMM on every SM (NOTES.md section 5).
+//
+// Per call (epoch e = 1, 2, ...) on each GPU d:
+//   gemm_s:   zero counters, signaling GEMM in the reduce-scatter layout (batch = P bands).
+//   cp_s[q]:  (one stream per peer q) wait ack_d[q] >= e - 1 (q finished reading its receive
+//             buffer in the previous call), then per group g: wait counter[g] full, copy d's band
+//             for q of group g into q's receive buffer at slot d, write flag_q[g][d] = e
+//             (cuStreamWriteValue32 fences the copy's writes before the flag: "similar semantics
+//             to __threadfence_system()" per the driver documentation).
+//   red_s:    per group g: wait counter[g] full and flag_d[g][q] >= e for every peer q, then
+//             out rows of group g = own band + the P - 1 received bands (fp32 sum, bf16 out).
+//             After the last group: write ack_q[d] = e on every peer q.
+//   join:     gemm_s waits for red_s and every cp_s (the next GEMM overwrites the send buffer).
+// One process drives every visible GPU (peer access enabled between all pairs). Times: host wall
+// clock over back-to-back calls, all GPUs synchronized before and after, median of 5 x 20.
+//
+// Build on the GPU machine (no CUTLASS needed, the kernels come prebuilt), run: see gpu_run.sh
+// step p2p-probe.   Run: probe [M N K [--check-only]]  (per GPU x[M,K] @ w[K,N], bf16)
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/stream_wait.h"
+#include "kernels/signaling_gemm.h"
+#include "tools/tool_common.cuh"
+
+#define NK(x)                                                                           \
+  do {                                                                                  \
+    ncclResult_t r_ = (x);                                                              \
+    if (r_ != ncclSuccess) {                                                            \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(r_));    \
+      std::exit(2);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+using Bf16 = __nv_bfloat16;
+constexpr int kMaxP = 8;
+constexpr int kMaxGroups = 16;
+
+struct BandPtrs {
+  const Bf16* p[kMaxP];
+};
+
+// out[i] = sum over j < parts of in.p[j][i], fp32 accumulation; count % 8 == 0.
+__global__ void SumPtrs(BandPtrs in, Bf16* out, size_t count, int parts) {
+  const size_t n8 = count / 8;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n8;
+       i += size_t(gridDim.x) * blockDim.x) {
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < parts; ++j) {
+      uint4 v = reinterpret_cast<const uint4*>(in.p[j])[i];
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        float2 f = __bfloat1622float2(h[t]);
+        acc[2 * t] += f.x;
+        acc[2 * t + 1] += f.y;
+      }
+    }
+    uint4 o;
+    __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) oh[t] = __floats2bfloat162_rn(acc[2 * t], acc[2 * t + 1]);
+    reinterpret_cast<uint4*>(out)[i] = o;
+  }
+}
+
+using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+WriteValue32Fn g_write32 = nullptr;
+
+void WriteFlag(cudaStream_t s, uint32_t* addr, uint32_t value) {
+  CUresult r = g_write32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr),
+                         value, CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (r != CUDA_SUCCESS) { std::printf("cuStreamWriteValue32: CUresult %d\n", int(r)); std::exit(2); }
+}
+
+void WaitGeq(cudaStream_t s, const uint32_t* addr, uint32_t value) {
+  std::string err;
+  if (fo_jax::EnqueueWaitGeq(s, addr, value, false, &err) != cudaSuccess) {
+    std::printf("wait: %s\n", err.c_str());
+    std::exit(2);
+  }
+}
+
+// max |a - b| / max |b| over n bf16 values (host copies).
+double RelErr(const Bf16* a, const Bf16* b, size_t n) {
+  std::vector<Bf16> ha(n), hb(n);
+  CK(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost));
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double x = __bfloat162float(ha[i]), y = __bfloat162float(hb[i]);
+    diff = std::max(diff, std::fabs(x - y));
+    ref = std::max(ref, std::fabs(y));
+  }
+  return diff / std::max(ref, 1e-30);
+}
+
+struct Dev {
+  cudaStream_t gemm_s, red_s, nccl_s;
+  cudaStream_t cp_s[kMaxP];
+  ncclComm_t comm = nullptr;
+  Bf16 *a, *b, *send, *recv, *out, *out_ref;
+  uint32_t* ctr;    // GEMM group counters
+  uint32_t* flags;  // [kMaxGroups][kMaxP]: flags[g * kMaxP + q] = epoch of q's group-g copy here
+  uint32_t* ack;    // [kMaxP]: ack[q] = last epoch in which q finished reading its receive buffer
+  cudaEvent_t ready, done, cp_done[kMaxP];
+};
+
+// Device-0 timeline of one call: event name -> us after the call's first event.
+struct Timeline {
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;
+  void Mark(const std::string& name, cudaStream_t s) {
+    cudaEvent_t e;
+    CK(cudaEventCreate(&e));
+    CK(cudaEventRecord(e, s));
+    marks.push_back({name, e});
+  }
+  void Print() {
+    std::printf("      timeline GPU0 (us):");
+    for (size_t i = 1; i < marks.size(); ++i) {
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, marks[0].second, marks[i].second));
+      std::printf(" %s %.0f", marks[i].first.c_str(), ms * 1000);
+    }
+    std::printf("\n");
+    for (auto& m : marks) CK(cudaEventDestroy(m.second));
+    marks.clear();
+  }
+};
+
+int main(int argc, char** argv) {
+  int M = 8192, N = 8192, K = 2048;
+  if (argc >= 4) { M = std::atoi(argv[1]); N = std::atoi(argv[2]); K = std::atoi(argv[3]); }
+  const bool check_only = argc >= 5 && std::string(argv[4]) == "--check-only";
+  int P = 0;
+  CK(cudaGetDeviceCount(&P));
+  if (P < 2 || P > kMaxP) { std::printf("needs 2..%d GPUs\n", kMaxP); return 2; }
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  const int m = M / P;
+  int nccl_version = 0;
+  NK(ncclGetVersion(&nccl_version));
+  std::printf("p2p_rs_probe: %d x %s (%d SMs), NCCL %d, per-GPU x[%d,%d] @ w[%d,%d] bf16, "
+              "reduce-scatter over %d GPUs\n", P, prop.name, sms, nccl_version, M, K, K, N, P);
+  if (M % (P * 8) != 0 || N % 8 != 0 || K % 8 != 0) { std::printf("bad shape\n"); return 2; }
+  {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    CK(cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess) { std::printf("no cuStreamWriteValue32\n"); return 2; }
+    g_write32 = reinterpret_cast<WriteValue32Fn>(fn);
+  }
+
+  std::vector<Dev> dev(P);
+  ncclUniqueId id;
+  NK(ncclGetUniqueId(&id));
+  const size_t full = size_t(M) * N, band = size_t(m) * N;
+  for (int d = 0; d < P; ++d) {
+    CK(cudaSetDevice(d));
+    for (int q = 0; q < P; ++q) {
+      if (q == d) continue;
+      int can = 0;
+      CK(cudaDeviceCanAccessPeer(&can, d, q));
+      if (!can) { std::printf("GPU %d cannot access GPU %d\n", d, q); return 2; }
+      cudaError_t e = cudaDeviceEnablePeerAccess(q, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError(); else CK(e);
+    }
+    std::string err;
+    if (fo_jax::LoadAllGemmKernels(&err) != cudaSuccess || fo_jax::PrepareStreamWait(&err) != cudaSuccess) {
+      std::printf("load: %s\n", err.c_str());
+      return 2;
+    }
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, SumPtrs));
+    CK(cudaFuncGetAttributes(&fa, FillRandom));
+    int lo, hi;
+    CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    CK(cudaStreamCreateWithFlags(&dev[d].gemm_s, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithPriority(&dev[d].red_s, cudaStreamNonBlocking, hi));
+    CK(cudaStreamCreateWithPriority(&dev[d].nccl_s, cudaStreamNonBlocking, hi));
+    for (int q = 0; q < P; ++q) {
+      CK(cudaStreamCreateWithPriority(&dev[d].cp_s[q], cudaStreamNonBlocking, hi));
+      CK(cudaEventCreateWithFlags(&dev[d].cp_done[q], cudaEventDisableTiming));
+    }
+    CK(cudaEventCreateWithFlags(&dev[d].ready, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&dev[d].done, cudaEventDisableTiming));
+    CK(cudaMalloc(&dev[d].a, size_t(M) * K * 2));
+    CK(cudaMalloc(&dev[d].b, size_t(K) * N * 2));
+    CK(cudaMalloc(&dev[d].send, full * 2));
+    CK(cudaMalloc(&dev[d].recv, full * 2));
+    CK(cudaMalloc(&dev[d].out, band * 2));
+    CK(cudaMalloc(&dev[d].out_ref, band * 2));
+    CK(cudaMalloc(&dev[d].ctr, 64 * 4));
+    CK(cudaMalloc(&dev[d].flags, kMaxGroups * kMaxP * 4));
+    CK(cudaMalloc(&dev[d].ack, kMaxP * 4));
+    CK(cudaMemset(dev[d].flags, 0, kMaxGroups * kMaxP * 4));
+    CK(cudaMemset(dev[d].ack, 0, kMaxP * 4));
+    FillRandom<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dev[d].a), size_t(M) * K, 11 + d, 1);
+    FillRandom<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dev[d].b), size_t(K) * N, 101 + d, 1);
+    CK(cudaDeviceSynchronize());
+  }
+  NK(ncclGroupStart());
+  for (int d = 0; d < P; ++d) {
+    CK(cudaSetDevice(d));
+    ncclConfig_t cd = NCCL_CONFIG_INITIALIZER;  // fo_jax's communicator settings
+    cd.maxCTAs = 32;
+    cd.cgaClusterSize = 1;
+    NK(ncclCommInitRankConfig(&dev[d].comm, P, id, d, &cd));
+  }
+  NK(ncclGroupEnd());
+
+  auto sync_all = [&] {
+    for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); CK(cudaDeviceSynchronize()); }
+  };
+  auto time_ms = [&](const std::function<void()>& op) {
+    op();
+    sync_all();
+    std::vector<double> t;
+    for (int trial = 0; trial < 5; ++trial) {
+      auto t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < 20; ++r) op();
+      sync_all();
+      t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                      .count() / 20);
+    }
+    std::sort(t.begin(), t.end());
+    return t[2];
+  };
+
+  auto gemm_args = [&](int d, int groups, int sm_budget, bool signal) {
+    fo_jax::SignalingGemmArgs g;
+    g.dtype = fo_jax::GemmDtype::kBF16;
+    g.m = m; g.n = N; g.k = K; g.batch = P;
+    g.a = dev[d].a; g.b = dev[d].b; g.d = dev[d].send;
+    g.sm_budget = sm_budget;
+    g.config = fo_jax::SelectGemmConfig(g.dtype, m, N, K, P, sm_budget);
+    const int tm = fo_jax::GetGemmConfig(g.config).tile_m;
+    const int tiles_m = (m + tm - 1) / tm;
+    g.num_groups = groups;
+    for (int i = 0; i <= groups; ++i) g.group_begin[i] = int(int64_t(tiles_m) * i / groups);
+    if (signal) {
+      g.counters = dev[d].ctr;
+      g.zero_counters_on_launch = true;
+      g.after_zero_event = dev[d].ready;
+    }
+    return g;
+  };
+  auto launch_gemm = [&](int d, const fo_jax::SignalingGemmArgs& g) {
+    std::string err;
+    if (fo_jax::LaunchSignalingGemm(dev[d].gemm_s, g, &err) != cudaSuccess) {
+      std::printf("gemm: %s\n", err.c_str());
+      std::exit(2);
+    }
+  };
+  auto gemm_only = [&](int sm_budget) {
+    return [&, sm_budget] {
+      for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); launch_gemm(d, gemm_args(d, 1, sm_budget, false)); }
+    };
+  };
+  auto nccl_rs_full = [&] {
+    NK(ncclGroupStart());
+    for (int d = 0; d < P; ++d)
+      NK(ncclReduceScatter(dev[d].send, dev[d].out_ref, band, ncclBfloat16, ncclSum, dev[d].comm,
+                           dev[d].nccl_s));
+    NK(ncclGroupEnd());
+  };
+
+  uint32_t epoch = 0;
+  Timeline* tl = nullptr;
+  // The direct pipeline. gemm = false: the transport alone on the send buffer as it is (no
+  // GEMM, no counter waits), to measure the copy engines' rate. one_stream: every peer's copies
+  // on cp_s[0] (one copy queue) instead of one stream per peer.
+  auto direct = [&](int groups, int sm_budget, int sum_grid, bool gemm, bool one_stream) {
+    return [&, groups, sm_budget, sum_grid, gemm, one_stream] {
+      const uint32_t e = ++epoch;
+      std::vector<fo_jax::SignalingGemmArgs> args(P);
+      for (int d = 0; d < P; ++d) {
+        CK(cudaSetDevice(d));
+        args[d] = gemm_args(d, groups, sm_budget, gemm);
+        if (tl && d == 0) tl->Mark("start", dev[0].gemm_s);
+        if (gemm) {
+          launch_gemm(d, args[d]);
+        } else {
+          CK(cudaEventRecord(dev[d].ready, dev[d].gemm_s));
+        }
+        if (tl && d == 0) tl->Mark("gemm_end", dev[0].gemm_s);
+        CK(cudaStreamWaitEvent(dev[d].red_s, dev[d].ready, 0));
+        for (int q = 0; q < P; ++q) {
+          if (q == d) continue;
+          cudaStream_t s = dev[d].cp_s[one_stream ? 0 : q];
+          CK(cudaStreamWaitEvent(s, dev[d].ready, 0));
+          WaitGeq(s, dev[d].ack + q, e - 1);
+        }
+      }
+      const int tm = fo_jax::GetGemmConfig(args[0].config).tile_m;
+      for (int g = 0; g < groups; ++g) {
+        const size_t r0 = std::min(args[0].group_begin[g] * tm, m);
+        const size_t r1 = std::min(args[0].group_begin[g + 1] * tm, m);
+        const size_t cnt = (r1 - r0) * N;
+        for (int d = 0; d < P; ++d) {
+          CK(cudaSetDevice(d));
+          const uint32_t expect = uint32_t(fo_jax::ExpectedGroupCount(args[d], g));
+          const Bf16* mine = dev[d].send + P * r0 * N;  // [band for 0 | band for 1 | ...]
+          for (int k = 1; k < P; ++k) {  // peers in a rotated order: not all GPUs hit one at once
+            const int q = (d + k) % P;
+            cudaStream_t s = dev[d].cp_s[one_stream ? 0 : q];
+            if (gemm && (!one_stream || k == 1)) WaitGeq(s, dev[d].ctr + g, expect);
+            CK(cudaMemcpyAsync(dev[q].recv + P * r0 * N + d * cnt, mine + q * cnt, cnt * 2,
+                               cudaMemcpyDeviceToDevice, s));
+            WriteFlag(s, dev[q].flags + g * kMaxP + d, e);
+          }
+          if (gemm) WaitGeq(dev[d].red_s, dev[d].ctr + g, expect);
+          BandPtrs in{};
+          int parts = 0;
+          for (int q = 0; q < P; ++q) {
+            if (q == d) {
+              in.p[parts++] = mine + d * cnt;
+            } else {
+              WaitGeq(dev[d].red_s, dev[d].flags + g * kMaxP + q, e);
+              in.p[parts++] = dev[d].recv + P * r0 * N + q * cnt;
+            }
+          }
+          if (tl && d == 0) tl->Mark("arrived" + std::to_string(g), dev[0].red_s);
+          SumPtrs<<<sum_grid, 512, 0, dev[d].red_s>>>(in, dev[d].out + r0 * N, cnt, P);
+          CK(cudaGetLastError());
+          if (tl && d == 0) tl->Mark("sum" + std::to_string(g), dev[0].red_s);
+        }
+      }
+      for (int d = 0; d < P; ++d) {
+        CK(cudaSetDevice(d));
+        for (int q = 0; q < P; ++q)
+          if (q != d) WriteFlag(dev[d].red_s, dev[q].ack + d, e);
+        CK(cudaEventRecord(dev[d].done, dev[d].red_s));
+        CK(cudaStreamWaitEvent(dev[d].gemm_s, dev[d].done, 0));
+        for (int q = 0; q < P; ++q) {
+          if (q == d || (one_stream && q != 0)) continue;
+          CK(cudaEventRecord(dev[d].cp_done[q], dev[d].cp_s[q]));
+          CK(cudaStreamWaitEvent(dev[d].gemm_s, dev[d].cp_done[q], 0));
+        }
+      }
+    };
+  };
+  // fo_jax today: per group wait, then ncclReduceScatter (on nccl_s).
+  auto nccl_pipeline = [&](int groups, int sm_budget) {
+    return [&, groups, sm_budget] {
+      std::vector<fo_jax::SignalingGemmArgs> args(P);
+      for (int d = 0; d < P; ++d) {
+        CK(cudaSetDevice(d));
+        args[d] = gemm_args(d, groups, sm_budget, true);
+        launch_gemm(d, args[d]);
+        CK(cudaStreamWaitEvent(dev[d].nccl_s, dev[d].ready, 0));
+      }
+      const int tm = fo_jax::GetGemmConfig(args[0].config).tile_m;
+      for (int g = 0; g < groups; ++g) {
+        const size_t r0 = std::min(args[0].group_begin[g] * tm, m);
+        const size_t r1 = std::min(args[0].group_begin[g + 1] * tm, m);
+        for (int d = 0; d < P; ++d) {
+          CK(cudaSetDevice(d));
+          WaitGeq(dev[d].nccl_s, dev[d].ctr + g, uint32_t(fo_jax::ExpectedGroupCount(args[d], g)));
+        }
+        NK(ncclGroupStart());
+        for (int d = 0; d < P; ++d)
+          NK(ncclReduceScatter(dev[d].send + P * r0 * N, dev[d].out + r0 * N, (r1 - r0) * N,
+                               ncclBfloat16, ncclSum, dev[d].comm, dev[d].nccl_s));
+        NK(ncclGroupEnd());
+      }
+      for (int d = 0; d < P; ++d) {
+        CK(cudaSetDevice(d));
+        CK(cudaEventRecord(dev[d].done, dev[d].nccl_s));
+        CK(cudaStreamWaitEvent(dev[d].gemm_s, dev[d].done, 0));
+      }
+    };
+  };
+
+  // Reference: one GEMM, then one ncclReduceScatter of the whole send buffer.
+  gemm_only(0)();
+  sync_all();
+  nccl_rs_full();
+  sync_all();
+  auto check = [&](const std::string& what, const std::function<void()>& op, int calls) {
+    for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); CK(cudaMemset(dev[d].out, 0xff, band * 2)); }
+    sync_all();
+    for (int i = 0; i < calls; ++i) op();
+    sync_all();
+    double worst = 0;
+    for (int d = 0; d < P; ++d) {
+      CK(cudaSetDevice(d));
+      worst = std::max(worst, RelErr(dev[d].out, dev[d].out_ref, band));
+    }
+    std::printf("  check %-52s max|err|/max|ref| = %.2e %s\n", what.c_str(), worst,
+                worst < 2e-2 ? "ok" : "MISMATCH");
+    return worst < 2e-2;
+  };
+  bool ok = check("direct pipeline, 4 groups, 1 call", direct(4, 0, 2 * sms, true, false), 1);
+  ok &= check("direct pipeline, 8 groups, 116 SMs, 50 calls", direct(8, 116, 16, true, false), 50);
+  ok &= check("direct pipeline, 4 groups, one copy stream", direct(4, 0, 2 * sms, true, true), 1);
+  ok &= check("NCCL reduce-scatter pipeline, 4 groups", nccl_pipeline(4, 100), 1);
+  if (!ok) return 1;
+  if (check_only) return 0;
+
+  auto add = [&](const std::string& name, const std::function<void()>& op, bool timeline) {
+    std::printf("  %-66s %8.3f ms\n", name.c_str(), time_ms(op));
+    if (timeline) {
+      Timeline t;
+      tl = &t;
+      op();
+      tl = nullptr;
+      sync_all();
+      t.Print();
+    }
+    std::fflush(stdout);
+  };
+  add("gemm alone, all SMs", gemm_only(0), false);
+  add("gemm alone, 124 SMs", gemm_only(124), false);
+  add("gemm alone, 116 SMs", gemm_only(116), false);
+  add("ncclReduceScatter alone (maxCTAs 32)", nccl_rs_full, false);
+  add("direct transport alone: 1 group, stream per peer", direct(1, 0, 2 * sms, false, false), true);
+  add("direct transport alone: 1 group, one copy stream", direct(1, 0, 2 * sms, false, true), true);
+  add("direct transport alone: 4 groups, stream per peer", direct(4, 0, 2 * sms, false, false), false);
+  for (int groups : {4, 8}) {
+    for (int budget : {0, 124, 116}) {
+      const int grid = budget ? 2 * (sms - budget) : 2 * sms;
+      add("direct pipeline: " + std::to_string(groups) + " groups, GEMM SMs " +
+              std::to_string(budget ? budget : sms) + ", sum grid " + std::to_string(grid),
+          direct(groups, budget, grid, true, false), true);
+    }
+  }
+  add("direct pipeline: 4 groups, GEMM SMs all, one copy stream", direct(4, 0, 2 * sms, true, true), true);
+  add("NCCL RS pipeline (fo_jax today): 4 groups, GEMM SMs 100", nccl_pipeline(4, 100), false);
+  add("NCCL RS pipeline: 8 groups, GEMM SMs 116", nccl_pipeline(8, 116), false);
+  return 0;
+}
