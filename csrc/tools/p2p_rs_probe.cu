@@ -434,16 +434,19 @@ int main(int argc, char** argv) {
   add("ncclReduceScatter alone (maxCTAs 32)", nccl_rs_full, false);
   add("direct transport alone: 1 group, stream per peer", direct(1, 0, 2 * sms, false, false), true);
   add("direct transport alone: 1 group, one copy stream", direct(1, 0, 2 * sms, false, true), true);
-  add("direct transport alone: 4 groups, stream per peer", direct(4, 0, 2 * sms, false, false), false);
-  for (int groups : {4, 8}) {
-    for (int budget : {0, 124, 116}) {
+  add("direct transport alone: 4 groups, one copy stream", direct(4, 0, 2 * sms, false, true), false);
+  add("direct transport alone: 16 groups, one copy stream", direct(16, 0, 2 * sms, false, true), false);
+  // One copy queue per GPU (peers in rotated order) moved the bytes faster than a stream per
+  // peer in the first run (results/p2p_rs_probe_tp4_2026-11-21_f67648e.log).
+  for (int groups : {4, 8, 16}) {
+    for (int budget : {0, 124}) {
       const int grid = budget ? 2 * (sms - budget) : 2 * sms;
       add("direct pipeline: " + std::to_string(groups) + " groups, GEMM SMs " +
-              std::to_string(budget ? budget : sms) + ", sum grid " + std::to_string(grid),
-          direct(groups, budget, grid, true, false), true);
+              std::to_string(budget ? budget : sms) + ", sum grid " + std::to_string(grid) +
+              ", one copy stream",
+          direct(groups, budget, grid, true, true), true);
     }
   }
-  add("direct pipeline: 4 groups, GEMM SMs all, one copy stream", direct(4, 0, 2 * sms, true, true), true);
   add("NCCL RS pipeline (fo_jax today): 4 groups, GEMM SMs 100", nccl_pipeline(4, 100), false);
   add("NCCL RS pipeline: 8 groups, GEMM SMs 116", nccl_pipeline(8, 116), false);
   return 0;
