@@ -3,8 +3,8 @@
 The wall-clock harness (bench_gemm.py) times whole calls back to back; this script records JAX
 profiler traces (CUPTI) of the same calls and reports, per method and shape, every GPU kernel the
 call launched with its median device duration, plus the custom call / fusion XLA chose for the
-dot (from the optimized HLO). Methods alternate (one short trace each, twice) so clock drift hits
-all alike.
+dot (from the optimized HLO). Methods alternate (one short trace each, --rounds times, the order
+rotated every round) so clock and power drift hit all alike.
 
 Usage: python benchmarks/profile_gemm.py [--shapes MxNxK ...] [--configs NAME ...] [--out DIR]
 Writes <out>/gemm_profile_<date>.jsonl (one row per method, shape and kernel).
@@ -52,7 +52,9 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", default=SHAPES)
     ap.add_argument("--configs", nargs="*", default=[],
                     help="fo_jax GEMM configs to profile besides the selected one")
-    ap.add_argument("--calls", type=int, default=20, help="profiled calls per method")
+    ap.add_argument("--calls", type=int, default=24, help="profiled calls per method")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="traces per method (calls / rounds calls each), order rotated per round")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
 
@@ -98,18 +100,26 @@ def main() -> None:
             for _ in range(3):
                 jax.block_until_ready(f(x, w))
         # One trace per method (kernels are then attributed without guessing), the methods
-        # alternating over `rounds` short traces so clock drift hits them alike.
+        # alternating over `rounds` short traces, the order rotated every round, so clock and
+        # power drift (these GPUs run GEMMs at their power cap) hit every method alike and no
+        # method always follows the same one.
         stats = {mname: collections.defaultdict(list) for mname in methods}
         periods: dict = {mname: [] for mname in methods}
-        rounds = 2
-        for _ in range(rounds):
-            for mname, f in methods.items():
+        round_ms: dict = {mname: [] for mname in methods}
+        rounds = args.rounds
+        names = list(methods)
+        for r in range(rounds):
+            for mname in names[r % len(names):] + names[:r % len(names)]:
+                f = methods[mname]
                 with tempfile.TemporaryDirectory() as tdir:
                     with jax.profiler.trace(tdir):  # back to back, as in the benchmarks
                         jax.block_until_ready([f(x, w) for _ in range(args.calls // rounds)])
                     events = benchlib.kernel_events(tdir).get(0, [])
                 for kname, start, end, _ in events:
                     stats[mname][kname].append((end - start) / 1e3)
+                # GPU kernel time per call in this round (the spread over rounds shows drift).
+                round_ms[mname].append(sum(e[2] - e[1] for e in events) / 1e6
+                                       / (args.calls // rounds))
                 # Device period per call: first kernel start to last kernel end, over the calls
                 # (includes the idle gaps between kernels and calls that kernel times miss).
                 if events:
@@ -126,6 +136,8 @@ def main() -> None:
             print(f"  {mname:36s} {total_us / 1e3:8.4f} ms  {flops / total_us / 1e6:6.1f} TFLOP/s"
                   f"   device period {period / 1e3:8.4f} ms/call   host dispatch "
                   f"{host[mname][0]:.4f}, wall {host[mname][1]:.4f} ms/call")
+            print("      per round (ms/call, rotated order): "
+                  + " ".join(f"{v:.4f}" for v in round_ms[mname]))
             for kname, durs in stats[mname].items():
                 per = len(durs) / ncalls
                 print(f"      {np.median(durs):9.1f} us x{per:.0f}  {kname[:150]}")
