@@ -7,8 +7,9 @@ Methods (bf16, x[M,K] @ w[K,N] per GPU):
   fo_jax.matmul.signal     8 groups with counters (the overlap's producer)
   fo_jax.matmul.remap      + the reduce-scatter row remap (batch 4), counters on
   fo_jax.matmul.sm116      signaling GEMM on 116 SMs (16 left to NCCL)
-Times: median of 5 x 20 back-to-back calls (benchlib), the methods' trials interleaved so clock
-drift hits all alike. Kernel-level times (no host or harness effects): benchmarks/profile_gemm.py.
+Times: median of 11 x 20 back-to-back calls (benchlib; the anchors use 5 x 20), the methods'
+trials interleaved in rotated order so clock drift hits all alike. Kernel-level times (no host
+or harness effects): benchmarks/profile_gemm.py.
 Writes JSON Lines + a markdown table.
 
 Usage: python benchmarks/bench_gemm.py [--out benchmarks/results] [--shapes MxNxK ...]
@@ -38,6 +39,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--shapes", nargs="*", default=benchlib.DESIGN_SHAPES + ODD_SHAPES)
     ap.add_argument("--tag", default="")
+    ap.add_argument("--trials", type=int, default=11,
+                    help="timed trials of 20 calls per method (median reported)")
     args = ap.parse_args()
 
     gpus = benchlib.cuda_gpus_or_exit("bench_gemm.py")
@@ -81,7 +84,7 @@ def main() -> None:
         for name, f in methods.items():
             out = f(x, w)
             assert out.dtype == dtype, (name, out.dtype)
-        times = benchlib.time_ms_interleaved(methods, x, w)
+        times = benchlib.time_ms_interleaved(methods, x, w, trials=args.trials)
         for name, ms in times.items():
             res.add(M=m, N=n, K=k, method=name + args.tag, ms=round(ms, 4),
                     tflops=round(flops / ms / 1e9, 1),

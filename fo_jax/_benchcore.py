@@ -46,14 +46,17 @@ def device_info(devices: Sequence) -> dict:
 
 def time_ms_interleaved(fns: dict, *args, reps: int = 20, trials: int = 5,
                         warmup: int = 3) -> dict:
-    """time_ms for several functions of the same arguments, their trials interleaved (A B C A B C
-    ...) so that clock and power drift over the run hits all of them alike. {name: ms}."""
+    """time_ms for several functions of the same arguments, their trials interleaved and the order
+    rotated every trial (A B C, B C A, C A B, ...) so that clock and power drift over the run hits
+    all of them alike and no method always runs right after the same one. {name: ms}."""
     for f in fns.values():
         for _ in range(warmup):
             jax.block_until_ready(f(*args))
     samples: dict = {name: [] for name in fns}
-    for _ in range(trials):
-        for name, f in fns.items():
+    names = list(fns)
+    for t in range(trials):
+        for name in names[t % len(names):] + names[:t % len(names)]:
+            f = fns[name]
             t0 = time.perf_counter()
             outs = [f(*args) for _ in range(reps)]
             jax.block_until_ready(outs)
