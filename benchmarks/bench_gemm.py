@@ -10,7 +10,9 @@ Methods (bf16, x[M,K] @ w[K,N] per GPU):
 Times: median of 11 x 20 back-to-back calls (benchlib; the anchors use 5 x 20), the methods'
 trials interleaved in rotated order so clock drift hits all alike. Kernel-level times (no host
 or harness effects): benchmarks/profile_gemm.py.
-Writes JSON Lines + a markdown table.
+Also the GPU kernel time per call of every method (JAX profiler traces, benchlib.
+kernel_ms_interleaved): the overhead columns are within the wall clock's noise, not the kernel's.
+Writes JSON Lines + two markdown tables (wall clock, GPU kernel time).
 
 Usage: python benchmarks/bench_gemm.py [--out benchmarks/results] [--shapes MxNxK ...]
 """
@@ -49,7 +51,7 @@ def main() -> None:
     dev = gpus[0]
     dtype = jnp.dtype(jnp.bfloat16)
     res = benchlib.Results(benchlib.device_info([dev]) | {"dtype": str(dtype)})
-    table = []
+    table, gpu_table = [], []
     for i, s in enumerate(args.shapes):
         m, n, k = (int(v) for v in s.split("x"))
         print(f"[{i + 1}/{len(args.shapes)}] {s}", file=sys.stderr, flush=True)
@@ -85,9 +87,11 @@ def main() -> None:
             out = f(x, w)
             assert out.dtype == dtype, (name, out.dtype)
         times = benchlib.time_ms_interleaved(methods, x, w, trials=args.trials)
+        gpu = benchlib.kernel_ms_interleaved(methods, x, w)
         for name, ms in times.items():
             res.add(M=m, N=n, K=k, method=name + args.tag, ms=round(ms, 4),
-                    tflops=round(flops / ms / 1e9, 1),
+                    tflops=round(flops / ms / 1e9, 1), gpu_ms=round(gpu[name], 4),
+                    gpu_tflops=round(flops / gpu[name] / 1e9, 1),
                     config=p8.config_name if name.startswith("fo_jax") else None)
         base = times["xla.dot"]
         mm, sig, nosig = (times[k] for k in ("fo_jax.matmul", "fo_jax.matmul.signal",
@@ -96,11 +100,24 @@ def main() -> None:
                       f"{base / mm:.3f}", f"{base / sig:.3f}", f"{sig / nosig - 1:+.1%}",
                       f"{times.get('fo_jax.matmul.remap', math.nan) / nosig - 1:+.1%}",
                       f"{times['fo_jax.matmul.sm116'] / sig - 1:+.1%}"])
+        g_rm = gpu.get("fo_jax.matmul.remap", math.nan)
+        gpu_table.append([s, f"{gpu['xla.dot']:.4f}", f"{gpu['fo_jax.matmul']:.4f}",
+                          f"{flops / gpu['fo_jax.matmul'] / 1e9:.0f}",
+                          f"{gpu['xla.dot'] / gpu['fo_jax.matmul']:.3f}",
+                          f"{gpu['xla.dot'] / gpu['fo_jax.matmul.signal']:.3f}",
+                          f"{gpu['fo_jax.matmul.signal'] / gpu['fo_jax.matmul.nosignal'] - 1:+.1%}",
+                          f"{g_rm / gpu['fo_jax.matmul.nosignal'] - 1:+.1%}"])
     header = ["M x N x K", "config", "xla.dot ms", "fo_jax.matmul ms", "TFLOP/s",
               "matmul vs xla", "8 groups + signals vs xla", "signal ovh", "remap+signal ovh",
               "116 SMs"]
-    md = (f"{res.base['device']}, {res.base['date']}, commit {res.base['commit']}, bf16\n\n" +
-          benchlib.markdown_table(header, table))
+    gpu_header = ["M x N x K", "xla.dot GPU ms", "fo_jax.matmul GPU ms", "TFLOP/s",
+                  "matmul vs xla", "8 groups + signals vs xla", "signal ovh", "remap+signal ovh"]
+    md = (f"{res.base['device']}, {res.base['date']}, commit {res.base['commit']}, bf16\n\n"
+          f"Wall clock (median of {args.trials} x 20 back-to-back calls, host and queue "
+          "included):\n\n" + benchlib.markdown_table(header, table) +
+          "\nGPU kernel time per call (JAX profiler, median of 3 traces of 8 calls per method, "
+          "rotated order; no host or queue time):\n\n" +
+          benchlib.markdown_table(gpu_header, gpu_table))
     print("\n" + md)
     stem = os.path.join(args.out, f"gemm_{res.base['date']}{args.tag}")
     res.write_jsonl(stem + ".jsonl")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import tempfile
 import time
 
 import jax
@@ -68,6 +69,26 @@ def kernel_events(trace_dir: str) -> dict:
                 out.setdefault(gpu, []).append(
                     (ev.name, ev.start_ns, ev.start_ns + ev.duration_ns, line.name))
     return out
+
+
+def kernel_ms_interleaved(fns: dict, *args, calls: int = 8, rounds: int = 3) -> dict:
+    """GPU kernel time per call (sum of the durations of every kernel and memset a call runs on
+    GPU 0, from JAX profiler traces), median over `rounds` traces of `calls` back-to-back calls,
+    the methods alternating in rotated order. Unlike wall clock it holds no host or queue time,
+    so small differences between kernels (a signal's cost) are not lost in the harness's noise.
+    {name: ms}."""
+    samples: dict = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            with tempfile.TemporaryDirectory() as tdir:
+                with jax.profiler.trace(tdir):
+                    jax.block_until_ready([fns[name](*args) for _ in range(calls)])
+                events = kernel_events(tdir).get(0, [])
+            if not events:
+                raise RuntimeError(f"{name}: the profiler recorded no GPU kernel")
+            samples[name].append(sum(e[2] - e[1] for e in events) / 1e6 / calls)
+    return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
 
 
 def dispatch_and_wall_ms(f, *args, calls: int = 20) -> tuple:
