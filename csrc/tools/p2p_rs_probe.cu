@@ -390,6 +390,102 @@ int main(int argc, char** argv) {
     };
   };
 
+  // Destination-major order (AsyncTP's): one GEMM over all M rows (batch 1) whose row bands are
+  // taken in the order "for rank d+1, d+2, ..., d+P-1, then d's own" (in this probe the rotation
+  // is a relabelling of random A rows; the library would visit the bands in that order). Step j
+  // sends band j to rank (d+1+j) % P as soon as its groups are done and receives the matching
+  // band from rank (d-1-j) % P: a permutation per step, one peer per GPU. The last band is d's
+  // own and needs no communication, so no collective tail follows the GEMM; only the local sum
+  // of the P bands does. Transport: ncclSend/ncclRecv (plain NCCL) or a copy-engine write to the
+  // peer (as `direct`). `sub` groups per band.
+  auto dm_args = [&](int d, int sub, int sm_budget) {
+    fo_jax::SignalingGemmArgs g;
+    g.dtype = fo_jax::GemmDtype::kBF16;
+    g.m = M; g.n = N; g.k = K; g.batch = 1;
+    g.a = dev[d].a; g.b = dev[d].b; g.d = dev[d].send;
+    g.sm_budget = sm_budget;
+    g.config = fo_jax::SelectGemmConfig(g.dtype, M, N, K, 1, sm_budget);
+    const int tm = fo_jax::GetGemmConfig(g.config).tile_m;
+    const int tiles_band = m / tm;  // m % tm == 0 for the shapes used here (checked below)
+    g.num_groups = P * sub;
+    for (int i = 0; i <= P * sub; ++i)
+      g.group_begin[i] = (i / sub) * tiles_band + int(int64_t(tiles_band) * (i % sub) / sub);
+    g.counters = dev[d].ctr;
+    g.zero_counters_on_launch = true;
+    g.after_zero_event = dev[d].ready;
+    return g;
+  };
+  auto dm = [&](int sub, int sm_budget, bool ce) {
+    return [&, sub, sm_budget, ce] {
+      const uint32_t e = ++epoch;
+      std::vector<fo_jax::SignalingGemmArgs> args(P);
+      for (int d = 0; d < P; ++d) {
+        CK(cudaSetDevice(d));
+        args[d] = dm_args(d, sub, sm_budget);
+        if (tl && d == 0) tl->Mark("start", dev[0].gemm_s);
+        launch_gemm(d, args[d]);
+        if (tl && d == 0) tl->Mark("gemm_end", dev[0].gemm_s);
+        cudaStream_t s = ce ? dev[d].cp_s[0] : dev[d].nccl_s;
+        CK(cudaStreamWaitEvent(s, dev[d].ready, 0));
+        CK(cudaStreamWaitEvent(dev[d].red_s, dev[d].ready, 0));
+        if (ce)
+          for (int q = 0; q < P; ++q)
+            if (q != d) WaitGeq(s, dev[d].ack + q, e - 1);
+      }
+      for (int j = 0; j + 1 < P; ++j) {
+        for (int d = 0; d < P; ++d) {
+          CK(cudaSetDevice(d));
+          cudaStream_t s = ce ? dev[d].cp_s[0] : dev[d].nccl_s;
+          for (int g = j * sub; g < (j + 1) * sub; ++g)
+            WaitGeq(s, dev[d].ctr + g, uint32_t(fo_jax::ExpectedGroupCount(args[d], g)));
+          if (ce) {
+            const int to = (d + 1 + j) % P;
+            CK(cudaMemcpyAsync(dev[to].recv + j * band, dev[d].send + j * band, band * 2,
+                               cudaMemcpyDeviceToDevice, s));
+            WriteFlag(s, dev[to].flags + j * kMaxP, e);
+          }
+        }
+        if (!ce) {
+          NK(ncclGroupStart());
+          for (int d = 0; d < P; ++d) {
+            NK(ncclSend(dev[d].send + j * band, band, ncclBfloat16, (d + 1 + j) % P, dev[d].comm,
+                        dev[d].nccl_s));
+            NK(ncclRecv(dev[d].recv + j * band, band, ncclBfloat16, (d - 1 - j + P) % P,
+                        dev[d].comm, dev[d].nccl_s));
+          }
+          NK(ncclGroupEnd());
+        }
+        if (tl) { CK(cudaSetDevice(0)); tl->Mark("step" + std::to_string(j), ce ? dev[0].cp_s[0] : dev[0].nccl_s); }
+      }
+      for (int d = 0; d < P; ++d) {
+        CK(cudaSetDevice(d));
+        cudaStream_t s = ce ? dev[d].cp_s[0] : dev[d].nccl_s;
+        // recv + j * band holds the band rank (d-1-j) % P computed for d; send + (P-1) * band is d's own.
+        BandPtrs in{};
+        in.p[0] = dev[d].send + (P - 1) * band;
+        for (int j = 0; j + 1 < P; ++j) in.p[j + 1] = dev[d].recv + j * band;
+        for (int g = (P - 1) * sub; g < P * sub; ++g)
+          WaitGeq(dev[d].red_s, dev[d].ctr + g, uint32_t(fo_jax::ExpectedGroupCount(args[d], g)));
+        if (ce) {
+          for (int j = 0; j + 1 < P; ++j) WaitGeq(dev[d].red_s, dev[d].flags + j * kMaxP, e);
+        } else {
+          CK(cudaEventRecord(dev[d].cp_done[0], s));
+          CK(cudaStreamWaitEvent(dev[d].red_s, dev[d].cp_done[0], 0));
+        }
+        SumPtrs<<<2 * sms, 512, 0, dev[d].red_s>>>(in, dev[d].out, band, P);
+        CK(cudaGetLastError());
+        if (tl && d == 0) tl->Mark("sum", dev[0].red_s);
+        if (ce)
+          for (int q = 0; q < P; ++q)
+            if (q != d) WriteFlag(dev[d].red_s, dev[q].ack + d, e);
+        CK(cudaEventRecord(dev[d].done, dev[d].red_s));
+        CK(cudaStreamWaitEvent(dev[d].gemm_s, dev[d].done, 0));
+        CK(cudaEventRecord(dev[d].cp_done[1 % P], s));
+        CK(cudaStreamWaitEvent(dev[d].gemm_s, dev[d].cp_done[1 % P], 0));
+      }
+    };
+  };
+
   // Reference: one GEMM, then one ncclReduceScatter of the whole send buffer.
   gemm_only(0)();
   sync_all();
@@ -413,6 +509,36 @@ int main(int argc, char** argv) {
   ok &= check("direct pipeline, 8 groups, 116 SMs, 50 calls", direct(8, 116, 16, true, false), 50);
   ok &= check("direct pipeline, 4 groups, one copy stream", direct(4, 0, 2 * sms, true, true), 1);
   ok &= check("NCCL reduce-scatter pipeline, 4 groups", nccl_pipeline(4, 100), 1);
+  const int tm_dm = fo_jax::GetGemmConfig(dm_args(0, 1, 0).config).tile_m;
+  const bool dm_ok = m % tm_dm == 0;
+  if (dm_ok) {
+    // Reference for the destination-major layout: run its GEMM alone, put the bands back in rank
+    // order (into recv), one ncclReduceScatter into out_ref.
+    for (int d = 0; d < P; ++d) {
+      CK(cudaSetDevice(d));
+      fo_jax::SignalingGemmArgs g = dm_args(d, 1, 0);
+      g.counters = nullptr; g.zero_counters_on_launch = false; g.after_zero_event = nullptr;
+      launch_gemm(d, g);
+    }
+    sync_all();
+    for (int d = 0; d < P; ++d) {
+      CK(cudaSetDevice(d));
+      for (int j = 0; j < P; ++j)
+        CK(cudaMemcpy(dev[d].recv + size_t((d + 1 + j) % P) * band, dev[d].send + j * band,
+                      band * 2, cudaMemcpyDeviceToDevice));
+    }
+    NK(ncclGroupStart());
+    for (int d = 0; d < P; ++d)
+      NK(ncclReduceScatter(dev[d].recv, dev[d].out_ref, band, ncclBfloat16, ncclSum, dev[d].comm,
+                           dev[d].nccl_s));
+    NK(ncclGroupEnd());
+    sync_all();
+    ok &= check("destination-major, NCCL send/recv, 116 SMs, 20 calls", dm(1, 116, false), 20);
+    ok &= check("destination-major, copy engine, all SMs, 20 calls", dm(2, 0, true), 20);
+  } else {
+    std::printf("  (destination-major pipelines skipped: %d rows per rank not a multiple of %d)\n",
+                m, tm_dm);
+  }
   if (!ok) return 1;
   if (check_only) return 0;
 
@@ -445,6 +571,20 @@ int main(int argc, char** argv) {
               std::to_string(budget ? budget : sms) + ", sum grid " + std::to_string(grid) +
               ", one copy stream",
           direct(groups, budget, grid, true, true), true);
+    }
+  }
+  if (dm_ok) {
+    for (int budget : {100, 116, 124}) {
+      for (int sub : {1, 2}) {
+        add("destination-major NCCL send/recv: " + std::to_string(sub) + " groups per band, GEMM SMs " +
+                std::to_string(budget), dm(sub, budget, false), sub == 1);
+      }
+    }
+    for (int budget : {0, 124}) {
+      for (int sub : {1, 2}) {
+        add("destination-major copy engine: " + std::to_string(sub) + " groups per band, GEMM SMs " +
+                std::to_string(budget ? budget : sms), dm(sub, budget, true), sub == 1);
+      }
     }
   }
   add("NCCL RS pipeline (fo_jax today): 4 groups, GEMM SMs 100", nccl_pipeline(4, 100), false);
