@@ -146,6 +146,7 @@ struct Timeline {
 };
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a timeout kill through a pipe
   int M = 8192, N = 8192, K = 2048;
   if (argc >= 4) { M = std::atoi(argv[1]); N = std::atoi(argv[2]); K = std::atoi(argv[3]); }
   const bool check_only = argc >= 5 && std::string(argv[4]) == "--check-only";
@@ -475,9 +476,10 @@ int main(int argc, char** argv) {
         SumPtrs<<<2 * sms, 512, 0, dev[d].red_s>>>(in, dev[d].out, band, P);
         CK(cudaGetLastError());
         if (tl && d == 0) tl->Mark("sum", dev[0].red_s);
-        if (ce)
-          for (int q = 0; q < P; ++q)
-            if (q != d) WriteFlag(dev[d].red_s, dev[q].ack + d, e);
+        // Acknowledge in both transports: the epochs are shared with the copy-engine pipelines,
+        // whose senders wait for ack >= e - 1.
+        for (int q = 0; q < P; ++q)
+          if (q != d) WriteFlag(dev[d].red_s, dev[q].ack + d, e);
         CK(cudaEventRecord(dev[d].done, dev[d].red_s));
         CK(cudaStreamWaitEvent(dev[d].gemm_s, dev[d].done, 0));
         CK(cudaEventRecord(dev[d].cp_done[1 % P], s));
