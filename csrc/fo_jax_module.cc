@@ -1,13 +1,16 @@
 // The Python extension fo_jax._fo_jax_cuda: hands the FFI handler capsules to Python and answers
-// the few host-side questions the lowering needs (GEMM config table, NCCL unique ids).
+// the few host-side questions the lowering needs (GEMM config table, NCCL unique ids, peer
+// access between GPUs).
 // Python registers the capsules with jax.ffi.register_ffi_target (fo_jax/_cuda.py).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 #include <nccl.h>
 
 #include <stdexcept>
 #include <string>
 
+#include "comm/peer_transport.h"
 #include "ffi/gemm_ffi.h"
 #include "ffi/overlap_ffi.h"
 #include "ffi/scale_ffi.h"
@@ -71,6 +74,12 @@ NB_MODULE(_fo_jax_cuda, m) {
     }
     return nb::bytes(id.internal, sizeof(id.internal));
   });
+
+  // "" when every pair of these local GPUs can access each other's memory (the copy-engine
+  // transport's requirement), else why not.
+  m.def("peer_access_problem",
+        [](const std::vector<int>& ordinals) { return fo_jax::PeerAccessProblem(ordinals); },
+        nb::arg("ordinals"));
 
   m.def("nccl_version", []() {
     int v = 0;

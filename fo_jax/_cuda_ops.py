@@ -64,8 +64,11 @@ def _overlap_abstract_eval(x, w, *, result_avals, **_):
     return result_avals
 
 
+TRANSPORT_CODES = {"nccl": 0, "copy_engine": 1}
+
+
 def _overlap_lowering(ctx, x, w, *, result_avals, axis_name, collective, plan, nccl_max_ctas,
-                      spin_wait):
+                      spin_wait, transport):
     del result_avals
     fn = "fo_jax.overlapped_matmul"
     mesh = _bootstrap.concrete_mesh_of(ctx.module_context.axis_context, fn)
@@ -80,7 +83,8 @@ def _overlap_lowering(ctx, x, w, *, result_avals, axis_name, collective, plan, n
                 config=np.int32(plan.config_index),
                 group_begin=np.asarray(plan.group_begin, np.int32),
                 sm_budget=np.int32(plan.sm_budget), nccl_max_ctas=np.int32(nccl_max_ctas),
-                spin_wait=bool(spin_wait), **mesh_attrs)
+                spin_wait=bool(spin_wait), transport=np.int32(TRANSPORT_CODES[transport]),
+                **mesh_attrs)
 
 
 mlir.register_lowering(overlap_p, _overlap_lowering, platform="cuda")
@@ -88,8 +92,9 @@ mlir.register_lowering(overlap_p, _overlap_lowering, platform="cuda")
 
 def overlapped_matmul_cuda(x: jax.Array, w: jax.Array, axis_name: str, collective: str,
                            axis_size: int, plan: GemmPlan, nccl_max_ctas: int,
-                           spin_wait: bool = False) -> jax.Array:
-    """psum / psum_scatter of x @ w computed by the overlapped CUDA pipeline."""
+                           spin_wait: bool = False, transport: str = "nccl") -> jax.Array:
+    """psum / psum_scatter of x @ w computed by the overlapped CUDA pipeline (transport: "nccl"
+    or "copy_engine", see fo_jax/_transport.py; the plan must match it)."""
     _cuda.register_targets()
     m, n = x.shape[0], w.shape[1]
     rs = collective == "reduce_scatter"
@@ -99,10 +104,11 @@ def overlapped_matmul_cuda(x: jax.Array, w: jax.Array, axis_name: str, collectiv
     result_avals = (
         _result_aval(like, (m // axis_size if rs else m, n), x.dtype,
                      drop_axes=() if rs else (axis_name,)),
-        _result_aval(like, (m, n) if rs else (1,), x.dtype),  # group-major workspace
+        # workspace: the GEMM's output, group-major (NCCL) or in natural row order (copy engine)
+        _result_aval(like, (m, n) if rs else (1,), x.dtype),
         _result_aval(like, (plan.num_groups,), np.uint32),  # counters
     )
     outs = overlap_p.bind(x, w, result_avals=result_avals, axis_name=axis_name,
                           collective=collective, plan=plan, nccl_max_ctas=int(nccl_max_ctas),
-                          spin_wait=bool(spin_wait))
+                          spin_wait=bool(spin_wait), transport=transport)
     return outs[0]

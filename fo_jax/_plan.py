@@ -40,6 +40,10 @@ ALGBW = {"reduce_scatter": 330e9, "all_reduce": 180e9}
 # 4096x8192x2048 (estimated 0.21 ms) ran 1.00x (reduce-scatter) and 0.94x (all-reduce) of plain
 # JAX; 8192x8192x2048 (0.42 ms) and larger gained.
 MIN_GEMM_SECONDS = 250e-6
+# With the copy-engine transport the GEMM keeps every SM and no collective tail follows it: the
+# standalone probe (NOTES.md §6) measured 4096x8192x2048 reduce-scatter (estimated GEMM 0.18 ms)
+# at ~1.5x of plain JAX. Smaller calls were not measured; below this, plain XLA.
+MIN_GEMM_SECONDS_COPY_ENGINE = 100e-6
 
 
 def estimate_seconds(collective: str, m: int, n: int, k: int, itemsize: int = 2) -> tuple:

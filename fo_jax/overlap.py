@@ -7,8 +7,10 @@ the "fo_jax" logger at DEBUG level. Paths:
     in fp32 and rounds once, like the reference, without its extra conversion pass); taken by
     calls too small for the overlap to pay (see _plan.MIN_GEMM_SECONDS).
   - "cuda": fo_jax's own kernels through XLA FFI: the signaling GEMM, and for overlapped_matmul
-    the counter-gated NCCL collective. Chosen per lowering platform (jax.lax.platform_dependent):
-    CUDA devices run it, other platforms run the reference.
+    the counter-gated transport: copy-engine writes into the peers' memory for a reduce-scatter
+    where possible, NCCL collectives otherwise (fo_jax/_transport.py). Chosen per lowering
+    platform (jax.lax.platform_dependent): CUDA devices run it, other platforms run the
+    reference.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Optional
 
 import jax
 
-from fo_jax import _checks, _cuda, _plan, reference
+from fo_jax import _checks, _cuda, _plan, _transport, reference
 from fo_jax.autodiff import overlapped_matmul_vjp
 from fo_jax.config import OverlapConfig
 
@@ -37,6 +39,7 @@ class PathChoice:
     reason: str
     collective: Optional[str] = None
     axis_size: Optional[int] = None
+    transport: Optional[str] = None  # overlapped_matmul on the "cuda" path: "copy_engine" | "nccl"
 
 
 def _force_reference(config: Optional[OverlapConfig]) -> bool:
@@ -67,16 +70,23 @@ def _choose_path(op: str, dtype, config: Optional[OverlapConfig], m: int, n: int
     if platform is not None and platform not in ("gpu", "cuda"):
         return PathChoice(op, "reference", f"platform {platform!r}: the CUDA path runs only on "
                           "CUDA devices", **extra)
-    if op == "overlapped_matmul" and (config is None or config.allow_fallback):
+    how = ""
+    if op == "overlapped_matmul":
         rows = m * extra["axis_size"] if extra["collective"] == "reduce_scatter" else m
+        transport, how = _transport.choose("fo_jax.overlapped_matmul", extra["collective"],
+                                           extra["axis_size"], dtype, rows, n, k, config)
+        extra = dict(extra, transport=transport)
+        how = f"; {how}"
+        floor = (_plan.MIN_GEMM_SECONDS_COPY_ENGINE if transport == "copy_engine"
+                 else _plan.MIN_GEMM_SECONDS)
         t_gemm = _plan.estimate_seconds(extra["collective"], rows, n, k)[0]
-        if t_gemm < _plan.MIN_GEMM_SECONDS:
+        if (config is None or config.allow_fallback) and t_gemm < floor:
             return PathChoice(op, "xla", (
                 f"too small to gain from overlap (estimated GEMM {t_gemm * 1e6:.0f} us < "
-                f"{_plan.MIN_GEMM_SECONDS * 1e6:.0f} us): plain XLA dot + collective on CUDA "
+                f"{floor * 1e6:.0f} us): plain XLA dot + collective on CUDA "
                 "(reference elsewhere)"), **extra)
-    return PathChoice(op, "cuda", "fo_jax CUDA kernels on CUDA devices (reference elsewhere)",
-                      **extra)
+    return PathChoice(op, "cuda", "fo_jax CUDA kernels on CUDA devices (reference elsewhere)"
+                      + how, **extra)
 
 
 def _gemm_rows(x, collective: str, size: int) -> int:
@@ -149,16 +159,20 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
         batch = size if collective == "reduce_scatter" else 1
         d = _plan.overlap_defaults(collective, x.shape[0], w.shape[1], x.shape[1],
                                    dtype=dtype, tp=size)
-        plan = _plan.plan_gemm(fn, dtype, m, w.shape[1], x.shape[1], batch, config,
-                               d["num_groups"], -d["sms_for_nccl"], d.get("group_weights"))
+        if choice.transport == "copy_engine":
+            plan = _transport.copy_engine_plan(dtype, x.shape[0], w.shape[1], x.shape[1], size,
+                                               config)
+        else:
+            plan = _plan.plan_gemm(fn, dtype, m, w.shape[1], x.shape[1], batch, config,
+                                   d["num_groups"], -d["sms_for_nccl"], d.get("group_weights"))
         max_ctas = d["nccl_max_ctas"]
         if config is not None and config.nccl_max_ctas is not None:
             max_ctas = config.nccl_max_ctas
-        log.debug("%s: plan %s, groups %s, sm_budget %d, nccl_max_ctas %d", fn, plan.config_name,
-                  plan.group_begin, plan.sm_budget, max_ctas)
+        log.debug("%s: %s transport, plan %s, groups %s, sm_budget %d, nccl_max_ctas %d", fn,
+                  choice.transport, plan.config_name, plan.group_begin, plan.sm_budget, max_ctas)
         cuda = functools.partial(overlapped_matmul_cuda, axis_name=axis_name,
                                  collective=collective, axis_size=size, plan=plan,
-                                 nccl_max_ctas=max_ctas,
+                                 nccl_max_ctas=max_ctas, transport=choice.transport,
                                  spin_wait=os.environ.get("FO_JAX_SPIN_WAIT", "") == "1")
 
         def forward(x, w):

@@ -89,6 +89,73 @@ def test_explicit_partition_and_options():
         assert_close(out, x64 @ w64, jnp.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_reduce_scatter_transports_agree(dtype):
+    """Copy-engine and NCCL transports against the float64 product and each other; the copy
+    engine is the default where it can run."""
+    tp = _ntp()
+    mesh = _mesh(tp)
+    m, n, k = 512 * tp, 1024, 2048
+    rng = np.random.default_rng(7)
+    x, w, x64, w64 = random_operands(rng, m, k, n, dtype)
+    outs = {}
+    for transport in ("copy_engine", "nccl"):
+        cfg = fo_jax.OverlapConfig(transport=transport, allow_fallback=False)
+        f = _tp_fn(mesh, "reduce_scatter", config=cfg)
+        outs[transport] = f(x, w)
+        assert outs[transport].dtype == jnp.dtype(dtype)
+        assert_close(outs[transport], x64 @ w64, dtype)
+    assert_close(outs["copy_engine"], np.asarray(outs["nccl"].astype(jnp.float32)), dtype,
+                 factor=2.0)
+
+    def body(x, w):
+        choice = fo_jax.describe(x, w, axis_name="tp", collective="reduce_scatter",
+                                 config=NO_FALLBACK)
+        seen.append(choice)
+        return fo_jax.overlapped_matmul(x, w, axis_name="tp", collective="reduce_scatter",
+                                        config=NO_FALLBACK)
+
+    seen = []
+    jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)),
+                          out_specs=P("tp", None))).lower(x, w)
+    assert seen[0].path == "cuda" and seen[0].transport == "copy_engine", seen[0]
+
+
+def test_copy_engine_shapes_change_between_calls():
+    """The receive buffer grows when a larger call arrives (all ranks together) and smaller calls
+    reuse it; calls of different sizes interleave, back to back, without a hang."""
+    tp = _ntp()
+    mesh = _mesh(tp)
+    cfg = fo_jax.OverlapConfig(transport="copy_engine", allow_fallback=False)
+    f = _tp_fn(mesh, "reduce_scatter", config=cfg)
+    rng = np.random.default_rng(8)
+    cases = [random_operands(rng, rows * tp, 2048, 512, jnp.bfloat16) for rows in (256, 1024)]
+    outs = []
+    for i in range(60):
+        x, w, _, _ = cases[(i // 3) % 2]
+        outs.append(f(x, w))
+    jax.block_until_ready(outs)
+    for i in (-1, -4):
+        x, w, x64, w64 = cases[((60 + i) // 3) % 2]
+        assert_close(outs[i], x64 @ w64, jnp.bfloat16)
+
+
+def test_copy_engine_refusals_at_trace_time():
+    tp = _ntp()
+    mesh = _mesh(tp)
+    rng = np.random.default_rng(9)
+    cfg = fo_jax.OverlapConfig(transport="copy_engine", allow_fallback=False)
+    x, w, _, _ = random_operands(rng, 512 * tp, 1024, 512, jnp.bfloat16)
+    with pytest.raises(ValueError, match="reduce_scatter only"):
+        _tp_fn(mesh, "all_reduce", config=cfg).lower(x, w)
+    x, w, _, _ = random_operands(rng, 200 * tp, 1024, 512, jnp.bfloat16)  # 200 rows per rank
+    with pytest.raises(ValueError, match="not a multiple"):
+        _tp_fn(mesh, "reduce_scatter", config=cfg).lower(x, w)
+    grouped = fo_jax.OverlapConfig(transport="copy_engine", num_groups=3, allow_fallback=False)
+    with pytest.raises(ValueError, match="group partition"):
+        _tp_fn(mesh, "reduce_scatter", config=grouped).lower(x, w)
+
+
 def test_thousand_back_to_back_calls():
     tp = _ntp()
     mesh = _mesh(tp)

@@ -147,6 +147,9 @@ def test_config_is_static_and_validated():
         fo_jax.OverlapConfig(num_groups=0)
     with pytest.raises(ValueError, match="group_tile_rows"):
         fo_jax.OverlapConfig(group_tile_rows=(1, -1))
+    with pytest.raises(ValueError, match="transport"):
+        fo_jax.OverlapConfig(transport="nvlink")
+    assert fo_jax.OverlapConfig(transport="copy_engine").transport == "copy_engine"
     mesh = cpu_mesh((2,), ("tp",))
     rng = np.random.default_rng(2)
     x, w, x64, w64 = random_operands(rng, 16, 32, 8, jnp.float32)

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <memory>
 #include <string>
 
 namespace fo_jax {
@@ -20,6 +21,8 @@ struct CommOptions {
   int cga_cluster_size = 1;
 };
 
+struct PeerState;  // comm/peer_transport.h
+
 struct CommState {
   int device = -1;
   int nranks = 0;
@@ -28,6 +31,7 @@ struct CommState {
   cudaStream_t stream = nullptr;       // comm stream, highest priority
   cudaEvent_t inputs_ready = nullptr;  // recorded on XLA's stream, waited on by the comm stream
   cudaEvent_t comm_done = nullptr;     // recorded on the comm stream, waited on by XLA's stream
+  std::shared_ptr<PeerState> peer;     // copy-engine transport, created on its first use
 };
 
 // Returns the state for this key, creating it (blocking until every rank of the group joined)

@@ -9,6 +9,7 @@ namespace fo_jax {
 namespace {
 
 using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
 // One thread polls the counter with acquire loads. The volatile-free acquire load keeps the
 // compiler from hoisting it; the acquire orders this stream's later work after the producer's
@@ -23,6 +24,7 @@ __global__ void SpinWaitGeqKernel(const uint32_t* counter, uint32_t value) {
 }
 
 WaitValue32Fn g_wait_value32 = nullptr;
+WriteValue32Fn g_write_value32 = nullptr;
 std::once_flag g_resolve_once;
 
 void ResolveWaitValue32() {
@@ -34,6 +36,14 @@ void ResolveWaitValue32() {
     g_wait_value32 = reinterpret_cast<WaitValue32Fn>(fn);
   } else {
     (void)cudaGetLastError();  // leave no sticky error behind; the spin kernel takes over
+  }
+  fn = nullptr;
+  if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault,
+                                       &status) == cudaSuccess &&
+      status == cudaDriverEntryPointSuccess) {
+    g_write_value32 = reinterpret_cast<WriteValue32Fn>(fn);
+  } else {
+    (void)cudaGetLastError();  // only the copy-engine transport needs it; it reports the lack
   }
 }
 
@@ -61,6 +71,20 @@ cudaError_t EnqueueWaitGeq(cudaStream_t stream, const uint32_t* counter, uint32_
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess && error) *error = "launching the spin-wait kernel failed";
   return err;
+}
+
+cudaError_t EnqueueWriteValue(cudaStream_t stream, uint32_t* address, uint32_t value,
+                              std::string* error) {
+  if (g_write_value32 == nullptr) {
+    if (error) *error = "the CUDA driver offers no cuStreamWriteValue32";
+    return cudaErrorNotSupported;
+  }
+  CUresult r = g_write_value32(reinterpret_cast<CUstream>(stream),
+                               reinterpret_cast<CUdeviceptr>(address), value,
+                               CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (r == CUDA_SUCCESS) return cudaSuccess;
+  if (error) *error = "cuStreamWriteValue32 failed with CUresult " + std::to_string(r);
+  return cudaErrorUnknown;
 }
 
 }  // namespace fo_jax

@@ -11,11 +11,19 @@
 
 namespace fo_jax {
 
-// Loads the spin kernel and resolves cuStreamWaitValue32 for the current device. Idempotent.
+// Loads the spin kernel and resolves cuStreamWaitValue32 / cuStreamWriteValue32 for the current
+// device. Idempotent.
 cudaError_t PrepareStreamWait(std::string* error);
 
 // Enqueues on `stream`: wait until *counter >= value. `use_spin_kernel` forces the fallback.
 cudaError_t EnqueueWaitGeq(cudaStream_t stream, const uint32_t* counter, uint32_t value,
                            bool use_spin_kernel, std::string* error);
+
+// Enqueues on `stream`: *address = value (cuStreamWriteValue32; no SM). The driver fences the
+// stream's earlier memory operations before the write ("similar semantics to
+// __threadfence_system()"), so a consumer that sees the value also sees the data the stream wrote
+// before it, e.g. a copy into a peer GPU's memory. `address` may be a peer GPU's memory.
+cudaError_t EnqueueWriteValue(cudaStream_t stream, uint32_t* address, uint32_t value,
+                              std::string* error);
 
 }  // namespace fo_jax

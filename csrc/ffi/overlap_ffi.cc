@@ -1,6 +1,8 @@
 // fo_jax_overlapped_matmul_ffi: one call = zero counters, signaling GEMM on XLA's stream,
-// counter-gated NCCL per group on the comm stream, join. The mesh table attributes say which
-// rank of which tensor-parallel group this device is; the communicator is created on first use.
+// counter-gated NCCL per group on the comm stream, join; or, with the copy-engine transport
+// (reduce-scatter), the GEMM in destination-band order and counter-gated copies into the peers'
+// memory plus a band sum (comm/peer_transport.h). The mesh table attributes say which rank of
+// which tensor-parallel group this device is; the communicator is created on first use.
 #include "ffi/overlap_ffi.h"
 
 #include <cuda_runtime.h>
@@ -11,6 +13,7 @@
 
 #include "comm/comm_registry.h"
 #include "comm/gated_collectives.h"
+#include "comm/peer_transport.h"
 #include "ffi/ffi_status.h"
 #include "ffi/gemm_plan.h"
 #include "kernels/signaling_gemm.h"
@@ -48,7 +51,8 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
                        ffi::Result<ffi::Buffer<ffi::U32>> counters, int32_t collective,
                        int32_t config, ffi::Span<const int32_t> group_begin, int32_t sm_budget,
-                       int32_t nccl_max_ctas, bool spin_wait, int32_t nranks, int32_t process,
+                       int32_t nccl_max_ctas, bool spin_wait, int32_t transport,
+                       int32_t nranks, int32_t process,
                        ffi::Span<const int32_t> mesh_process, ffi::Span<const int32_t> mesh_local,
                        ffi::Span<const int32_t> mesh_rank, ffi::Span<const int32_t> mesh_group,
                        ffi::Span<const uint8_t> unique_ids) {
@@ -92,9 +96,17 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   msg = CommAsyncError(*state);
   if (!msg.empty()) return ffi::Error::Internal("fo_jax: " + msg);
 
+  if (transport != 0 && transport != 1) return ffi::Error::InvalidArgument("transport");
+  const bool copy_engine = transport == 1;
+  if (copy_engine && !rs) {
+    return ffi::Error::InvalidArgument("fo_jax: the copy-engine transport is reduce-scatter only");
+  }
+
   SignalingGemmArgs args;
   args.dtype = dt == ffi::DataType::BF16 ? GemmDtype::kBF16 : GemmDtype::kF16;
-  args.batch = rs ? nranks : 1;
+  // NCCL reduce-scatter: batch = P bands written group-major (DESIGN.md). Copy engine: one
+  // batch over all M rows in natural order, visited by destination band (rotation below).
+  args.batch = rs && !copy_engine ? nranks : 1;
   args.m = static_cast<int>(M / args.batch);
   args.n = static_cast<int>(N);
   args.k = static_cast<int>(K);
@@ -109,6 +121,38 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     return ffi::Error::InvalidArgument("fo_jax: counters must have one entry per group");
   }
   args.counters = counters->typed_data();
+  PeerReduceScatterArgs peer;
+  if (copy_engine) {
+    // One group per destination band, in visit order; the rotation makes logical band j the
+    // physical band (rank + 1 + j) % P, so the own band (logical P - 1) comes last.
+    const int cfg = config >= 0 ? config
+                                : SelectGemmConfig(args.dtype, args.m, args.n, args.k, 1,
+                                                   args.sm_budget);
+    const GemmTileConfig& c = GetGemmConfig(cfg);
+    const int64_t band_rows = M / nranks;
+    const int tiles_band = static_cast<int>(band_rows / c.tile_m);
+    bool bands = nranks <= kMaxPeerRanks && band_rows % (int64_t(c.tile_m) * c.cluster_m) == 0 &&
+                 args.num_groups == nranks;
+    for (int j = 0; bands && j <= nranks; ++j) bands = args.group_begin[j] == j * tiles_band;
+    if (!bands) {
+      return ffi::Error::InvalidArgument(
+          "fo_jax: the copy-engine transport needs one group per rank's band and M / P a "
+          "multiple of tile_m * cluster_m of config " + std::string(c.name));
+    }
+    args.config = cfg;
+    args.rotate_tile_rows = ((me.rank + 1) % nranks) * tiles_band;
+    peer.dtype = args.dtype;
+    peer.workspace = args.d;
+    peer.out = out->untyped_data();
+    peer.band_elems = static_cast<size_t>(band_rows * N);
+    peer.counters = args.counters;
+    for (int j = 0; j < nranks; ++j) {
+      peer.expected[j] = static_cast<uint32_t>(ExpectedGroupCount(args, j));
+    }
+    peer.spin_wait = spin_wait;
+    msg = PreparePeerTransport(*state, (nranks - 1) * peer.band_elems * 2);
+    if (!msg.empty()) return ffi::Error::Internal("fo_jax: " + msg);
+  }
 
   // Stream order on XLA's stream: zero counters -> inputs_ready -> GEMM, the first two issued by
   // the launcher right before the kernel, after its host-side setup (measured: zeroing first
@@ -118,6 +162,11 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   args.after_zero_event = state->inputs_ready;
   cudaError_t err = LaunchSignalingGemm(stream, args, &msg);
   if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: GEMM launch: " + msg);
+  if (copy_engine) {
+    err = EnqueuePeerReduceScatter(*state, stream, peer, &msg);
+    if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: copy-engine transport: " + msg);
+    return ffi::Error::Success();
+  }
   const ncclDataType_t nccl_dt = dt == ffi::DataType::BF16 ? ncclBfloat16 : ncclFloat16;
   err = EnqueueGatedCollectives(*state, stream, kind, nccl_dt, args.d, out->untyped_data(), 2,
                                 args.counters, CollectiveSpans(args, kind), spin_wait, &msg);
@@ -144,6 +193,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int32_t>("sm_budget")                      // GEMM SMs (0: all)
         .Attr<int32_t>("nccl_max_ctas")                  // NCCL CTA bound (0: default)
         .Attr<bool>("spin_wait")                         // spin kernel instead of WaitValue32
+        .Attr<int32_t>("transport")                      // 0 NCCL, 1 copy engine (RS only)
         .Attr<int32_t>("nranks")                         // axis size
         .Attr<int32_t>("process")                        // this process's index
         .Attr<ffi::Span<const int32_t>>("mesh_process")  // per mesh device: process index

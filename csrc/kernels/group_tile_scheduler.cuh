@@ -35,6 +35,8 @@ struct GroupTable {
   int tiles_n = 1;
   int batch = 1;
   int swizzle = 1;
+  int tiles_m = 1;
+  int rotate = 0;  // tile-rows; logical tile-row t runs at physical (t + rotate) % tiles_m
   int sgroup_begin[kMaxGemmGroups + 1] = {};
   int unit_start[kMaxGemmGroups + 1] = {};
 };
@@ -202,7 +204,12 @@ class GroupOrderedScheduler {
     const int col = rem / h;
     const int l = seq / srows;
     const int srow = t.sgroup_begin[g] + (seq - l * srows);
-    return {srow * kClusterM + cta_m_in_cluster_, col, l, true};
+    int row = srow * kClusterM;  // rotate and tiles_m are multiples of kClusterM: a cluster's
+    if (t.rotate != 0) {         // tile-rows stay together
+      row += t.rotate;
+      if (row >= t.tiles_m) row -= t.tiles_m;
+    }
+    return {row + cta_m_in_cluster_, col, l, true};
   }
 
   Params const* params_ = nullptr;

@@ -63,6 +63,13 @@ struct SignalingGemmArgs {
   int config = -1;               // index into the table; -1: SelectGemmConfig
   // Additions (kernel library, optional):
   int raster_swizzle = 0;  // tile-rows per raster chunk within a group (L2 reuse of B); 0: 8
+  // Tile-row rotation (batch 1 only): the group table and the visit order refer to logical
+  // tile-rows t = 0 .. tiles_m-1, and logical tile-row t is computed from and stored to the
+  // physical tile-row (t + rotate_tile_rows) % tiles_m; the output stays in natural row order.
+  // The copy-engine reduce-scatter uses it to visit the band for rank r+1 first and its own
+  // band last. Requires m % tile_m == 0 and rotate_tile_rows and tiles_m multiples of the
+  // config's cluster_m.
+  int rotate_tile_rows = 0;
   // 0 (default): a CTA adds its consecutive tiles of one group in one release-add when it moves
   // to another group or finishes (cooperative configs; ping-pong signals each tile): the counter
   // may jump by more than 1, completion (counter == expected) is unchanged and not later.

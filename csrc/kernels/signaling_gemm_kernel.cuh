@@ -33,6 +33,7 @@ struct EpilogueParams {
   uint32_t* counters = nullptr;
   int m = 0, n = 0, batch = 1;
   int tiles_m = 0;
+  int rotate = 0;  // tile-rows (batch 1): the tile coordinate is physical, groups are logical
   int num_groups = 1;
   // 0: per group, deferred: consecutive tiles of one group in this CTA are added together when
   //    the CTA's next tile belongs to another group (or at the end); 1: each tile right after its
@@ -195,7 +196,11 @@ class SignalingTmaEpilogue
     EpilogueParams const& p = *p_;
     auto result = cute::make_tuple(load_state, store_state);
 
-    const int m_idx = int(get<0>(tile_coord));
+    const int m_phys = int(get<0>(tile_coord));
+    // Logical tile-row (what the group table counts); equal to the physical one unless rotated.
+    const int m_idx = p.rotate == 0 ? m_phys
+                                    : (m_phys >= p.rotate ? m_phys - p.rotate
+                                                          : m_phys + p.tiles_m - p.rotate);
     const int n_idx = int(get<1>(tile_coord));
     const int l_idx = int(get<3>(tile_coord));
     const bool valid = m_idx < p.tiles_m;
@@ -207,8 +212,10 @@ class SignalingTmaEpilogue
       const int r0 = min(p.group_begin[g] * kTileM, p.m);
       const int r1 = min(p.group_begin[g + 1] * kTileM, p.m);
       const int valid_rows = min(kTileM, r1 - i0);
+      // Rotated (batch 1, full tiles): the tile goes back to its physical rows.
       const int64_t dst_row0 =
-          int64_t(p.batch) * r0 + int64_t(l_idx) * (r1 - r0) + (i0 - r0);
+          p.rotate != 0 ? int64_t(m_phys) * kTileM
+                        : int64_t(p.batch) * r0 + int64_t(l_idx) * (r1 - r0) + (i0 - r0);
       const bool use_tma =
           (dst_row0 % kTileM) == 0 && (valid_rows == kTileM || p.batch == 1);
       // Mode 3: signal the earlier tiles after this tile's stores are issued, waiting only for
@@ -432,6 +439,8 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   table.batch = a.batch;
   int swizzle = a.raster_swizzle > 0 ? a.raster_swizzle : 8;
   table.swizzle = swizzle;
+  table.tiles_m = tiles_m;
+  table.rotate = a.rotate_tile_rows;
   table.unit_start[0] = 0;
   for (int g = 0; g <= a.num_groups; ++g) {
     table.sgroup_begin[g] = (a.group_begin[g] + kCM - 1) / kCM;
@@ -448,6 +457,7 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   epi.n = a.n;
   epi.batch = a.batch;
   epi.tiles_m = tiles_m;
+  epi.rotate = a.rotate_tile_rows;
   epi.num_groups = a.num_groups;
   epi.signal_mode = a.signal_mode;
   for (int g = 0; g <= a.num_groups; ++g) epi.group_begin[g] = a.group_begin[g];

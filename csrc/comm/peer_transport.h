@@ -1,0 +1,75 @@
+// The copy-engine reduce-scatter (benchmarks/NOTES.md §6): instead of NCCL's collective kernels,
+// the bytes move as copy-engine writes straight into the other GPUs' memory, so the GEMM keeps
+// every SM. Rank r's GEMM visits its output by destination band: r+1, r+2, ..., r+P-1, then its
+// own band last (a tile-row rotation). Step j copies the whole band for rank (r+1+j) % P into that
+// rank's receive slot j as soon as the band's counter is full; all ranks together form a
+// permutation per step (each GPU sends to one peer and receives from one). The own band needs no
+// communication; a band-sum kernel on XLA's stream adds the P - 1 received bands to it.
+//
+// Synchronization uses stream memory operations only (no SM): cuStreamWaitValue32 on the GEMM's
+// counters and on arrival flags, cuStreamWriteValue32 to a peer's flag after the copy (the write
+// fences the copy: stream_wait.h). Flags carry a per-call epoch, so they are never reset; an
+// acknowledgement word per sender (written after the band sum) keeps a sender from overwriting a
+// receive slot that its owner still reads from the previous call.
+//
+// Scope: all ranks of the group in one process (JAX's one-process-per-host mode) with peer access
+// between every pair of GPUs (NVLink/NVSwitch machines); otherwise the NCCL transport is used.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/comm_registry.h"
+#include "kernels/signaling_gemm.h"
+
+namespace fo_jax {
+
+constexpr int kMaxPeerRanks = 16;
+
+// Per communicator (CommState::peer): receive buffer, flags, the peers' addresses, a copy stream.
+struct PeerState {
+  cudaStream_t copy_stream = nullptr;  // highest priority
+  cudaEvent_t copies_done = nullptr;
+  // sync[j] (j < P - 1): epoch of the band that arrived in receive slot j;
+  // sync[kMaxPeerRanks + q]: last epoch in which rank q finished reading its receive slots.
+  uint32_t* sync = nullptr;
+  void* recv = nullptr;  // P - 1 receive slots of one band each
+  size_t recv_bytes = 0;
+  void* exchange = nullptr;  // device scratch for the address all-gather
+  void* peer_recv[kMaxPeerRanks] = {};
+  uint32_t* peer_sync[kMaxPeerRanks] = {};
+  uint32_t epoch = 0;
+};
+
+// "" when every ordered pair of these local device ordinals has peer access, else why not.
+std::string PeerAccessProblem(const std::vector<int>& ordinals);
+
+struct PeerReduceScatterArgs {
+  GemmDtype dtype = GemmDtype::kBF16;
+  const void* workspace = nullptr;  // [P * band rows, N], natural row order (the GEMM's output)
+  void* out = nullptr;              // [band rows, N]
+  size_t band_elems = 0;            // band rows * N
+  const uint32_t* counters = nullptr;  // one per band, in visit order (step j = counters[j])
+  uint32_t expected[kMaxPeerRanks] = {};
+  bool spin_wait = false;
+};
+
+// Before the call's GEMM: on first use (and when a larger band arrives) allocates the receive
+// buffer for `bytes` (never freed: cudaFree would synchronize the device) and exchanges addresses
+// with the other ranks over the communicator: collective, blocks until every rank arrives (all
+// ranks make the same calls in the same order). "" or why it failed.
+std::string PreparePeerTransport(CommState& state, size_t bytes);
+
+// Precondition (caller, on `xla_stream`): PreparePeerTransport for (P - 1) * band bytes, counters
+// zeroed, state.inputs_ready recorded, then the GEMM launched with rotate_tile_rows =
+// ((rank + 1) % P) * band tile-rows and one group per band. Enqueues the copies on the copy
+// stream and the waits, band sum and acknowledgements on `xla_stream`, which finally waits for
+// the copy stream.
+cudaError_t EnqueuePeerReduceScatter(CommState& state, cudaStream_t xla_stream,
+                                     const PeerReduceScatterArgs& args, std::string* error);
+
+}  // namespace fo_jax

@@ -1,0 +1,96 @@
+// See band_sum.h.
+#include "kernels/band_sum.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace fo_jax {
+namespace {
+
+struct Parts {
+  const void* p[kMaxBandSumParts];
+};
+
+__device__ __forceinline__ float2 ToFloat2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ float2 ToFloat2(__half2 v) { return __half22float2(v); }
+template <class T2>
+__device__ __forceinline__ T2 FromFloat2(float2 v);
+template <>
+__device__ __forceinline__ __nv_bfloat162 FromFloat2(float2 v) { return __float22bfloat162_rn(v); }
+template <>
+__device__ __forceinline__ __half2 FromFloat2(float2 v) { return __float22half2_rn(v); }
+
+// Grid-stride over 16-byte vectors (8 values); every part is read once, out written once.
+template <class T2>
+__global__ void BandSumKernel(Parts parts, int nparts, void* out, size_t vectors) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < vectors;
+       i += size_t(gridDim.x) * blockDim.x) {
+    float2 acc[4] = {};
+    for (int p = 0; p < nparts; ++p) {
+      const uint4 v = reinterpret_cast<const uint4*>(parts.p[p])[i];
+      const T2* h = reinterpret_cast<const T2*>(&v);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = ToFloat2(h[j]);
+        acc[j].x += f.x;
+        acc[j].y += f.y;
+      }
+    }
+    uint4 o;
+    T2* oh = reinterpret_cast<T2*>(&o);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) oh[j] = FromFloat2<T2>(acc[j]);
+    reinterpret_cast<uint4*>(out)[i] = o;
+  }
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* const* parts,
+                          int nparts, void* out, size_t count, std::string* error) {
+  if (nparts < 1 || nparts > kMaxBandSumParts || count % 8 != 0 || !Aligned16(out)) {
+    if (error) *error = "band sum: bad part count, size or alignment";
+    return cudaErrorInvalidValue;
+  }
+  Parts in{};
+  for (int p = 0; p < nparts; ++p) {
+    if (!Aligned16(parts[p])) {
+      if (error) *error = "band sum: part not 16-byte aligned";
+      return cudaErrorInvalidValue;
+    }
+    in.p[p] = parts[p];
+  }
+  const size_t vectors = count / 8;
+  int device = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) {
+    if (error) *error = "band sum: device query";
+    return e;
+  }
+  // Memory-bound: two 512-thread blocks per SM saturate HBM; fewer blocks for small bands.
+  const size_t want = (vectors + 511) / 512;
+  const int blocks = static_cast<int>(want < size_t(2 * sms) ? (want > 0 ? want : 1) : 2 * sms);
+  if (dtype == GemmDtype::kBF16) {
+    BandSumKernel<__nv_bfloat162><<<blocks, 512, 0, stream>>>(in, nparts, out, vectors);
+  } else {
+    BandSumKernel<__half2><<<blocks, 512, 0, stream>>>(in, nparts, out, vectors);
+  }
+  e = cudaGetLastError();
+  if (e != cudaSuccess && error) *error = std::string("band sum launch: ") + cudaGetErrorString(e);
+  return e;
+}
+
+cudaError_t LoadBandSumKernels(std::string* error) {
+  cudaFuncAttributes attr;
+  cudaError_t e = cudaFuncGetAttributes(&attr, BandSumKernel<__nv_bfloat162>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, BandSumKernel<__half2>);
+  if (e != cudaSuccess && error) *error = "loading the band-sum kernels failed";
+  return e;
+}
+
+}  // namespace fo_jax

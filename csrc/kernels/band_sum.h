@@ -1,0 +1,26 @@
+// out = sum of P equally sized bands (the local half of the copy-engine reduce-scatter: this
+// rank's own band of the GEMM output plus the bands the other ranks copied into its receive
+// buffer), accumulated in fp32 and rounded once, like the GEMM.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+
+#include "kernels/signaling_gemm.h"
+
+namespace fo_jax {
+
+constexpr int kMaxBandSumParts = 16;
+
+// Enqueues out[i] = sum_{p < nparts} parts[p][i] for i < count on `stream`. count % 8 == 0 and
+// every pointer 16-byte aligned (checked); 1 <= nparts <= kMaxBandSumParts.
+cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* const* parts,
+                          int nparts, void* out, size_t count, std::string* error);
+
+// Loads both instantiations into the current device's context (lazy loading would otherwise
+// serialize their first launch behind the running GEMM: DESIGN.md). Idempotent.
+cudaError_t LoadBandSumKernels(std::string* error);
+
+}  // namespace fo_jax

@@ -1,0 +1,98 @@
+"""Which transport carries an overlapped reduce-scatter: NCCL's collectives, or copy-engine writes
+straight into the other GPUs' memory (csrc/comm/peer_transport.h; benchmarks/NOTES.md §6).
+
+The copy-engine transport lets the GEMM keep every SM and, with the GEMM visiting its output by
+destination band (own band last), leaves no collective tail after the GEMM. It needs: a
+reduce-scatter; every rank of the axis in this process (JAX's one-process-per-host mode); peer
+access between every pair of this process's GPUs (NVLink / NVSwitch machines); 2 to 16 ranks;
+rows per rank a multiple of the GEMM tile's rows times its cluster; fo_jax's one group per band
+(no user group partition). `OverlapConfig.transport` forces either; unset, the copy engine is
+used where it can be, NCCL elsewhere.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from fo_jax import _cuda, _plan
+from fo_jax.config import OverlapConfig
+
+MAX_RANKS = 16  # kMaxPeerRanks in csrc/comm/peer_transport.h
+
+
+@functools.lru_cache(maxsize=None)
+def _peer_access_problem(ordinals: tuple) -> str:
+    return str(_cuda.module().peer_access_problem(list(ordinals)))
+
+
+def _local_gpu_ordinals() -> tuple:
+    return tuple(sorted(d.local_hardware_id for d in jax.local_devices()
+                        if d.platform == "gpu"))
+
+
+def _config_index(dtype, m_total: int, n: int, k: int, config: Optional[OverlapConfig]) -> int:
+    table = _plan.gemm_configs()
+    if config is not None and config.gemm_config is not None:
+        names = [c["name"] for c in table]
+        if config.gemm_config in names:
+            return names.index(config.gemm_config)
+    sm = config.sm_budget if config is not None and config.sm_budget is not None else 0
+    return int(_cuda.module().select_gemm_config(_plan.DTYPE_CODES[jnp.dtype(dtype)], m_total,
+                                                 n, k, 1, sm))
+
+
+def copy_engine_problem(collective: str, size: int, dtype, m_total: int, n: int, k: int,
+                        config: Optional[OverlapConfig]) -> Optional[str]:
+    """Why the copy-engine transport cannot take this call (m_total: rows of x), or None."""
+    if collective != "reduce_scatter":
+        return "the copy-engine transport carries reduce_scatter only"
+    if not 2 <= size <= MAX_RANKS:
+        return f"the copy-engine transport needs 2 to {MAX_RANKS} ranks, the axis has {size}"
+    if jax.process_count() != 1:
+        return ("the copy-engine transport needs every rank in one process (this program runs "
+                f"{jax.process_count()} processes)")
+    if config is not None and (config.num_groups is not None or config.group_tile_rows is not None):
+        return "a group partition was given (the copy-engine transport uses one group per rank)"
+    c = _plan.gemm_configs()[_config_index(dtype, m_total, n, k, config)]
+    unit = c["tile_m"] * c["cluster_m"]
+    if (m_total // size) % unit:
+        return (f"rows per rank ({m_total // size}) are not a multiple of {unit} (tile rows x "
+                f"cluster of GEMM config {c['name']})")
+    problem = _peer_access_problem(_local_gpu_ordinals())
+    if problem:
+        return f"no peer access between this process's GPUs ({problem})"
+    return None
+
+
+def choose(fn: str, collective: str, size: int, dtype, m_total: int, n: int, k: int,
+           config: Optional[OverlapConfig]) -> tuple:
+    """("copy_engine" | "nccl", why). Raises ValueError when the copy engine is requested but
+    cannot take the call."""
+    requested = config.transport if config is not None else None
+    if requested == "nccl":
+        return "nccl", "NCCL transport (requested)"
+    problem = copy_engine_problem(collective, size, dtype, m_total, n, k, config)
+    if requested == "copy_engine":
+        if problem is not None:
+            raise ValueError(f"{fn}: OverlapConfig(transport='copy_engine'): {problem}")
+        return "copy_engine", "copy-engine transport (requested)"
+    if problem is None:
+        return "copy_engine", "copy-engine transport (GEMM on every SM, no collective tail)"
+    return "nccl", f"NCCL transport ({problem})"
+
+
+def copy_engine_plan(dtype, m_total: int, n: int, k: int, size: int,
+                     config: Optional[OverlapConfig]) -> _plan.GemmPlan:
+    """The GEMM plan of a copy-engine call: all M rows in one batch, one group per rank's band
+    (the kernel visits them rotated so that the own band comes last), every SM unless
+    config.sm_budget says otherwise."""
+    index = _config_index(dtype, m_total, n, k, config)
+    c = _plan.gemm_configs()[index]
+    tiles_band = (m_total // size) // c["tile_m"]
+    bounds = tuple(j * tiles_band for j in range(size + 1))
+    sm = config.sm_budget if config is not None and config.sm_budget is not None else 0
+    return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm)
