@@ -41,7 +41,8 @@ for step in "$@"; do
              --out "$OUT/train_tp_mlp.jsonl" 2>&1 | tail -14 || rc=1; done;;
     test-overlap) timeout 560 python3 -m pytest -q -x -rs --timeout 150 -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/test_overlap_gpu.py" 2>&1 | tee -a "$OUT/tests.log" | tail -30 || rc=1;;
     bench-gemm) python3 "$R/benchmarks/bench_gemm.py" --out "$OUT" 2>&1 | tail -22 || rc=1;;
-    bench-overlap) python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" 2>&1 | tail -22 || rc=1;;
+    bench-overlap) python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" ${COLLS:+--collectives $COLLS} \
+                     ${SHAPES:+--shapes $SHAPES} 2>&1 | tail -22 || rc=1;;
     bench-overlap-quick) python3 "$R/benchmarks/bench_overlap.py" --shapes 8192x8192x2048 --out "$OUT" --tag _quick 2>&1 | tail -16 || rc=1;;
     diag-overlap) for envs in "" "CUDA_MODULE_LOADING=EAGER" "FO_JAX_SPIN_WAIT=1"; do
           echo "--- env: $envs"; env $envs python3 "$R/benchmarks/bench_overlap.py" --shapes 8192x8192x2048 \

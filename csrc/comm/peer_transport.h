@@ -4,7 +4,8 @@
 // own band last (a tile-row rotation). Step j copies the whole band for rank (r+1+j) % P into that
 // rank's receive slot j as soon as the band's counter is full; all ranks together form a
 // permutation per step (each GPU sends to one peer and receives from one). The own band needs no
-// communication; a band-sum kernel on XLA's stream adds the P - 1 received bands to it.
+// communication; band-sum kernels on XLA's stream add the P - 1 received bands to it (those
+// already there while the last one is in flight, then the last).
 //
 // Synchronization uses stream memory operations only (no SM): cuStreamWaitValue32 on the GEMM's
 // counters and on arrival flags, cuStreamWriteValue32 to a peer's flag after the copy (the write
