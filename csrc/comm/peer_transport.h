@@ -57,6 +57,10 @@ struct PeerReduceScatterArgs {
   const uint32_t* counters = nullptr;  // one per band, in visit order (step j = counters[j])
   uint32_t expected[kMaxPeerRanks] = {};
   bool spin_wait = false;
+  // Sum the bands already received while the last one is still in flight (two passes: more
+  // memory traffic, but off the critical path when the last copy outlasts the GEMM). The caller
+  // sets it when the last band's copy is expected to end after the GEMM (short K).
+  bool split_sum = true;
 };
 
 // Before the call's GEMM: on first use (and when a larger band arrives) allocates the receive

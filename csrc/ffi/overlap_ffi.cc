@@ -150,6 +150,11 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
       peer.expected[j] = static_cast<uint32_t>(ExpectedGroupCount(args, j));
     }
     peer.spin_wait = spin_wait;
+    // Does the last band's copy (started when the GEMM is (P-1)/P done) end after the GEMM?
+    // Rough H100/H200 rates, as in fo_jax/_plan.py: ~780 TFLOP/s of GEMM, ~330 GB/s per copy.
+    const double gemm_s = 2.0 * double(M) * double(N) * double(K) / 780e12;
+    const double copy_s = double(peer.band_elems) * 2.0 / 330e9;
+    peer.split_sum = copy_s > gemm_s / nranks;
     msg = PreparePeerTransport(*state, (nranks - 1) * peer.band_elems * 2);
     if (!msg.empty()) return ffi::Error::Internal("fo_jax: " + msg);
   }
