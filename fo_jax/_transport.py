@@ -88,11 +88,14 @@ def choose(fn: str, collective: str, size: int, dtype, m_total: int, n: int, k: 
 def copy_engine_plan(dtype, m_total: int, n: int, k: int, size: int,
                      config: Optional[OverlapConfig]) -> _plan.GemmPlan:
     """The GEMM plan of a copy-engine call: all M rows in one batch, one group per rank's band
-    (the kernel visits them rotated so that the own band comes last), every SM unless
-    config.sm_budget says otherwise."""
+    (the kernel visits them rotated so that the own band comes last), the first band split in
+    two groups so that the chain of copies starts after half a band of GEMM work, every SM
+    unless config.sm_budget says otherwise."""
     index = _config_index(dtype, m_total, n, k, config)
     c = _plan.gemm_configs()[index]
     tiles_band = (m_total // size) // c["tile_m"]
     bounds = tuple(j * tiles_band for j in range(size + 1))
+    if tiles_band >= 2:
+        bounds = (0, tiles_band // 2) + bounds[1:]
     sm = config.sm_budget if config is not None and config.sm_budget is not None else 0
     return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm)

@@ -169,12 +169,27 @@ cudaError_t EnqueuePeerReduceScatter(CommState& s, cudaStream_t xla_stream,
     err = EnqueueWaitGeq(cs, acks + q, e - 1, a.spin_wait, error);
     if (err != cudaSuccess) return err;
   }
+  const size_t first_bytes = a.first_part_elems * 2;
+  const int shift = first_bytes > 0 ? 1 : 0;  // counter index of step j >= 1 is j + shift
   for (int j = 0; j + 1 < P; ++j) {
     const int to = (me + 1 + j) % P;
-    err = EnqueueWaitGeq(cs, a.counters + j, a.expected[j], a.spin_wait, error);
+    char* dst = static_cast<char*>(p.peer_recv[to]) + j * band_bytes;
+    const char* src = ws + to * band_bytes;
+    size_t done = 0;
+    if (j == 0 && first_bytes > 0) {  // the first band's first group, as soon as it is done
+      err = EnqueueWaitGeq(cs, a.counters, a.expected[0], a.spin_wait, error);
+      if (err != cudaSuccess) return err;
+      err = cudaMemcpyAsync(dst, src, first_bytes, cudaMemcpyDeviceToDevice, cs);
+      if (err != cudaSuccess) {
+        *error = Cuda("copy to the peer GPU", err);
+        return err;
+      }
+      done = first_bytes;
+    }
+    const int c = j == 0 ? shift : j + shift;
+    err = EnqueueWaitGeq(cs, a.counters + c, a.expected[c], a.spin_wait, error);
     if (err != cudaSuccess) return err;
-    err = cudaMemcpyAsync(static_cast<char*>(p.peer_recv[to]) + j * band_bytes,
-                          ws + to * band_bytes, band_bytes, cudaMemcpyDeviceToDevice, cs);
+    err = cudaMemcpyAsync(dst + done, src + done, band_bytes - done, cudaMemcpyDeviceToDevice, cs);
     if (err != cudaSuccess) {
       *error = Cuda("copy to the peer GPU", err);
       return err;

@@ -54,8 +54,12 @@ struct PeerReduceScatterArgs {
   const void* workspace = nullptr;  // [P * band rows, N], natural row order (the GEMM's output)
   void* out = nullptr;              // [band rows, N]
   size_t band_elems = 0;            // band rows * N
-  const uint32_t* counters = nullptr;  // one per band, in visit order (step j = counters[j])
-  uint32_t expected[kMaxPeerRanks] = {};
+  // One counter per band in visit order (step j waits counters[j]); with first_part_elems > 0
+  // the first band is two groups (counters 0 and 1, each copied as soon as it is done: the chain
+  // of copies starts after half a band of GEMM work) and step j >= 1 waits counters[j + 1].
+  const uint32_t* counters = nullptr;
+  uint32_t expected[kMaxPeerRanks + 1] = {};
+  size_t first_part_elems = 0;
   bool spin_wait = false;
   // Sum the bands already received while the last one is still in flight (two passes: more
   // memory traffic, but off the critical path when the last copy outlasts the GEMM). The caller

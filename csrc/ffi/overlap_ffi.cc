@@ -123,21 +123,27 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   args.counters = counters->typed_data();
   PeerReduceScatterArgs peer;
   if (copy_engine) {
-    // One group per destination band, in visit order; the rotation makes logical band j the
-    // physical band (rank + 1 + j) % P, so the own band (logical P - 1) comes last.
+    // One group per destination band, in visit order (optionally the first band as two groups);
+    // the rotation makes logical band j the physical band (rank + 1 + j) % P, so the own band
+    // (logical P - 1) comes last.
     const int cfg = config >= 0 ? config
                                 : SelectGemmConfig(args.dtype, args.m, args.n, args.k, 1,
                                                    args.sm_budget);
     const GemmTileConfig& c = GetGemmConfig(cfg);
     const int64_t band_rows = M / nranks;
     const int tiles_band = static_cast<int>(band_rows / c.tile_m);
+    const int split = args.num_groups == nranks + 1 ? 1 : 0;  // first band as two groups
     bool bands = nranks <= kMaxPeerRanks && band_rows % (int64_t(c.tile_m) * c.cluster_m) == 0 &&
-                 args.num_groups == nranks;
-    for (int j = 0; bands && j <= nranks; ++j) bands = args.group_begin[j] == j * tiles_band;
+                 (args.num_groups == nranks || split);
+    if (split) bands = bands && args.group_begin[1] > 0 && args.group_begin[1] < tiles_band;
+    for (int j = 1; bands && j <= nranks; ++j) {
+      bands = args.group_begin[j + split] == j * tiles_band;
+    }
     if (!bands) {
       return ffi::Error::InvalidArgument(
-          "fo_jax: the copy-engine transport needs one group per rank's band and M / P a "
-          "multiple of tile_m * cluster_m of config " + std::string(c.name));
+          "fo_jax: the copy-engine transport needs one group per rank's band (the first band "
+          "may be two) and M / P a multiple of tile_m * cluster_m of config " +
+          std::string(c.name));
     }
     args.config = cfg;
     args.rotate_tile_rows = ((me.rank + 1) % nranks) * tiles_band;
@@ -146,9 +152,11 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     peer.out = out->untyped_data();
     peer.band_elems = static_cast<size_t>(band_rows * N);
     peer.counters = args.counters;
-    for (int j = 0; j < nranks; ++j) {
-      peer.expected[j] = static_cast<uint32_t>(ExpectedGroupCount(args, j));
+    for (int g = 0; g < args.num_groups; ++g) {
+      peer.expected[g] = static_cast<uint32_t>(ExpectedGroupCount(args, g));
     }
+    peer.first_part_elems =
+        split ? static_cast<size_t>(args.group_begin[1]) * c.tile_m * static_cast<size_t>(N) : 0;
     peer.spin_wait = spin_wait;
     // Does the last band's copy (started when the GEMM is (P-1)/P done) end after the GEMM?
     // Rough H100/H200 rates, as in fo_jax/_plan.py: ~780 TFLOP/s of GEMM, ~330 GB/s per copy.
