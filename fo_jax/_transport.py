@@ -38,8 +38,10 @@ def _config_index(dtype, m_total: int, n: int, k: int, config: Optional[OverlapC
     table = _plan.gemm_configs()
     if config is not None and config.gemm_config is not None:
         names = [c["name"] for c in table]
-        if config.gemm_config in names:
-            return names.index(config.gemm_config)
+        if config.gemm_config not in names:
+            raise ValueError(f"fo_jax.overlapped_matmul: unknown gemm_config "
+                             f"{config.gemm_config!r}; compiled: {names}")
+        return names.index(config.gemm_config)
     sm = config.sm_budget if config is not None and config.sm_budget is not None else 0
     return int(_cuda.module().select_gemm_config(_plan.DTYPE_CODES[jnp.dtype(dtype)], m_total,
                                                  n, k, 1, sm))

@@ -129,3 +129,70 @@ def test_small_calls_take_the_plain_xla_path_on_cuda():
     cpu = overlap._choose_path("overlapped_matmul", bf16, None, 1024, 8192, 2048,
                                platform="cpu", collective="all_reduce", axis_size=4)
     assert cpu.path == "reference"
+
+
+class FakeCudaModule:
+    """The two questions _transport asks the CUDA module, answered without a GPU."""
+
+    def __init__(self, peer_problem=""):
+        self.peer_problem = peer_problem
+
+    def gemm_configs(self):
+        return [dict(index=0, name="pp_128x192x64_c2", tile_m=128, tile_n=192, tile_k=64,
+                     cluster_m=2, cluster_n=1, pingpong=True)]
+
+    def select_gemm_config(self, dtype, m, n, k, batch, sm_budget):
+        return 0
+
+    def peer_access_problem(self, ordinals):
+        return self.peer_problem
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    from fo_jax import _cuda, _transport
+
+    def install(peer_problem=""):
+        module = FakeCudaModule(peer_problem)
+        monkeypatch.setattr(_cuda, "module", lambda: module)
+        _plan.gemm_configs.cache_clear()
+        _transport._peer_access_problem.cache_clear()
+        return _transport
+
+    yield install
+    _plan.gemm_configs.cache_clear()
+    _transport._peer_access_problem.cache_clear()
+
+
+def test_transport_choice(fake_cuda):
+    import jax.numpy as jnp
+
+    from fo_jax import OverlapConfig
+
+    t = fake_cuda()
+    bf16 = jnp.dtype(jnp.bfloat16)
+    fn = "fo_jax.overlapped_matmul"
+    # 8192 rows over 4 ranks: 2048 per rank, a multiple of 128 x 2.
+    assert t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048, None)[0] == "copy_engine"
+    assert t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 2048, None)[0] == "nccl"
+    kind, why = t.choose(fn, "reduce_scatter", 4, bf16, 4 * 200, 8192, 2048, None)
+    assert kind == "nccl" and "not a multiple of 256" in why
+    grouped = OverlapConfig(num_groups=8)
+    assert t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048, grouped)[0] == "nccl"
+    nccl = OverlapConfig(transport="nccl")
+    assert t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048, nccl)[0] == "nccl"
+    ce = OverlapConfig(transport="copy_engine")
+    with pytest.raises(ValueError, match="reduce_scatter only"):
+        t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 2048, ce)
+    with pytest.raises(ValueError, match="unknown gemm_config"):
+        t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048,
+                 OverlapConfig(transport="copy_engine", gemm_config="nope"))
+    # The plan: all rows in one batch, the first band in two groups, then one group per band.
+    plan = t.copy_engine_plan(bf16, 8192, 8192, 2048, 4, None)
+    assert plan.group_begin == (0, 8, 16, 32, 48, 64) and plan.sm_budget == 0
+
+    t = fake_cuda(peer_problem="GPU 0 cannot access GPU 1")
+    kind, why = t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048, None)
+    assert kind == "nccl" and "peer access" in why
+    with pytest.raises(ValueError, match="peer access"):
+        t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048, ce)
