@@ -26,6 +26,7 @@ from fo_jax._benchcore import (  # noqa: F401 (re-exports)
     commit,
     device_info,
     markdown_table,
+    rotated,
     time_ms,
     time_ms_interleaved,
 )
@@ -80,7 +81,7 @@ def kernel_ms_interleaved(fns: dict, *args, calls: int = 8, rounds: int = 3) -> 
     samples: dict = {name: [] for name in fns}
     names = list(fns)
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in rotated(names, r):
             with tempfile.TemporaryDirectory() as tdir:
                 with jax.profiler.trace(tdir):
                     jax.block_until_ready([fns[name](*args) for _ in range(calls)])

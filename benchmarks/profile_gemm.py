@@ -109,7 +109,7 @@ def main() -> None:
         rounds = args.rounds
         names = list(methods)
         for r in range(rounds):
-            for mname in names[r % len(names):] + names[:r % len(names)]:
+            for mname in benchlib.rotated(names, r):
                 f = methods[mname]
                 with tempfile.TemporaryDirectory() as tdir:
                     with jax.profiler.trace(tdir):  # back to back, as in the benchmarks

@@ -44,6 +44,13 @@ def device_info(devices: Sequence) -> dict:
             "date": datetime.date.today().isoformat(), "commit": commit()}
 
 
+def rotated(names: list, r: int) -> list:
+    """`names` started at position r (mod len): round r of an interleaved measurement, so that no
+    method always runs right after the same one."""
+    r %= len(names)
+    return names[r:] + names[:r]
+
+
 def time_ms_interleaved(fns: dict, *args, reps: int = 20, trials: int = 5,
                         warmup: int = 3) -> dict:
     """time_ms for several functions of the same arguments, their trials interleaved and the order
@@ -55,7 +62,7 @@ def time_ms_interleaved(fns: dict, *args, reps: int = 20, trials: int = 5,
     samples: dict = {name: [] for name in fns}
     names = list(fns)
     for t in range(trials):
-        for name in names[t % len(names):] + names[:t % len(names)]:
+        for name in rotated(names, t):
             f = fns[name]
             t0 = time.perf_counter()
             outs = [f(*args) for _ in range(reps)]

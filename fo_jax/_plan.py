@@ -147,6 +147,19 @@ def explicit_groups(tile_rows: int, sizes: Sequence[int], fn: str) -> tuple:
     return tuple(bounds)
 
 
+def gemm_config_index(fn: str, dtype, m: int, n: int, k: int, batch: int,
+                      config: Optional[OverlapConfig], sm_budget: int) -> int:
+    """config.gemm_config if set (ValueError if not compiled), else the kernel library's
+    shape heuristic (m is per batch)."""
+    if config is not None and config.gemm_config is not None:
+        names = [c["name"] for c in gemm_configs()]
+        if config.gemm_config not in names:
+            raise ValueError(f"{fn}: unknown gemm_config {config.gemm_config!r}; compiled: {names}")
+        return names.index(config.gemm_config)
+    return int(_cuda.module().select_gemm_config(DTYPE_CODES[jnp.dtype(dtype)], m, n, k, batch,
+                                                 max(sm_budget, 0)))
+
+
 def plan_gemm(fn: str, dtype, m: int, n: int, k: int, batch: int,
               config: Optional[OverlapConfig], default_groups: int,
               default_sm_budget: int, default_weights: Optional[Sequence[float]] = None
@@ -155,19 +168,11 @@ def plan_gemm(fn: str, dtype, m: int, n: int, k: int, batch: int,
     config.group_tile_rows, else config.num_groups equal groups, else `default_weights`
     (relative sizes) when given, else `default_groups` equal groups."""
     mod = _cuda.module()
-    table = gemm_configs()
     sm_budget = default_sm_budget
     if config is not None and config.sm_budget is not None:
         sm_budget = config.sm_budget
-    if config is not None and config.gemm_config is not None:
-        names = [c["name"] for c in table]
-        if config.gemm_config not in names:
-            raise ValueError(f"{fn}: unknown gemm_config {config.gemm_config!r}; compiled: {names}")
-        index = names.index(config.gemm_config)
-    else:
-        index = int(mod.select_gemm_config(DTYPE_CODES[jnp.dtype(dtype)], m, n, k, batch,
-                                           max(sm_budget, 0)))
-    c = table[index]
+    index = gemm_config_index(fn, dtype, m, n, k, batch, config, sm_budget)
+    c = gemm_configs()[index]
     tile_rows = -(-m // c["tile_m"])
     max_groups = int(mod.max_gemm_groups())
     if config is not None and config.group_tile_rows is not None:

@@ -16,7 +16,6 @@ import functools
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 
 from fo_jax import _cuda, _plan
 from fo_jax.config import OverlapConfig
@@ -34,17 +33,15 @@ def _local_gpu_ordinals() -> tuple:
                         if d.platform == "gpu"))
 
 
+FN = "fo_jax.overlapped_matmul"
+
+
+def _sm_budget(config: Optional[OverlapConfig]) -> int:
+    return config.sm_budget if config is not None and config.sm_budget is not None else 0
+
+
 def _config_index(dtype, m_total: int, n: int, k: int, config: Optional[OverlapConfig]) -> int:
-    table = _plan.gemm_configs()
-    if config is not None and config.gemm_config is not None:
-        names = [c["name"] for c in table]
-        if config.gemm_config not in names:
-            raise ValueError(f"fo_jax.overlapped_matmul: unknown gemm_config "
-                             f"{config.gemm_config!r}; compiled: {names}")
-        return names.index(config.gemm_config)
-    sm = config.sm_budget if config is not None and config.sm_budget is not None else 0
-    return int(_cuda.module().select_gemm_config(_plan.DTYPE_CODES[jnp.dtype(dtype)], m_total,
-                                                 n, k, 1, sm))
+    return _plan.gemm_config_index(FN, dtype, m_total, n, k, 1, config, _sm_budget(config))
 
 
 def copy_engine_problem(collective: str, size: int, dtype, m_total: int, n: int, k: int,
@@ -99,5 +96,4 @@ def copy_engine_plan(dtype, m_total: int, n: int, k: int, size: int,
     bounds = tuple(j * tiles_band for j in range(size + 1))
     if tiles_band >= 2:
         bounds = (0, tiles_band // 2) + bounds[1:]
-    sm = config.sm_budget if config is not None and config.sm_budget is not None else 0
-    return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm)
+    return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, _sm_budget(config))

@@ -28,6 +28,15 @@ fi
 cd /tmp  # so that imports find the installed fo_jax, not the source tree (no .so there)
 R=$OLDPWD
 rc=0
+# A transport probe of csrc/tools (NAME.cu) -> /tmp/NAME, against the carried library and the
+# NCCL wheel's headers and library.
+build_probe() {
+  local nccl
+  nccl=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])")
+  nvcc -std=c++17 -arch=sm_90a -I"$R/csrc" -I"$nccl/include" "$R/csrc/tools/$1.cu" \
+    "$R/.devbuild/libfo_jax_cuda.a" -L"$nccl/lib" -l:libnccl.so.2 -Xlinker -rpath,"$nccl/lib" \
+    -o "/tmp/$1" 2>&1 | grep -v -i deprecat || true
+}
 for step in "$@"; do
   stamp "$step"
   case "$step" in
@@ -61,20 +70,14 @@ for step in "$@"; do
             --configs ${CONFIGS:-} --out "$OUT" 2>&1 | tee -a "$OUT/profile_overlap.log" || rc=1
           mv "$OUT"/overlap_profile_tp*_????-??-??.jsonl "$OUT/overlap_profile_$shape.jsonl" 2>/dev/null; done;;
     bench-overlap-sweep) python3 "$R/benchmarks/bench_overlap.py" --sweep --out "$OUT" 2>&1 | tail -22 || rc=1;;
-    ce-probe) N=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])")
-          nvcc -std=c++17 -arch=sm_90a -I"$R/csrc" -I"$N/include" "$R/csrc/tools/ce_rs_probe.cu" \
-            "$R/.devbuild/libfo_jax_cuda.a" -L"$N/lib" -l:libnccl.so.2 -Xlinker -rpath,"$N/lib" \
-            -o /tmp/ce_rs_probe 2>&1 | grep -v -i deprecat || true
+    ce-probe) build_probe ce_rs_probe
           NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL NCCL_DEBUG_FILE=/tmp/nccl_dbg.%p \
             /tmp/ce_rs_probe 8192 8192 2048 --check-only > "$OUT/ce_rs_probe_check.log" 2>&1 || rc=1
           cat /tmp/nccl_dbg.* | grep -iE "copy engine|\bCE\b|symmetric|window|CTA ?policy|AlltoAll" \
             | sed -E 's/^[^ ]+ [^ ]+ //' | sort | uniq -c | sort -rn | head -40 > "$OUT/ce_rs_probe_nccl.txt"
           for shape in ${CE_SHAPES:-8192x8192x2048}; do
             /tmp/ce_rs_probe ${shape//x/ } 2>&1 | tee -a "$OUT/ce_rs_probe.log" || rc=1; done;;
-    p2p-probe) N=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])")
-          nvcc -std=c++17 -arch=sm_90a -I"$R/csrc" -I"$N/include" "$R/csrc/tools/p2p_rs_probe.cu" \
-            "$R/.devbuild/libfo_jax_cuda.a" -L"$N/lib" -l:libnccl.so.2 -Xlinker -rpath,"$N/lib" \
-            -o /tmp/p2p_rs_probe 2>&1 | grep -v -i deprecat || true
+    p2p-probe) build_probe p2p_rs_probe
           for shape in ${CE_SHAPES:-8192x8192x2048}; do
             timeout 300 /tmp/p2p_rs_probe ${shape//x/ } 2>&1 | tee -a "$OUT/p2p_rs_probe.log" || rc=1; done;;
     selftest) "$R/.devbuild/gemm_selftest" 2>&1 | tee "$OUT/selftest.log" | tail -40 || rc=1;;

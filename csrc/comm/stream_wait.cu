@@ -8,8 +8,8 @@
 namespace fo_jax {
 namespace {
 
-using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+// cuStreamWaitValue32 and cuStreamWriteValue32 share this signature.
+using StreamValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
 // One thread polls the counter with acquire loads. The volatile-free acquire load keeps the
 // compiler from hoisting it; the acquire orders this stream's later work after the producer's
@@ -23,34 +23,31 @@ __global__ void SpinWaitGeqKernel(const uint32_t* counter, uint32_t value) {
   } while (true);
 }
 
-WaitValue32Fn g_wait_value32 = nullptr;
-WriteValue32Fn g_write_value32 = nullptr;
+StreamValue32Fn g_wait_value32 = nullptr;   // none: the spin kernel takes over
+StreamValue32Fn g_write_value32 = nullptr;  // none: EnqueueWriteValue reports it
 std::once_flag g_resolve_once;
 
-void ResolveWaitValue32() {
+StreamValue32Fn DriverEntryPoint(const char* name) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult status;
-  if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault,
-                                       &status) == cudaSuccess &&
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &status) ==
+          cudaSuccess &&
       status == cudaDriverEntryPointSuccess) {
-    g_wait_value32 = reinterpret_cast<WaitValue32Fn>(fn);
-  } else {
-    (void)cudaGetLastError();  // leave no sticky error behind; the spin kernel takes over
+    return reinterpret_cast<StreamValue32Fn>(fn);
   }
-  fn = nullptr;
-  if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault,
-                                       &status) == cudaSuccess &&
-      status == cudaDriverEntryPointSuccess) {
-    g_write_value32 = reinterpret_cast<WriteValue32Fn>(fn);
-  } else {
-    (void)cudaGetLastError();  // only the copy-engine transport needs it; it reports the lack
-  }
+  (void)cudaGetLastError();  // leave no sticky error behind
+  return nullptr;
+}
+
+void ResolveEntryPoints() {
+  g_wait_value32 = DriverEntryPoint("cuStreamWaitValue32");
+  g_write_value32 = DriverEntryPoint("cuStreamWriteValue32");
 }
 
 }  // namespace
 
 cudaError_t PrepareStreamWait(std::string* error) {
-  std::call_once(g_resolve_once, ResolveWaitValue32);
+  std::call_once(g_resolve_once, ResolveEntryPoints);
   cudaFuncAttributes attr;
   cudaError_t err = cudaFuncGetAttributes(&attr, SpinWaitGeqKernel);  // loads it on this device
   if (err != cudaSuccess && error) *error = "loading the spin-wait kernel failed";

@@ -51,7 +51,8 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 }  // namespace
 
 cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* const* parts,
-                          int nparts, void* out, size_t count, std::string* error) {
+                          int nparts, void* out, size_t count, std::string* error,
+                          int max_blocks) {
   if (nparts < 1 || nparts > kMaxBandSumParts || count % 8 != 0 || !Aligned16(out)) {
     if (error) *error = "band sum: bad part count, size or alignment";
     return cudaErrorInvalidValue;
@@ -73,8 +74,9 @@ cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* cons
     return e;
   }
   // Memory-bound: two 512-thread blocks per SM saturate HBM; fewer blocks for small bands.
+  const size_t cap = max_blocks > 0 ? size_t(max_blocks) : size_t(2 * sms);
   const size_t want = (vectors + 511) / 512;
-  const int blocks = static_cast<int>(want < size_t(2 * sms) ? (want > 0 ? want : 1) : 2 * sms);
+  const int blocks = static_cast<int>(want < cap ? (want > 0 ? want : 1) : cap);
   if (dtype == GemmDtype::kBF16) {
     BandSumKernel<__nv_bfloat162><<<blocks, 512, 0, stream>>>(in, nparts, out, vectors);
   } else {

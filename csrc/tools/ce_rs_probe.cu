@@ -9,71 +9,15 @@
 //   nvcc -std=c++17 -arch=sm_90a -Icsrc -I$NCCL/include csrc/tools/ce_rs_probe.cu \
 //     .devbuild/libfo_jax_cuda.a -L$NCCL/lib -l:libnccl.so.2 -Xlinker -rpath,$NCCL/lib -o probe
 // Run: probe [M N K [--check-only]]   (per-GPU x[M,K] @ w[K,N]; default 8192 8192 2048)
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "comm/stream_wait.h"
-#include "kernels/signaling_gemm.h"
-#include "tools/tool_common.cuh"
-
-#define NK(x)                                                                           \
-  do {                                                                                  \
-    ncclResult_t r_ = (x);                                                              \
-    if (r_ != ncclSuccess) {                                                            \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(r_));    \
-      std::exit(2);                                                                     \
-    }                                                                                   \
-  } while (0)
-
-using Bf16 = __nv_bfloat16;
-
-// out[i] = sum over p < parts of in[p * band + i], fp32 accumulation; band % 8 == 0.
-__global__ void SumBands(const Bf16* in, Bf16* out, size_t band, int parts) {
-  const size_t n8 = band / 8;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n8;
-       i += size_t(gridDim.x) * blockDim.x) {
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int p = 0; p < parts; ++p) {
-      uint4 v = reinterpret_cast<const uint4*>(in + p * band)[i];
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float2 f = __bfloat1622float2(h[j]);
-        acc[2 * j] += f.x;
-        acc[2 * j + 1] += f.y;
-      }
-    }
-    uint4 o;
-    __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&o);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) oh[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-    reinterpret_cast<uint4*>(out)[i] = o;
-  }
-}
-
-// max |a - b| / max |b| over n bf16 values (host copies).
-double RelErr(const Bf16* a, const Bf16* b, size_t n) {
-  std::vector<Bf16> ha(n), hb(n);
-  CK(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost));
-  double diff = 0, ref = 0;
-  for (size_t i = 0; i < n; ++i) {
-    double x = __bfloat162float(ha[i]), y = __bfloat162float(hb[i]);
-    diff = std::max(diff, std::fabs(x - y));
-    ref = std::max(ref, std::fabs(y));
-  }
-  return diff / std::max(ref, 1e-30);
-}
+#include "tools/rs_probe_common.cuh"
 
 struct Dev {
   cudaStream_t gemm_s, comm_s, red_s;
@@ -83,28 +27,6 @@ struct Dev {
   uint32_t* ctr;
   cudaEvent_t ready, done;
   cudaEvent_t a2a_done[64];
-};
-
-// Device-0 timeline of one call: event name -> us after the call's first event.
-struct Timeline {
-  std::vector<std::pair<std::string, cudaEvent_t>> marks;
-  void Mark(const std::string& name, cudaStream_t s) {
-    cudaEvent_t e;
-    CK(cudaEventCreate(&e));
-    CK(cudaEventRecord(e, s));
-    marks.push_back({name, e});
-  }
-  void Print() {
-    std::printf("      timeline GPU0 (us):");
-    for (size_t i = 1; i < marks.size(); ++i) {
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, marks[0].second, marks[i].second));
-      std::printf(" %s %.0f", marks[i].first.c_str(), ms * 1000);
-    }
-    std::printf("\n");
-    for (auto& m : marks) CK(cudaEventDestroy(m.second));
-    marks.clear();
-  }
 };
 
 int main(int argc, char** argv) {
@@ -135,9 +57,7 @@ int main(int argc, char** argv) {
       std::printf("load: %s\n", err.c_str());
       return 2;
     }
-    cudaFuncAttributes fa;
-    CK(cudaFuncGetAttributes(&fa, SumBands));
-    CK(cudaFuncGetAttributes(&fa, FillRandom));
+    LoadProbeKernels();
     int lo, hi;
     CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     CK(cudaStreamCreateWithFlags(&dev[d].gemm_s, cudaStreamNonBlocking));
@@ -184,54 +104,25 @@ int main(int argc, char** argv) {
   }
   NK(ncclGroupEnd());
 
-  auto sync_all = [&] {
-    for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); CK(cudaDeviceSynchronize()); }
-  };
-  auto time_ms = [&](const std::function<void()>& op) {
-    op();
-    sync_all();
-    std::vector<double> t;
-    for (int trial = 0; trial < 5; ++trial) {
-      auto t0 = std::chrono::steady_clock::now();
-      for (int r = 0; r < 20; ++r) op();
-      sync_all();
-      t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                      .count() / 20);
-    }
-    std::sort(t.begin(), t.end());
-    return t[2];
-  };
-
-  // GEMM arguments in the reduce-scatter layout (batch = P bands, group-major rows).
+  auto sync_all = [&] { SyncAll(P); };
+  auto time_ms = [&](const std::function<void()>& op) { return TimeMs(P, op); };
   auto gemm_args = [&](int d, int groups, int sm_budget, bool signal) {
-    fo_jax::SignalingGemmArgs g;
-    g.dtype = fo_jax::GemmDtype::kBF16;
-    g.m = m; g.n = N; g.k = K; g.batch = P;
-    g.a = dev[d].a; g.b = dev[d].b; g.d = dev[d].send;
-    g.sm_budget = sm_budget;
-    g.config = fo_jax::SelectGemmConfig(g.dtype, m, N, K, P, sm_budget);
-    const int tm = fo_jax::GetGemmConfig(g.config).tile_m;
-    const int tiles_m = (m + tm - 1) / tm;
-    g.num_groups = groups;
-    for (int i = 0; i <= groups; ++i) g.group_begin[i] = int(int64_t(tiles_m) * i / groups);
-    if (signal) {
-      g.counters = dev[d].ctr;
-      g.zero_counters_on_launch = true;
-      g.after_zero_event = dev[d].ready;
-    }
-    return g;
+    return RsGemmArgs(m, N, K, P, dev[d].a, dev[d].b, dev[d].send, groups, sm_budget,
+                      signal ? dev[d].ctr : nullptr, dev[d].ready);
   };
   auto launch_gemm = [&](int d, const fo_jax::SignalingGemmArgs& g) {
-    std::string err;
-    if (fo_jax::LaunchSignalingGemm(dev[d].gemm_s, g, &err) != cudaSuccess) {
-      std::printf("gemm: %s\n", err.c_str());
-      std::exit(2);
-    }
+    LaunchGemmOrExit(dev[d].gemm_s, g);
   };
   auto gemm_only = [&](int sm_budget) {
     return [&, sm_budget] {
       for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); launch_gemm(d, gemm_args(d, 1, sm_budget, false)); }
     };
+  };
+  // The P received bands of `count` elements each, contiguous from `in`.
+  auto bands = [&](const Bf16* in, size_t count) {
+    std::vector<const void*> parts;
+    for (int q = 0; q < P; ++q) parts.push_back(in + q * count);
+    return parts;
   };
   auto nccl_rs_full = [&] {
     NK(ncclGroupStart());
@@ -250,7 +141,7 @@ int main(int argc, char** argv) {
     return [&, grid] {
       for (int d = 0; d < P; ++d) {
         CK(cudaSetDevice(d));
-        SumBands<<<grid, 512, 0, dev[d].comm_s>>>(dev[d].recv, dev[d].out, band, P);
+        BandSumOrExit(dev[d].comm_s, bands(dev[d].recv, band), dev[d].out, band, grid);
       }
     };
   };
@@ -267,7 +158,7 @@ int main(int argc, char** argv) {
     if (tl) { CK(cudaSetDevice(0)); tl->Mark("a2a_end", dev[0].comm_s); }
   };
   // The counter-gated pipeline: GEMM with counters on gemm_s; on comm_s per group wait, then
-  // either the CE all-to-all (ce = true; SumBands of the group then runs on red_s once that
+  // either the CE all-to-all (ce = true; the band sum of the group then runs on red_s once that
   // all-to-all is done, so a reduction waiting for SMs never holds up the next group's copies)
   // or ncclReduceScatter (fo_jax today).
   auto pipeline = [&](int groups, int sm_budget, bool ce, int reduce_grid) {
@@ -310,8 +201,8 @@ int main(int argc, char** argv) {
             CK(cudaSetDevice(d));
             CK(cudaEventRecord(dev[d].a2a_done[g], dev[d].comm_s));
             CK(cudaStreamWaitEvent(dev[d].red_s, dev[d].a2a_done[g], 0));
-            SumBands<<<reduce_grid, 512, 0, dev[d].red_s>>>(dev[d].recv + P * r0 * N,
-                                                           dev[d].out + r0 * N, cnt, P);
+            BandSumOrExit(dev[d].red_s, bands(dev[d].recv + P * r0 * N, cnt), dev[d].out + r0 * N,
+                          cnt, reduce_grid);
             if (tl && d == 0) tl->Mark("sum" + std::to_string(g), dev[0].red_s);
           }
         }
@@ -370,15 +261,15 @@ int main(int argc, char** argv) {
   add("gemm alone, 100 SMs", gemm_only(100));
   add("ncclReduceScatter alone (maxCTAs 32)", nccl_rs_full);
   add("CE all-to-all alone (CTA policy zero)", a2a_full);
-  add("SumBands alone, 2 CTAs/SM", reduce_full(2 * sms));
-  add("SumBands alone, 16 CTAs", reduce_full(16));
-  add("CE all-to-all then SumBands (CE reduce-scatter)", [&] { a2a_full(); reduce_full(2 * sms)(); });
+  add("band sum alone, 2 CTAs/SM", reduce_full(2 * sms));
+  add("band sum alone, 16 CTAs", reduce_full(16));
+  add("CE all-to-all then band sum (CE reduce-scatter)", [&] { a2a_full(); reduce_full(2 * sms)(); });
   add("gemm (all SMs) || CE all-to-all, unordered", gemm_and_a2a);
   for (int groups : {4, 8}) {
     for (int budget : {0, 124, 116}) {
       for (int grid : {2 * sms}) {
         add("CE pipeline: " + std::to_string(groups) + " groups, GEMM SMs " +
-                std::to_string(budget ? budget : sms) + ", SumBands grid " + std::to_string(grid),
+                std::to_string(budget ? budget : sms) + ", band sum grid " + std::to_string(grid),
             pipeline(groups, budget, true, grid));
       }
     }

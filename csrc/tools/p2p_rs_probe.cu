@@ -22,72 +22,26 @@
 //
 // Build on the GPU machine (no CUTLASS needed, the kernels come prebuilt), run: see gpu_run.sh
 // step p2p-probe.   Run: probe [M N K [--check-only]]  (per GPU x[M,K] @ w[K,N], bf16)
-#include <cuda.h>
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "comm/stream_wait.h"
-#include "kernels/signaling_gemm.h"
-#include "tools/tool_common.cuh"
+#include "tools/rs_probe_common.cuh"
 
-#define NK(x)                                                                           \
-  do {                                                                                  \
-    ncclResult_t r_ = (x);                                                              \
-    if (r_ != ncclSuccess) {                                                            \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(r_));    \
-      std::exit(2);                                                                     \
-    }                                                                                   \
-  } while (0)
-
-using Bf16 = __nv_bfloat16;
 constexpr int kMaxP = 8;
 constexpr int kMaxGroups = 16;
 
-struct BandPtrs {
-  const Bf16* p[kMaxP];
-};
-
-// out[i] = sum over j < parts of in.p[j][i], fp32 accumulation; count % 8 == 0.
-__global__ void SumPtrs(BandPtrs in, Bf16* out, size_t count, int parts) {
-  const size_t n8 = count / 8;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n8;
-       i += size_t(gridDim.x) * blockDim.x) {
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int j = 0; j < parts; ++j) {
-      uint4 v = reinterpret_cast<const uint4*>(in.p[j])[i];
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        float2 f = __bfloat1622float2(h[t]);
-        acc[2 * t] += f.x;
-        acc[2 * t + 1] += f.y;
-      }
-    }
-    uint4 o;
-    __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&o);
-#pragma unroll
-    for (int t = 0; t < 4; ++t) oh[t] = __floats2bfloat162_rn(acc[2 * t], acc[2 * t + 1]);
-    reinterpret_cast<uint4*>(out)[i] = o;
-  }
-}
-
-using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-WriteValue32Fn g_write32 = nullptr;
-
+// The library's stream memory operations (comm/stream_wait.h), exiting on failure.
 void WriteFlag(cudaStream_t s, uint32_t* addr, uint32_t value) {
-  CUresult r = g_write32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr),
-                         value, CU_STREAM_WRITE_VALUE_DEFAULT);
-  if (r != CUDA_SUCCESS) { std::printf("cuStreamWriteValue32: CUresult %d\n", int(r)); std::exit(2); }
+  std::string err;
+  if (fo_jax::EnqueueWriteValue(s, addr, value, &err) != cudaSuccess) {
+    std::printf("write: %s\n", err.c_str());
+    std::exit(2);
+  }
 }
 
 void WaitGeq(cudaStream_t s, const uint32_t* addr, uint32_t value) {
@@ -96,20 +50,6 @@ void WaitGeq(cudaStream_t s, const uint32_t* addr, uint32_t value) {
     std::printf("wait: %s\n", err.c_str());
     std::exit(2);
   }
-}
-
-// max |a - b| / max |b| over n bf16 values (host copies).
-double RelErr(const Bf16* a, const Bf16* b, size_t n) {
-  std::vector<Bf16> ha(n), hb(n);
-  CK(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost));
-  double diff = 0, ref = 0;
-  for (size_t i = 0; i < n; ++i) {
-    double x = __bfloat162float(ha[i]), y = __bfloat162float(hb[i]);
-    diff = std::max(diff, std::fabs(x - y));
-    ref = std::max(ref, std::fabs(y));
-  }
-  return diff / std::max(ref, 1e-30);
 }
 
 struct Dev {
@@ -121,28 +61,6 @@ struct Dev {
   uint32_t* flags;  // [kMaxGroups][kMaxP]: flags[g * kMaxP + q] = epoch of q's group-g copy here
   uint32_t* ack;    // [kMaxP]: ack[q] = last epoch in which q finished reading its receive buffer
   cudaEvent_t ready, done, cp_done[kMaxP];
-};
-
-// Device-0 timeline of one call: event name -> us after the call's first event.
-struct Timeline {
-  std::vector<std::pair<std::string, cudaEvent_t>> marks;
-  void Mark(const std::string& name, cudaStream_t s) {
-    cudaEvent_t e;
-    CK(cudaEventCreate(&e));
-    CK(cudaEventRecord(e, s));
-    marks.push_back({name, e});
-  }
-  void Print() {
-    std::printf("      timeline GPU0 (us):");
-    for (size_t i = 1; i < marks.size(); ++i) {
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, marks[0].second, marks[i].second));
-      std::printf(" %s %.0f", marks[i].first.c_str(), ms * 1000);
-    }
-    std::printf("\n");
-    for (auto& m : marks) CK(cudaEventDestroy(m.second));
-    marks.clear();
-  }
 };
 
 int main(int argc, char** argv) {
@@ -162,14 +80,6 @@ int main(int argc, char** argv) {
   std::printf("p2p_rs_probe: %d x %s (%d SMs), NCCL %d, per-GPU x[%d,%d] @ w[%d,%d] bf16, "
               "reduce-scatter over %d GPUs\n", P, prop.name, sms, nccl_version, M, K, K, N, P);
   if (M % (P * 8) != 0 || N % 8 != 0 || K % 8 != 0) { std::printf("bad shape\n"); return 2; }
-  {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    CK(cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess) { std::printf("no cuStreamWriteValue32\n"); return 2; }
-    g_write32 = reinterpret_cast<WriteValue32Fn>(fn);
-  }
-
   std::vector<Dev> dev(P);
   ncclUniqueId id;
   NK(ncclGetUniqueId(&id));
@@ -189,9 +99,7 @@ int main(int argc, char** argv) {
       std::printf("load: %s\n", err.c_str());
       return 2;
     }
-    cudaFuncAttributes fa;
-    CK(cudaFuncGetAttributes(&fa, SumPtrs));
-    CK(cudaFuncGetAttributes(&fa, FillRandom));
+    LoadProbeKernels();
     int lo, hi;
     CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     CK(cudaStreamCreateWithFlags(&dev[d].gemm_s, cudaStreamNonBlocking));
@@ -228,48 +136,14 @@ int main(int argc, char** argv) {
   }
   NK(ncclGroupEnd());
 
-  auto sync_all = [&] {
-    for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); CK(cudaDeviceSynchronize()); }
-  };
-  auto time_ms = [&](const std::function<void()>& op) {
-    op();
-    sync_all();
-    std::vector<double> t;
-    for (int trial = 0; trial < 5; ++trial) {
-      auto t0 = std::chrono::steady_clock::now();
-      for (int r = 0; r < 20; ++r) op();
-      sync_all();
-      t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                      .count() / 20);
-    }
-    std::sort(t.begin(), t.end());
-    return t[2];
-  };
-
+  auto sync_all = [&] { SyncAll(P); };
+  auto time_ms = [&](const std::function<void()>& op) { return TimeMs(P, op); };
   auto gemm_args = [&](int d, int groups, int sm_budget, bool signal) {
-    fo_jax::SignalingGemmArgs g;
-    g.dtype = fo_jax::GemmDtype::kBF16;
-    g.m = m; g.n = N; g.k = K; g.batch = P;
-    g.a = dev[d].a; g.b = dev[d].b; g.d = dev[d].send;
-    g.sm_budget = sm_budget;
-    g.config = fo_jax::SelectGemmConfig(g.dtype, m, N, K, P, sm_budget);
-    const int tm = fo_jax::GetGemmConfig(g.config).tile_m;
-    const int tiles_m = (m + tm - 1) / tm;
-    g.num_groups = groups;
-    for (int i = 0; i <= groups; ++i) g.group_begin[i] = int(int64_t(tiles_m) * i / groups);
-    if (signal) {
-      g.counters = dev[d].ctr;
-      g.zero_counters_on_launch = true;
-      g.after_zero_event = dev[d].ready;
-    }
-    return g;
+    return RsGemmArgs(m, N, K, P, dev[d].a, dev[d].b, dev[d].send, groups, sm_budget,
+                      signal ? dev[d].ctr : nullptr, dev[d].ready);
   };
   auto launch_gemm = [&](int d, const fo_jax::SignalingGemmArgs& g) {
-    std::string err;
-    if (fo_jax::LaunchSignalingGemm(dev[d].gemm_s, g, &err) != cudaSuccess) {
-      std::printf("gemm: %s\n", err.c_str());
-      std::exit(2);
-    }
+    LaunchGemmOrExit(dev[d].gemm_s, g);
   };
   auto gemm_only = [&](int sm_budget) {
     return [&, sm_budget] {
@@ -329,19 +203,17 @@ int main(int argc, char** argv) {
             WriteFlag(s, dev[q].flags + g * kMaxP + d, e);
           }
           if (gemm) WaitGeq(dev[d].red_s, dev[d].ctr + g, expect);
-          BandPtrs in{};
-          int parts = 0;
+          std::vector<const void*> parts;
           for (int q = 0; q < P; ++q) {
             if (q == d) {
-              in.p[parts++] = mine + d * cnt;
+              parts.push_back(mine + d * cnt);
             } else {
               WaitGeq(dev[d].red_s, dev[d].flags + g * kMaxP + q, e);
-              in.p[parts++] = dev[d].recv + P * r0 * N + q * cnt;
+              parts.push_back(dev[d].recv + P * r0 * N + q * cnt);
             }
           }
           if (tl && d == 0) tl->Mark("arrived" + std::to_string(g), dev[0].red_s);
-          SumPtrs<<<sum_grid, 512, 0, dev[d].red_s>>>(in, dev[d].out + r0 * N, cnt, P);
-          CK(cudaGetLastError());
+          BandSumOrExit(dev[d].red_s, parts, dev[d].out + r0 * N, cnt, sum_grid);
           if (tl && d == 0) tl->Mark("sum" + std::to_string(g), dev[0].red_s);
         }
       }
@@ -462,9 +334,8 @@ int main(int argc, char** argv) {
         CK(cudaSetDevice(d));
         cudaStream_t s = ce ? dev[d].cp_s[0] : dev[d].nccl_s;
         // recv + j * band holds the band rank (d-1-j) % P computed for d; send + (P-1) * band is d's own.
-        BandPtrs in{};
-        in.p[0] = dev[d].send + (P - 1) * band;
-        for (int j = 0; j + 1 < P; ++j) in.p[j + 1] = dev[d].recv + j * band;
+        std::vector<const void*> parts{dev[d].send + (P - 1) * band};
+        for (int j = 0; j + 1 < P; ++j) parts.push_back(dev[d].recv + j * band);
         for (int g = (P - 1) * sub; g < P * sub; ++g)
           WaitGeq(dev[d].red_s, dev[d].ctr + g, uint32_t(fo_jax::ExpectedGroupCount(args[d], g)));
         if (ce) {
@@ -473,8 +344,7 @@ int main(int argc, char** argv) {
           CK(cudaEventRecord(dev[d].cp_done[0], s));
           CK(cudaStreamWaitEvent(dev[d].red_s, dev[d].cp_done[0], 0));
         }
-        SumPtrs<<<2 * sms, 512, 0, dev[d].red_s>>>(in, dev[d].out, band, P);
-        CK(cudaGetLastError());
+        BandSumOrExit(dev[d].red_s, parts, dev[d].out, band);
         if (tl && d == 0) tl->Mark("sum", dev[0].red_s);
         // Acknowledge in both transports: the epochs are shared with the copy-engine pipelines,
         // whose senders wait for ack >= e - 1.
