@@ -3,9 +3,9 @@
 A thin wrapper: the measuring code is fo_jax/_benchcore.py + fo_jax/bench.py (inside the package,
 so that the installed `python -m fo_jax.bench` runs it too); this script keeps its CLI, methods
 and file names. Methods (bf16; per-GPU x[M,K] @ w[K,N]; collective over the "tp" axis):
-  fo_jax             fo_jax.overlapped_matmul, default configuration (reduce-scatter: the
-                     copy-engine transport where it can run, else NCCL)
-  fo_jax.nccl        reduce-scatter: the same with transport="nccl"
+  fo_jax             fo_jax.overlapped_matmul, default configuration (the copy-engine
+                     transport where it can run, else NCCL)
+  fo_jax.nccl        the same with transport="nccl"
   fo_jax.sequential  the same kernels without overlap: one group, GEMM on all SMs, then NCCL
   jax.baseline       XLA dot (fp32 accumulation) + psum / psum_scatter, inside shard_map
   gemm_only          XLA dot alone;   comm_only: psum / psum_scatter alone

@@ -1,13 +1,14 @@
-"""Which transport carries an overlapped reduce-scatter: NCCL's collectives, or copy-engine writes
-straight into the other GPUs' memory (csrc/comm/peer_transport.h; benchmarks/NOTES.md §6).
+"""Which transport carries an overlapped collective: NCCL's collectives, or copy-engine copies
+straight between the GPUs' memories (csrc/comm/peer_transport.h; benchmarks/NOTES.md §6-8).
 
 The copy-engine transport lets the GEMM keep every SM and, with the GEMM visiting its output by
-destination band (own band last), leaves no collective tail after the GEMM. It needs: a
-reduce-scatter; every rank of the axis in this process (JAX's one-process-per-host mode); peer
-access between every pair of this process's GPUs (NVLink / NVSwitch machines); 2 to 16 ranks;
-rows per rank a multiple of the GEMM tile's rows times its cluster; fo_jax's one group per band
-(no user group partition). `OverlapConfig.transport` forces either; unset, the copy engine is
-used where it can be, NCCL elsewhere.
+destination band (own band last), leaves no reduce-scatter tail after the GEMM; an all-reduce
+adds an all-gather of the summed bands after it (copy-engine pulls). It needs: every rank of the
+axis in this process (JAX's one-process-per-host mode); peer access between every pair of this
+process's GPUs (NVLink / NVSwitch machines); 2 to 16 ranks; rows of the output band of each rank
+(M / P) a multiple of the GEMM tile's rows times its cluster; fo_jax's one group per band (no
+user group partition). `OverlapConfig.transport` forces either; unset, the copy engine is used
+where it can be, NCCL elsewhere.
 """
 
 from __future__ import annotations
@@ -47,8 +48,6 @@ def _config_index(dtype, m_total: int, n: int, k: int, config: Optional[OverlapC
 def copy_engine_problem(collective: str, size: int, dtype, m_total: int, n: int, k: int,
                         config: Optional[OverlapConfig]) -> Optional[str]:
     """Why the copy-engine transport cannot take this call (m_total: rows of x), or None."""
-    if collective != "reduce_scatter":
-        return "the copy-engine transport carries reduce_scatter only"
     if not 2 <= size <= MAX_RANKS:
         return f"the copy-engine transport needs 2 to {MAX_RANKS} ranks, the axis has {size}"
     if jax.process_count() != 1:
@@ -56,10 +55,12 @@ def copy_engine_problem(collective: str, size: int, dtype, m_total: int, n: int,
                 f"{jax.process_count()} processes)")
     if config is not None and (config.num_groups is not None or config.group_tile_rows is not None):
         return "a group partition was given (the copy-engine transport uses one group per rank)"
+    if m_total % size:
+        return f"rows of x ({m_total}) are not divisible into {size} bands, one per rank"
     c = _plan.gemm_configs()[_config_index(dtype, m_total, n, k, config)]
     unit = c["tile_m"] * c["cluster_m"]
     if (m_total // size) % unit:
-        return (f"rows per rank ({m_total // size}) are not a multiple of {unit} (tile rows x "
+        return (f"rows per band ({m_total // size}) are not a multiple of {unit} (tile rows x "
                 f"cluster of GEMM config {c['name']})")
     problem = _peer_access_problem(_local_gpu_ordinals())
     if problem:
@@ -80,7 +81,9 @@ def choose(fn: str, collective: str, size: int, dtype, m_total: int, n: int, k: 
             raise ValueError(f"{fn}: OverlapConfig(transport='copy_engine'): {problem}")
         return "copy_engine", "copy-engine transport (requested)"
     if problem is None:
-        return "copy_engine", "copy-engine transport (GEMM on every SM, no collective tail)"
+        tail = ("no collective tail" if collective == "reduce_scatter"
+                else "an all-gather of the summed bands after it")
+        return "copy_engine", f"copy-engine transport (GEMM on every SM, {tail})"
     return "nccl", f"NCCL transport ({problem})"
 
 

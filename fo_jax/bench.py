@@ -1,10 +1,10 @@
 """`python -m fo_jax.bench`: fo_jax against the JAX options a user could pick, on all local GPUs.
 
 Methods (bf16; per-GPU x[M,K] @ w[K,N]; collective over the "tp" axis of all local GPUs):
-  fo_jax               overlapped_matmul, default configuration (reduce-scatter: the copy-engine
-                       transport where it can run; else NCCL with the tuning cache's entry or
-                       the shape heuristic)
-  fo_jax.nccl          reduce-scatter only: overlapped_matmul with transport="nccl" (defaults)
+  fo_jax               overlapped_matmul, default configuration (the copy-engine transport where
+                       it can run; else NCCL with the tuning cache's entry or the shape
+                       heuristic)
+  fo_jax.nccl          overlapped_matmul with transport="nccl" (defaults)
   fo_jax.tuned         overlapped_matmul with the configuration `python -m fo_jax.tune` cached
   fo_jax.sequential    the same kernels without overlap: one group, GEMM on all SMs, then NCCL
   fo_jax[g,sm,c]       --configs / --sweep configurations (groups, GEMM SMs, NCCL CTAs)
@@ -156,7 +156,7 @@ def run(shapes: Optional[Sequence[str]], collectives: Sequence[str], out: str,
         seq = fo_jax.OverlapConfig(num_groups=1, sm_budget=1024)
         fns = {"fo_jax": build(mesh, collective, "fo_jax"),
                "fo_jax.sequential": build(mesh, collective, "fo_jax", seq)}
-        if collective == "reduce_scatter" and not on_cpu:
+        if not on_cpu:
             fns["fo_jax.nccl"] = build(mesh, collective, "fo_jax",
                                        fo_jax.OverlapConfig(transport="nccl"))
         if total_sms is not None:

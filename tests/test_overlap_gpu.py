@@ -89,10 +89,18 @@ def test_explicit_partition_and_options():
         assert_close(out, x64 @ w64, jnp.bfloat16)
 
 
+def _assert_every_copy_close(out, expect64, dtype, factor=1.0):
+    """Every device's copy of a replicated (all-reduce) result, not only the one numpy reads."""
+    for shard in out.addressable_shards:
+        assert_close(np.asarray(shard.data.astype(jnp.float32)), expect64[shard.index], dtype,
+                     factor=factor)
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_reduce_scatter_transports_agree(dtype):
-    """Copy-engine and NCCL transports against the float64 product and each other; the copy
-    engine is the default where it can run."""
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
+def test_transports_agree(collective, dtype):
+    """Copy-engine and NCCL transports against the float64 product and each other (every GPU's
+    copy of an all-reduce); the copy engine is the default where it can run."""
     tp = _ntp()
     mesh = _mesh(tp)
     m, n, k = 512 * tp, 1024, 2048
@@ -101,43 +109,52 @@ def test_reduce_scatter_transports_agree(dtype):
     outs = {}
     for transport in ("copy_engine", "nccl"):
         cfg = fo_jax.OverlapConfig(transport=transport, allow_fallback=False)
-        f = _tp_fn(mesh, "reduce_scatter", config=cfg)
+        f = _tp_fn(mesh, collective, config=cfg)
         outs[transport] = f(x, w)
         assert outs[transport].dtype == jnp.dtype(dtype)
         assert_close(outs[transport], x64 @ w64, dtype)
+        _assert_every_copy_close(outs[transport], x64 @ w64, dtype)
     assert_close(outs["copy_engine"], np.asarray(outs["nccl"].astype(jnp.float32)), dtype,
                  factor=2.0)
 
     def body(x, w):
-        choice = fo_jax.describe(x, w, axis_name="tp", collective="reduce_scatter",
+        choice = fo_jax.describe(x, w, axis_name="tp", collective=collective,
                                  config=NO_FALLBACK)
         seen.append(choice)
-        return fo_jax.overlapped_matmul(x, w, axis_name="tp", collective="reduce_scatter",
+        return fo_jax.overlapped_matmul(x, w, axis_name="tp", collective=collective,
                                         config=NO_FALLBACK)
 
     seen = []
+    out_spec = P("tp", None) if collective == "reduce_scatter" else P(None, None)
     jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)),
-                          out_specs=P("tp", None))).lower(x, w)
+                          out_specs=out_spec)).lower(x, w)
     assert seen[0].path == "cuda" and seen[0].transport == "copy_engine", seen[0]
 
 
 def test_copy_engine_shapes_change_between_calls():
-    """The receive buffer grows when a larger call arrives (all ranks together) and smaller calls
-    reuse it; calls of different sizes interleave, back to back, without a hang."""
+    """The receive and publish buffers grow when a larger call arrives (all ranks together) and
+    smaller calls reuse them; calls of different sizes and both collectives interleave, back to
+    back, without a hang (reduce-scatter calls in between must not confuse the all-reduce's
+    publish handshake)."""
     tp = _ntp()
     mesh = _mesh(tp)
     cfg = fo_jax.OverlapConfig(transport="copy_engine", allow_fallback=False)
-    f = _tp_fn(mesh, "reduce_scatter", config=cfg)
+    fns = [_tp_fn(mesh, c, config=cfg) for c in ("reduce_scatter", "all_reduce")]
     rng = np.random.default_rng(8)
     cases = [random_operands(rng, rows * tp, 2048, 512, jnp.bfloat16) for rows in (256, 1024)]
+    # (size, collective) per call: runs of 3 calls of one size, collectives in a 5-cycle.
+    schedule = [((i // 3) % 2, int(i % 5 in (1, 2, 4))) for i in range(90)]
     outs = []
-    for i in range(60):
-        x, w, _, _ = cases[(i // 3) % 2]
-        outs.append(f(x, w))
+    for size, coll in schedule:
+        x, w, _, _ = cases[size]
+        outs.append(fns[coll](x, w))
     jax.block_until_ready(outs)
-    for i in (-1, -4):
-        x, w, x64, w64 = cases[((60 + i) // 3) % 2]
+    for i in (-1, -2, -3, -5, -6):
+        size, coll = schedule[i]
+        _, _, x64, w64 = cases[size]
         assert_close(outs[i], x64 @ w64, jnp.bfloat16)
+        if coll == 1:
+            _assert_every_copy_close(outs[i], x64 @ w64, jnp.bfloat16)
 
 
 def test_copy_engine_refusals_at_trace_time():
@@ -145,12 +162,10 @@ def test_copy_engine_refusals_at_trace_time():
     mesh = _mesh(tp)
     rng = np.random.default_rng(9)
     cfg = fo_jax.OverlapConfig(transport="copy_engine", allow_fallback=False)
-    x, w, _, _ = random_operands(rng, 512 * tp, 1024, 512, jnp.bfloat16)
-    with pytest.raises(ValueError, match="reduce_scatter only"):
-        _tp_fn(mesh, "all_reduce", config=cfg).lower(x, w)
     x, w, _, _ = random_operands(rng, 200 * tp, 1024, 512, jnp.bfloat16)  # 200 rows per rank
-    with pytest.raises(ValueError, match="not a multiple"):
-        _tp_fn(mesh, "reduce_scatter", config=cfg).lower(x, w)
+    for collective in ("reduce_scatter", "all_reduce"):
+        with pytest.raises(ValueError, match="not a multiple"):
+            _tp_fn(mesh, collective, config=cfg).lower(x, w)
     grouped = fo_jax.OverlapConfig(transport="copy_engine", num_groups=3, allow_fallback=False)
     with pytest.raises(ValueError, match="group partition"):
         _tp_fn(mesh, "reduce_scatter", config=grouped).lower(x, w)

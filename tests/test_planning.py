@@ -174,7 +174,7 @@ def test_transport_choice(fake_cuda):
     fn = "fo_jax.overlapped_matmul"
     # 8192 rows over 4 ranks: 2048 per rank, a multiple of 128 x 2.
     assert t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048, None)[0] == "copy_engine"
-    assert t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 2048, None)[0] == "nccl"
+    assert t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 2048, None)[0] == "copy_engine"
     kind, why = t.choose(fn, "reduce_scatter", 4, bf16, 4 * 200, 8192, 2048, None)
     assert kind == "nccl" and "not a multiple of 256" in why
     grouped = OverlapConfig(num_groups=8)
@@ -182,8 +182,9 @@ def test_transport_choice(fake_cuda):
     nccl = OverlapConfig(transport="nccl")
     assert t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048, nccl)[0] == "nccl"
     ce = OverlapConfig(transport="copy_engine")
-    with pytest.raises(ValueError, match="reduce_scatter only"):
-        t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 2048, ce)
+    assert t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 2048, ce)[0] == "copy_engine"
+    with pytest.raises(ValueError, match="not divisible into 4 bands"):
+        t.choose(fn, "all_reduce", 4, bf16, 8190, 8192, 2048, ce)
     with pytest.raises(ValueError, match="unknown gemm_config"):
         t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048,
                  OverlapConfig(transport="copy_engine", gemm_config="nope"))

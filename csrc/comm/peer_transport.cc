@@ -15,6 +15,7 @@ namespace {
 
 struct PeerInfo {
   uint64_t recv;
+  uint64_t pub;
   uint64_t sync;
   int32_t pid;
   int32_t device;
@@ -33,10 +34,11 @@ std::string CreatePeerState(CommState& s) {
   }
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->copies_done, cudaEventDisableTiming);
   if (e != cudaSuccess) return Cuda("creating the copy stream", e);
-  e = cudaMalloc(&p->sync, 2 * kMaxPeerRanks * sizeof(uint32_t));
+  constexpr size_t sync_bytes = kSyncRegions * kMaxPeerRanks * sizeof(uint32_t);
+  e = cudaMalloc(&p->sync, sync_bytes);
   if (e == cudaSuccess) e = cudaMalloc(&p->exchange, kMaxPeerRanks * sizeof(PeerInfo));
   if (e != cudaSuccess) return Cuda("allocating the copy-engine flags", e);
-  e = cudaMemsetAsync(p->sync, 0, 2 * kMaxPeerRanks * sizeof(uint32_t), s.stream);
+  e = cudaMemsetAsync(p->sync, 0, sync_bytes, s.stream);
   if (e != cudaSuccess) return Cuda("zeroing the copy-engine flags", e);
   std::string err;
   if (LoadBandSumKernels(&err) != cudaSuccess) return err;
@@ -44,46 +46,128 @@ std::string CreatePeerState(CommState& s) {
   return "";
 }
 
-// After the band sum on XLA's stream: tell every sender that this rank's receive slots are free
-// again, then wait for this rank's own copies (they read the workspace, which XLA may reuse).
-cudaError_t Acknowledge(PeerState& p, cudaStream_t xla_stream, int P, int me, uint32_t e,
-                        std::string* error) {
+uint32_t* Region(uint32_t* sync, PeerSyncRegion r) { return sync + r * kMaxPeerRanks; }
+
+// Enqueues *Region(peer q's sync, region)[me] = e for every peer q (after the stream's earlier
+// work: stream_wait.h).
+cudaError_t TellPeers(PeerState& p, cudaStream_t stream, PeerSyncRegion region, int P, int me,
+                      uint32_t e, std::string* error) {
   for (int q = 0; q < P; ++q) {
     if (q == me) continue;
-    cudaError_t err = EnqueueWriteValue(xla_stream, p.peer_sync[q] + kMaxPeerRanks + me, e, error);
+    cudaError_t err = EnqueueWriteValue(stream, Region(p.peer_sync[q], region) + me, e, error);
     if (err != cudaSuccess) return err;
   }
-  cudaError_t err = cudaStreamWaitEvent(xla_stream, p.copies_done, 0);
-  if (err != cudaSuccess) *error = "joining the copy stream into XLA's stream";
+  return cudaSuccess;
+}
+
+// Enqueues on `stream`: wait until every peer q has Region(this rank's sync, region)[q] >= e.
+cudaError_t WaitForPeers(PeerState& p, cudaStream_t stream, PeerSyncRegion region, int P, int me,
+                         uint32_t e, bool spin, std::string* error) {
+  for (int q = 0; q < P; ++q) {
+    if (q == me) continue;
+    cudaError_t err = EnqueueWaitGeq(stream, Region(p.sync, region) + q, e, spin, error);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t Join(cudaStream_t xla_stream, cudaEvent_t done, std::string* error) {
+  cudaError_t err = cudaStreamWaitEvent(xla_stream, done, 0);
+  if (err != cudaSuccess) *error = "joining a copy stream into XLA's stream";
   return err;
+}
+
+cudaError_t CopyError(cudaError_t e, std::string* error) {
+  *error = Cuda("copy between GPUs", e);
+  return e;
+}
+
+// All-reduce, after the band sum published this rank's band: pull step j copies the summed band
+// of rank (me + 1 + j) % P from its publish buffer into the same rows of this rank's output, on
+// its own stream, then tells the owner its publish buffer is free again.
+cudaError_t EnqueuePulls(CommState& s, cudaStream_t xla_stream, const PeerCollectiveArgs& a,
+                         uint32_t e, std::string* error) {
+  PeerState& p = *s.peer;
+  const int P = s.nranks, me = s.rank;
+  const size_t band_bytes = a.band_elems * 2;
+  for (int j = 0; j + 1 < P; ++j) {
+    if (p.pull_stream[j] == nullptr) {
+      int least = 0, greatest = 0;
+      cudaError_t err = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+      if (err == cudaSuccess) {
+        err = cudaStreamCreateWithPriority(&p.pull_stream[j], cudaStreamNonBlocking, greatest);
+      }
+      if (err == cudaSuccess) {
+        err = cudaEventCreateWithFlags(&p.pull_done[j], cudaEventDisableTiming);
+      }
+      if (err != cudaSuccess) {
+        *error = Cuda("creating a pull stream", err);
+        return err;
+      }
+    }
+    cudaStream_t ps = p.pull_stream[j];
+    const int from = (me + 1 + j) % P;
+    // The pull overwrites rows this rank's own push of band `from` reads; the owner publishes
+    // only after that push arrived (its flag follows the copy), so waiting for the publish flag
+    // orders them. Waiting for inputs_ready keeps the stream behind XLA's use of `out` anyway.
+    cudaError_t err = cudaStreamWaitEvent(ps, s.inputs_ready, 0);
+    if (err == cudaSuccess) {
+      err = EnqueueWaitGeq(ps, Region(p.sync, kPublished) + from, e, a.spin_wait, error);
+    }
+    if (err != cudaSuccess) return err;
+    err = cudaMemcpyAsync(static_cast<char*>(a.out) + from * band_bytes, p.peer_pub[from],
+                          band_bytes, cudaMemcpyDeviceToDevice, ps);
+    if (err != cudaSuccess) return CopyError(err, error);
+    err = EnqueueWriteValue(ps, Region(p.peer_sync[from], kPulled) + me, e, error);
+    if (err != cudaSuccess) return err;
+    err = cudaEventRecord(p.pull_done[j], ps);
+    if (err != cudaSuccess) {
+      *error = "recording a pull's completion";
+      return err;
+    }
+    err = Join(xla_stream, p.pull_done[j], error);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+// Grows *buf to at least `bytes` (doubling bounds how often; the old buffer stays allocated:
+// cudaFree would synchronize the device while other work may be in flight). "" or why not.
+std::string Grow(void** buf, size_t* have, size_t bytes, const char* what) {
+  if (*have >= bytes) return "";
+  const size_t capacity = std::max(bytes, 2 * *have);
+  void* mem = nullptr;
+  cudaError_t e = cudaMalloc(&mem, capacity);
+  if (e != cudaSuccess) {
+    return Cuda(("allocating " + std::to_string(capacity >> 20) + " MiB for the copy-engine " +
+                 what + " (outside XLA's memory pool; lower XLA_PYTHON_CLIENT_MEM_FRACTION or "
+                 "use OverlapConfig(transport='nccl'))").c_str(), e);
+  }
+  *buf = mem;
+  *have = capacity;
+  return "";
 }
 
 }  // namespace
 
-std::string PreparePeerTransport(CommState& s, size_t bytes) {
+std::string PreparePeerTransport(CommState& s, size_t recv_bytes, size_t pub_bytes) {
   if (cudaSetDevice(s.device) != cudaSuccess) return "cudaSetDevice";
   if (!s.peer) {
     std::string err = CreatePeerState(s);
     if (!err.empty()) return err;
   }
   PeerState& p = *s.peer;
-  if (p.recv_bytes >= bytes) return "";
-  // The old buffer stays allocated (cudaFree would synchronize the device while other work may
-  // be in flight); doubling bounds how often that happens.
-  const size_t capacity = std::max(bytes, 2 * p.recv_bytes);
-  void* recv = nullptr;
-  cudaError_t e = cudaMalloc(&recv, capacity);
-  if (e != cudaSuccess) {
-    return Cuda(("allocating " + std::to_string(capacity >> 20) +
-                 " MiB for the copy-engine receive buffer (outside XLA's memory pool; lower "
-                 "XLA_PYTHON_CLIENT_MEM_FRACTION or use OverlapConfig(transport='nccl'))").c_str(),
-                e);
-  }
-  PeerInfo mine{reinterpret_cast<uint64_t>(recv), reinterpret_cast<uint64_t>(p.sync),
-                static_cast<int32_t>(getpid()), s.device};
+  if (p.recv_bytes >= recv_bytes && p.pub_bytes >= pub_bytes) return "";
+  // Every rank grows in the same call (same shapes), so every rank joins this exchange.
+  std::string err = Grow(&p.recv, &p.recv_bytes, recv_bytes, "receive buffer");
+  if (err.empty()) err = Grow(&p.pub, &p.pub_bytes, pub_bytes, "publish buffer");
+  if (!err.empty()) return err;
+  PeerInfo mine{reinterpret_cast<uint64_t>(p.recv), reinterpret_cast<uint64_t>(p.pub),
+                reinterpret_cast<uint64_t>(p.sync), static_cast<int32_t>(getpid()), s.device};
   auto* slots = static_cast<PeerInfo*>(p.exchange);
   std::vector<PeerInfo> all(s.nranks);
-  e = cudaMemcpyAsync(slots + s.rank, &mine, sizeof(PeerInfo), cudaMemcpyHostToDevice, s.stream);
+  cudaError_t e =
+      cudaMemcpyAsync(slots + s.rank, &mine, sizeof(PeerInfo), cudaMemcpyHostToDevice, s.stream);
   if (e != cudaSuccess) return Cuda("address exchange", e);
   ncclResult_t r = ncclAllGather(slots + s.rank, slots, sizeof(PeerInfo), ncclUint8, s.comm,
                                  s.stream);
@@ -114,10 +198,9 @@ std::string PreparePeerTransport(CommState& s, size_t bytes) {
       return Cuda("enabling peer access", e);
     }
     p.peer_recv[q] = reinterpret_cast<void*>(all[q].recv);
+    p.peer_pub[q] = reinterpret_cast<void*>(all[q].pub);
     p.peer_sync[q] = reinterpret_cast<uint32_t*>(all[q].sync);
   }
-  p.recv = recv;
-  p.recv_bytes = capacity;
   return "";
 }
 
@@ -137,22 +220,22 @@ std::string PeerAccessProblem(const std::vector<int>& ordinals) {
   return "";
 }
 
-cudaError_t EnqueuePeerReduceScatter(CommState& s, cudaStream_t xla_stream,
-                                     const PeerReduceScatterArgs& a, std::string* error) {
+cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
+                                  const PeerCollectiveArgs& a, std::string* error) {
   const int P = s.nranks, me = s.rank;
   if (P < 2 || P > kMaxPeerRanks) {
     *error = "copy-engine transport: 2 to " + std::to_string(kMaxPeerRanks) + " ranks";
     return cudaErrorInvalidValue;
   }
   const size_t band_bytes = a.band_elems * 2;
-  if (!s.peer || s.peer->recv_bytes < (P - 1) * band_bytes) {
+  if (!s.peer || s.peer->recv_bytes < (P - 1) * band_bytes ||
+      (a.all_reduce && s.peer->pub_bytes < band_bytes)) {
     *error = "copy-engine transport used before PreparePeerTransport";
     return cudaErrorInvalidValue;
   }
   PeerState& p = *s.peer;
   const uint32_t e = ++p.epoch;
-  uint32_t* flags = p.sync;
-  uint32_t* acks = p.sync + kMaxPeerRanks;
+  uint32_t* arrived = Region(p.sync, kArrived);
   const char* ws = static_cast<const char*>(a.workspace);
   char* recv = static_cast<char*>(p.recv);
   cudaStream_t cs = p.copy_stream;
@@ -164,11 +247,8 @@ cudaError_t EnqueuePeerReduceScatter(CommState& s, cudaStream_t xla_stream,
     *error = "copy stream waiting for XLA's inputs";
     return err;
   }
-  for (int q = 0; q < P; ++q) {
-    if (q == me) continue;
-    err = EnqueueWaitGeq(cs, acks + q, e - 1, a.spin_wait, error);
-    if (err != cudaSuccess) return err;
-  }
+  err = WaitForPeers(p, cs, kRecvAcked, P, me, e - 1, a.spin_wait, error);
+  if (err != cudaSuccess) return err;
   const size_t first_bytes = a.first_part_elems * 2;
   const int shift = first_bytes > 0 ? 1 : 0;  // counter index of step j >= 1 is j + shift
   for (int j = 0; j + 1 < P; ++j) {
@@ -180,21 +260,15 @@ cudaError_t EnqueuePeerReduceScatter(CommState& s, cudaStream_t xla_stream,
       err = EnqueueWaitGeq(cs, a.counters, a.expected[0], a.spin_wait, error);
       if (err != cudaSuccess) return err;
       err = cudaMemcpyAsync(dst, src, first_bytes, cudaMemcpyDeviceToDevice, cs);
-      if (err != cudaSuccess) {
-        *error = Cuda("copy to the peer GPU", err);
-        return err;
-      }
+      if (err != cudaSuccess) return CopyError(err, error);
       done = first_bytes;
     }
     const int c = j == 0 ? shift : j + shift;
     err = EnqueueWaitGeq(cs, a.counters + c, a.expected[c], a.spin_wait, error);
     if (err != cudaSuccess) return err;
     err = cudaMemcpyAsync(dst + done, src + done, band_bytes - done, cudaMemcpyDeviceToDevice, cs);
-    if (err != cudaSuccess) {
-      *error = Cuda("copy to the peer GPU", err);
-      return err;
-    }
-    err = EnqueueWriteValue(cs, p.peer_sync[to] + j, e, error);
+    if (err != cudaSuccess) return CopyError(err, error);
+    err = EnqueueWriteValue(cs, Region(p.peer_sync[to], kArrived) + j, e, error);
     if (err != cudaSuccess) return err;
   }
   err = cudaEventRecord(p.copies_done, cs);
@@ -210,34 +284,47 @@ cudaError_t EnqueuePeerReduceScatter(CommState& s, cudaStream_t xla_stream,
   // out += last band remains after it: at 8192x8192x2048 the timeline showed the GPU idle ~50 us
   // between the GEMM's end and the last copy's, then a 52 us sum over all P bands; splitting
   // took the call from 0.564 to 0.538 ms. When every copy ends before the GEMM (long K), one
-  // pass over the P bands moves fewer bytes.
+  // pass over the P bands moves fewer bytes. An all-reduce's last pass also writes the publish
+  // buffer, once every peer has read the previous call's.
+  void* own_out = a.all_reduce ? static_cast<char*>(a.out) + me * band_bytes : a.out;
+  void* pub = nullptr;
+  if (a.all_reduce) {
+    pub = p.pub;
+    err = WaitForPeers(p, xla_stream, kPulled, P, me, p.last_publish, a.spin_wait, error);
+    if (err != cudaSuccess) return err;
+  }
   const void* parts[kMaxPeerRanks];
   parts[0] = ws + me * band_bytes;
-  if (!a.split_sum || P == 2) {
-    for (int j = 0; j + 1 < P; ++j) {
-      err = EnqueueWaitGeq(xla_stream, flags + j, e, a.spin_wait, error);
-      if (err != cudaSuccess) return err;
-      parts[j + 1] = recv + j * band_bytes;
-    }
-    err = LaunchBandSum(xla_stream, a.dtype, parts, P, a.out, a.band_elems, error);
-    if (err != cudaSuccess) return err;
-    return Acknowledge(p, xla_stream, P, me, e, error);
-  }
-  for (int j = 0; j + 2 < P; ++j) {
-    err = EnqueueWaitGeq(xla_stream, flags + j, e, a.spin_wait, error);
+  const bool split = a.split_sum && P > 2;
+  const int early = split ? P - 2 : P - 1;  // received bands summed in the first pass
+  for (int j = 0; j < early; ++j) {
+    err = EnqueueWaitGeq(xla_stream, arrived + j, e, a.spin_wait, error);
     if (err != cudaSuccess) return err;
     parts[j + 1] = recv + j * band_bytes;
   }
-  const void* last[2] = {a.out, recv + (P - 2) * band_bytes};
-  err = LaunchBandSum(xla_stream, a.dtype, parts, P - 1, a.out, a.band_elems, error);
+  err = LaunchBandSum(xla_stream, a.dtype, parts, early + 1, own_out, a.band_elems, error, 0,
+                      split ? nullptr : pub);
   if (err != cudaSuccess) return err;
-  err = EnqueueWaitGeq(xla_stream, flags + (P - 2), e, a.spin_wait, error);
-  if (err != cudaSuccess) return err;
-  // out = out + last band, elementwise in place (each element read before it is written, by the
-  // same thread).
-  err = LaunchBandSum(xla_stream, a.dtype, last, 2, a.out, a.band_elems, error);
-  if (err != cudaSuccess) return err;
-  return Acknowledge(p, xla_stream, P, me, e, error);
+  if (split) {
+    err = EnqueueWaitGeq(xla_stream, arrived + (P - 2), e, a.spin_wait, error);
+    if (err != cudaSuccess) return err;
+    // out = out + last band, elementwise in place (each element read before it is written, by
+    // the same thread).
+    const void* last[2] = {own_out, recv + (P - 2) * band_bytes};
+    err = LaunchBandSum(xla_stream, a.dtype, last, 2, own_out, a.band_elems, error, 0, pub);
+    if (err != cudaSuccess) return err;
+  }
+  if (a.all_reduce) {
+    err = TellPeers(p, xla_stream, kPublished, P, me, e, error);
+    if (err != cudaSuccess) return err;
+    p.last_publish = e;
+  }
+  // The receive slots are free again; XLA's stream then waits for this rank's pushes (they read
+  // the workspace, which XLA may reuse after the call) and pulls (they write the output).
+  err = TellPeers(p, xla_stream, kRecvAcked, P, me, e, error);
+  if (err == cudaSuccess) err = Join(xla_stream, p.copies_done, error);
+  if (err == cudaSuccess && a.all_reduce) err = EnqueuePulls(s, xla_stream, a, e, error);
+  return err;
 }
 
 }  // namespace fo_jax

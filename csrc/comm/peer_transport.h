@@ -1,17 +1,26 @@
-// The copy-engine reduce-scatter (benchmarks/NOTES.md §6): instead of NCCL's collective kernels,
+// The copy-engine transport (benchmarks/NOTES.md §6-8): instead of NCCL's collective kernels,
 // the bytes move as copy-engine writes straight into the other GPUs' memory, so the GEMM keeps
 // every SM. Rank r's GEMM visits its output by destination band: r+1, r+2, ..., r+P-1, then its
 // own band last (a tile-row rotation). Step j copies the whole band for rank (r+1+j) % P into that
 // rank's receive slot j as soon as the band's counter is full; all ranks together form a
 // permutation per step (each GPU sends to one peer and receives from one). The own band needs no
 // communication; band-sum kernels on XLA's stream add the P - 1 received bands to it (those
-// already there while the last one is in flight, then the last).
+// already there while the last one is in flight, then the last). That is the reduce-scatter.
+//
+// All-reduce = that reduce-scatter, then an all-gather: the last band sum also writes the summed
+// band into this rank's publish buffer, a flag tells every peer, and each rank's copy engines
+// pull the other P - 1 summed bands from the peers' publish buffers straight into its output
+// (pulls, not pushes: the destination is this call's XLA buffer, whose address only this rank
+// knows; the publish buffers are fo_jax's own, their addresses exchanged once). Pull step j reads
+// from rank (r+1+j) % P, again a permutation per step; each step has its own copy stream so the
+// P - 1 pulls run concurrently.
 //
 // Synchronization uses stream memory operations only (no SM): cuStreamWaitValue32 on the GEMM's
 // counters and on arrival flags, cuStreamWriteValue32 to a peer's flag after the copy (the write
-// fences the copy: stream_wait.h). Flags carry a per-call epoch, so they are never reset; an
+// fences the copy: stream_wait.h). Flags carry a per-call epoch, so they are never reset. An
 // acknowledgement word per sender (written after the band sum) keeps a sender from overwriting a
-// receive slot that its owner still reads from the previous call.
+// receive slot that its owner still reads from the previous call; a "pulled" word per reader
+// keeps an owner from overwriting its publish buffer before every peer has read it.
 //
 // Scope: all ranks of the group in one process (JAX's one-process-per-host mode) with peer access
 // between every pair of GPUs (NVLink/NVSwitch machines); otherwise the NCCL transport is used.
@@ -31,28 +40,45 @@ namespace fo_jax {
 
 constexpr int kMaxPeerRanks = 16;
 
-// Per communicator (CommState::peer): receive buffer, flags, the peers' addresses, a copy stream.
+// Layout of PeerState::sync, in units of kMaxPeerRanks words.
+enum PeerSyncRegion {
+  kArrived = 0,    // [j]: epoch of the band that arrived in receive slot j
+  kRecvAcked = 1,  // [q]: last epoch in which rank q finished reading its receive slots
+  kPublished = 2,  // [q]: last epoch in which rank q published its summed band (all-reduce)
+  kPulled = 3,     // [q]: last epoch in which rank q finished reading this rank's publish buffer
+  kSyncRegions = 4,
+};
+
+// Per communicator (CommState::peer): buffers, flags, the peers' addresses, copy streams.
 struct PeerState {
   cudaStream_t copy_stream = nullptr;  // highest priority
   cudaEvent_t copies_done = nullptr;
-  // sync[j] (j < P - 1): epoch of the band that arrived in receive slot j;
-  // sync[kMaxPeerRanks + q]: last epoch in which rank q finished reading its receive slots.
-  uint32_t* sync = nullptr;
-  void* recv = nullptr;  // P - 1 receive slots of one band each
+  cudaStream_t pull_stream[kMaxPeerRanks] = {};  // all-reduce pull step j (created on first use)
+  cudaEvent_t pull_done[kMaxPeerRanks] = {};
+  uint32_t* sync = nullptr;  // kSyncRegions * kMaxPeerRanks words, see PeerSyncRegion
+  void* recv = nullptr;      // P - 1 receive slots of one band each
   size_t recv_bytes = 0;
+  void* pub = nullptr;  // all-reduce: this rank's summed band, read by the peers
+  size_t pub_bytes = 0;
   void* exchange = nullptr;  // device scratch for the address all-gather
   void* peer_recv[kMaxPeerRanks] = {};
+  void* peer_pub[kMaxPeerRanks] = {};
   uint32_t* peer_sync[kMaxPeerRanks] = {};
   uint32_t epoch = 0;
+  uint32_t last_publish = 0;  // epoch of this rank's last publish (same on every rank)
 };
 
 // "" when every ordered pair of these local device ordinals has peer access, else why not.
 std::string PeerAccessProblem(const std::vector<int>& ordinals);
 
-struct PeerReduceScatterArgs {
+struct PeerCollectiveArgs {
   GemmDtype dtype = GemmDtype::kBF16;
-  const void* workspace = nullptr;  // [P * band rows, N], natural row order (the GEMM's output)
-  void* out = nullptr;              // [band rows, N]
+  // Reduce-scatter: workspace = the GEMM's output [P * band rows, N] in natural row order, out =
+  // [band rows, N]. All-reduce: the GEMM writes straight into the output, workspace = out =
+  // [P * band rows, N]; the own band is summed in place, the others are overwritten by the pulls.
+  bool all_reduce = false;
+  const void* workspace = nullptr;
+  void* out = nullptr;
   size_t band_elems = 0;            // band rows * N
   // One counter per band in visit order (step j waits counters[j]); with first_part_elems > 0
   // the first band is two groups (counters 0 and 1, each copied as soon as it is done: the chain
@@ -67,18 +93,20 @@ struct PeerReduceScatterArgs {
   bool split_sum = true;
 };
 
-// Before the call's GEMM: on first use (and when a larger band arrives) allocates the receive
-// buffer for `bytes` (never freed: cudaFree would synchronize the device) and exchanges addresses
-// with the other ranks over the communicator: collective, blocks until every rank arrives (all
-// ranks make the same calls in the same order). "" or why it failed.
-std::string PreparePeerTransport(CommState& state, size_t bytes);
+// Before the call's GEMM: on first use (and when a larger call arrives) allocates the receive
+// buffer for `recv_bytes` and the publish buffer for `pub_bytes` (never freed: cudaFree would
+// synchronize the device) and exchanges addresses with the other ranks over the communicator:
+// collective, blocks until every rank arrives (all ranks make the same calls in the same order,
+// so they grow their buffers in the same calls). "" or why it failed.
+std::string PreparePeerTransport(CommState& state, size_t recv_bytes, size_t pub_bytes);
 
-// Precondition (caller, on `xla_stream`): PreparePeerTransport for (P - 1) * band bytes, counters
-// zeroed, state.inputs_ready recorded, then the GEMM launched with rotate_tile_rows =
-// ((rank + 1) % P) * band tile-rows and one group per band. Enqueues the copies on the copy
-// stream and the waits, band sum and acknowledgements on `xla_stream`, which finally waits for
-// the copy stream.
-cudaError_t EnqueuePeerReduceScatter(CommState& state, cudaStream_t xla_stream,
-                                     const PeerReduceScatterArgs& args, std::string* error);
+// Precondition (caller, on `xla_stream`): PreparePeerTransport for (P - 1) * band bytes of
+// receive buffer (and one band of publish buffer for an all-reduce), counters zeroed,
+// state.inputs_ready recorded, then the GEMM launched with rotate_tile_rows =
+// ((rank + 1) % P) * band tile-rows and one group per band. Enqueues the pushes on the copy
+// stream, the waits, band sum and acknowledgements on `xla_stream`, for an all-reduce the pulls on
+// the pull streams; `xla_stream` finally waits for all of them.
+cudaError_t EnqueuePeerCollective(CommState& state, cudaStream_t xla_stream,
+                                  const PeerCollectiveArgs& args, std::string* error);
 
 }  // namespace fo_jax

@@ -1,7 +1,8 @@
 // fo_jax_overlapped_matmul_ffi: one call = zero counters, signaling GEMM on XLA's stream,
-// counter-gated NCCL per group on the comm stream, join; or, with the copy-engine transport
-// (reduce-scatter), the GEMM in destination-band order and counter-gated copies into the peers'
-// memory plus a band sum (comm/peer_transport.h). The mesh table attributes say which rank of
+// counter-gated NCCL per group on the comm stream, join; or, with the copy-engine transport,
+// the GEMM in destination-band order and counter-gated copies into the peers' memory plus a band
+// sum, and for an all-reduce the summed bands pulled back from the peers
+// (comm/peer_transport.h). The mesh table attributes say which rank of
 // which tensor-parallel group this device is; the communicator is created on first use.
 #include "ffi/overlap_ffi.h"
 
@@ -98,8 +99,8 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
 
   if (transport != 0 && transport != 1) return ffi::Error::InvalidArgument("transport");
   const bool copy_engine = transport == 1;
-  if (copy_engine && !rs) {
-    return ffi::Error::InvalidArgument("fo_jax: the copy-engine transport is reduce-scatter only");
+  if (copy_engine && M % nranks) {
+    return ffi::Error::InvalidArgument("fo_jax: copy-engine transport: M not divisible by P");
   }
 
   SignalingGemmArgs args;
@@ -121,7 +122,7 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     return ffi::Error::InvalidArgument("fo_jax: counters must have one entry per group");
   }
   args.counters = counters->typed_data();
-  PeerReduceScatterArgs peer;
+  PeerCollectiveArgs peer;
   if (copy_engine) {
     // One group per destination band, in visit order (optionally the first band as two groups);
     // the rotation makes logical band j the physical band (rank + 1 + j) % P, so the own band
@@ -148,7 +149,8 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     args.config = cfg;
     args.rotate_tile_rows = ((me.rank + 1) % nranks) * tiles_band;
     peer.dtype = args.dtype;
-    peer.workspace = args.d;
+    peer.all_reduce = !rs;
+    peer.workspace = args.d;  // reduce-scatter: the workspace; all-reduce: the output itself
     peer.out = out->untyped_data();
     peer.band_elems = static_cast<size_t>(band_rows * N);
     peer.counters = args.counters;
@@ -163,7 +165,8 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     const double gemm_s = 2.0 * double(M) * double(N) * double(K) / 780e12;
     const double copy_s = double(peer.band_elems) * 2.0 / 330e9;
     peer.split_sum = copy_s > gemm_s / nranks;
-    msg = PreparePeerTransport(*state, (nranks - 1) * peer.band_elems * 2);
+    const size_t band_bytes = peer.band_elems * 2;
+    msg = PreparePeerTransport(*state, (nranks - 1) * band_bytes, rs ? 0 : band_bytes);
     if (!msg.empty()) return ffi::Error::Internal("fo_jax: " + msg);
   }
 
@@ -176,7 +179,7 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   cudaError_t err = LaunchSignalingGemm(stream, args, &msg);
   if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: GEMM launch: " + msg);
   if (copy_engine) {
-    err = EnqueuePeerReduceScatter(*state, stream, peer, &msg);
+    err = EnqueuePeerCollective(*state, stream, peer, &msg);
     if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: copy-engine transport: " + msg);
     return ffi::Error::Success();
   }
@@ -206,7 +209,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int32_t>("sm_budget")                      // GEMM SMs (0: all)
         .Attr<int32_t>("nccl_max_ctas")                  // NCCL CTA bound (0: default)
         .Attr<bool>("spin_wait")                         // spin kernel instead of WaitValue32
-        .Attr<int32_t>("transport")                      // 0 NCCL, 1 copy engine (RS only)
+        .Attr<int32_t>("transport")                      // 0 NCCL, 1 copy engine
         .Attr<int32_t>("nranks")                         // axis size
         .Attr<int32_t>("process")                        // this process's index
         .Attr<ffi::Span<const int32_t>>("mesh_process")  // per mesh device: process index
