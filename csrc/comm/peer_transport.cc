@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "comm/stream_wait.h"
+#include "kernels/band_gather.h"
 #include "kernels/band_sum.h"
 
 namespace fo_jax {
@@ -42,6 +43,7 @@ std::string CreatePeerState(CommState& s) {
   if (e != cudaSuccess) return Cuda("zeroing the copy-engine flags", e);
   std::string err;
   if (LoadBandSumKernels(&err) != cudaSuccess) return err;
+  if (LoadBandGatherKernel(&err) != cudaSuccess) return err;
   s.peer = std::move(p);
   return "";
 }
@@ -90,22 +92,24 @@ cudaError_t EnqueuePulls(CommState& s, cudaStream_t xla_stream, const PeerCollec
   PeerState& p = *s.peer;
   const int P = s.nranks, me = s.rank;
   const size_t band_bytes = a.band_elems * 2;
+  const bool serial = a.gather == AllGatherMode::kCopySerial;
   for (int j = 0; j + 1 < P; ++j) {
-    if (p.pull_stream[j] == nullptr) {
+    const int k = serial ? 0 : j;  // the stream of this pull
+    if (p.pull_stream[k] == nullptr) {
       int least = 0, greatest = 0;
       cudaError_t err = cudaDeviceGetStreamPriorityRange(&least, &greatest);
       if (err == cudaSuccess) {
-        err = cudaStreamCreateWithPriority(&p.pull_stream[j], cudaStreamNonBlocking, greatest);
+        err = cudaStreamCreateWithPriority(&p.pull_stream[k], cudaStreamNonBlocking, greatest);
       }
       if (err == cudaSuccess) {
-        err = cudaEventCreateWithFlags(&p.pull_done[j], cudaEventDisableTiming);
+        err = cudaEventCreateWithFlags(&p.pull_done[k], cudaEventDisableTiming);
       }
       if (err != cudaSuccess) {
         *error = Cuda("creating a pull stream", err);
         return err;
       }
     }
-    cudaStream_t ps = p.pull_stream[j];
+    cudaStream_t ps = p.pull_stream[k];
     const int from = (me + 1 + j) % P;
     // The pull overwrites rows this rank's own push of band `from` reads; the owner publishes
     // only after that push arrived (its flag follows the copy), so waiting for the publish flag
@@ -120,15 +124,38 @@ cudaError_t EnqueuePulls(CommState& s, cudaStream_t xla_stream, const PeerCollec
     if (err != cudaSuccess) return CopyError(err, error);
     err = EnqueueWriteValue(ps, Region(p.peer_sync[from], kPulled) + me, e, error);
     if (err != cudaSuccess) return err;
-    err = cudaEventRecord(p.pull_done[j], ps);
+    if (serial && j + 2 < P) continue;  // one join after the last pull
+    err = cudaEventRecord(p.pull_done[k], ps);
     if (err != cudaSuccess) {
       *error = "recording a pull's completion";
       return err;
     }
-    err = Join(xla_stream, p.pull_done[j], error);
+    err = Join(xla_stream, p.pull_done[k], error);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
+}
+
+// All-reduce, the SM variant: once every peer has published, one kernel on XLA's stream reads
+// the P - 1 summed bands over NVLink into this rank's output, then this rank tells the owners
+// their publish buffers are free again.
+cudaError_t EnqueueSmGather(CommState& s, cudaStream_t xla_stream, const PeerCollectiveArgs& a,
+                            uint32_t e, std::string* error) {
+  PeerState& p = *s.peer;
+  const int P = s.nranks, me = s.rank;
+  const size_t band_bytes = a.band_elems * 2;
+  cudaError_t err = WaitForPeers(p, xla_stream, kPublished, P, me, e, a.spin_wait, error);
+  if (err != cudaSuccess) return err;
+  const void* src[kMaxPeerRanks];
+  void* dst[kMaxPeerRanks];
+  for (int j = 0; j + 1 < P; ++j) {
+    const int from = (me + 1 + j) % P;
+    src[j] = p.peer_pub[from];
+    dst[j] = static_cast<char*>(a.out) + from * band_bytes;
+  }
+  err = LaunchBandGather(xla_stream, src, dst, P - 1, band_bytes, error);
+  if (err != cudaSuccess) return err;
+  return TellPeers(p, xla_stream, kPulled, P, me, e, error);
 }
 
 // Grows *buf to at least `bytes` (doubling bounds how often; the old buffer stays allocated:
@@ -323,8 +350,9 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   // the workspace, which XLA may reuse after the call) and pulls (they write the output).
   err = TellPeers(p, xla_stream, kRecvAcked, P, me, e, error);
   if (err == cudaSuccess) err = Join(xla_stream, p.copies_done, error);
-  if (err == cudaSuccess && a.all_reduce) err = EnqueuePulls(s, xla_stream, a, e, error);
-  return err;
+  if (err != cudaSuccess || !a.all_reduce) return err;
+  return a.gather == AllGatherMode::kSmLoads ? EnqueueSmGather(s, xla_stream, a, e, error)
+                                              : EnqueuePulls(s, xla_stream, a, e, error);
 }
 
 }  // namespace fo_jax

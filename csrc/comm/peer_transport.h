@@ -71,6 +71,12 @@ struct PeerState {
 // "" when every ordered pair of these local device ordinals has peer access, else why not.
 std::string PeerAccessProblem(const std::vector<int>& ordinals);
 
+enum class AllGatherMode : int {
+  kCopyStreams = 0,  // P - 1 copy-engine pulls, one stream each, concurrent
+  kCopySerial = 1,   // the same pulls one after the other on one stream
+  kSmLoads = 2,      // one kernel on XLA's stream reads every peer's band over NVLink
+};
+
 struct PeerCollectiveArgs {
   GemmDtype dtype = GemmDtype::kBF16;
   // Reduce-scatter: workspace = the GEMM's output [P * band rows, N] in natural row order, out =
@@ -87,6 +93,8 @@ struct PeerCollectiveArgs {
   uint32_t expected[kMaxPeerRanks + 1] = {};
   size_t first_part_elems = 0;
   bool spin_wait = false;
+  // All-reduce: how the summed bands come back (measured against each other: NOTES.md §8).
+  AllGatherMode gather = AllGatherMode::kSmLoads;
   // Sum the bands already received while the last one is still in flight (two passes: more
   // memory traffic, but off the critical path when the last copy outlasts the GEMM). The caller
   // sets it when the last band's copy is expected to end after the GEMM (short K).

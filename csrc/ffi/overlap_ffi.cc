@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -29,6 +30,19 @@ struct MeshEntry {
   int rank = -1;
   int group = -1;
 };
+
+// FO_JAX_CE_GATHER=streams|serial|sm picks how a copy-engine all-reduce brings the summed bands
+// back (a measurement knob, read once; unset: the measured best, see AllGatherMode).
+AllGatherMode AllGatherModeFromEnv() {
+  static const AllGatherMode mode = [] {
+    const char* v = std::getenv("FO_JAX_CE_GATHER");
+    const std::string s = v ? v : "";
+    if (s == "streams") return AllGatherMode::kCopyStreams;
+    if (s == "serial") return AllGatherMode::kCopySerial;
+    return AllGatherMode::kSmLoads;
+  }();
+  return mode;
+}
 
 // This device's rank and group from the mesh table (one row per mesh device); "" or a message.
 std::string FindSelf(int32_t process, int32_t device, ffi::Span<const int32_t> procs,
@@ -160,6 +174,7 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     peer.first_part_elems =
         split ? static_cast<size_t>(args.group_begin[1]) * c.tile_m * static_cast<size_t>(N) : 0;
     peer.spin_wait = spin_wait;
+    peer.gather = AllGatherModeFromEnv();
     // Does the last band's copy (started when the GEMM is (P-1)/P done) end after the GEMM?
     // Rough H100/H200 rates, as in fo_jax/_plan.py: ~780 TFLOP/s of GEMM, ~330 GB/s per copy.
     const double gemm_s = 2.0 * double(M) * double(N) * double(K) / 780e12;
