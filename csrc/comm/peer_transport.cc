@@ -73,6 +73,33 @@ cudaError_t WaitForPeers(PeerState& p, cudaStream_t stream, PeerSyncRegion regio
   return cudaSuccess;
 }
 
+uint64_t* OutTable(uint32_t* sync) {
+  return reinterpret_cast<uint64_t*>(Region(sync, kOutTable));
+}
+
+// All-reduce with stores: writes this call's output address into every peer's out table (slot j
+// of rank q holds the address of rank (q + 1 + j) % P) and flags it with the epoch. The peer's
+// band sum reads it on the GPU; the address stays valid until this rank's call ends, which waits
+// for the peer's publish flag (written after that sum).
+cudaError_t SendOutputAddress(PeerState& p, cudaStream_t stream, void* out, int P, int me,
+                              uint32_t e, std::string* error) {
+  const uint64_t address = reinterpret_cast<uint64_t>(out);
+  for (int q = 0; q < P; ++q) {
+    if (q == me) continue;
+    const int slot = (me - q - 1 + P) % P;
+    auto* words = reinterpret_cast<uint32_t*>(OutTable(p.peer_sync[q]) + slot);
+    cudaError_t err = EnqueueWriteValue(stream, words, uint32_t(address), error);
+    if (err == cudaSuccess) {
+      err = EnqueueWriteValue(stream, words + 1, uint32_t(address >> 32), error);
+    }
+    if (err == cudaSuccess) {
+      err = EnqueueWriteValue(stream, Region(p.peer_sync[q], kOutReady) + me, e, error);
+    }
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
 cudaError_t Join(cudaStream_t xla_stream, cudaEvent_t done, std::string* error) {
   cudaError_t err = cudaStreamWaitEvent(xla_stream, done, 0);
   if (err != cudaSuccess) *error = "joining a copy stream into XLA's stream";
@@ -274,6 +301,11 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     *error = "copy stream waiting for XLA's inputs";
     return err;
   }
+  const bool stores = a.all_reduce && a.gather == AllGatherMode::kSmStores;
+  if (stores) {
+    err = SendOutputAddress(p, cs, a.out, P, me, e, error);
+    if (err != cudaSuccess) return err;
+  }
   err = WaitForPeers(p, cs, kRecvAcked, P, me, e - 1, a.spin_wait, error);
   if (err != cudaSuccess) return err;
   const size_t first_bytes = a.first_part_elems * 2;
@@ -315,7 +347,15 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   // buffer, once every peer has read the previous call's.
   void* own_out = a.all_reduce ? static_cast<char*>(a.out) + me * band_bytes : a.out;
   void* pub = nullptr;
-  if (a.all_reduce) {
+  RemoteOutputs remote;
+  if (stores) {
+    // The last pass also writes the summed band into the same rows of every peer's output.
+    err = WaitForPeers(p, xla_stream, kOutReady, P, me, e, a.spin_wait, error);
+    if (err != cudaSuccess) return err;
+    remote.table = OutTable(p.sync);
+    remote.count = P - 1;
+    remote.offset_bytes = me * band_bytes;
+  } else if (a.all_reduce) {
     pub = p.pub;
     err = WaitForPeers(p, xla_stream, kPulled, P, me, p.last_publish, a.spin_wait, error);
     if (err != cudaSuccess) return err;
@@ -330,7 +370,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     parts[j + 1] = recv + j * band_bytes;
   }
   err = LaunchBandSum(xla_stream, a.dtype, parts, early + 1, own_out, a.band_elems, error, 0,
-                      split ? nullptr : pub);
+                      split ? nullptr : pub, split ? RemoteOutputs{} : remote);
   if (err != cudaSuccess) return err;
   if (split) {
     err = EnqueueWaitGeq(xla_stream, arrived + (P - 2), e, a.spin_wait, error);
@@ -338,19 +378,22 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     // out = out + last band, elementwise in place (each element read before it is written, by
     // the same thread).
     const void* last[2] = {own_out, recv + (P - 2) * band_bytes};
-    err = LaunchBandSum(xla_stream, a.dtype, last, 2, own_out, a.band_elems, error, 0, pub);
+    err = LaunchBandSum(xla_stream, a.dtype, last, 2, own_out, a.band_elems, error, 0, pub,
+                        remote);
     if (err != cudaSuccess) return err;
   }
   if (a.all_reduce) {
     err = TellPeers(p, xla_stream, kPublished, P, me, e, error);
     if (err != cudaSuccess) return err;
-    p.last_publish = e;
+    if (!stores) p.last_publish = e;
   }
   // The receive slots are free again; XLA's stream then waits for this rank's pushes (they read
   // the workspace, which XLA may reuse after the call) and pulls (they write the output).
   err = TellPeers(p, xla_stream, kRecvAcked, P, me, e, error);
   if (err == cudaSuccess) err = Join(xla_stream, p.copies_done, error);
   if (err != cudaSuccess || !a.all_reduce) return err;
+  // Stores: the call is done when every peer's summed band has landed in this rank's output.
+  if (stores) return WaitForPeers(p, xla_stream, kPublished, P, me, e, a.spin_wait, error);
   return a.gather == AllGatherMode::kSmLoads ? EnqueueSmGather(s, xla_stream, a, e, error)
                                               : EnqueuePulls(s, xla_stream, a, e, error);
 }

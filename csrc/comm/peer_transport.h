@@ -46,7 +46,9 @@ enum PeerSyncRegion {
   kRecvAcked = 1,  // [q]: last epoch in which rank q finished reading its receive slots
   kPublished = 2,  // [q]: last epoch in which rank q published its summed band (all-reduce)
   kPulled = 3,     // [q]: last epoch in which rank q finished reading this rank's publish buffer
-  kSyncRegions = 4,
+  kOutReady = 4,   // [q]: epoch of the output address rank q wrote into the out table (stores)
+  kOutTable = 5,   // 2 regions: [j] (64-bit): output address of rank (this + 1 + j) % P
+  kSyncRegions = 7,
 };
 
 // Per communicator (CommState::peer): buffers, flags, the peers' addresses, copy streams.
@@ -75,6 +77,7 @@ enum class AllGatherMode : int {
   kCopyStreams = 0,  // P - 1 copy-engine pulls, one stream each, concurrent
   kCopySerial = 1,   // the same pulls one after the other on one stream
   kSmLoads = 2,      // one kernel on XLA's stream reads every peer's band over NVLink
+  kSmStores = 3,     // the last band-sum pass writes straight into every peer's output
 };
 
 struct PeerCollectiveArgs {
@@ -94,7 +97,7 @@ struct PeerCollectiveArgs {
   size_t first_part_elems = 0;
   bool spin_wait = false;
   // All-reduce: how the summed bands come back (measured against each other: NOTES.md §8).
-  AllGatherMode gather = AllGatherMode::kSmLoads;
+  AllGatherMode gather = AllGatherMode::kSmStores;
   // Sum the bands already received while the last one is still in flight (two passes: more
   // memory traffic, but off the critical path when the last copy outlasts the GEMM). The caller
   // sets it when the last band's copy is expected to end after the GEMM (short K).

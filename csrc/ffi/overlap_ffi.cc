@@ -31,7 +31,7 @@ struct MeshEntry {
   int group = -1;
 };
 
-// FO_JAX_CE_GATHER=streams|serial|sm picks how a copy-engine all-reduce brings the summed bands
+// FO_JAX_CE_GATHER=streams|serial|loads|stores picks how a copy-engine all-reduce brings the summed bands
 // back (a measurement knob, read once; unset: the measured best, see AllGatherMode).
 AllGatherMode AllGatherModeFromEnv() {
   static const AllGatherMode mode = [] {
@@ -39,7 +39,8 @@ AllGatherMode AllGatherModeFromEnv() {
     const std::string s = v ? v : "";
     if (s == "streams") return AllGatherMode::kCopyStreams;
     if (s == "serial") return AllGatherMode::kCopySerial;
-    return AllGatherMode::kSmLoads;
+    if (s == "loads") return AllGatherMode::kSmLoads;
+    return AllGatherMode::kSmStores;
   }();
   return mode;
 }
@@ -181,7 +182,8 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     const double copy_s = double(peer.band_elems) * 2.0 / 330e9;
     peer.split_sum = copy_s > gemm_s / nranks;
     const size_t band_bytes = peer.band_elems * 2;
-    msg = PreparePeerTransport(*state, (nranks - 1) * band_bytes, rs ? 0 : band_bytes);
+    const bool publish = !rs && peer.gather != AllGatherMode::kSmStores;
+    msg = PreparePeerTransport(*state, (nranks - 1) * band_bytes, publish ? band_bytes : 0);
     if (!msg.empty()) return ffi::Error::Internal("fo_jax: " + msg);
   }
 

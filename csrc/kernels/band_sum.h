@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "kernels/signaling_gemm.h"
@@ -20,9 +21,19 @@ constexpr int kMaxBandSumParts = 16;
 // receives the same values (the copy-engine all-reduce publishes its summed band there for the
 // other ranks to read). max_blocks > 0 caps the grid (the probes measure the sum on a few SMs
 // next to a GEMM); 0: two blocks per SM.
+//
+// Remote outputs (the copy-engine all-reduce's way back): `remote_outs` is a device array of
+// nremote addresses (this kernel reads them: other GPUs wrote them, stream_wait.h), each plus
+// remote_offset bytes receives the same values too, typically another GPU's memory over NVLink.
+struct RemoteOutputs {
+  const uint64_t* table = nullptr;
+  int count = 0;
+  size_t offset_bytes = 0;
+};
 cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* const* parts,
                           int nparts, void* out, size_t count, std::string* error,
-                          int max_blocks = 0, void* copy_out = nullptr);
+                          int max_blocks = 0, void* copy_out = nullptr,
+                          RemoteOutputs remote = {});
 
 // Loads both instantiations into the current device's context (lazy loading would otherwise
 // serialize their first launch behind the running GEMM: DESIGN.md). Idempotent.
