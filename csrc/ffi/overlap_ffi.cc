@@ -31,8 +31,8 @@ struct MeshEntry {
   int group = -1;
 };
 
-// FO_JAX_CE_GATHER=streams|serial|loads|stores picks how a copy-engine all-reduce brings the summed bands
-// back (a measurement knob, read once; unset: the measured best, see AllGatherMode).
+// FO_JAX_CE_GATHER=streams|serial|loads|stores picks how a copy-engine all-reduce brings the
+// summed bands back (a measurement knob, read once; unset: the measured best, AllGatherMode).
 AllGatherMode AllGatherModeFromEnv() {
   static const AllGatherMode mode = [] {
     const char* v = std::getenv("FO_JAX_CE_GATHER");
