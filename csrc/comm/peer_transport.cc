@@ -282,8 +282,10 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     return cudaErrorInvalidValue;
   }
   const size_t band_bytes = a.band_elems * 2;
+  const bool stores = a.all_reduce && a.gather == AllGatherMode::kSmStores;
+  const bool publish = a.all_reduce && !stores;  // the others pull from the publish buffer
   if (!s.peer || s.peer->recv_bytes < (P - 1) * band_bytes ||
-      (a.all_reduce && s.peer->pub_bytes < band_bytes)) {
+      (publish && s.peer->pub_bytes < band_bytes)) {
     *error = "copy-engine transport used before PreparePeerTransport";
     return cudaErrorInvalidValue;
   }
@@ -301,7 +303,6 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     *error = "copy stream waiting for XLA's inputs";
     return err;
   }
-  const bool stores = a.all_reduce && a.gather == AllGatherMode::kSmStores;
   if (stores) {
     err = SendOutputAddress(p, cs, a.out, P, me, e, error);
     if (err != cudaSuccess) return err;
@@ -355,7 +356,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     remote.table = OutTable(p.sync);
     remote.count = P - 1;
     remote.offset_bytes = me * band_bytes;
-  } else if (a.all_reduce) {
+  } else if (publish) {
     pub = p.pub;
     err = WaitForPeers(p, xla_stream, kPulled, P, me, p.last_publish, a.spin_wait, error);
     if (err != cudaSuccess) return err;
