@@ -18,6 +18,9 @@ export FO_JAX_COMMIT
 t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
 stamp install
+# A warm machine keeps /tmp/site from the previous call, and `pip install --target` does not
+# replace a package already there (it warns and skips): start empty, or the old build runs.
+rm -rf /tmp/site
 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/site \
   -C cmake.define.FO_JAX_PREBUILT_CUDA_LIB="$PWD/.devbuild/libfo_jax_cuda.a" . \
   > /tmp/install.log 2>&1 || { tail -40 /tmp/install.log; exit 1; }
