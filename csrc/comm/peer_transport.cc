@@ -8,7 +8,6 @@
 #include <memory>
 
 #include "comm/stream_wait.h"
-#include "kernels/band_gather.h"
 #include "kernels/band_sum.h"
 
 namespace fo_jax {
@@ -16,7 +15,6 @@ namespace {
 
 struct PeerInfo {
   uint64_t recv;
-  uint64_t pub;
   uint64_t sync;
   int32_t pid;
   int32_t device;
@@ -33,7 +31,11 @@ std::string CreatePeerState(CommState& s) {
   if (e == cudaSuccess) {
     e = cudaStreamCreateWithPriority(&p->copy_stream, cudaStreamNonBlocking, greatest);
   }
+  if (e == cudaSuccess) {
+    e = cudaStreamCreateWithPriority(&p->copy_stream2, cudaStreamNonBlocking, greatest);
+  }
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->copies_done, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->half_done, cudaEventDisableTiming);
   if (e != cudaSuccess) return Cuda("creating the copy stream", e);
   constexpr size_t sync_bytes = kSyncRegions * kMaxPeerRanks * sizeof(uint32_t);
   e = cudaMalloc(&p->sync, sync_bytes);
@@ -43,7 +45,6 @@ std::string CreatePeerState(CommState& s) {
   if (e != cudaSuccess) return Cuda("zeroing the copy-engine flags", e);
   std::string err;
   if (LoadBandSumKernels(&err) != cudaSuccess) return err;
-  if (LoadBandGatherKernel(&err) != cudaSuccess) return err;
   s.peer = std::move(p);
   return "";
 }
@@ -77,10 +78,10 @@ uint64_t* OutTable(uint32_t* sync) {
   return reinterpret_cast<uint64_t*>(Region(sync, kOutTable));
 }
 
-// All-reduce with stores: writes this call's output address into every peer's out table (slot j
-// of rank q holds the address of rank (q + 1 + j) % P) and flags it with the epoch. The peer's
-// band sum reads it on the GPU; the address stays valid until this rank's call ends, which waits
-// for the peer's publish flag (written after that sum).
+// All-reduce: writes this call's output address into every peer's out table (slot j of rank q
+// holds the address of rank (q + 1 + j) % P) and flags it with the epoch. The peer's band sum
+// reads it on the GPU; the address stays valid until this rank's call ends, which waits for the
+// peer's kStored flag (written after that sum).
 cudaError_t SendOutputAddress(PeerState& p, cudaStream_t stream, void* out, int P, int me,
                               uint32_t e, std::string* error) {
   const uint64_t address = reinterpret_cast<uint64_t>(out);
@@ -111,78 +112,31 @@ cudaError_t CopyError(cudaError_t e, std::string* error) {
   return e;
 }
 
-// All-reduce, after the band sum published this rank's band: pull step j copies the summed band
-// of rank (me + 1 + j) % P from its publish buffer into the same rows of this rank's output, on
-// its own stream, then tells the owner its publish buffer is free again.
-cudaError_t EnqueuePulls(CommState& s, cudaStream_t xla_stream, const PeerCollectiveArgs& a,
-                         uint32_t e, std::string* error) {
-  PeerState& p = *s.peer;
-  const int P = s.nranks, me = s.rank;
-  const size_t band_bytes = a.band_elems * 2;
-  const bool serial = a.gather == AllGatherMode::kCopySerial;
-  for (int j = 0; j + 1 < P; ++j) {
-    const int k = serial ? 0 : j;  // the stream of this pull
-    if (p.pull_stream[k] == nullptr) {
-      int least = 0, greatest = 0;
-      cudaError_t err = cudaDeviceGetStreamPriorityRange(&least, &greatest);
-      if (err == cudaSuccess) {
-        err = cudaStreamCreateWithPriority(&p.pull_stream[k], cudaStreamNonBlocking, greatest);
-      }
-      if (err == cudaSuccess) {
-        err = cudaEventCreateWithFlags(&p.pull_done[k], cudaEventDisableTiming);
-      }
-      if (err != cudaSuccess) {
-        *error = Cuda("creating a pull stream", err);
-        return err;
-      }
-    }
-    cudaStream_t ps = p.pull_stream[k];
-    const int from = (me + 1 + j) % P;
-    // The pull overwrites rows this rank's own push of band `from` reads; the owner publishes
-    // only after that push arrived (its flag follows the copy), so waiting for the publish flag
-    // orders them. Waiting for inputs_ready keeps the stream behind XLA's use of `out` anyway.
-    cudaError_t err = cudaStreamWaitEvent(ps, s.inputs_ready, 0);
-    if (err == cudaSuccess) {
-      err = EnqueueWaitGeq(ps, Region(p.sync, kPublished) + from, e, a.spin_wait, error);
-    }
+// On the copy stream(s): once counters[c] is full, copy `bytes` from src to dst (with
+// split_copies, the second half on copy_stream2, joined back into copy_stream). The copy stream's
+// next operation runs after the whole copy.
+cudaError_t GatedCopy(PeerState& p, const PeerCollectiveArgs& a, int c, char* dst,
+                      const char* src, size_t bytes, std::string* error) {
+  cudaStream_t cs = p.copy_stream;
+  const size_t first = a.split_copies ? (bytes / 2) & ~size_t(15) : bytes;
+  cudaError_t err = EnqueueWaitGeq(cs, a.counters + c, a.expected[c], a.spin_wait, error);
+  if (err != cudaSuccess) return err;
+  if (first < bytes) {
+    cudaStream_t cs2 = p.copy_stream2;
+    err = EnqueueWaitGeq(cs2, a.counters + c, a.expected[c], a.spin_wait, error);
     if (err != cudaSuccess) return err;
-    err = cudaMemcpyAsync(static_cast<char*>(a.out) + from * band_bytes, p.peer_pub[from],
-                          band_bytes, cudaMemcpyDeviceToDevice, ps);
+    err = cudaMemcpyAsync(dst + first, src + first, bytes - first, cudaMemcpyDeviceToDevice, cs2);
     if (err != cudaSuccess) return CopyError(err, error);
-    err = EnqueueWriteValue(ps, Region(p.peer_sync[from], kPulled) + me, e, error);
-    if (err != cudaSuccess) return err;
-    if (serial && j + 2 < P) continue;  // one join after the last pull
-    err = cudaEventRecord(p.pull_done[k], ps);
-    if (err != cudaSuccess) {
-      *error = "recording a pull's completion";
-      return err;
-    }
-    err = Join(xla_stream, p.pull_done[k], error);
-    if (err != cudaSuccess) return err;
+    err = cudaEventRecord(p.half_done, cs2);
+    if (err != cudaSuccess) return CopyError(err, error);
+  }
+  err = cudaMemcpyAsync(dst, src, first, cudaMemcpyDeviceToDevice, cs);
+  if (err != cudaSuccess) return CopyError(err, error);
+  if (first < bytes) {
+    err = cudaStreamWaitEvent(cs, p.half_done, 0);
+    if (err != cudaSuccess) return CopyError(err, error);
   }
   return cudaSuccess;
-}
-
-// All-reduce, the SM variant: once every peer has published, one kernel on XLA's stream reads
-// the P - 1 summed bands over NVLink into this rank's output, then this rank tells the owners
-// their publish buffers are free again.
-cudaError_t EnqueueSmGather(CommState& s, cudaStream_t xla_stream, const PeerCollectiveArgs& a,
-                            uint32_t e, std::string* error) {
-  PeerState& p = *s.peer;
-  const int P = s.nranks, me = s.rank;
-  const size_t band_bytes = a.band_elems * 2;
-  cudaError_t err = WaitForPeers(p, xla_stream, kPublished, P, me, e, a.spin_wait, error);
-  if (err != cudaSuccess) return err;
-  const void* src[kMaxPeerRanks];
-  void* dst[kMaxPeerRanks];
-  for (int j = 0; j + 1 < P; ++j) {
-    const int from = (me + 1 + j) % P;
-    src[j] = p.peer_pub[from];
-    dst[j] = static_cast<char*>(a.out) + from * band_bytes;
-  }
-  err = LaunchBandGather(xla_stream, src, dst, P - 1, band_bytes, error);
-  if (err != cudaSuccess) return err;
-  return TellPeers(p, xla_stream, kPulled, P, me, e, error);
 }
 
 // Grows *buf to at least `bytes` (doubling bounds how often; the old buffer stays allocated:
@@ -204,20 +158,19 @@ std::string Grow(void** buf, size_t* have, size_t bytes, const char* what) {
 
 }  // namespace
 
-std::string PreparePeerTransport(CommState& s, size_t recv_bytes, size_t pub_bytes) {
+std::string PreparePeerTransport(CommState& s, size_t recv_bytes) {
   if (cudaSetDevice(s.device) != cudaSuccess) return "cudaSetDevice";
   if (!s.peer) {
     std::string err = CreatePeerState(s);
     if (!err.empty()) return err;
   }
   PeerState& p = *s.peer;
-  if (p.recv_bytes >= recv_bytes && p.pub_bytes >= pub_bytes) return "";
+  if (p.recv_bytes >= recv_bytes) return "";
   // Every rank grows in the same call (same shapes), so every rank joins this exchange.
   std::string err = Grow(&p.recv, &p.recv_bytes, recv_bytes, "receive buffer");
-  if (err.empty()) err = Grow(&p.pub, &p.pub_bytes, pub_bytes, "publish buffer");
   if (!err.empty()) return err;
-  PeerInfo mine{reinterpret_cast<uint64_t>(p.recv), reinterpret_cast<uint64_t>(p.pub),
-                reinterpret_cast<uint64_t>(p.sync), static_cast<int32_t>(getpid()), s.device};
+  PeerInfo mine{reinterpret_cast<uint64_t>(p.recv), reinterpret_cast<uint64_t>(p.sync),
+                static_cast<int32_t>(getpid()), s.device};
   auto* slots = static_cast<PeerInfo*>(p.exchange);
   std::vector<PeerInfo> all(s.nranks);
   cudaError_t e =
@@ -252,7 +205,6 @@ std::string PreparePeerTransport(CommState& s, size_t recv_bytes, size_t pub_byt
       return Cuda("enabling peer access", e);
     }
     p.peer_recv[q] = reinterpret_cast<void*>(all[q].recv);
-    p.peer_pub[q] = reinterpret_cast<void*>(all[q].pub);
     p.peer_sync[q] = reinterpret_cast<uint32_t*>(all[q].sync);
   }
   return "";
@@ -282,10 +234,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     return cudaErrorInvalidValue;
   }
   const size_t band_bytes = a.band_elems * 2;
-  const bool stores = a.all_reduce && a.gather == AllGatherMode::kSmStores;
-  const bool publish = a.all_reduce && !stores;  // the others pull from the publish buffer
-  if (!s.peer || s.peer->recv_bytes < (P - 1) * band_bytes ||
-      (publish && s.peer->pub_bytes < band_bytes)) {
+  if (!s.peer || s.peer->recv_bytes < (P - 1) * band_bytes) {
     *error = "copy-engine transport used before PreparePeerTransport";
     return cudaErrorInvalidValue;
   }
@@ -299,11 +248,14 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   // Copy stream: after XLA's inputs are ready and every receiver has finished the previous call,
   // step j sends band (me + 1 + j) % P to its owner's slot j once the GEMM has finished it.
   cudaError_t err = cudaStreamWaitEvent(cs, s.inputs_ready, 0);
+  if (err == cudaSuccess && a.split_copies) {
+    err = cudaStreamWaitEvent(p.copy_stream2, s.inputs_ready, 0);
+  }
   if (err != cudaSuccess) {
     *error = "copy stream waiting for XLA's inputs";
     return err;
   }
-  if (stores) {
+  if (a.all_reduce) {
     err = SendOutputAddress(p, cs, a.out, P, me, e, error);
     if (err != cudaSuccess) return err;
   }
@@ -317,17 +269,13 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     const char* src = ws + to * band_bytes;
     size_t done = 0;
     if (j == 0 && first_bytes > 0) {  // the first band's first group, as soon as it is done
-      err = EnqueueWaitGeq(cs, a.counters, a.expected[0], a.spin_wait, error);
+      err = GatedCopy(p, a, 0, dst, src, first_bytes, error);
       if (err != cudaSuccess) return err;
-      err = cudaMemcpyAsync(dst, src, first_bytes, cudaMemcpyDeviceToDevice, cs);
-      if (err != cudaSuccess) return CopyError(err, error);
       done = first_bytes;
     }
     const int c = j == 0 ? shift : j + shift;
-    err = EnqueueWaitGeq(cs, a.counters + c, a.expected[c], a.spin_wait, error);
+    err = GatedCopy(p, a, c, dst + done, src + done, band_bytes - done, error);
     if (err != cudaSuccess) return err;
-    err = cudaMemcpyAsync(dst + done, src + done, band_bytes - done, cudaMemcpyDeviceToDevice, cs);
-    if (err != cudaSuccess) return CopyError(err, error);
     err = EnqueueWriteValue(cs, Region(p.peer_sync[to], kArrived) + j, e, error);
     if (err != cudaSuccess) return err;
   }
@@ -344,22 +292,16 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   // out += last band remains after it: at 8192x8192x2048 the timeline showed the GPU idle ~50 us
   // between the GEMM's end and the last copy's, then a 52 us sum over all P bands; splitting
   // took the call from 0.564 to 0.538 ms. When every copy ends before the GEMM (long K), one
-  // pass over the P bands moves fewer bytes. An all-reduce's last pass also writes the publish
-  // buffer, once every peer has read the previous call's.
+  // pass over the P bands moves fewer bytes. An all-reduce's last pass also stores the summed
+  // band into every peer's output.
   void* own_out = a.all_reduce ? static_cast<char*>(a.out) + me * band_bytes : a.out;
-  void* pub = nullptr;
   RemoteOutputs remote;
-  if (stores) {
-    // The last pass also writes the summed band into the same rows of every peer's output.
+  if (a.all_reduce) {
     err = WaitForPeers(p, xla_stream, kOutReady, P, me, e, a.spin_wait, error);
     if (err != cudaSuccess) return err;
     remote.table = OutTable(p.sync);
     remote.count = P - 1;
     remote.offset_bytes = me * band_bytes;
-  } else if (publish) {
-    pub = p.pub;
-    err = WaitForPeers(p, xla_stream, kPulled, P, me, p.last_publish, a.spin_wait, error);
-    if (err != cudaSuccess) return err;
   }
   const void* parts[kMaxPeerRanks];
   parts[0] = ws + me * band_bytes;
@@ -371,7 +313,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     parts[j + 1] = recv + j * band_bytes;
   }
   err = LaunchBandSum(xla_stream, a.dtype, parts, early + 1, own_out, a.band_elems, error, 0,
-                      split ? nullptr : pub, split ? RemoteOutputs{} : remote);
+                      split ? RemoteOutputs{} : remote);
   if (err != cudaSuccess) return err;
   if (split) {
     err = EnqueueWaitGeq(xla_stream, arrived + (P - 2), e, a.spin_wait, error);
@@ -379,24 +321,20 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     // out = out + last band, elementwise in place (each element read before it is written, by
     // the same thread).
     const void* last[2] = {own_out, recv + (P - 2) * band_bytes};
-    err = LaunchBandSum(xla_stream, a.dtype, last, 2, own_out, a.band_elems, error, 0, pub,
-                        remote);
+    err = LaunchBandSum(xla_stream, a.dtype, last, 2, own_out, a.band_elems, error, 0, remote);
     if (err != cudaSuccess) return err;
   }
   if (a.all_reduce) {
-    err = TellPeers(p, xla_stream, kPublished, P, me, e, error);
+    err = TellPeers(p, xla_stream, kStored, P, me, e, error);
     if (err != cudaSuccess) return err;
-    if (!stores) p.last_publish = e;
   }
   // The receive slots are free again; XLA's stream then waits for this rank's pushes (they read
-  // the workspace, which XLA may reuse after the call) and pulls (they write the output).
+  // the workspace, which XLA may reuse after the call).
   err = TellPeers(p, xla_stream, kRecvAcked, P, me, e, error);
   if (err == cudaSuccess) err = Join(xla_stream, p.copies_done, error);
   if (err != cudaSuccess || !a.all_reduce) return err;
-  // Stores: the call is done when every peer's summed band has landed in this rank's output.
-  if (stores) return WaitForPeers(p, xla_stream, kPublished, P, me, e, a.spin_wait, error);
-  return a.gather == AllGatherMode::kSmLoads ? EnqueueSmGather(s, xla_stream, a, e, error)
-                                              : EnqueuePulls(s, xla_stream, a, e, error);
+  // An all-reduce is done when every peer's summed band has landed in this rank's output.
+  return WaitForPeers(p, xla_stream, kStored, P, me, e, a.spin_wait, error);
 }
 
 }  // namespace fo_jax

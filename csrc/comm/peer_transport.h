@@ -7,20 +7,21 @@
 // communication; band-sum kernels on XLA's stream add the P - 1 received bands to it (those
 // already there while the last one is in flight, then the last). That is the reduce-scatter.
 //
-// All-reduce = that reduce-scatter, then an all-gather: the last band sum also writes the summed
-// band into this rank's publish buffer, a flag tells every peer, and each rank's copy engines
-// pull the other P - 1 summed bands from the peers' publish buffers straight into its output
-// (pulls, not pushes: the destination is this call's XLA buffer, whose address only this rank
-// knows; the publish buffers are fo_jax's own, their addresses exchanged once). Pull step j reads
-// from rank (r+1+j) % P, again a permutation per step; each step has its own copy stream so the
-// P - 1 pulls run concurrently.
+// All-reduce = that reduce-scatter with the GEMM writing straight into the output, then an
+// all-gather by the SMs (idle once the GEMM is done): the last band-sum pass stores the summed
+// band into the same rows of every peer's output over NVLink, then flags it. An output is this
+// call's XLA buffer, whose address only its rank knows: each rank writes it into every peer's
+// out table on the GPU (stream memory operations) at the start of the call, and the sum kernel
+// reads it there. (Copy-engine pulls from a published copy ran at 145-190 GB/s, SM loads at
+// ~280, these stores at ~355: benchmarks/NOTES.md §8.)
 //
 // Synchronization uses stream memory operations only (no SM): cuStreamWaitValue32 on the GEMM's
 // counters and on arrival flags, cuStreamWriteValue32 to a peer's flag after the copy (the write
 // fences the copy: stream_wait.h). Flags carry a per-call epoch, so they are never reset. An
 // acknowledgement word per sender (written after the band sum) keeps a sender from overwriting a
-// receive slot that its owner still reads from the previous call; a "pulled" word per reader
-// keeps an owner from overwriting its publish buffer before every peer has read it.
+// receive slot that its owner still reads from the previous call. An all-reduce call ends only
+// when every peer's band has landed in its output, so an output address in a peer's table stays
+// valid for as long as that peer may write to it.
 //
 // Scope: all ranks of the group in one process (JAX's one-process-per-host mode) with peer access
 // between every pair of GPUs (NVLink/NVSwitch machines); otherwise the NCCL transport is used.
@@ -44,47 +45,35 @@ constexpr int kMaxPeerRanks = 16;
 enum PeerSyncRegion {
   kArrived = 0,    // [j]: epoch of the band that arrived in receive slot j
   kRecvAcked = 1,  // [q]: last epoch in which rank q finished reading its receive slots
-  kPublished = 2,  // [q]: last epoch in which rank q published its summed band (all-reduce)
-  kPulled = 3,     // [q]: last epoch in which rank q finished reading this rank's publish buffer
-  kOutReady = 4,   // [q]: epoch of the output address rank q wrote into the out table (stores)
-  kOutTable = 5,   // 2 regions: [j] (64-bit): output address of rank (this + 1 + j) % P
-  kSyncRegions = 7,
+  kStored = 2,     // [q]: epoch in which rank q stored its summed band here (all-reduce)
+  kOutReady = 3,   // [q]: epoch of the output address rank q wrote into the out table
+  kOutTable = 4,   // 2 regions: [j] (64-bit): output address of rank (this + 1 + j) % P
+  kSyncRegions = 6,
 };
 
 // Per communicator (CommState::peer): buffers, flags, the peers' addresses, copy streams.
 struct PeerState {
   cudaStream_t copy_stream = nullptr;  // highest priority
   cudaEvent_t copies_done = nullptr;
-  cudaStream_t pull_stream[kMaxPeerRanks] = {};  // all-reduce pull step j (created on first use)
-  cudaEvent_t pull_done[kMaxPeerRanks] = {};
+  cudaStream_t copy_stream2 = nullptr;  // the second half of each copy (split_copies)
+  cudaEvent_t half_done = nullptr;
   uint32_t* sync = nullptr;  // kSyncRegions * kMaxPeerRanks words, see PeerSyncRegion
   void* recv = nullptr;      // P - 1 receive slots of one band each
   size_t recv_bytes = 0;
-  void* pub = nullptr;  // all-reduce: this rank's summed band, read by the peers
-  size_t pub_bytes = 0;
   void* exchange = nullptr;  // device scratch for the address all-gather
   void* peer_recv[kMaxPeerRanks] = {};
-  void* peer_pub[kMaxPeerRanks] = {};
   uint32_t* peer_sync[kMaxPeerRanks] = {};
   uint32_t epoch = 0;
-  uint32_t last_publish = 0;  // epoch of this rank's last publish (same on every rank)
 };
 
 // "" when every ordered pair of these local device ordinals has peer access, else why not.
 std::string PeerAccessProblem(const std::vector<int>& ordinals);
 
-enum class AllGatherMode : int {
-  kCopyStreams = 0,  // P - 1 copy-engine pulls, one stream each, concurrent
-  kCopySerial = 1,   // the same pulls one after the other on one stream
-  kSmLoads = 2,      // one kernel on XLA's stream reads every peer's band over NVLink
-  kSmStores = 3,     // the last band-sum pass writes straight into every peer's output
-};
-
 struct PeerCollectiveArgs {
   GemmDtype dtype = GemmDtype::kBF16;
   // Reduce-scatter: workspace = the GEMM's output [P * band rows, N] in natural row order, out =
   // [band rows, N]. All-reduce: the GEMM writes straight into the output, workspace = out =
-  // [P * band rows, N]; the own band is summed in place, the others are overwritten by the pulls.
+  // [P * band rows, N]; the own band is summed in place, the others overwritten by the peers.
   bool all_reduce = false;
   const void* workspace = nullptr;
   void* out = nullptr;
@@ -96,8 +85,8 @@ struct PeerCollectiveArgs {
   uint32_t expected[kMaxPeerRanks + 1] = {};
   size_t first_part_elems = 0;
   bool spin_wait = false;
-  // All-reduce: how the summed bands come back (measured against each other: NOTES.md §8).
-  AllGatherMode gather = AllGatherMode::kSmStores;
+  // Each copy as two halves on two streams (two copy engines at once).
+  bool split_copies = false;
   // Sum the bands already received while the last one is still in flight (two passes: more
   // memory traffic, but off the critical path when the last copy outlasts the GEMM). The caller
   // sets it when the last band's copy is expected to end after the GEMM (short K).
@@ -105,18 +94,17 @@ struct PeerCollectiveArgs {
 };
 
 // Before the call's GEMM: on first use (and when a larger call arrives) allocates the receive
-// buffer for `recv_bytes` and the publish buffer for `pub_bytes` (never freed: cudaFree would
-// synchronize the device) and exchanges addresses with the other ranks over the communicator:
-// collective, blocks until every rank arrives (all ranks make the same calls in the same order,
-// so they grow their buffers in the same calls). "" or why it failed.
-std::string PreparePeerTransport(CommState& state, size_t recv_bytes, size_t pub_bytes);
+// buffer for `recv_bytes` (never freed: cudaFree would synchronize the device) and exchanges
+// addresses with the other ranks over the communicator: collective, blocks until every rank
+// arrives (all ranks make the same calls in the same order, so they grow their buffers in the
+// same calls). "" or why it failed.
+std::string PreparePeerTransport(CommState& state, size_t recv_bytes);
 
-// Precondition (caller, on `xla_stream`): PreparePeerTransport for (P - 1) * band bytes of
-// receive buffer (and one band of publish buffer for an all-reduce), counters zeroed,
-// state.inputs_ready recorded, then the GEMM launched with rotate_tile_rows =
-// ((rank + 1) % P) * band tile-rows and one group per band. Enqueues the pushes on the copy
-// stream, the waits, band sum and acknowledgements on `xla_stream`, for an all-reduce the pulls on
-// the pull streams; `xla_stream` finally waits for all of them.
+// Precondition (caller, on `xla_stream`): PreparePeerTransport for (P - 1) * band bytes,
+// counters zeroed, state.inputs_ready recorded, then the GEMM launched with rotate_tile_rows =
+// ((rank + 1) % P) * band tile-rows and one group per band. Enqueues the copies on the copy
+// stream and the waits, band sum (with the stores of an all-reduce) and acknowledgements on
+// `xla_stream`, which finally waits for the copy stream (and for the peers' stores).
 cudaError_t EnqueuePeerCollective(CommState& state, cudaStream_t xla_stream,
                                   const PeerCollectiveArgs& args, std::string* error);
 

@@ -1,7 +1,7 @@
 // fo_jax_overlapped_matmul_ffi: one call = zero counters, signaling GEMM on XLA's stream,
 // counter-gated NCCL per group on the comm stream, join; or, with the copy-engine transport,
 // the GEMM in destination-band order and counter-gated copies into the peers' memory plus a band
-// sum, and for an all-reduce the summed bands pulled back from the peers
+// sum, whose last pass, for an all-reduce, also stores the summed band into every peer's output
 // (comm/peer_transport.h). The mesh table attributes say which rank of
 // which tensor-parallel group this device is; the communicator is created on first use.
 #include "ffi/overlap_ffi.h"
@@ -30,20 +30,6 @@ struct MeshEntry {
   int rank = -1;
   int group = -1;
 };
-
-// FO_JAX_CE_GATHER=streams|serial|loads|stores picks how a copy-engine all-reduce brings the
-// summed bands back (a measurement knob, read once; unset: the measured best, AllGatherMode).
-AllGatherMode AllGatherModeFromEnv() {
-  static const AllGatherMode mode = [] {
-    const char* v = std::getenv("FO_JAX_CE_GATHER");
-    const std::string s = v ? v : "";
-    if (s == "streams") return AllGatherMode::kCopyStreams;
-    if (s == "serial") return AllGatherMode::kCopySerial;
-    if (s == "loads") return AllGatherMode::kSmLoads;
-    return AllGatherMode::kSmStores;
-  }();
-  return mode;
-}
 
 // This device's rank and group from the mesh table (one row per mesh device); "" or a message.
 std::string FindSelf(int32_t process, int32_t device, ffi::Span<const int32_t> procs,
@@ -175,15 +161,18 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     peer.first_part_elems =
         split ? static_cast<size_t>(args.group_begin[1]) * c.tile_m * static_cast<size_t>(N) : 0;
     peer.spin_wait = spin_wait;
-    peer.gather = AllGatherModeFromEnv();
+    static const bool split_copies = [] {  // measurement knob (benchmarks/NOTES.md §8)
+      const char* v = std::getenv("FO_JAX_CE_SPLIT_COPIES");
+      return v != nullptr && v[0] == '1';
+    }();
+    peer.split_copies = split_copies;
     // Does the last band's copy (started when the GEMM is (P-1)/P done) end after the GEMM?
     // Rough H100/H200 rates, as in fo_jax/_plan.py: ~780 TFLOP/s of GEMM, ~330 GB/s per copy.
     const double gemm_s = 2.0 * double(M) * double(N) * double(K) / 780e12;
     const double copy_s = double(peer.band_elems) * 2.0 / 330e9;
     peer.split_sum = copy_s > gemm_s / nranks;
     const size_t band_bytes = peer.band_elems * 2;
-    const bool publish = !rs && peer.gather != AllGatherMode::kSmStores;
-    msg = PreparePeerTransport(*state, (nranks - 1) * band_bytes, publish ? band_bytes : 0);
+    msg = PreparePeerTransport(*state, (nranks - 1) * band_bytes);
     if (!msg.empty()) return ffi::Error::Internal("fo_jax: " + msg);
   }
 

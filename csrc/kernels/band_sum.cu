@@ -22,11 +22,11 @@ __device__ __forceinline__ __nv_bfloat162 FromFloat2(float2 v) { return __float2
 template <>
 __device__ __forceinline__ __half2 FromFloat2(float2 v) { return __float22half2_rn(v); }
 
-// Grid-stride over 16-byte vectors (8 values); every part is read once, out (and copy_out, when
-// set) written once.
+// Grid-stride over 16-byte vectors (8 values); every part is read once, out and each remote
+// output written once.
 template <class T2>
-__global__ void BandSumKernel(Parts parts, int nparts, void* out, void* copy_out,
-                              RemoteOutputs remote, size_t vectors) {
+__global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs remote,
+                              size_t vectors) {
   __shared__ uint4* remote_out[kMaxBandSumParts];
   if (static_cast<int>(threadIdx.x) < remote.count) {
     // L2, not L1: the other GPUs wrote the table with stream memory operations.
@@ -53,7 +53,6 @@ __global__ void BandSumKernel(Parts parts, int nparts, void* out, void* copy_out
 #pragma unroll
     for (int j = 0; j < 4; ++j) oh[j] = FromFloat2<T2>(acc[j]);
     reinterpret_cast<uint4*>(out)[i] = o;
-    if (copy_out != nullptr) reinterpret_cast<uint4*>(copy_out)[i] = o;
     for (int r = 0; r < remote.count; ++r) remote_out[r][i] = o;
   }
 }
@@ -64,9 +63,9 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* const* parts,
                           int nparts, void* out, size_t count, std::string* error,
-                          int max_blocks, void* copy_out, RemoteOutputs remote) {
+                          int max_blocks, RemoteOutputs remote) {
   if (nparts < 1 || nparts > kMaxBandSumParts || count % 8 != 0 || !Aligned16(out) ||
-      !Aligned16(copy_out) || remote.count < 0 || remote.count >= kMaxBandSumParts ||
+      remote.count < 0 || remote.count >= kMaxBandSumParts ||
       (remote.count > 0 && (remote.table == nullptr || remote.offset_bytes % 16 != 0))) {
     if (error) *error = "band sum: bad part count, size or alignment";
     return cudaErrorInvalidValue;
@@ -92,11 +91,9 @@ cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* cons
   const size_t want = (vectors + 511) / 512;
   const int blocks = static_cast<int>(want < cap ? (want > 0 ? want : 1) : cap);
   if (dtype == GemmDtype::kBF16) {
-    BandSumKernel<__nv_bfloat162><<<blocks, 512, 0, stream>>>(in, nparts, out, copy_out, remote,
-                                                                 vectors);
+    BandSumKernel<__nv_bfloat162><<<blocks, 512, 0, stream>>>(in, nparts, out, remote, vectors);
   } else {
-    BandSumKernel<__half2><<<blocks, 512, 0, stream>>>(in, nparts, out, copy_out, remote,
-                                                                 vectors);
+    BandSumKernel<__half2><<<blocks, 512, 0, stream>>>(in, nparts, out, remote, vectors);
   }
   e = cudaGetLastError();
   if (e != cudaSuccess && error) *error = std::string("band sum launch: ") + cudaGetErrorString(e);

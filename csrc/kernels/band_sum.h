@@ -17,14 +17,13 @@ constexpr int kMaxBandSumParts = 16;
 
 // Enqueues out[i] = sum_{p < nparts} parts[p][i] for i < count on `stream`. count % 8 == 0 and
 // every pointer 16-byte aligned (checked); 1 <= nparts <= kMaxBandSumParts. out may be one of the
-// parts (each element is read before it is written, by the same thread). A non-null `copy_out`
-// receives the same values (the copy-engine all-reduce publishes its summed band there for the
-// other ranks to read). max_blocks > 0 caps the grid (the probes measure the sum on a few SMs
-// next to a GEMM); 0: two blocks per SM.
+// parts (each element is read before it is written, by the same thread). max_blocks > 0 caps
+// the grid (the probes measure the sum on a few SMs next to a GEMM); 0: two blocks per SM.
 //
-// Remote outputs (the copy-engine all-reduce's way back): `remote_outs` is a device array of
-// nremote addresses (this kernel reads them: other GPUs wrote them, stream_wait.h), each plus
-// remote_offset bytes receives the same values too, typically another GPU's memory over NVLink.
+// Remote outputs (the copy-engine all-reduce's way back): `table` is a device array of `count`
+// addresses that this kernel reads on the GPU (other GPUs wrote them with stream memory
+// operations); address + offset_bytes receives the same values as out, typically another GPU's
+// memory over NVLink.
 struct RemoteOutputs {
   const uint64_t* table = nullptr;
   int count = 0;
@@ -32,8 +31,7 @@ struct RemoteOutputs {
 };
 cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* const* parts,
                           int nparts, void* out, size_t count, std::string* error,
-                          int max_blocks = 0, void* copy_out = nullptr,
-                          RemoteOutputs remote = {});
+                          int max_blocks = 0, RemoteOutputs remote = {});
 
 // Loads both instantiations into the current device's context (lazy loading would otherwise
 // serialize their first launch behind the running GEMM: DESIGN.md). Idempotent.
