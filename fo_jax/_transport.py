@@ -8,7 +8,8 @@ axis in this process (JAX's one-process-per-host mode); peer access between ever
 process's GPUs (NVLink / NVSwitch machines); 2 to 16 ranks; rows of the output band of each rank
 (M / P) a multiple of the GEMM tile's rows times its cluster; fo_jax's one group per band (no
 user group partition). `OverlapConfig.transport` forces either; unset, the copy engine is used
-where it can be, NCCL elsewhere.
+where it can be, except for an all-reduce whose GEMM dominates (NCCL hides there), NCCL
+elsewhere.
 """
 
 from __future__ import annotations
@@ -80,11 +81,23 @@ def choose(fn: str, collective: str, size: int, dtype, m_total: int, n: int, k: 
         if problem is not None:
             raise ValueError(f"{fn}: OverlapConfig(transport='copy_engine'): {problem}")
         return "copy_engine", "copy-engine transport (requested)"
+    if problem is None and collective == "all_reduce" and _gemm_dominates(m_total, n, k):
+        return "nccl", ("NCCL transport (the GEMM dominates: NCCL's all-reduce hides behind it, "
+                        "while the copy engine's all-gather would follow it)")
     if problem is None:
         tail = ("no collective tail" if collective == "reduce_scatter"
                 else "an all-gather of the summed bands after it")
         return "copy_engine", f"copy-engine transport (GEMM on every SM, {tail})"
     return "nccl", f"NCCL transport ({problem})"
+
+
+def _gemm_dominates(m: int, n: int, k: int) -> bool:
+    """An all-reduce whose GEMM outlasts its collective (_plan's long-GEMM case). There the
+    copy-engine all-reduce, whose all-gather can only start after the GEMM, measured 0.98-1.02x
+    (8192x8192x7168) and 0.96-0.97x (16384x8192x7168) of the NCCL transport on 4x H200, and
+    1.09-1.27x faster where the collective dominates (benchmarks/NOTES.md §8)."""
+    t_gemm, t_comm = _plan.estimate_seconds("all_reduce", m, n, k)
+    return t_gemm >= _plan.RATIO_THRESHOLD * t_comm
 
 
 def copy_engine_plan(dtype, m_total: int, n: int, k: int, size: int,

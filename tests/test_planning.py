@@ -175,6 +175,10 @@ def test_transport_choice(fake_cuda):
     # 8192 rows over 4 ranks: 2048 per rank, a multiple of 128 x 2.
     assert t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048, None)[0] == "copy_engine"
     assert t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 2048, None)[0] == "copy_engine"
+    # An all-reduce whose GEMM dominates stays on NCCL unless the copy engine is requested.
+    kind, why = t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 7168, None)
+    assert kind == "nccl" and "GEMM dominates" in why
+    assert t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 7168, None)[0] == "copy_engine"
     kind, why = t.choose(fn, "reduce_scatter", 4, bf16, 4 * 200, 8192, 2048, None)
     assert kind == "nccl" and "not a multiple of 256" in why
     grouped = OverlapConfig(num_groups=8)
@@ -183,6 +187,7 @@ def test_transport_choice(fake_cuda):
     assert t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048, nccl)[0] == "nccl"
     ce = OverlapConfig(transport="copy_engine")
     assert t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 2048, ce)[0] == "copy_engine"
+    assert t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 7168, ce)[0] == "copy_engine"
     with pytest.raises(ValueError, match="not divisible into 4 bands"):
         t.choose(fn, "all_reduce", 4, bf16, 8190, 8192, 2048, ce)
     with pytest.raises(ValueError, match="unknown gemm_config"):

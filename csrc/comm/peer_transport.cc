@@ -31,11 +31,7 @@ std::string CreatePeerState(CommState& s) {
   if (e == cudaSuccess) {
     e = cudaStreamCreateWithPriority(&p->copy_stream, cudaStreamNonBlocking, greatest);
   }
-  if (e == cudaSuccess) {
-    e = cudaStreamCreateWithPriority(&p->copy_stream2, cudaStreamNonBlocking, greatest);
-  }
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->copies_done, cudaEventDisableTiming);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->half_done, cudaEventDisableTiming);
   if (e != cudaSuccess) return Cuda("creating the copy stream", e);
   constexpr size_t sync_bytes = kSyncRegions * kMaxPeerRanks * sizeof(uint32_t);
   e = cudaMalloc(&p->sync, sync_bytes);
@@ -112,31 +108,15 @@ cudaError_t CopyError(cudaError_t e, std::string* error) {
   return e;
 }
 
-// On the copy stream(s): once counters[c] is full, copy `bytes` from src to dst (with
-// split_copies, the second half on copy_stream2, joined back into copy_stream). The copy stream's
-// next operation runs after the whole copy.
+// On the copy stream: once counters[c] is full, copy `bytes` from src to dst. (Two halves on two
+// copy streams measured no faster: benchmarks/NOTES.md §8.)
 cudaError_t GatedCopy(PeerState& p, const PeerCollectiveArgs& a, int c, char* dst,
                       const char* src, size_t bytes, std::string* error) {
-  cudaStream_t cs = p.copy_stream;
-  const size_t first = a.split_copies ? (bytes / 2) & ~size_t(15) : bytes;
-  cudaError_t err = EnqueueWaitGeq(cs, a.counters + c, a.expected[c], a.spin_wait, error);
+  cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + c, a.expected[c], a.spin_wait,
+                                   error);
   if (err != cudaSuccess) return err;
-  if (first < bytes) {
-    cudaStream_t cs2 = p.copy_stream2;
-    err = EnqueueWaitGeq(cs2, a.counters + c, a.expected[c], a.spin_wait, error);
-    if (err != cudaSuccess) return err;
-    err = cudaMemcpyAsync(dst + first, src + first, bytes - first, cudaMemcpyDeviceToDevice, cs2);
-    if (err != cudaSuccess) return CopyError(err, error);
-    err = cudaEventRecord(p.half_done, cs2);
-    if (err != cudaSuccess) return CopyError(err, error);
-  }
-  err = cudaMemcpyAsync(dst, src, first, cudaMemcpyDeviceToDevice, cs);
-  if (err != cudaSuccess) return CopyError(err, error);
-  if (first < bytes) {
-    err = cudaStreamWaitEvent(cs, p.half_done, 0);
-    if (err != cudaSuccess) return CopyError(err, error);
-  }
-  return cudaSuccess;
+  err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, p.copy_stream);
+  return err == cudaSuccess ? err : CopyError(err, error);
 }
 
 // Grows *buf to at least `bytes` (doubling bounds how often; the old buffer stays allocated:
@@ -248,9 +228,6 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   // Copy stream: after XLA's inputs are ready and every receiver has finished the previous call,
   // step j sends band (me + 1 + j) % P to its owner's slot j once the GEMM has finished it.
   cudaError_t err = cudaStreamWaitEvent(cs, s.inputs_ready, 0);
-  if (err == cudaSuccess && a.split_copies) {
-    err = cudaStreamWaitEvent(p.copy_stream2, s.inputs_ready, 0);
-  }
   if (err != cudaSuccess) {
     *error = "copy stream waiting for XLA's inputs";
     return err;

@@ -55,8 +55,6 @@ enum PeerSyncRegion {
 struct PeerState {
   cudaStream_t copy_stream = nullptr;  // highest priority
   cudaEvent_t copies_done = nullptr;
-  cudaStream_t copy_stream2 = nullptr;  // the second half of each copy (split_copies)
-  cudaEvent_t half_done = nullptr;
   uint32_t* sync = nullptr;  // kSyncRegions * kMaxPeerRanks words, see PeerSyncRegion
   void* recv = nullptr;      // P - 1 receive slots of one band each
   size_t recv_bytes = 0;
@@ -85,8 +83,6 @@ struct PeerCollectiveArgs {
   uint32_t expected[kMaxPeerRanks + 1] = {};
   size_t first_part_elems = 0;
   bool spin_wait = false;
-  // Each copy as two halves on two streams (two copy engines at once).
-  bool split_copies = false;
   // Sum the bands already received while the last one is still in flight (two passes: more
   // memory traffic, but off the critical path when the last copy outlasts the GEMM). The caller
   // sets it when the last band's copy is expected to end after the GEMM (short K).

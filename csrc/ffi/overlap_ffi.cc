@@ -9,7 +9,6 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -161,11 +160,6 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     peer.first_part_elems =
         split ? static_cast<size_t>(args.group_begin[1]) * c.tile_m * static_cast<size_t>(N) : 0;
     peer.spin_wait = spin_wait;
-    static const bool split_copies = [] {  // measurement knob (benchmarks/NOTES.md §8)
-      const char* v = std::getenv("FO_JAX_CE_SPLIT_COPIES");
-      return v != nullptr && v[0] == '1';
-    }();
-    peer.split_copies = split_copies;
     // Does the last band's copy (started when the GEMM is (P-1)/P done) end after the GEMM?
     // Rough H100/H200 rates, as in fo_jax/_plan.py: ~780 TFLOP/s of GEMM, ~330 GB/s per copy.
     const double gemm_s = 2.0 * double(M) * double(N) * double(K) / 780e12;
