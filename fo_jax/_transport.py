@@ -15,6 +15,7 @@ elsewhere.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Optional
 
 import jax
@@ -63,10 +64,52 @@ def copy_engine_problem(collective: str, size: int, dtype, m_total: int, n: int,
     if (m_total // size) % unit:
         return (f"rows per band ({m_total // size}) are not a multiple of {unit} (tile rows x "
                 f"cluster of GEMM config {c['name']})")
+    rounds = config.copy_engine_rounds if config is not None else None
+    if collective == "all_reduce" and rounds is not None and not _rounds_fit(
+            rounds, m_total // size, unit, size):
+        return (f"rows per band ({m_total // size}) do not split into copy_engine_rounds={rounds} "
+                f"chunks of whole {unit}-row units (GEMM config {c['name']}), or too many rounds")
     problem = _peer_access_problem(_local_gpu_ordinals())
     if problem:
         return f"no peer access between this process's GPUs ({problem})"
     return None
+
+
+MAX_GROUPS = 64  # kMaxGemmGroups (csrc/kernels/signaling_gemm.h)
+MAX_RECEIVE_SLOTS = 4 * MAX_RANKS  # kMaxReceiveSlots (csrc/comm/peer_transport.h)
+# The all-reduce's rounds before the last are summed next to the GEMM on this many SMs that the
+# GEMM leaves free (benchmarks/NOTES.md §8).
+ROUND_SUM_SMS = 8
+DEFAULT_ROUNDS = (4, 2)  # tried in order; the first that fits the shape
+
+
+def _rounds_fit(rounds: int, band_rows: int, unit: int, size: int) -> bool:
+    return (band_rows % (rounds * unit) == 0 and rounds * size + 1 <= MAX_GROUPS
+            and rounds * (size - 1) <= MAX_RECEIVE_SLOTS)
+
+
+def _env_int(name: str) -> Optional[int]:
+    """A positive int from the environment (measurement overrides), else None."""
+    v = os.environ.get(name, "")
+    return int(v) if v.isdigit() and int(v) > 0 else None
+
+
+def copy_engine_rounds(collective: str, band_rows: int, unit: int, size: int,
+                       config: Optional[OverlapConfig]) -> int:
+    """Rounds of a copy-engine call: 1 for a reduce-scatter; for an all-reduce
+    config.copy_engine_rounds, else FO_JAX_CE_ROUNDS (a measurement override), else the first
+    of DEFAULT_ROUNDS that fits (rows per band in whole tile units per chunk), else 1."""
+    if collective != "all_reduce":
+        return 1
+    if config is not None and config.copy_engine_rounds is not None:
+        return config.copy_engine_rounds
+    forced = _env_int("FO_JAX_CE_ROUNDS")
+    if forced is not None and _rounds_fit(forced, band_rows, unit, size):
+        return forced
+    for rounds in DEFAULT_ROUNDS:
+        if _rounds_fit(rounds, band_rows, unit, size):
+            return rounds
+    return 1
 
 
 def choose(fn: str, collective: str, size: int, dtype, m_total: int, n: int, k: int,
@@ -100,16 +143,25 @@ def _gemm_dominates(m: int, n: int, k: int) -> bool:
     return t_gemm >= _plan.RATIO_THRESHOLD * t_comm
 
 
-def copy_engine_plan(dtype, m_total: int, n: int, k: int, size: int,
+def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size: int,
                      config: Optional[OverlapConfig]) -> _plan.GemmPlan:
-    """The GEMM plan of a copy-engine call: all M rows in one batch, one group per rank's band
-    (the kernel visits them rotated so that the own band comes last), the first band split in
-    two groups so that the chain of copies starts after half a band of GEMM work, every SM
+    """The GEMM plan of a copy-engine call: all M rows in one batch, one group per chunk (rounds
+    x ranks; a reduce-scatter has one round, so one chunk per rank's band), visited rotated so
+    that each round's own chunk comes last, the first chunk split in two groups so that the
+    chain of copies starts after half a chunk of GEMM work. Every SM for one round; with more,
+    all but ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the GEMM,
     unless config.sm_budget says otherwise."""
     index = _config_index(dtype, m_total, n, k, config)
     c = _plan.gemm_configs()[index]
-    tiles_band = (m_total // size) // c["tile_m"]
-    bounds = tuple(j * tiles_band for j in range(size + 1))
-    if tiles_band >= 2:
-        bounds = (0, tiles_band // 2) + bounds[1:]
-    return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, _sm_budget(config))
+    unit = c["tile_m"] * c["cluster_m"]
+    band_rows = m_total // size
+    rounds = copy_engine_rounds(collective, band_rows, unit, size, config)
+    tiles_chunk = band_rows // rounds // c["tile_m"]
+    bounds = tuple(i * tiles_chunk for i in range(rounds * size + 1))
+    half = tiles_chunk // 2 // c["cluster_m"] * c["cluster_m"]
+    if half > 0:
+        bounds = (0, half) + bounds[1:]
+    sm_budget = _sm_budget(config)
+    if rounds > 1 and (config is None or config.sm_budget is None):
+        sm_budget = -(_env_int("FO_JAX_CE_SUM_SMS") or ROUND_SUM_SMS)
+    return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm_budget, rounds)

@@ -30,10 +30,16 @@ class OverlapConfig:
       allow_fallback: let overlapped_matmul take the plain XLA path for calls too small to gain
         from overlap (estimated GEMM time under 250 us with the NCCL transport, 100 us with the
         copy engine, on H100/H200-class GPUs); False always runs the CUDA pipeline on CUDA.
-      transport: how a reduce-scatter's bytes move: "copy_engine" (copy-engine writes into the
-        other GPUs' memory; every rank in one process, peer access between the GPUs; see
-        fo_jax/_transport.py) or "nccl" (NCCL collectives; any topology, also all-reduce).
-        None: the copy engine where it can run, else NCCL.
+      transport: how the collective's bytes move: "copy_engine" (copy-engine writes into the
+        other GPUs' memory, plus, for an all-reduce, SM stores of the summed bands into the
+        peers' outputs; every rank in one process, peer access between the GPUs; see
+        fo_jax/_transport.py) or "nccl" (NCCL collectives; any topology). None: the copy engine
+        where it can run, except an all-reduce whose GEMM dominates; else NCCL.
+      copy_engine_rounds: copy-engine all-reduce only: the output is reduced and gathered in
+        this many rounds, each round's all-gather overlapping the GEMM's later rounds on the SMs
+        the GEMM leaves free (`sm_budget`; default all but 8 when rounds > 1). None: fo_jax
+        chooses (benchmarks/NOTES.md §8). Rows per rank must divide into rounds chunks of
+        whole GEMM tiles.
     """
 
     gemm_config: Optional[str] = None
@@ -44,9 +50,10 @@ class OverlapConfig:
     force_reference: bool = False
     allow_fallback: bool = True
     transport: Optional[str] = None
+    copy_engine_rounds: Optional[int] = None
 
     def __post_init__(self):
-        for name in ("num_groups", "sm_budget", "nccl_max_ctas"):
+        for name in ("num_groups", "sm_budget", "nccl_max_ctas", "copy_engine_rounds"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(

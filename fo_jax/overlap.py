@@ -160,8 +160,8 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
         d = _plan.overlap_defaults(collective, x.shape[0], w.shape[1], x.shape[1],
                                    dtype=dtype, tp=size)
         if choice.transport == "copy_engine":
-            plan = _transport.copy_engine_plan(dtype, x.shape[0], w.shape[1], x.shape[1], size,
-                                               config)
+            plan = _transport.copy_engine_plan(collective, dtype, x.shape[0], w.shape[1],
+                                               x.shape[1], size, config)
         else:
             plan = _plan.plan_gemm(fn, dtype, m, w.shape[1], x.shape[1], batch, config,
                                    d["num_groups"], -d["sms_for_nccl"], d.get("group_weights"))

@@ -131,6 +131,24 @@ def test_transports_agree(collective, dtype):
     assert seen[0].path == "cuda" and seen[0].transport == "copy_engine", seen[0]
 
 
+@pytest.mark.parametrize("rounds", [1, 2, 4])
+def test_copy_engine_all_reduce_rounds(rounds):
+    """The copy-engine all-reduce in 1, 2 and 4 rounds (rounds before the last summed and
+    gathered next to the GEMM on the SMs it leaves free) against the float64 product, on every
+    GPU's copy, back to back."""
+    tp = _ntp()
+    mesh = _mesh(tp)
+    rng = np.random.default_rng(10 + rounds)
+    x, w, x64, w64 = random_operands(rng, 1024 * tp, 1024, 1536, jnp.bfloat16)
+    cfg = fo_jax.OverlapConfig(transport="copy_engine", copy_engine_rounds=rounds,
+                               allow_fallback=False)
+    f = _tp_fn(mesh, "all_reduce", config=cfg)
+    outs = [f(x, w) for _ in range(20)]
+    jax.block_until_ready(outs)
+    for out in (outs[0], outs[-1]):
+        _assert_every_copy_close(out, x64 @ w64, jnp.bfloat16)
+
+
 def test_copy_engine_shapes_change_between_calls():
     """The receive and publish buffers grow when a larger call arrives (all ranks together) and
     smaller calls reuse them; calls of different sizes and both collectives interleave, back to

@@ -194,8 +194,20 @@ def test_transport_choice(fake_cuda):
         t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048,
                  OverlapConfig(transport="copy_engine", gemm_config="nope"))
     # The plan: all rows in one batch, the first band in two groups, then one group per band.
-    plan = t.copy_engine_plan(bf16, 8192, 8192, 2048, 4, None)
+    plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
     assert plan.group_begin == (0, 8, 16, 32, 48, 64) and plan.sm_budget == 0
+    assert plan.rounds == 1
+    # An all-reduce in 4 rounds: 16 chunks of 4 tile-rows, the first split 2 + 2, the GEMM on
+    # all SMs but the round sums'.
+    plan = t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 4, None)
+    assert plan.rounds == 4 and plan.sm_budget == -t.ROUND_SUM_SMS
+    assert plan.group_begin == (0, 2) + tuple(range(4, 65, 4))
+    plan = t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 4,
+                              OverlapConfig(copy_engine_rounds=2, sm_budget=120))
+    assert plan.rounds == 2 and plan.sm_budget == 120 and len(plan.group_begin) == 10
+    with pytest.raises(ValueError, match="copy_engine_rounds=3"):
+        t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 2048,
+                 OverlapConfig(transport="copy_engine", copy_engine_rounds=3))
 
     t = fake_cuda(peer_problem="GPU 0 cannot access GPU 1")
     kind, why = t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048, None)

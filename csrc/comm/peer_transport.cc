@@ -31,8 +31,12 @@ std::string CreatePeerState(CommState& s) {
   if (e == cudaSuccess) {
     e = cudaStreamCreateWithPriority(&p->copy_stream, cudaStreamNonBlocking, greatest);
   }
+  if (e == cudaSuccess) {
+    e = cudaStreamCreateWithPriority(&p->sum_stream, cudaStreamNonBlocking, greatest);
+  }
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->copies_done, cudaEventDisableTiming);
-  if (e != cudaSuccess) return Cuda("creating the copy stream", e);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->sums_done, cudaEventDisableTiming);
+  if (e != cudaSuccess) return Cuda("creating the copy and sum streams", e);
   constexpr size_t sync_bytes = kSyncRegions * kMaxPeerRanks * sizeof(uint32_t);
   e = cudaMalloc(&p->sync, sync_bytes);
   if (e == cudaSuccess) e = cudaMalloc(&p->exchange, kMaxPeerRanks * sizeof(PeerInfo));
@@ -208,9 +212,14 @@ std::string PeerAccessProblem(const std::vector<int>& ordinals) {
 
 cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
                                   const PeerCollectiveArgs& a, std::string* error) {
-  const int P = s.nranks, me = s.rank;
+  const int P = s.nranks, me = s.rank, H = a.rounds;
   if (P < 2 || P > kMaxPeerRanks) {
     *error = "copy-engine transport: 2 to " + std::to_string(kMaxPeerRanks) + " ranks";
+    return cudaErrorInvalidValue;
+  }
+  if (H < 1 || H * (P - 1) > kMaxReceiveSlots || H * P + 1 > kMaxGemmGroups ||
+      a.band_elems % H != 0 || (H > 1 && !a.all_reduce)) {
+    *error = "copy-engine transport: bad number of rounds";
     return cudaErrorInvalidValue;
   }
   const size_t band_bytes = a.band_elems * 2;
@@ -221,12 +230,23 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   PeerState& p = *s.peer;
   const uint32_t e = ++p.epoch;
   uint32_t* arrived = Region(p.sync, kArrived);
+  const size_t chunk_elems = a.band_elems / H;
+  const size_t chunk_bytes = chunk_elems * 2;
   const char* ws = static_cast<const char*>(a.workspace);
   char* recv = static_cast<char*>(p.recv);
   cudaStream_t cs = p.copy_stream;
+  const size_t first_bytes = a.first_part_elems * 2;
+  const int shift = first_bytes > 0 ? 1 : 0;
+  // Counter of round h, step j (j = P - 1: the own chunk; with the first chunk split, counter 0
+  // is its first part and group(0, 0) the rest); receive slot of round h, step j.
+  auto group = [&](int h, int j) { return h * P + j + shift; };
+  auto slot = [&](int h, int j) { return h * (P - 1) + j; };
+  // Chunk (h, b) of the GEMM output (the workspace; the output itself for an all-reduce).
+  auto chunk = [&](int h, int b) { return size_t(h * P + b) * chunk_bytes; };
 
   // Copy stream: after XLA's inputs are ready and every receiver has finished the previous call,
-  // step j sends band (me + 1 + j) % P to its owner's slot j once the GEMM has finished it.
+  // round h step j sends chunk (h, (me + 1 + j) % P) to its owner's slot once the GEMM has
+  // finished it.
   cudaError_t err = cudaStreamWaitEvent(cs, s.inputs_ready, 0);
   if (err != cudaSuccess) {
     *error = "copy stream waiting for XLA's inputs";
@@ -238,23 +258,22 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   }
   err = WaitForPeers(p, cs, kRecvAcked, P, me, e - 1, a.spin_wait, error);
   if (err != cudaSuccess) return err;
-  const size_t first_bytes = a.first_part_elems * 2;
-  const int shift = first_bytes > 0 ? 1 : 0;  // counter index of step j >= 1 is j + shift
-  for (int j = 0; j + 1 < P; ++j) {
-    const int to = (me + 1 + j) % P;
-    char* dst = static_cast<char*>(p.peer_recv[to]) + j * band_bytes;
-    const char* src = ws + to * band_bytes;
-    size_t done = 0;
-    if (j == 0 && first_bytes > 0) {  // the first band's first group, as soon as it is done
-      err = GatedCopy(p, a, 0, dst, src, first_bytes, error);
+  for (int h = 0; h < H; ++h) {
+    for (int j = 0; j + 1 < P; ++j) {
+      const int to = (me + 1 + j) % P;
+      char* dst = static_cast<char*>(p.peer_recv[to]) + slot(h, j) * chunk_bytes;
+      const char* src = ws + chunk(h, to);
+      size_t done = 0;
+      if (h == 0 && j == 0 && first_bytes > 0) {  // the first group, as soon as it is done
+        err = GatedCopy(p, a, 0, dst, src, first_bytes, error);
+        if (err != cudaSuccess) return err;
+        done = first_bytes;
+      }
+      err = GatedCopy(p, a, group(h, j), dst + done, src + done, chunk_bytes - done, error);
       if (err != cudaSuccess) return err;
-      done = first_bytes;
+      err = EnqueueWriteValue(cs, Region(p.peer_sync[to], kArrived) + slot(h, j), e, error);
+      if (err != cudaSuccess) return err;
     }
-    const int c = j == 0 ? shift : j + shift;
-    err = GatedCopy(p, a, c, dst + done, src + done, band_bytes - done, error);
-    if (err != cudaSuccess) return err;
-    err = EnqueueWriteValue(cs, Region(p.peer_sync[to], kArrived) + j, e, error);
-    if (err != cudaSuccess) return err;
   }
   err = cudaEventRecord(p.copies_done, cs);
   if (err != cudaSuccess) {
@@ -262,43 +281,87 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     return err;
   }
 
-  // XLA's stream, after the GEMM (whose last band is this rank's own): sum the own band and the
-  // P - 1 received ones, acknowledge to every sender, then wait for this rank's own copies (they
-  // read the workspace, which XLA may reuse after the call). With split_sum the bands already
-  // there are summed while the last one is in flight (the SMs are free by then), and only
-  // out += last band remains after it: at 8192x8192x2048 the timeline showed the GPU idle ~50 us
-  // between the GEMM's end and the last copy's, then a 52 us sum over all P bands; splitting
-  // took the call from 0.564 to 0.538 ms. When every copy ends before the GEMM (long K), one
-  // pass over the P bands moves fewer bytes. An all-reduce's last pass also stores the summed
-  // band into every peer's output.
-  void* own_out = a.all_reduce ? static_cast<char*>(a.out) + me * band_bytes : a.out;
+  // An all-reduce's sums also store the summed chunk into the same rows of every peer's output.
   RemoteOutputs remote;
+  if (a.all_reduce) {
+    remote.table = OutTable(p.sync);
+    remote.count = P - 1;
+  }
+  auto own_out = [&](int h) {
+    return a.all_reduce ? static_cast<char*>(a.out) + chunk(h, me) : a.out;
+  };
+
+  // Rounds before the last, on the sum stream (all-reduce): once the own chunk and the P - 1
+  // received ones are there, one pass sums them and stores the result here and at the peers.
+  if (H > 1) {
+    cudaStream_t ss = p.sum_stream;
+    err = cudaStreamWaitEvent(ss, s.inputs_ready, 0);
+    if (err != cudaSuccess) {
+      *error = "sum stream waiting for XLA's inputs";
+      return err;
+    }
+    err = WaitForPeers(p, ss, kOutReady, P, me, e, a.spin_wait, error);
+    if (err != cudaSuccess) return err;
+    for (int h = 0; h + 1 < H; ++h) {
+      const int own = group(h, P - 1);
+      err = EnqueueWaitGeq(ss, a.counters + own, a.expected[own], a.spin_wait, error);
+      if (err != cudaSuccess) return err;
+      const void* parts[kMaxPeerRanks];
+      parts[0] = ws + chunk(h, me);
+      for (int j = 0; j + 1 < P; ++j) {
+        err = EnqueueWaitGeq(ss, arrived + slot(h, j), e, a.spin_wait, error);
+        if (err != cudaSuccess) return err;
+        parts[j + 1] = recv + slot(h, j) * chunk_bytes;
+      }
+      remote.offset_bytes = chunk(h, me);
+      err = LaunchBandSum(ss, a.dtype, parts, P, own_out(h), chunk_elems, error,
+                          a.round_sum_blocks, remote);
+      if (err != cudaSuccess) return err;
+    }
+    err = cudaEventRecord(p.sums_done, ss);
+    if (err != cudaSuccess) {
+      *error = "recording the round sums' completion";
+      return err;
+    }
+  }
+
+  // The last round on XLA's stream, after the GEMM (whose last chunk is this rank's own): sum
+  // the own chunk and the P - 1 received ones, acknowledge to every sender, then wait for this
+  // rank's own copies (they read the workspace, which XLA may reuse after the call). With
+  // split_sum the chunks already there are summed while the last one is in flight (the SMs are
+  // free by then), and only out += last chunk remains after it: at 8192x8192x2048 the timeline
+  // showed the GPU idle ~50 us between the GEMM's end and the last copy's, then a 52 us sum over
+  // all P bands; splitting took the call from 0.564 to 0.538 ms. When every copy ends before
+  // the GEMM (long K), one pass over the P chunks moves fewer bytes.
+  const int h = H - 1;
   if (a.all_reduce) {
     err = WaitForPeers(p, xla_stream, kOutReady, P, me, e, a.spin_wait, error);
     if (err != cudaSuccess) return err;
-    remote.table = OutTable(p.sync);
-    remote.count = P - 1;
-    remote.offset_bytes = me * band_bytes;
+    remote.offset_bytes = chunk(h, me);
   }
   const void* parts[kMaxPeerRanks];
-  parts[0] = ws + me * band_bytes;
+  parts[0] = ws + chunk(h, me);
   const bool split = a.split_sum && P > 2;
-  const int early = split ? P - 2 : P - 1;  // received bands summed in the first pass
+  const int early = split ? P - 2 : P - 1;  // received chunks summed in the first pass
   for (int j = 0; j < early; ++j) {
-    err = EnqueueWaitGeq(xla_stream, arrived + j, e, a.spin_wait, error);
+    err = EnqueueWaitGeq(xla_stream, arrived + slot(h, j), e, a.spin_wait, error);
     if (err != cudaSuccess) return err;
-    parts[j + 1] = recv + j * band_bytes;
+    parts[j + 1] = recv + slot(h, j) * chunk_bytes;
   }
-  err = LaunchBandSum(xla_stream, a.dtype, parts, early + 1, own_out, a.band_elems, error, 0,
+  err = LaunchBandSum(xla_stream, a.dtype, parts, early + 1, own_out(h), chunk_elems, error, 0,
                       split ? RemoteOutputs{} : remote);
   if (err != cudaSuccess) return err;
   if (split) {
-    err = EnqueueWaitGeq(xla_stream, arrived + (P - 2), e, a.spin_wait, error);
+    err = EnqueueWaitGeq(xla_stream, arrived + slot(h, P - 2), e, a.spin_wait, error);
     if (err != cudaSuccess) return err;
-    // out = out + last band, elementwise in place (each element read before it is written, by
+    // out = out + last chunk, elementwise in place (each element read before it is written, by
     // the same thread).
-    const void* last[2] = {own_out, recv + (P - 2) * band_bytes};
-    err = LaunchBandSum(xla_stream, a.dtype, last, 2, own_out, a.band_elems, error, 0, remote);
+    const void* last[2] = {own_out(h), recv + slot(h, P - 2) * chunk_bytes};
+    err = LaunchBandSum(xla_stream, a.dtype, last, 2, own_out(h), chunk_elems, error, 0, remote);
+    if (err != cudaSuccess) return err;
+  }
+  if (H > 1) {
+    err = Join(xla_stream, p.sums_done, error);
     if (err != cudaSuccess) return err;
   }
   if (a.all_reduce) {

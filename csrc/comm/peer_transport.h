@@ -43,18 +43,21 @@ constexpr int kMaxPeerRanks = 16;
 
 // Layout of PeerState::sync, in units of kMaxPeerRanks words.
 enum PeerSyncRegion {
-  kArrived = 0,    // [j]: epoch of the band that arrived in receive slot j
-  kRecvAcked = 1,  // [q]: last epoch in which rank q finished reading its receive slots
-  kStored = 2,     // [q]: epoch in which rank q stored its summed band here (all-reduce)
-  kOutReady = 3,   // [q]: epoch of the output address rank q wrote into the out table
-  kOutTable = 4,   // 2 regions: [j] (64-bit): output address of rank (this + 1 + j) % P
-  kSyncRegions = 6,
+  kArrived = 0,    // 4 regions: [slot]: epoch of the chunk that arrived in receive slot `slot`
+  kRecvAcked = 4,  // [q]: last epoch in which rank q finished reading its receive slots
+  kStored = 5,     // [q]: epoch in which rank q stored its summed band here (all-reduce)
+  kOutReady = 6,   // [q]: epoch of the output address rank q wrote into the out table
+  kOutTable = 7,   // 2 regions: [j] (64-bit): output address of rank (this + 1 + j) % P
+  kSyncRegions = 9,
 };
+constexpr int kMaxReceiveSlots = 4 * kMaxPeerRanks;  // rounds * (P - 1)
 
 // Per communicator (CommState::peer): buffers, flags, the peers' addresses, copy streams.
 struct PeerState {
   cudaStream_t copy_stream = nullptr;  // highest priority
   cudaEvent_t copies_done = nullptr;
+  cudaStream_t sum_stream = nullptr;  // all-reduce rounds before the last (highest priority)
+  cudaEvent_t sums_done = nullptr;
   uint32_t* sync = nullptr;  // kSyncRegions * kMaxPeerRanks words, see PeerSyncRegion
   void* recv = nullptr;      // P - 1 receive slots of one band each
   size_t recv_bytes = 0;
@@ -76,11 +79,19 @@ struct PeerCollectiveArgs {
   const void* workspace = nullptr;
   void* out = nullptr;
   size_t band_elems = 0;            // band rows * N
-  // One counter per band in visit order (step j waits counters[j]); with first_part_elems > 0
-  // the first band is two groups (counters 0 and 1, each copied as soon as it is done: the chain
-  // of copies starts after half a band of GEMM work) and step j >= 1 waits counters[j + 1].
+  // Rounds (all-reduce): each band is `rounds` chunks; the GEMM visits round h's chunks (rows
+  // of chunk (h, b) = [(h * P + b) * chunk rows, ...), owner b) in destination order, round by
+  // round, and round h's sum and stores run on the sum stream on the SMs the GEMM leaves free
+  // (round_sum_blocks blocks) while the GEMM computes the next rounds: the all-gather overlaps
+  // the GEMM instead of following it. Reduce-scatter: rounds = 1.
+  int rounds = 1;
+  int round_sum_blocks = 0;
+  // One counter per chunk in visit order (round h, step j waits counters[h * P + j]; step P - 1
+  // is the own chunk); with first_part_elems > 0 the first chunk is two groups (counters 0 and
+  // 1, each copied as soon as it is done: the chain of copies starts after half a chunk of GEMM
+  // work) and every later index is one higher.
   const uint32_t* counters = nullptr;
-  uint32_t expected[kMaxPeerRanks + 1] = {};
+  uint32_t expected[kMaxGemmGroups] = {};
   size_t first_part_elems = 0;
   bool spin_wait = false;
   // Sum the bands already received while the last one is still in flight (two passes: more

@@ -53,6 +53,7 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
                        ffi::Result<ffi::Buffer<ffi::U32>> counters, int32_t collective,
                        int32_t config, ffi::Span<const int32_t> group_begin, int32_t sm_budget,
                        int32_t nccl_max_ctas, bool spin_wait, int32_t transport,
+                       int32_t rounds,
                        int32_t nranks, int32_t process,
                        ffi::Span<const int32_t> mesh_process, ffi::Span<const int32_t> mesh_local,
                        ffi::Span<const int32_t> mesh_rank, ffi::Span<const int32_t> mesh_group,
@@ -124,30 +125,33 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   args.counters = counters->typed_data();
   PeerCollectiveArgs peer;
   if (copy_engine) {
-    // One group per destination band, in visit order (optionally the first band as two groups);
-    // the rotation makes logical band j the physical band (rank + 1 + j) % P, so the own band
-    // (logical P - 1) comes last.
+    // One group per chunk in visit order (optionally the first chunk as two groups): round h
+    // (of `rounds`; 1 for a reduce-scatter) visits the chunks of its P bands rotated, logical
+    // chunk j being the physical chunk (rank + 1 + j) % P, so each round's own chunk comes last.
     const int cfg = config >= 0 ? config
                                 : SelectGemmConfig(args.dtype, args.m, args.n, args.k, 1,
                                                    args.sm_budget);
     const GemmTileConfig& c = GetGemmConfig(cfg);
     const int64_t band_rows = M / nranks;
-    const int tiles_band = static_cast<int>(band_rows / c.tile_m);
-    const int split = args.num_groups == nranks + 1 ? 1 : 0;  // first band as two groups
-    bool bands = nranks <= kMaxPeerRanks && band_rows % (int64_t(c.tile_m) * c.cluster_m) == 0 &&
-                 (args.num_groups == nranks || split);
-    if (split) bands = bands && args.group_begin[1] > 0 && args.group_begin[1] < tiles_band;
-    for (int j = 1; bands && j <= nranks; ++j) {
-      bands = args.group_begin[j + split] == j * tiles_band;
-    }
-    if (!bands) {
+    const int H = rounds;
+    const int64_t unit = int64_t(c.tile_m) * c.cluster_m;
+    bool ok = nranks <= kMaxPeerRanks && H >= 1 && (H == 1 || !rs) &&
+              band_rows % (H * unit) == 0 && H * nranks + 1 <= kMaxGemmGroups;
+    const int tiles_chunk = ok ? static_cast<int>(band_rows / H / c.tile_m) : 0;
+    const int chunks = H * nranks;
+    const int split = args.num_groups == chunks + 1 ? 1 : 0;  // first chunk as two groups
+    ok = ok && (args.num_groups == chunks || split);
+    if (ok && split) ok = args.group_begin[1] > 0 && args.group_begin[1] < tiles_chunk;
+    for (int i = 1; ok && i <= chunks; ++i) ok = args.group_begin[i + split] == i * tiles_chunk;
+    if (!ok) {
       return ffi::Error::InvalidArgument(
-          "fo_jax: the copy-engine transport needs one group per rank's band (the first band "
-          "may be two) and M / P a multiple of tile_m * cluster_m of config " +
-          std::string(c.name));
+          "fo_jax: the copy-engine transport needs one group per chunk (rounds x ranks; the "
+          "first may be two), M / P a multiple of rounds * tile_m * cluster_m of config " +
+          std::string(c.name) + ", and rounds > 1 only for an all-reduce");
     }
     args.config = cfg;
-    args.rotate_tile_rows = ((me.rank + 1) % nranks) * tiles_band;
+    args.rotate_tile_rows = ((me.rank + 1) % nranks) * tiles_chunk;
+    args.rotate_period_tile_rows = H > 1 ? nranks * tiles_chunk : 0;
     peer.dtype = args.dtype;
     peer.all_reduce = !rs;
     peer.workspace = args.d;  // reduce-scatter: the workspace; all-reduce: the output itself
@@ -160,6 +164,14 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     peer.first_part_elems =
         split ? static_cast<size_t>(args.group_begin[1]) * c.tile_m * static_cast<size_t>(N) : 0;
     peer.spin_wait = spin_wait;
+    peer.rounds = H;
+    // The round sums run next to the GEMM on the SMs it leaves free (two blocks per SM).
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      return ffi::Error::Internal("fo_jax: device query");
+    }
+    const int free_sms = args.sm_budget > 0 && args.sm_budget < sms ? sms - args.sm_budget : 0;
+    peer.round_sum_blocks = 2 * free_sms;
     // Does the last band's copy (started when the GEMM is (P-1)/P done) end after the GEMM?
     // Rough H100/H200 rates, as in fo_jax/_plan.py: ~780 TFLOP/s of GEMM, ~330 GB/s per copy.
     const double gemm_s = 2.0 * double(M) * double(N) * double(K) / 780e12;
@@ -210,6 +222,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int32_t>("nccl_max_ctas")                  // NCCL CTA bound (0: default)
         .Attr<bool>("spin_wait")                         // spin kernel instead of WaitValue32
         .Attr<int32_t>("transport")                      // 0 NCCL, 1 copy engine
+        .Attr<int32_t>("rounds")                         // copy-engine all-reduce rounds
         .Attr<int32_t>("nranks")                         // axis size
         .Attr<int32_t>("process")                        // this process's index
         .Attr<ffi::Span<const int32_t>>("mesh_process")  // per mesh device: process index

@@ -36,7 +36,8 @@ struct GroupTable {
   int batch = 1;
   int swizzle = 1;
   int tiles_m = 1;
-  int rotate = 0;  // tile-rows; logical tile-row t runs at physical (t + rotate) % tiles_m
+  int rotate = 0;  // tile-rows; logical tile-row t runs at physical (t + rotate) % tiles_m,
+  int period = 1;  // within each run of `period` tile-rows: signaling_gemm.h
   int sgroup_begin[kMaxGemmGroups + 1] = {};
   int unit_start[kMaxGemmGroups + 1] = {};
 };
@@ -206,8 +207,9 @@ class GroupOrderedScheduler {
     const int srow = t.sgroup_begin[g] + (seq - l * srows);
     int row = srow * kClusterM;  // rotate and tiles_m are multiples of kClusterM: a cluster's
     if (t.rotate != 0) {         // tile-rows stay together
+      const int base = row / t.period * t.period;
       row += t.rotate;
-      if (row >= t.tiles_m) row -= t.tiles_m;
+      if (row >= base + t.period) row -= t.period;
     }
     return {row + cta_m_in_cluster_, col, l, true};
   }

@@ -122,14 +122,15 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
       return Fail(error, kBad, "group_begin must be non-decreasing");
     }
   }
-  if (args.rotate_tile_rows != 0) {
+  if (args.rotate_tile_rows != 0 || args.rotate_period_tile_rows != 0) {
+    const int period = args.rotate_period_tile_rows > 0 ? args.rotate_period_tile_rows : tiles_m;
     if (args.batch != 1 || args.m % c.tile_m != 0 || args.rotate_tile_rows < 0 ||
-        args.rotate_tile_rows >= tiles_m || args.rotate_tile_rows % c.cluster_m != 0 ||
-        tiles_m % c.cluster_m != 0) {
+        args.rotate_tile_rows >= period || args.rotate_tile_rows % c.cluster_m != 0 ||
+        period % c.cluster_m != 0 || tiles_m % period != 0) {
       return Fail(error, kBad,
-                  "rotate_tile_rows needs batch 1, m a multiple of tile_m, and the rotation and "
-                  "ceil(m / tile_m) multiples of cluster_m, rotation < tiles (config " +
-                      std::string(c.name) + ")");
+                  "rotate_tile_rows needs batch 1, m a multiple of tile_m, the rotation and its "
+                  "period multiples of cluster_m, the period dividing ceil(m / tile_m) and "
+                  "rotation < period (config " + std::string(c.name) + ")");
     }
   }
   const long long units = static_cast<long long>(args.batch) * tiles_m *

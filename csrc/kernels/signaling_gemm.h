@@ -70,6 +70,11 @@ struct SignalingGemmArgs {
   // band last. Requires m % tile_m == 0 and rotate_tile_rows and tiles_m multiples of the
   // config's cluster_m.
   int rotate_tile_rows = 0;
+  // With rotate_period_tile_rows = R > 0 the rotation applies within each run of R tile-rows:
+  // logical t -> physical (t / R) * R + (t % R + rotate_tile_rows) % R (the copy-engine
+  // all-reduce visits its output as several rounds of bands). R divides tiles_m, is a multiple
+  // of cluster_m and exceeds rotate_tile_rows. 0: R = tiles_m.
+  int rotate_period_tile_rows = 0;
   // 0 (default): a CTA adds its consecutive tiles of one group in one release-add when it moves
   // to another group or finishes (cooperative configs; ping-pong signals each tile): the counter
   // may jump by more than 1, completion (counter == expected) is unchanged and not later.

@@ -34,6 +34,7 @@ struct EpilogueParams {
   int m = 0, n = 0, batch = 1;
   int tiles_m = 0;
   int rotate = 0;  // tile-rows (batch 1): the tile coordinate is physical, groups are logical
+  int period = 1;  // the rotation applies within each run of `period` tile-rows
   int num_groups = 1;
   // 0: per group, deferred: consecutive tiles of one group in this CTA are added together when
   //    the CTA's next tile belongs to another group (or at the end); 1: each tile right after its
@@ -198,9 +199,10 @@ class SignalingTmaEpilogue
 
     const int m_phys = int(get<0>(tile_coord));
     // Logical tile-row (what the group table counts); equal to the physical one unless rotated.
+    const int m_base = p.rotate == 0 ? 0 : m_phys / p.period * p.period;
     const int m_idx = p.rotate == 0 ? m_phys
-                                    : (m_phys >= p.rotate ? m_phys - p.rotate
-                                                          : m_phys + p.tiles_m - p.rotate);
+                                    : (m_phys - m_base >= p.rotate ? m_phys - p.rotate
+                                                                   : m_phys + p.period - p.rotate);
     const int n_idx = int(get<1>(tile_coord));
     const int l_idx = int(get<3>(tile_coord));
     const bool valid = m_idx < p.tiles_m;
@@ -441,6 +443,7 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   table.swizzle = swizzle;
   table.tiles_m = tiles_m;
   table.rotate = a.rotate_tile_rows;
+  table.period = a.rotate_period_tile_rows > 0 ? a.rotate_period_tile_rows : tiles_m;
   table.unit_start[0] = 0;
   for (int g = 0; g <= a.num_groups; ++g) {
     table.sgroup_begin[g] = (a.group_begin[g] + kCM - 1) / kCM;
@@ -458,6 +461,7 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   epi.batch = a.batch;
   epi.tiles_m = tiles_m;
   epi.rotate = a.rotate_tile_rows;
+  epi.period = table.period;
   epi.num_groups = a.num_groups;
   epi.signal_mode = a.signal_mode;
   for (int g = 0; g <= a.num_groups; ++g) epi.group_begin[g] = a.group_begin[g];
