@@ -8,8 +8,7 @@ axis in this process (JAX's one-process-per-host mode); peer access between ever
 process's GPUs (NVLink / NVSwitch machines); 2 to 16 ranks; rows of the output band of each rank
 (M / P) a multiple of the GEMM tile's rows times its cluster; fo_jax's one group per band (no
 user group partition). `OverlapConfig.transport` forces either; unset, the copy engine is used
-where it can be, except for an all-reduce whose GEMM dominates (NCCL hides there), NCCL
-elsewhere.
+where it can be, NCCL elsewhere.
 """
 
 from __future__ import annotations
@@ -80,7 +79,15 @@ MAX_RECEIVE_SLOTS = 4 * MAX_RANKS  # kMaxReceiveSlots (csrc/comm/peer_transport.
 # The all-reduce's rounds before the last are summed next to the GEMM on this many SMs that the
 # GEMM leaves free (benchmarks/NOTES.md §8).
 ROUND_SUM_SMS = 8
-DEFAULT_ROUNDS = (4, 2)  # tried in order; the first that fits the shape
+# Default rounds of a copy-engine all-reduce (tried in order, the first that fits the shape),
+# measured on 4x H200 (NOTES.md §8): where the GEMM dominates, 4 rounds hide most of the
+# all-gather behind it (8192x8192x7168: 1.642 ms against 1.749 in one round and 1.739 on NCCL);
+# where the collective dominates the GEMM is too short to hide much and loses the round sums'
+# SMs: 2 rounds for bands of 32 MiB and more (8192x8192x2048: 0.796 against 0.834), one below
+# (4096x8192x2048: 0.479 against 0.515 in 2 rounds).
+ROUNDS_LONG_GEMM = (4, 2)
+ROUNDS_LARGE_BAND = (2,)
+LARGE_BAND_BYTES = 32 << 20
 
 
 def _rounds_fit(rounds: int, band_rows: int, unit: int, size: int) -> bool:
@@ -94,19 +101,28 @@ def _env_int(name: str) -> Optional[int]:
     return int(v) if v.isdigit() and int(v) > 0 else None
 
 
-def copy_engine_rounds(collective: str, band_rows: int, unit: int, size: int,
+def copy_engine_rounds(collective: str, m_total: int, n: int, k: int, unit: int, size: int,
                        config: Optional[OverlapConfig]) -> int:
     """Rounds of a copy-engine call: 1 for a reduce-scatter; for an all-reduce
     config.copy_engine_rounds, else FO_JAX_CE_ROUNDS (a measurement override), else the first
-    of DEFAULT_ROUNDS that fits (rows per band in whole tile units per chunk), else 1."""
+    of ROUNDS_LONG_GEMM (the GEMM outlasts the collective) or ROUNDS_LARGE_BAND (bands of
+    LARGE_BAND_BYTES or more) that fits (whole tile units per chunk), else 1."""
     if collective != "all_reduce":
         return 1
     if config is not None and config.copy_engine_rounds is not None:
         return config.copy_engine_rounds
+    band_rows = m_total // size
     forced = _env_int("FO_JAX_CE_ROUNDS")
     if forced is not None and _rounds_fit(forced, band_rows, unit, size):
         return forced
-    for rounds in DEFAULT_ROUNDS:
+    t_gemm, t_comm = _plan.estimate_seconds("all_reduce", m_total, n, k)
+    if t_gemm >= _plan.RATIO_THRESHOLD * t_comm:
+        candidates = ROUNDS_LONG_GEMM
+    elif band_rows * n * 2 >= LARGE_BAND_BYTES:
+        candidates = ROUNDS_LARGE_BAND
+    else:
+        candidates = ()
+    for rounds in candidates:
         if _rounds_fit(rounds, band_rows, unit, size):
             return rounds
     return 1
@@ -124,23 +140,11 @@ def choose(fn: str, collective: str, size: int, dtype, m_total: int, n: int, k: 
         if problem is not None:
             raise ValueError(f"{fn}: OverlapConfig(transport='copy_engine'): {problem}")
         return "copy_engine", "copy-engine transport (requested)"
-    if problem is None and collective == "all_reduce" and _gemm_dominates(m_total, n, k):
-        return "nccl", ("NCCL transport (the GEMM dominates: NCCL's all-reduce hides behind it, "
-                        "while the copy engine's all-gather would follow it)")
     if problem is None:
         tail = ("no collective tail" if collective == "reduce_scatter"
                 else "an all-gather of the summed bands after it")
         return "copy_engine", f"copy-engine transport (GEMM on every SM, {tail})"
     return "nccl", f"NCCL transport ({problem})"
-
-
-def _gemm_dominates(m: int, n: int, k: int) -> bool:
-    """An all-reduce whose GEMM outlasts its collective (_plan's long-GEMM case). There the
-    copy-engine all-reduce, whose all-gather can only start after the GEMM, measured 0.98-1.02x
-    (8192x8192x7168) and 0.96-0.97x (16384x8192x7168) of the NCCL transport on 4x H200, and
-    1.09-1.27x faster where the collective dominates (benchmarks/NOTES.md §8)."""
-    t_gemm, t_comm = _plan.estimate_seconds("all_reduce", m, n, k)
-    return t_gemm >= _plan.RATIO_THRESHOLD * t_comm
 
 
 def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size: int,
@@ -155,7 +159,7 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     c = _plan.gemm_configs()[index]
     unit = c["tile_m"] * c["cluster_m"]
     band_rows = m_total // size
-    rounds = copy_engine_rounds(collective, band_rows, unit, size, config)
+    rounds = copy_engine_rounds(collective, m_total, n, k, unit, size, config)
     tiles_chunk = band_rows // rounds // c["tile_m"]
     bounds = tuple(i * tiles_chunk for i in range(rounds * size + 1))
     half = tiles_chunk // 2 // c["cluster_m"] * c["cluster_m"]

@@ -175,9 +175,7 @@ def test_transport_choice(fake_cuda):
     # 8192 rows over 4 ranks: 2048 per rank, a multiple of 128 x 2.
     assert t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048, None)[0] == "copy_engine"
     assert t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 2048, None)[0] == "copy_engine"
-    # An all-reduce whose GEMM dominates stays on NCCL unless the copy engine is requested.
-    kind, why = t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 7168, None)
-    assert kind == "nccl" and "GEMM dominates" in why
+    assert t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 7168, None)[0] == "copy_engine"
     assert t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 7168, None)[0] == "copy_engine"
     kind, why = t.choose(fn, "reduce_scatter", 4, bf16, 4 * 200, 8192, 2048, None)
     assert kind == "nccl" and "not a multiple of 256" in why
@@ -197,11 +195,14 @@ def test_transport_choice(fake_cuda):
     plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
     assert plan.group_begin == (0, 8, 16, 32, 48, 64) and plan.sm_budget == 0
     assert plan.rounds == 1
-    # An all-reduce in 4 rounds: 16 chunks of 4 tile-rows, the first split 2 + 2, the GEMM on
-    # all SMs but the round sums'.
-    plan = t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 4, None)
+    # All-reduce rounds: 4 where the GEMM dominates (16 chunks of 4 tile-rows, the first split
+    # 2 + 2, the GEMM on all SMs but the round sums'), 2 for 32 MiB bands, 1 for smaller ones.
+    plan = t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 7168, 4, None)
     assert plan.rounds == 4 and plan.sm_budget == -t.ROUND_SUM_SMS
     assert plan.group_begin == (0, 2) + tuple(range(4, 65, 4))
+    assert t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 4, None).rounds == 2
+    plan = t.copy_engine_plan("all_reduce", bf16, 4096, 8192, 2048, 4, None)
+    assert plan.rounds == 1 and plan.sm_budget == 0
     plan = t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 4,
                               OverlapConfig(copy_engine_rounds=2, sm_budget=120))
     assert plan.rounds == 2 and plan.sm_budget == 120 and len(plan.group_begin) == 10
