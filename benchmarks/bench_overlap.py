@@ -6,7 +6,6 @@ and file names. Methods (bf16; per-GPU x[M,K] @ w[K,N]; collective over the "tp"
   fo_jax             fo_jax.overlapped_matmul, default configuration (the copy-engine
                      transport where it can run, else NCCL)
   fo_jax.nccl        the same with transport="nccl"
-  fo_jax.copy_engine all-reduce: the same with transport="copy_engine" (where it can run)
   fo_jax.sequential  the same kernels without overlap: one group, GEMM on all SMs, then NCCL
   jax.baseline       XLA dot (fp32 accumulation) + psum / psum_scatter, inside shard_map
   gemm_only          XLA dot alone;   comm_only: psum / psum_scatter alone

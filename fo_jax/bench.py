@@ -5,8 +5,6 @@ Methods (bf16; per-GPU x[M,K] @ w[K,N]; collective over the "tp" axis of all loc
                        it can run; else NCCL with the tuning cache's entry or the shape
                        heuristic)
   fo_jax.nccl          overlapped_matmul with transport="nccl" (defaults)
-  fo_jax.copy_engine   all-reduce: overlapped_matmul with transport="copy_engine" (the default
-                       takes NCCL where the GEMM dominates; this shows the other side)
   fo_jax.tuned         overlapped_matmul with the configuration `python -m fo_jax.tune` cached
   fo_jax.sequential    the same kernels without overlap: one group, GEMM on all SMs, then NCCL
   fo_jax[g,sm,c]       --configs / --sweep configurations (groups, GEMM SMs, NCCL CTAs)
@@ -119,7 +117,7 @@ def run(shapes: Optional[Sequence[str]], collectives: Sequence[str], out: str,
     from jax.sharding import Mesh  # noqa: PLC0415
 
     import fo_jax  # noqa: PLC0415
-    from fo_jax import _cuda, _transport  # noqa: PLC0415
+    from fo_jax import _cuda  # noqa: PLC0415
 
     gpus = _cuda.gpu_devices()
     on_cpu = len(gpus) < 2
@@ -161,10 +159,7 @@ def run(shapes: Optional[Sequence[str]], collectives: Sequence[str], out: str,
         if not on_cpu:
             fns["fo_jax.nccl"] = build(mesh, collective, "fo_jax",
                                        fo_jax.OverlapConfig(transport="nccl"))
-            ce = fo_jax.OverlapConfig(transport="copy_engine")
-            if collective == "all_reduce" and _transport.copy_engine_problem(
-                    collective, tp, dtype, m, n, k, ce) is None:
-                fns["fo_jax.copy_engine"] = build(mesh, collective, "fo_jax", ce)
+
         if total_sms is not None:
             tuned = cache.lookup(gpus[0].device_kind, collective, m, n, k, dtype, tp)
             if tuned is not None:
