@@ -314,8 +314,10 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
         parts[j + 1] = recv + slot(h, j) * chunk_bytes;
       }
       remote.offset_bytes = chunk(h, me);
-      err = LaunchBandSum(ss, a.dtype, parts, P, own_out(h), chunk_elems, error,
-                          a.round_sum_blocks, remote);
+      // A full grid, not one sized to the free SMs: blocks wait for SMs, so the sum speeds up
+      // as soon as the GEMM ends (capped at the 8 free SMs, round 0 of 8192x8192x2048 ran
+      // until after the last round's sum: results/overlap_profile_tp4_2026-11-21_fa98730.log).
+      err = LaunchBandSum(ss, a.dtype, parts, P, own_out(h), chunk_elems, error, 0, remote);
       if (err != cudaSuccess) return err;
     }
     err = cudaEventRecord(p.sums_done, ss);

@@ -81,11 +81,11 @@ struct PeerCollectiveArgs {
   size_t band_elems = 0;            // band rows * N
   // Rounds (all-reduce): each band is `rounds` chunks; the GEMM visits round h's chunks (rows
   // of chunk (h, b) = [(h * P + b) * chunk rows, ...), owner b) in destination order, round by
-  // round, and round h's sum and stores run on the sum stream on the SMs the GEMM leaves free
-  // (round_sum_blocks blocks) while the GEMM computes the next rounds: the all-gather overlaps
-  // the GEMM instead of following it. Reduce-scatter: rounds = 1.
+  // round, and round h's sum and stores run on the sum stream while the GEMM computes the next
+  // rounds, on the SMs the GEMM leaves free (sm_budget) and on every SM once it ends (the sum's
+  // blocks beyond the free SMs wait for them): the all-gather overlaps the GEMM instead of
+  // following it. Reduce-scatter: rounds = 1.
   int rounds = 1;
-  int round_sum_blocks = 0;
   // One counter per chunk in visit order (round h, step j waits counters[h * P + j]; step P - 1
   // is the own chunk); with first_part_elems > 0 the first chunk is two groups (counters 0 and
   // 1, each copied as soon as it is done: the chain of copies starts after half a chunk of GEMM

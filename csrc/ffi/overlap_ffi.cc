@@ -165,13 +165,6 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
         split ? static_cast<size_t>(args.group_begin[1]) * c.tile_m * static_cast<size_t>(N) : 0;
     peer.spin_wait = spin_wait;
     peer.rounds = H;
-    // The round sums run next to the GEMM on the SMs it leaves free (two blocks per SM).
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      return ffi::Error::Internal("fo_jax: device query");
-    }
-    const int free_sms = args.sm_budget > 0 && args.sm_budget < sms ? sms - args.sm_budget : 0;
-    peer.round_sum_blocks = 2 * free_sms;
     // Does the last band's copy (started when the GEMM is (P-1)/P done) end after the GEMM?
     // Rough H100/H200 rates, as in fo_jax/_plan.py: ~780 TFLOP/s of GEMM, ~330 GB/s per copy.
     const double gemm_s = 2.0 * double(M) * double(N) * double(K) / 780e12;
