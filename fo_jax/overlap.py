@@ -7,8 +7,9 @@ the "fo_jax" logger at DEBUG level. Paths:
     in fp32 and rounds once, like the reference, without its extra conversion pass); taken by
     calls too small for the overlap to pay (see _plan.MIN_GEMM_SECONDS).
   - "cuda": fo_jax's own kernels through XLA FFI: the signaling GEMM, and for overlapped_matmul
-    the counter-gated transport: copy-engine writes into the peers' memory for a reduce-scatter
-    where possible, NCCL collectives otherwise (fo_jax/_transport.py). Chosen per lowering
+    the counter-gated transport: copy-engine writes into the peers' memory (plus, for an
+    all-reduce, SM stores of the summed bands into the peers' outputs) where possible, NCCL
+    collectives otherwise (fo_jax/_transport.py). Chosen per lowering
     platform (jax.lax.platform_dependent): CUDA devices run it, other platforms run the
     reference.
 """
