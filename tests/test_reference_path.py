@@ -150,6 +150,9 @@ def test_config_is_static_and_validated():
     with pytest.raises(ValueError, match="transport"):
         fo_jax.OverlapConfig(transport="nvlink")
     assert fo_jax.OverlapConfig(transport="copy_engine").transport == "copy_engine"
+    with pytest.raises(ValueError, match="copy_engine_rounds"):
+        fo_jax.OverlapConfig(copy_engine_rounds=0)
+    assert fo_jax.OverlapConfig(copy_engine_rounds=2).copy_engine_rounds == 2
     mesh = cpu_mesh((2,), ("tp",))
     rng = np.random.default_rng(2)
     x, w, x64, w64 = random_operands(rng, 16, 32, 8, jnp.float32)
