@@ -45,17 +45,22 @@ def device_info(devices: Sequence) -> dict:
 
 
 def rotated(names: list, r: int) -> list:
-    """`names` started at position r (mod len): round r of an interleaved measurement, so that no
-    method always runs right after the same one."""
-    r %= len(names)
-    return names[r:] + names[:r]
+    """Round r of an interleaved measurement: `names` forward in even rounds and backward in odd
+    ones, started at position r // 2 (mod len). Each method starts a round in turn and follows
+    different methods from round to round (a rotation alone keeps every method's predecessor:
+    at 16384x8192x7168 a method that always ran right after a pure GEMM read 5-11% slower than
+    the same plan elsewhere in the order, benchmarks/NOTES.md §8)."""
+    order = list(names) if r % 2 == 0 else list(names)[::-1]
+    s = (r // 2) % len(order)
+    return order[s:] + order[:s]
 
 
 def time_ms_interleaved(fns: dict, *args, reps: int = 20, trials: int = 5,
                         warmup: int = 3) -> dict:
     """time_ms for several functions of the same arguments, their trials interleaved and the order
-    rotated every trial (A B C, B C A, C A B, ...) so that clock and power drift over the run hits
-    all of them alike and no method always runs right after the same one. {name: ms}."""
+    changed every trial (`rotated`: A B C, C B A, B C A, A C B, ...) so that clock and power drift
+    over the run hits all of them alike and no method always runs right after the same one.
+    {name: ms}."""
     for f in fns.values():
         for _ in range(warmup):
             jax.block_until_ready(f(*args))
