@@ -13,7 +13,9 @@
 // call's XLA buffer, whose address only its rank knows: each rank writes it into every peer's
 // out table on the GPU (stream memory operations) at the start of the call, and the sum kernel
 // reads it there. (Copy-engine pulls from a published copy ran at 145-190 GB/s, SM loads at
-// ~280, these stores at ~355: benchmarks/NOTES.md §8.)
+// ~280, these stores at ~355: benchmarks/NOTES.md §8.) To overlap that all-gather with the
+// GEMM, an all-reduce may visit its output in rounds of P chunks (PeerCollectiveArgs::rounds):
+// the sums and stores of every round but the last run on a second stream during the GEMM.
 //
 // Synchronization uses stream memory operations only (no SM): cuStreamWaitValue32 on the GEMM's
 // counters and on arrival flags, cuStreamWriteValue32 to a peer's flag after the copy (the write
