@@ -22,9 +22,24 @@ __device__ __forceinline__ __nv_bfloat162 FromFloat2(float2 v) { return __float2
 template <>
 __device__ __forceinline__ __half2 FromFloat2(float2 v) { return __float22half2_rn(v); }
 
-// Grid-stride over 16-byte vectors (8 values); every part is read once, out and each remote
-// output written once.
 template <class T2>
+__device__ __forceinline__ void Accumulate(float2 (&acc)[4], const uint4& v) {
+  const T2* h = reinterpret_cast<const T2*>(&v);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = ToFloat2(h[j]);
+    acc[j].x += f.x;
+    acc[j].y += f.y;
+  }
+}
+
+// Grid-stride over 16-byte vectors (8 values); every part is read once, out and each remote
+// output written once. All of a vector's part loads are issued before the first add (kParts
+// > 0: exactly that many parts; 0: any number, four loads at a time): one load in flight per
+// thread left the sum latency-bound at ~2.6 TB/s (the copy-engine transport's ~100 us after the
+// GEMM at 8192x8192x2048, results/overlap_profile_tp4_2026-11-21_b86e63a.log). Parts are added
+// in order, so the result does not depend on kParts.
+template <class T2, int kParts>
 __global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs remote,
                               size_t vectors) {
   __shared__ uint4* remote_out[kMaxBandSumParts];
@@ -38,14 +53,23 @@ __global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs 
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < vectors;
        i += size_t(gridDim.x) * blockDim.x) {
     float2 acc[4] = {};
-    for (int p = 0; p < nparts; ++p) {
-      const uint4 v = reinterpret_cast<const uint4*>(parts.p[p])[i];
-      const T2* h = reinterpret_cast<const T2*>(&v);
+    if constexpr (kParts > 0) {
+      uint4 v[kParts];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = ToFloat2(h[j]);
-        acc[j].x += f.x;
-        acc[j].y += f.y;
+      for (int p = 0; p < kParts; ++p) v[p] = reinterpret_cast<const uint4*>(parts.p[p])[i];
+#pragma unroll
+      for (int p = 0; p < kParts; ++p) Accumulate<T2>(acc, v[p]);
+    } else {
+      for (int p0 = 0; p0 < nparts; p0 += 4) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (p0 + u < nparts) v[u] = reinterpret_cast<const uint4*>(parts.p[p0 + u])[i];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (p0 + u < nparts) Accumulate<T2>(acc, v[u]);
+        }
       }
     }
     uint4 o;
@@ -55,6 +79,27 @@ __global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs 
     reinterpret_cast<uint4*>(out)[i] = o;
     for (int r = 0; r < remote.count; ++r) remote_out[r][i] = o;
   }
+}
+
+// The instantiation for nparts parts: fixed part counts for the common ones (TP 4: 2, 3, 4).
+template <class T2>
+auto SelectKernel(int nparts) {
+  switch (nparts) {
+    case 2: return BandSumKernel<T2, 2>;
+    case 3: return BandSumKernel<T2, 3>;
+    case 4: return BandSumKernel<T2, 4>;
+    default: return BandSumKernel<T2, 0>;
+  }
+}
+
+template <class T2>
+cudaError_t LoadAll() {
+  cudaFuncAttributes attr;
+  cudaError_t e = cudaSuccess;
+  for (int n : {2, 3, 4, 1}) {
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, SelectKernel<T2>(n));
+  }
+  return e;
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -91,9 +136,10 @@ cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* cons
   const size_t want = (vectors + 511) / 512;
   const int blocks = static_cast<int>(want < cap ? (want > 0 ? want : 1) : cap);
   if (dtype == GemmDtype::kBF16) {
-    BandSumKernel<__nv_bfloat162><<<blocks, 512, 0, stream>>>(in, nparts, out, remote, vectors);
+    SelectKernel<__nv_bfloat162>(nparts)<<<blocks, 512, 0, stream>>>(in, nparts, out, remote,
+                                                                     vectors);
   } else {
-    BandSumKernel<__half2><<<blocks, 512, 0, stream>>>(in, nparts, out, remote, vectors);
+    SelectKernel<__half2>(nparts)<<<blocks, 512, 0, stream>>>(in, nparts, out, remote, vectors);
   }
   e = cudaGetLastError();
   if (e != cudaSuccess && error) *error = std::string("band sum launch: ") + cudaGetErrorString(e);
@@ -101,9 +147,8 @@ cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* cons
 }
 
 cudaError_t LoadBandSumKernels(std::string* error) {
-  cudaFuncAttributes attr;
-  cudaError_t e = cudaFuncGetAttributes(&attr, BandSumKernel<__nv_bfloat162>);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, BandSumKernel<__half2>);
+  cudaError_t e = LoadAll<__nv_bfloat162>();
+  if (e == cudaSuccess) e = LoadAll<__half2>();
   if (e != cudaSuccess && error) *error = "loading the band-sum kernels failed";
   return e;
 }
