@@ -3,7 +3,8 @@ straight between the GPUs' memories (csrc/comm/peer_transport.h; benchmarks/NOTE
 
 The copy-engine transport lets the GEMM keep every SM and, with the GEMM visiting its output by
 destination band (own band last), leaves no reduce-scatter tail after the GEMM; an all-reduce
-adds an all-gather of the summed bands after it (copy-engine pulls). It needs: every rank of the
+adds an all-gather of the summed bands (SM stores into the peers' outputs), overlapped with the
+GEMM by visiting the output in rounds (`copy_engine_rounds`). It needs: every rank of the
 axis in this process (JAX's one-process-per-host mode); peer access between every pair of this
 process's GPUs (NVLink / NVSwitch machines); 2 to 16 ranks; rows of the output band of each rank
 (M / P) a multiple of the GEMM tile's rows times its cluster; fo_jax's one group per band (no
@@ -74,7 +75,6 @@ def copy_engine_problem(collective: str, size: int, dtype, m_total: int, n: int,
     return None
 
 
-MAX_GROUPS = 64  # kMaxGemmGroups (csrc/kernels/signaling_gemm.h)
 MAX_RECEIVE_SLOTS = 4 * MAX_RANKS  # kMaxReceiveSlots (csrc/comm/peer_transport.h)
 # The all-reduce's rounds before the last are summed next to the GEMM on this many SMs that the
 # GEMM leaves free (benchmarks/NOTES.md §8).
@@ -91,7 +91,8 @@ LARGE_BAND_BYTES = 32 << 20
 
 
 def _rounds_fit(rounds: int, band_rows: int, unit: int, size: int) -> bool:
-    return (band_rows % (rounds * unit) == 0 and rounds * size + 1 <= MAX_GROUPS
+    return (band_rows % (rounds * unit) == 0
+            and rounds * size + 1 <= int(_cuda.module().max_gemm_groups())
             and rounds * (size - 1) <= MAX_RECEIVE_SLOTS)
 
 

@@ -132,7 +132,7 @@ def test_small_calls_take_the_plain_xla_path_on_cuda():
 
 
 class FakeCudaModule:
-    """The two questions _transport asks the CUDA module, answered without a GPU."""
+    """The questions _transport asks the CUDA module, answered without a GPU."""
 
     def __init__(self, peer_problem=""):
         self.peer_problem = peer_problem
@@ -143,6 +143,9 @@ class FakeCudaModule:
 
     def select_gemm_config(self, dtype, m, n, k, batch, sm_budget):
         return 0
+
+    def max_gemm_groups(self):
+        return 64
 
     def peer_access_problem(self, ordinals):
         return self.peer_problem

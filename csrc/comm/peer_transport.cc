@@ -123,23 +123,6 @@ cudaError_t GatedCopy(PeerState& p, const PeerCollectiveArgs& a, int c, char* ds
   return err == cudaSuccess ? err : CopyError(err, error);
 }
 
-// Grows *buf to at least `bytes` (doubling bounds how often; the old buffer stays allocated:
-// cudaFree would synchronize the device while other work may be in flight). "" or why not.
-std::string Grow(void** buf, size_t* have, size_t bytes, const char* what) {
-  if (*have >= bytes) return "";
-  const size_t capacity = std::max(bytes, 2 * *have);
-  void* mem = nullptr;
-  cudaError_t e = cudaMalloc(&mem, capacity);
-  if (e != cudaSuccess) {
-    return Cuda(("allocating " + std::to_string(capacity >> 20) + " MiB for the copy-engine " +
-                 what + " (outside XLA's memory pool; lower XLA_PYTHON_CLIENT_MEM_FRACTION or "
-                 "use OverlapConfig(transport='nccl'))").c_str(), e);
-  }
-  *buf = mem;
-  *have = capacity;
-  return "";
-}
-
 }  // namespace
 
 std::string PreparePeerTransport(CommState& s, size_t recv_bytes) {
@@ -150,15 +133,25 @@ std::string PreparePeerTransport(CommState& s, size_t recv_bytes) {
   }
   PeerState& p = *s.peer;
   if (p.recv_bytes >= recv_bytes) return "";
-  // Every rank grows in the same call (same shapes), so every rank joins this exchange.
-  std::string err = Grow(&p.recv, &p.recv_bytes, recv_bytes, "receive buffer");
-  if (!err.empty()) return err;
+  // Every rank grows in the same call (same shapes), so every rank joins this exchange. The old
+  // buffer stays allocated (cudaFree would synchronize the device while other work may be in
+  // flight); doubling bounds how often that happens.
+  const size_t capacity = std::max(recv_bytes, 2 * p.recv_bytes);
+  void* recv = nullptr;
+  cudaError_t e = cudaMalloc(&recv, capacity);
+  if (e != cudaSuccess) {
+    return Cuda(("allocating " + std::to_string(capacity >> 20) +
+                 " MiB for the copy-engine receive buffer (outside XLA's memory pool; lower "
+                 "XLA_PYTHON_CLIENT_MEM_FRACTION or use OverlapConfig(transport='nccl'))").c_str(),
+                e);
+  }
+  p.recv = recv;
+  p.recv_bytes = capacity;
   PeerInfo mine{reinterpret_cast<uint64_t>(p.recv), reinterpret_cast<uint64_t>(p.sync),
                 static_cast<int32_t>(getpid()), s.device};
   auto* slots = static_cast<PeerInfo*>(p.exchange);
   std::vector<PeerInfo> all(s.nranks);
-  cudaError_t e =
-      cudaMemcpyAsync(slots + s.rank, &mine, sizeof(PeerInfo), cudaMemcpyHostToDevice, s.stream);
+  e = cudaMemcpyAsync(slots + s.rank, &mine, sizeof(PeerInfo), cudaMemcpyHostToDevice, s.stream);
   if (e != cudaSuccess) return Cuda("address exchange", e);
   ncclResult_t r = ncclAllGather(slots + s.rank, slots, sizeof(PeerInfo), ncclUint8, s.comm,
                                  s.stream);

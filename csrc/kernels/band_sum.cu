@@ -92,12 +92,14 @@ auto SelectKernel(int nparts) {
   }
 }
 
+// Every instantiation SelectKernel can return (the fixed ones and the generic one).
 template <class T2>
 cudaError_t LoadAll() {
   cudaFuncAttributes attr;
   cudaError_t e = cudaSuccess;
-  for (int n : {2, 3, 4, 1}) {
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, SelectKernel<T2>(n));
+  for (auto kernel : {BandSumKernel<T2, 2>, BandSumKernel<T2, 3>, BandSumKernel<T2, 4>,
+                      BandSumKernel<T2, 0>}) {
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, kernel);
   }
   return e;
 }
