@@ -52,12 +52,7 @@ int main(int argc, char** argv) {
   const size_t full = size_t(M) * N, band = size_t(m) * N;
   for (int d = 0; d < P; ++d) {
     CK(cudaSetDevice(d));
-    std::string err;
-    if (fo_jax::LoadAllGemmKernels(&err) != cudaSuccess || fo_jax::PrepareStreamWait(&err) != cudaSuccess) {
-      std::printf("load: %s\n", err.c_str());
-      return 2;
-    }
-    LoadProbeKernels();
+    PrepareGpuOrExit(d, M, N, K, &dev[d].a, &dev[d].b);
     int lo, hi;
     CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     CK(cudaStreamCreateWithFlags(&dev[d].gemm_s, cudaStreamNonBlocking));
@@ -66,15 +61,11 @@ int main(int argc, char** argv) {
     for (auto& e : dev[d].a2a_done) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     CK(cudaEventCreateWithFlags(&dev[d].ready, cudaEventDisableTiming));
     CK(cudaEventCreateWithFlags(&dev[d].done, cudaEventDisableTiming));
-    CK(cudaMalloc(&dev[d].a, size_t(M) * K * 2));
-    CK(cudaMalloc(&dev[d].b, size_t(K) * N * 2));
     CK(cudaMalloc(&dev[d].out, band * 2));
     CK(cudaMalloc(&dev[d].out_ref, band * 2));
     CK(cudaMalloc(&dev[d].ctr, 64 * 4));
     NK(ncclMemAlloc(reinterpret_cast<void**>(&dev[d].send), full * 2));
     NK(ncclMemAlloc(reinterpret_cast<void**>(&dev[d].recv), full * 2));
-    FillRandom<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dev[d].a), size_t(M) * K, 11 + d, 1);
-    FillRandom<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dev[d].b), size_t(K) * N, 101 + d, 1);
     CK(cudaDeviceSynchronize());
   }
   NK(ncclGroupStart());
@@ -88,9 +79,7 @@ int main(int argc, char** argv) {
   NK(ncclGroupStart());
   for (int d = 0; d < P; ++d) {
     CK(cudaSetDevice(d));
-    ncclConfig_t cd = NCCL_CONFIG_INITIALIZER;  // fo_jax's communicator settings
-    cd.maxCTAs = 32;
-    cd.cgaClusterSize = 1;
+    ncclConfig_t cd = FoJaxCommConfig();
     NK(ncclCommInitRankConfig(&dev[d].dflt, P, id_dflt, d, &cd));
   }
   NK(ncclGroupEnd());
@@ -106,18 +95,7 @@ int main(int argc, char** argv) {
 
   auto sync_all = [&] { SyncAll(P); };
   auto time_ms = [&](const std::function<void()>& op) { return TimeMs(P, op); };
-  auto gemm_args = [&](int d, int groups, int sm_budget, bool signal) {
-    return RsGemmArgs(m, N, K, P, dev[d].a, dev[d].b, dev[d].send, groups, sm_budget,
-                      signal ? dev[d].ctr : nullptr, dev[d].ready);
-  };
-  auto launch_gemm = [&](int d, const fo_jax::SignalingGemmArgs& g) {
-    LaunchGemmOrExit(dev[d].gemm_s, g);
-  };
-  auto gemm_only = [&](int sm_budget) {
-    return [&, sm_budget] {
-      for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); launch_gemm(d, gemm_args(d, 1, sm_budget, false)); }
-    };
-  };
+  const RsGemm<Dev> rs_gemm{dev, m, N, K, P};
   // The P received bands of `count` elements each, contiguous from `in`.
   auto bands = [&](const Bf16* in, size_t count) {
     std::vector<const void*> parts;
@@ -151,7 +129,7 @@ int main(int argc, char** argv) {
     for (int d = 0; d < P; ++d) {
       CK(cudaSetDevice(d));
       if (tl && d == 0) { tl->Mark("start", dev[0].gemm_s); CK(cudaStreamWaitEvent(dev[0].comm_s, tl->marks[0].second, 0)); }
-      launch_gemm(d, gemm_args(d, 1, 0, false));
+      rs_gemm.Launch(d, rs_gemm.Args(d, 1, 0, false));
       if (tl && d == 0) tl->Mark("gemm_end", dev[0].gemm_s);
     }
     a2a_full();
@@ -166,9 +144,9 @@ int main(int argc, char** argv) {
       std::vector<fo_jax::SignalingGemmArgs> args(P);
       for (int d = 0; d < P; ++d) {
         CK(cudaSetDevice(d));
-        args[d] = gemm_args(d, groups, sm_budget, true);
+        args[d] = rs_gemm.Args(d, groups, sm_budget, true);
         if (tl && d == 0) tl->Mark("start", dev[0].gemm_s);
-        launch_gemm(d, args[d]);
+        rs_gemm.Launch(d, args[d]);
         if (tl && d == 0) tl->Mark("gemm_end", dev[0].gemm_s);
         CK(cudaStreamWaitEvent(dev[d].comm_s, dev[d].ready, 0));
       }
@@ -220,20 +198,12 @@ int main(int argc, char** argv) {
   };
 
   // Correctness: reference = one GEMM, then one ncclReduceScatter; each pipeline's out vs it.
-  gemm_only(0)();
+  rs_gemm.Alone(0)();
   sync_all();
   for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); CK(cudaStreamSynchronize(dev[d].gemm_s)); }
   nccl_rs_full();
   sync_all();
-  auto check = [&](const char* what) {
-    double worst = 0;
-    for (int d = 0; d < P; ++d) {
-      CK(cudaSetDevice(d));
-      worst = std::max(worst, RelErr(dev[d].out, dev[d].out_ref, band));
-    }
-    std::printf("  check %-44s max|err|/max|ref| = %.2e %s\n", what, worst,
-                worst < 2e-2 ? "ok" : "MISMATCH");
-  };
+  auto check = [&](const char* what) { CheckAll(dev, band, what); };
   for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); CK(cudaMemset(dev[d].out, 0xff, band * 2)); }
   pipeline(4, 0, true, 2 * sms)();
   sync_all();
@@ -256,9 +226,9 @@ int main(int argc, char** argv) {
     }
     std::fflush(stdout);
   };
-  add("gemm alone, all SMs", gemm_only(0));
-  add("gemm alone, 116 SMs", gemm_only(116));
-  add("gemm alone, 100 SMs", gemm_only(100));
+  add("gemm alone, all SMs", rs_gemm.Alone(0));
+  add("gemm alone, 116 SMs", rs_gemm.Alone(116));
+  add("gemm alone, 100 SMs", rs_gemm.Alone(100));
   add("ncclReduceScatter alone (maxCTAs 32)", nccl_rs_full);
   add("CE all-to-all alone (CTA policy zero)", a2a_full);
   add("band sum alone, 2 CTAs/SM", reduce_full(2 * sms));

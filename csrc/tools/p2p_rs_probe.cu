@@ -94,12 +94,7 @@ int main(int argc, char** argv) {
       cudaError_t e = cudaDeviceEnablePeerAccess(q, 0);
       if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError(); else CK(e);
     }
-    std::string err;
-    if (fo_jax::LoadAllGemmKernels(&err) != cudaSuccess || fo_jax::PrepareStreamWait(&err) != cudaSuccess) {
-      std::printf("load: %s\n", err.c_str());
-      return 2;
-    }
-    LoadProbeKernels();
+    PrepareGpuOrExit(d, M, N, K, &dev[d].a, &dev[d].b);
     int lo, hi;
     CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     CK(cudaStreamCreateWithFlags(&dev[d].gemm_s, cudaStreamNonBlocking));
@@ -111,8 +106,6 @@ int main(int argc, char** argv) {
     }
     CK(cudaEventCreateWithFlags(&dev[d].ready, cudaEventDisableTiming));
     CK(cudaEventCreateWithFlags(&dev[d].done, cudaEventDisableTiming));
-    CK(cudaMalloc(&dev[d].a, size_t(M) * K * 2));
-    CK(cudaMalloc(&dev[d].b, size_t(K) * N * 2));
     CK(cudaMalloc(&dev[d].send, full * 2));
     CK(cudaMalloc(&dev[d].recv, full * 2));
     CK(cudaMalloc(&dev[d].out, band * 2));
@@ -122,34 +115,19 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&dev[d].ack, kMaxP * 4));
     CK(cudaMemset(dev[d].flags, 0, kMaxGroups * kMaxP * 4));
     CK(cudaMemset(dev[d].ack, 0, kMaxP * 4));
-    FillRandom<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dev[d].a), size_t(M) * K, 11 + d, 1);
-    FillRandom<<<1024, 256>>>(reinterpret_cast<uint16_t*>(dev[d].b), size_t(K) * N, 101 + d, 1);
     CK(cudaDeviceSynchronize());
   }
   NK(ncclGroupStart());
   for (int d = 0; d < P; ++d) {
     CK(cudaSetDevice(d));
-    ncclConfig_t cd = NCCL_CONFIG_INITIALIZER;  // fo_jax's communicator settings
-    cd.maxCTAs = 32;
-    cd.cgaClusterSize = 1;
+    ncclConfig_t cd = FoJaxCommConfig();
     NK(ncclCommInitRankConfig(&dev[d].comm, P, id, d, &cd));
   }
   NK(ncclGroupEnd());
 
   auto sync_all = [&] { SyncAll(P); };
   auto time_ms = [&](const std::function<void()>& op) { return TimeMs(P, op); };
-  auto gemm_args = [&](int d, int groups, int sm_budget, bool signal) {
-    return RsGemmArgs(m, N, K, P, dev[d].a, dev[d].b, dev[d].send, groups, sm_budget,
-                      signal ? dev[d].ctr : nullptr, dev[d].ready);
-  };
-  auto launch_gemm = [&](int d, const fo_jax::SignalingGemmArgs& g) {
-    LaunchGemmOrExit(dev[d].gemm_s, g);
-  };
-  auto gemm_only = [&](int sm_budget) {
-    return [&, sm_budget] {
-      for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); launch_gemm(d, gemm_args(d, 1, sm_budget, false)); }
-    };
-  };
+  const RsGemm<Dev> rs_gemm{dev, m, N, K, P};
   auto nccl_rs_full = [&] {
     NK(ncclGroupStart());
     for (int d = 0; d < P; ++d)
@@ -169,10 +147,10 @@ int main(int argc, char** argv) {
       std::vector<fo_jax::SignalingGemmArgs> args(P);
       for (int d = 0; d < P; ++d) {
         CK(cudaSetDevice(d));
-        args[d] = gemm_args(d, groups, sm_budget, gemm);
+        args[d] = rs_gemm.Args(d, groups, sm_budget, gemm);
         if (tl && d == 0) tl->Mark("start", dev[0].gemm_s);
         if (gemm) {
-          launch_gemm(d, args[d]);
+          rs_gemm.Launch(d, args[d]);
         } else {
           CK(cudaEventRecord(dev[d].ready, dev[d].gemm_s));
         }
@@ -237,8 +215,8 @@ int main(int argc, char** argv) {
       std::vector<fo_jax::SignalingGemmArgs> args(P);
       for (int d = 0; d < P; ++d) {
         CK(cudaSetDevice(d));
-        args[d] = gemm_args(d, groups, sm_budget, true);
-        launch_gemm(d, args[d]);
+        args[d] = rs_gemm.Args(d, groups, sm_budget, true);
+        rs_gemm.Launch(d, args[d]);
         CK(cudaStreamWaitEvent(dev[d].nccl_s, dev[d].ready, 0));
       }
       const int tm = fo_jax::GetGemmConfig(args[0].config).tile_m;
@@ -296,7 +274,7 @@ int main(int argc, char** argv) {
         CK(cudaSetDevice(d));
         args[d] = dm_args(d, sub, sm_budget);
         if (tl && d == 0) tl->Mark("start", dev[0].gemm_s);
-        launch_gemm(d, args[d]);
+        rs_gemm.Launch(d, args[d]);
         if (tl && d == 0) tl->Mark("gemm_end", dev[0].gemm_s);
         cudaStream_t s = ce ? dev[d].cp_s[0] : dev[d].nccl_s;
         CK(cudaStreamWaitEvent(s, dev[d].ready, 0));
@@ -359,7 +337,7 @@ int main(int argc, char** argv) {
   };
 
   // Reference: one GEMM, then one ncclReduceScatter of the whole send buffer.
-  gemm_only(0)();
+  rs_gemm.Alone(0)();
   sync_all();
   nccl_rs_full();
   sync_all();
@@ -368,14 +346,7 @@ int main(int argc, char** argv) {
     sync_all();
     for (int i = 0; i < calls; ++i) op();
     sync_all();
-    double worst = 0;
-    for (int d = 0; d < P; ++d) {
-      CK(cudaSetDevice(d));
-      worst = std::max(worst, RelErr(dev[d].out, dev[d].out_ref, band));
-    }
-    std::printf("  check %-52s max|err|/max|ref| = %.2e %s\n", what.c_str(), worst,
-                worst < 2e-2 ? "ok" : "MISMATCH");
-    return worst < 2e-2;
+    return CheckAll(dev, band, what);
   };
   bool ok = check("direct pipeline, 4 groups, 1 call", direct(4, 0, 2 * sms, true, false), 1);
   ok &= check("direct pipeline, 8 groups, 116 SMs, 50 calls", direct(8, 116, 16, true, false), 50);
@@ -390,7 +361,7 @@ int main(int argc, char** argv) {
       CK(cudaSetDevice(d));
       fo_jax::SignalingGemmArgs g = dm_args(d, 1, 0);
       g.counters = nullptr; g.zero_counters_on_launch = false; g.after_zero_event = nullptr;
-      launch_gemm(d, g);
+      rs_gemm.Launch(d, g);
     }
     sync_all();
     for (int d = 0; d < P; ++d) {
@@ -426,9 +397,9 @@ int main(int argc, char** argv) {
     }
     std::fflush(stdout);
   };
-  add("gemm alone, all SMs", gemm_only(0), false);
-  add("gemm alone, 124 SMs", gemm_only(124), false);
-  add("gemm alone, 116 SMs", gemm_only(116), false);
+  add("gemm alone, all SMs", rs_gemm.Alone(0), false);
+  add("gemm alone, 124 SMs", rs_gemm.Alone(124), false);
+  add("gemm alone, 116 SMs", rs_gemm.Alone(116), false);
   add("ncclReduceScatter alone (maxCTAs 32)", nccl_rs_full, false);
   add("direct transport alone: 1 group, stream per peer", direct(1, 0, 2 * sms, false, false), true);
   add("direct transport alone: 1 group, one copy stream", direct(1, 0, 2 * sms, false, true), true);

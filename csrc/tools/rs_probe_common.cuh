@@ -1,6 +1,7 @@
 // Shared by the reduce-scatter transport probes (ce_rs_probe.cu, p2p_rs_probe.cu; not part of the
-// library): NCCL error check, host wall-clock timing over all GPUs of one process, the signaling
-// GEMM in the reduce-scatter layout, the library's band sum, result check, device-0 timelines.
+// library): NCCL error check, per-GPU preparation (kernels loaded, random operands), fo_jax's
+// communicator settings, host wall-clock timing over all GPUs of one process, the signaling GEMM
+// in the reduce-scatter layout, the library's band sum, result check, device-0 timelines.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/stream_wait.h"
 #include "kernels/band_sum.h"
 #include "kernels/signaling_gemm.h"
 #include "tools/tool_common.cuh"
@@ -88,6 +90,30 @@ inline void LaunchGemmOrExit(cudaStream_t s, const fo_jax::SignalingGemmArgs& g)
   }
 }
 
+// The signaling GEMM in the reduce-scatter layout on every GPU of a probe (its Dev has the
+// operands a, b, the output send, the counters ctr, the `ready` event and the stream gemm_s).
+template <class Dev>
+struct RsGemm {
+  std::vector<Dev>& dev;
+  int m, n, k, P;
+  fo_jax::SignalingGemmArgs Args(int d, int groups, int sm_budget, bool signal) const {
+    return RsGemmArgs(m, n, k, P, dev[d].a, dev[d].b, dev[d].send, groups, sm_budget,
+                      signal ? dev[d].ctr : nullptr, dev[d].ready);
+  }
+  void Launch(int d, const fo_jax::SignalingGemmArgs& g) const {
+    LaunchGemmOrExit(dev[d].gemm_s, g);
+  }
+  // One unsignaled GEMM per GPU on `sm_budget` SMs (0: all).
+  std::function<void()> Alone(int sm_budget) const {
+    return [this, sm_budget] {
+      for (int d = 0; d < P; ++d) {
+        CK(cudaSetDevice(d));
+        Launch(d, Args(d, 1, sm_budget, false));
+      }
+    };
+  }
+};
+
 // The library's band sum (csrc/kernels/band_sum.cu): out = sum of the parts, bf16.
 inline void BandSumOrExit(cudaStream_t s, const std::vector<const void*>& parts, void* out,
                           size_t count, int max_blocks = 0) {
@@ -99,15 +125,30 @@ inline void BandSumOrExit(cudaStream_t s, const std::vector<const void*>& parts,
   }
 }
 
-// Loads what the probes launch besides the GEMMs (lazy loading would serialize first launches).
-inline void LoadProbeKernels() {
+// On GPU d (current device): loads every kernel the probes launch (lazy loading would serialize
+// first launches behind a running GEMM), allocates and fills the operands a [M, K] and b [K, N].
+inline void PrepareGpuOrExit(int d, int M, int N, int K, Bf16** a, Bf16** b) {
   std::string err;
-  if (fo_jax::LoadBandSumKernels(&err) != cudaSuccess) {
+  if (fo_jax::LoadAllGemmKernels(&err) != cudaSuccess ||
+      fo_jax::PrepareStreamWait(&err) != cudaSuccess ||
+      fo_jax::LoadBandSumKernels(&err) != cudaSuccess) {
     std::printf("load: %s\n", err.c_str());
     std::exit(2);
   }
   cudaFuncAttributes fa;
   CK(cudaFuncGetAttributes(&fa, FillRandom));
+  CK(cudaMalloc(a, size_t(M) * K * 2));
+  CK(cudaMalloc(b, size_t(K) * N * 2));
+  FillRandom<<<1024, 256>>>(reinterpret_cast<uint16_t*>(*a), size_t(M) * K, 11 + d, 1);
+  FillRandom<<<1024, 256>>>(reinterpret_cast<uint16_t*>(*b), size_t(K) * N, 101 + d, 1);
+}
+
+// The communicator settings fo_jax uses (32 CTAs, CGA cluster 1: csrc/comm/comm_registry.cc).
+inline ncclConfig_t FoJaxCommConfig() {
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  c.maxCTAs = 32;
+  c.cgaClusterSize = 1;
+  return c;
 }
 
 // max |a - b| / max |b| over n bf16 values (host copies).
@@ -122,6 +163,20 @@ inline double RelErr(const Bf16* a, const Bf16* b, size_t n) {
     ref = std::max(ref, std::fabs(y));
   }
   return diff / std::max(ref, 1e-30);
+}
+
+// Compares every GPU's out with its out_ref (count bf16 values each) and prints one check line;
+// true when the worst relative error is within bf16 tolerance.
+template <class Dev>
+bool CheckAll(const std::vector<Dev>& dev, size_t count, const std::string& what) {
+  double worst = 0;
+  for (size_t d = 0; d < dev.size(); ++d) {
+    CK(cudaSetDevice(int(d)));
+    worst = std::max(worst, RelErr(dev[d].out, dev[d].out_ref, count));
+  }
+  std::printf("  check %-52s max|err|/max|ref| = %.2e %s\n", what.c_str(), worst,
+              worst < 2e-2 ? "ok" : "MISMATCH");
+  return worst < 2e-2;
 }
 
 // Device-0 timeline of one call: event name -> us after the call's first event.
