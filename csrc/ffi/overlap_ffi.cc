@@ -2,8 +2,8 @@
 // counter-gated NCCL per group on the comm stream, join; or, with the copy-engine transport,
 // the GEMM in destination-band order and counter-gated copies into the peers' memory plus a band
 // sum, whose last pass, for an all-reduce, also stores the summed band into every peer's output
-// (comm/peer_transport.h). The mesh table attributes say which rank of
-// which tensor-parallel group this device is; the communicator is created on first use.
+// (comm/peer_transport.h). The mesh table attributes say which rank of which tensor-parallel
+// group this device is; the communicator is created on first use.
 #include "ffi/overlap_ffi.h"
 
 #include <cuda_runtime.h>
@@ -53,8 +53,7 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
                        ffi::Result<ffi::Buffer<ffi::U32>> counters, int32_t collective,
                        int32_t config, ffi::Span<const int32_t> group_begin, int32_t sm_budget,
                        int32_t nccl_max_ctas, bool spin_wait, int32_t transport,
-                       int32_t rounds,
-                       int32_t nranks, int32_t process,
+                       int32_t rounds, int32_t nranks, int32_t process,
                        ffi::Span<const int32_t> mesh_process, ffi::Span<const int32_t> mesh_local,
                        ffi::Span<const int32_t> mesh_rank, ffi::Span<const int32_t> mesh_group,
                        ffi::Span<const uint8_t> unique_ids) {
