@@ -84,7 +84,7 @@ def _overlap_lowering(ctx, x, w, *, result_avals, axis_name, collective, plan, n
                 group_begin=np.asarray(plan.group_begin, np.int32),
                 sm_budget=np.int32(plan.sm_budget), nccl_max_ctas=np.int32(nccl_max_ctas),
                 spin_wait=bool(spin_wait), transport=np.int32(TRANSPORT_CODES[transport]),
-                rounds=np.int32(plan.rounds),
+                rounds=np.int32(plan.rounds), split_sum=bool(plan.split_sum),
                 **mesh_attrs)
 
 

@@ -19,8 +19,9 @@ import os
 from typing import Optional
 
 import jax
+import numpy as np
 
-from fo_jax import _cuda, _plan
+from fo_jax import _ce_model, _cuda, _plan
 from fo_jax.config import OverlapConfig
 
 MAX_RANKS = 16  # kMaxPeerRanks in csrc/comm/peer_transport.h
@@ -148,25 +149,45 @@ def choose(fn: str, collective: str, size: int, dtype, m_total: int, n: int, k: 
     return "nccl", f"NCCL transport ({problem})"
 
 
+def _env_flag(name: str) -> Optional[bool]:
+    """"0" / "1" from the environment (measurement overrides), else None."""
+    v = os.environ.get(name, "")
+    return {"0": False, "1": True}.get(v)
+
+
 def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size: int,
                      config: Optional[OverlapConfig]) -> _plan.GemmPlan:
-    """The GEMM plan of a copy-engine call: all M rows in one batch, one group per chunk (rounds
-    x ranks; a reduce-scatter has one round, so one chunk per rank's band), visited rotated so
-    that each round's own chunk comes last, the first chunk split in two groups so that the
-    chain of copies starts after half a chunk of GEMM work. Every SM for one round; with more,
-    all but ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the GEMM,
-    unless config.sm_budget says otherwise."""
+    """The GEMM plan of a copy-engine call: all M rows in one batch, visited by chunk (rounds x
+    ranks; a reduce-scatter has one round, so one chunk per rank's band) rotated so that each
+    round's own chunk comes last. Each chunk sent to a peer is one or more groups (each copied
+    as soon as it is done) and the last round is summed in one or two passes, as the timing
+    model of fo_jax/_ce_model.py says finishes first (FO_JAX_CE_PARTS = pieces per chunk and
+    FO_JAX_CE_SPLIT_SUM = 0 / 1 override it, for measurements). Every SM for one round; with
+    more, all but ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the
+    GEMM, unless config.sm_budget says otherwise."""
     index = _config_index(dtype, m_total, n, k, config)
     c = _plan.gemm_configs()[index]
     unit = c["tile_m"] * c["cluster_m"]
     band_rows = m_total // size
     rounds = copy_engine_rounds(collective, m_total, n, k, unit, size, config)
     tiles_chunk = band_rows // rounds // c["tile_m"]
-    bounds = tuple(i * tiles_chunk for i in range(rounds * size + 1))
-    half = tiles_chunk // 2 // c["cluster_m"] * c["cluster_m"]
-    if half > 0:
-        bounds = (0, half) + bounds[1:]
+    chunk_bytes = band_rows // rounds * n * np.dtype(dtype).itemsize
+    t_gemm = _plan.estimate_seconds(collective, m_total, n, k)[0]
+    all_reduce = collective == "all_reduce"
+    max_groups = int(_cuda.module().max_gemm_groups())
+    pred = _ce_model.best(rounds, size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
+                          all_reduce, max_groups)
+    bounds, split_sum = pred.bounds, pred.split_sum
+    parts = _env_int("FO_JAX_CE_PARTS")
+    if parts is not None:
+        forced = _ce_model.partition(rounds, size, tiles_chunk, c["cluster_m"], parts, False)
+        if forced is not None and len(forced) - 1 <= max_groups:
+            bounds = forced
+    forced_split = _env_flag("FO_JAX_CE_SPLIT_SUM")
+    if forced_split is not None:
+        split_sum = forced_split
     sm_budget = _sm_budget(config)
     if rounds > 1 and (config is None or config.sm_budget is None):
         sm_budget = -(_env_int("FO_JAX_CE_SUM_SMS") or ROUND_SUM_SMS)
-    return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm_budget, rounds)
+    return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm_budget, rounds,
+                          split_sum)

@@ -149,6 +149,39 @@ def test_copy_engine_all_reduce_rounds(rounds):
         _assert_every_copy_close(out, x64 @ w64, jnp.bfloat16)
 
 
+@pytest.mark.parametrize("parts,split_sum", [(1, "0"), (2, "1"), (3, "0"), (4, "1")])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
+def test_copy_engine_group_partitions(collective, parts, split_sum, monkeypatch):
+    """Each chunk copied in 1-4 pieces (one group each, copied as soon as it is done) and the
+    last round summed in one or two passes (the forms fo_jax/_ce_model.py chooses between),
+    against the float64 product on every GPU's copy, back to back; the all-reduce in 2 rounds."""
+    from fo_jax import _transport
+
+    monkeypatch.setenv("FO_JAX_CE_PARTS", str(parts))
+    monkeypatch.setenv("FO_JAX_CE_SPLIT_SUM", split_sum)
+    tp = _ntp()
+    mesh = _mesh(tp)
+    rounds = 2 if collective == "all_reduce" else None
+    rng = np.random.default_rng(20 + parts)
+    x, w, x64, w64 = random_operands(rng, 2048 * tp, 1024, 1536, jnp.bfloat16)
+    cfg = fo_jax.OverlapConfig(transport="copy_engine", copy_engine_rounds=rounds,
+                               allow_fallback=False)
+    plan = _transport.copy_engine_plan(collective, jnp.dtype(jnp.bfloat16), 2048 * tp, 1536,
+                                       1024 // tp, tp, cfg)  # per-rank x[M, K / tp]
+    h = plan.rounds
+    assert plan.num_groups == h * (parts * (tp - 1) + 1), plan
+    assert plan.split_sum == (split_sum == "1")
+    f = _tp_fn(mesh, collective, config=cfg)
+    outs = [f(x, w) for _ in range(20)]
+    jax.block_until_ready(outs)
+    expect = x64 @ w64
+    for out in (outs[0], outs[-1]):
+        if collective == "all_reduce":
+            _assert_every_copy_close(out, expect, jnp.bfloat16)
+        else:
+            assert_close(out, expect, jnp.bfloat16)
+
+
 def test_copy_engine_shapes_change_between_calls():
     """The receive and publish buffers grow when a larger call arrives (all ranks together) and
     smaller calls reuse them; calls of different sizes and both collectives interleave, back to

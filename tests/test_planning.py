@@ -194,21 +194,26 @@ def test_transport_choice(fake_cuda):
     with pytest.raises(ValueError, match="unknown gemm_config"):
         t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048,
                  OverlapConfig(transport="copy_engine", gemm_config="nope"))
-    # The plan: all rows in one batch, the first band in two groups, then one group per band.
+    # The plan: all rows in one batch; at short K (the copies trail the GEMM) the first band in
+    # two groups, then one group per band, summed in two passes (_ce_model).
     plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
     assert plan.group_begin == (0, 8, 16, 32, 48, 64) and plan.sm_budget == 0
-    assert plan.rounds == 1
-    # All-reduce rounds: 4 where the GEMM dominates (16 chunks of 4 tile-rows, the first split
-    # 2 + 2, the GEMM on all SMs but the round sums'), 2 for 32 MiB bands, 1 for smaller ones.
+    assert plan.rounds == 1 and plan.split_sum
+    # Long K: the copies hide behind the GEMM; one group per band, one sum pass.
+    plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 7168, 4, None)
+    assert plan.group_begin == (0, 16, 32, 48, 64) and not plan.split_sum
+    # All-reduce rounds: 4 where the GEMM dominates (16 chunks of 4 tile-rows, the GEMM on all
+    # SMs but the round sums'), 2 for 32 MiB bands, 1 for smaller ones.
     plan = t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 7168, 4, None)
     assert plan.rounds == 4 and plan.sm_budget == -t.ROUND_SUM_SMS
-    assert plan.group_begin == (0, 2) + tuple(range(4, 65, 4))
+    assert plan.group_begin == tuple(range(0, 65, 4))
     assert t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 4, None).rounds == 2
     plan = t.copy_engine_plan("all_reduce", bf16, 4096, 8192, 2048, 4, None)
     assert plan.rounds == 1 and plan.sm_budget == 0
     plan = t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 4,
                               OverlapConfig(copy_engine_rounds=2, sm_budget=120))
-    assert plan.rounds == 2 and plan.sm_budget == 120 and len(plan.group_begin) == 10
+    assert plan.rounds == 2 and plan.sm_budget == 120
+    assert set(range(0, 65, 8)) <= set(plan.group_begin)  # the groups refine the 8 chunks
     with pytest.raises(ValueError, match="copy_engine_rounds=3"):
         t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 2048,
                  OverlapConfig(transport="copy_engine", copy_engine_rounds=3))
@@ -218,3 +223,32 @@ def test_transport_choice(fake_cuda):
     assert kind == "nccl" and "peer access" in why
     with pytest.raises(ValueError, match="peer access"):
         t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048, ce)
+
+
+def test_copy_engine_timing_model():
+    """fo_jax/_ce_model.py: partitions refine the chunks, the copy chain reproduces the timeline
+    it was read from (8192x8192x2048 reduce-scatter on 4x H200: GEMM 361 us, the last copy
+    ending at 390 us with the first band in two halves), and the choice follows the copies."""
+    from fo_jax import _ce_model as m
+
+    tiles_chunk, chunk = 16, 2048 * 8192 * 2
+    for parts in (1, 2, 3, 4):
+        b = m.partition(2, 4, tiles_chunk, 2, parts, False)
+        assert set(range(0, 8 * tiles_chunk + 1, tiles_chunk)) <= set(b)
+        assert len(b) - 1 == 2 * (3 * parts + 1)
+        assert all(x % 2 == 0 for x in b) and list(b) == sorted(set(b))
+    assert m.partition(1, 4, 2, 2, 2, False) is None  # one cluster cannot be two pieces
+    halves = m.partition(1, 4, tiles_chunk, 2, 1, True)
+    assert halves == (0, 8, 16, 32, 48, 64)
+    last = m.last_copy_end(halves, 1, 4, tiles_chunk, chunk, 361e-6)
+    assert 380e-6 < last < 400e-6, last
+    # Short K: the last copy ends after the GEMM, so the chunks already there are summed first.
+    p = m.best(1, 4, tiles_chunk, 2, chunk, 361e-6, False, 64)
+    assert p.split_sum and p.last_copy_s > 361e-6
+    # Long K: every copy ends inside the GEMM; one pass, one group per chunk.
+    p = m.best(1, 4, tiles_chunk, 2, chunk, 1400e-6, False, 64)
+    assert not p.split_sum and p.bounds == (0, 16, 32, 48, 64)
+    assert p.finish_s < 1400e-6 + 60e-6
+    # The group limit is respected.
+    p = m.best(4, 4, 4, 2, chunk // 4, 361e-6, True, 16)
+    assert len(p.bounds) - 1 <= 16

@@ -36,7 +36,10 @@ std::string CreatePeerState(CommState& s) {
   }
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->copies_done, cudaEventDisableTiming);
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->sums_done, cudaEventDisableTiming);
-  if (e != cudaSuccess) return Cuda("creating the copy and sum streams", e);
+  if (e == cudaSuccess) {
+    e = cudaEventCreateWithFlags(&p->last_sum_done, cudaEventDisableTiming);
+  }
+  if (e != cudaSuccess) return Cuda("creating the copy and sum streams and their events", e);
   constexpr size_t sync_bytes = kSyncRegions * kMaxPeerRanks * sizeof(uint32_t);
   e = cudaMalloc(&p->sync, sync_bytes);
   if (e == cudaSuccess) e = cudaMalloc(&p->exchange, kMaxPeerRanks * sizeof(PeerInfo));
@@ -112,11 +115,11 @@ cudaError_t CopyError(cudaError_t e, std::string* error) {
   return e;
 }
 
-// On the copy stream: once counters[c] is full, copy `bytes` from src to dst. (Two halves on two
+// On the copy stream: once counters[g] is full, copy `bytes` from src to dst. (Two halves on two
 // copy streams measured no faster: benchmarks/NOTES.md §8.)
-cudaError_t GatedCopy(PeerState& p, const PeerCollectiveArgs& a, int c, char* dst,
+cudaError_t GatedCopy(PeerState& p, const PeerCollectiveArgs& a, int g, char* dst,
                       const char* src, size_t bytes, std::string* error) {
-  cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + c, a.expected[c], a.spin_wait,
+  cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + g, a.expected[g], a.spin_wait,
                                    error);
   if (err != cudaSuccess) return err;
   err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, p.copy_stream);
@@ -220,26 +223,40 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     *error = "copy-engine transport used before PreparePeerTransport";
     return cudaErrorInvalidValue;
   }
+  // The groups must refine the chunks (logical chunk L = tile rows [L, L + 1) * tiles_chunk).
+  const int chunks = H * P;
+  int first_group[kMaxGemmGroups + 1];  // of each chunk; [chunks] = num_groups
+  {
+    int c = 0;
+    for (int g = 0; g < a.num_groups && c <= chunks; ++g) {
+      if (a.group_begin[g] == c * a.tiles_chunk) first_group[c++] = g;
+    }
+    if (a.tiles_chunk <= 0 || c != chunks || a.num_groups > kMaxGemmGroups ||
+        a.group_begin[a.num_groups] != chunks * a.tiles_chunk ||
+        size_t(a.tiles_chunk) * a.tile_row_elems * H != a.band_elems) {
+      *error = "copy-engine transport: the groups do not refine the chunks";
+      return cudaErrorInvalidValue;
+    }
+    first_group[chunks] = a.num_groups;
+  }
   PeerState& p = *s.peer;
   const uint32_t e = ++p.epoch;
   uint32_t* arrived = Region(p.sync, kArrived);
   const size_t chunk_elems = a.band_elems / H;
   const size_t chunk_bytes = chunk_elems * 2;
+  const size_t tile_row_bytes = a.tile_row_elems * 2;
   const char* ws = static_cast<const char*>(a.workspace);
   char* recv = static_cast<char*>(p.recv);
   cudaStream_t cs = p.copy_stream;
-  const size_t first_bytes = a.first_part_elems * 2;
-  const int shift = first_bytes > 0 ? 1 : 0;
-  // Counter of round h, step j (j = P - 1: the own chunk; with the first chunk split, counter 0
-  // is its first part and group(0, 0) the rest); receive slot of round h, step j.
-  auto group = [&](int h, int j) { return h * P + j + shift; };
+  // Logical chunk of round h, step j (j = P - 1: the own chunk); receive slot of round h, step j.
+  auto logical = [&](int h, int j) { return h * P + j; };
   auto slot = [&](int h, int j) { return h * (P - 1) + j; };
   // Chunk (h, b) of the GEMM output (the workspace; the output itself for an all-reduce).
   auto chunk = [&](int h, int b) { return size_t(h * P + b) * chunk_bytes; };
 
   // Copy stream: after XLA's inputs are ready and every receiver has finished the previous call,
-  // round h step j sends chunk (h, (me + 1 + j) % P) to its owner's slot once the GEMM has
-  // finished it.
+  // round h step j sends chunk (h, (me + 1 + j) % P) to its owner's slot, group by group as the
+  // GEMM finishes them, then flags its arrival.
   cudaError_t err = cudaStreamWaitEvent(cs, s.inputs_ready, 0);
   if (err != cudaSuccess) {
     *error = "copy stream waiting for XLA's inputs";
@@ -254,16 +271,15 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   for (int h = 0; h < H; ++h) {
     for (int j = 0; j + 1 < P; ++j) {
       const int to = (me + 1 + j) % P;
+      const int L = logical(h, j);
       char* dst = static_cast<char*>(p.peer_recv[to]) + slot(h, j) * chunk_bytes;
       const char* src = ws + chunk(h, to);
-      size_t done = 0;
-      if (h == 0 && j == 0 && first_bytes > 0) {  // the first group, as soon as it is done
-        err = GatedCopy(p, a, 0, dst, src, first_bytes, error);
+      for (int g = first_group[L]; g < first_group[L + 1]; ++g) {
+        const size_t at = size_t(a.group_begin[g] - L * a.tiles_chunk) * tile_row_bytes;
+        const size_t bytes = size_t(a.group_begin[g + 1] - a.group_begin[g]) * tile_row_bytes;
+        err = GatedCopy(p, a, g, dst + at, src + at, bytes, error);
         if (err != cudaSuccess) return err;
-        done = first_bytes;
       }
-      err = GatedCopy(p, a, group(h, j), dst + done, src + done, chunk_bytes - done, error);
-      if (err != cudaSuccess) return err;
       err = EnqueueWriteValue(cs, Region(p.peer_sync[to], kArrived) + slot(h, j), e, error);
       if (err != cudaSuccess) return err;
     }
@@ -296,9 +312,11 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     err = WaitForPeers(p, ss, kOutReady, P, me, e, a.spin_wait, error);
     if (err != cudaSuccess) return err;
     for (int h = 0; h + 1 < H; ++h) {
-      const int own = group(h, P - 1);
-      err = EnqueueWaitGeq(ss, a.counters + own, a.expected[own], a.spin_wait, error);
-      if (err != cudaSuccess) return err;
+      const int own = logical(h, P - 1);
+      for (int g = first_group[own]; g < first_group[own + 1]; ++g) {
+        err = EnqueueWaitGeq(ss, a.counters + g, a.expected[g], a.spin_wait, error);
+        if (err != cudaSuccess) return err;
+      }
       const void* parts[kMaxPeerRanks];
       parts[0] = ws + chunk(h, me);
       for (int j = 0; j + 1 < P; ++j) {
@@ -321,13 +339,12 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   }
 
   // The last round on XLA's stream, after the GEMM (whose last chunk is this rank's own): sum
-  // the own chunk and the P - 1 received ones, acknowledge to every sender, then wait for this
-  // rank's own copies (they read the workspace, which XLA may reuse after the call). With
-  // split_sum the chunks already there are summed while the last one is in flight (the SMs are
-  // free by then), and only out += last chunk remains after it: at 8192x8192x2048 the timeline
-  // showed the GPU idle ~50 us between the GEMM's end and the last copy's, then a 52 us sum over
-  // all P bands; splitting took the call from 0.564 to 0.538 ms. When every copy ends before
-  // the GEMM (long K), one pass over the P chunks moves fewer bytes.
+  // the own chunk and the P - 1 received ones (the kernels wait for their arrival flags
+  // themselves: band_sum.h), then let the copy stream acknowledge to every sender, and wait for
+  // this rank's own copies (they read the workspace, which XLA may reuse after the call). With
+  // split_sum the chunks already there are summed while the last one is in flight, and only
+  // out += last chunk remains after it (two passes, more bytes): at 8192x8192x2048 the last copy
+  // ended ~30 us after the GEMM. When the copies end with the GEMM one pass moves fewer bytes.
   const int h = H - 1;
   if (a.all_reduce) {
     err = WaitForPeers(p, xla_stream, kOutReady, P, me, e, a.spin_wait, error);
@@ -338,35 +355,40 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   parts[0] = ws + chunk(h, me);
   const bool split = a.split_sum && P > 2;
   const int early = split ? P - 2 : P - 1;  // received chunks summed in the first pass
-  for (int j = 0; j < early; ++j) {
-    err = EnqueueWaitGeq(xla_stream, arrived + slot(h, j), e, a.spin_wait, error);
-    if (err != cudaSuccess) return err;
-    parts[j + 1] = recv + slot(h, j) * chunk_bytes;
-  }
+  for (int j = 0; j < early; ++j) parts[j + 1] = recv + slot(h, j) * chunk_bytes;
   err = LaunchBandSum(xla_stream, a.dtype, parts, early + 1, own_out(h), chunk_elems, error, 0,
-                      split ? RemoteOutputs{} : remote);
+                      split ? RemoteOutputs{} : remote, ArrivalWait{arrived + slot(h, 0), early, e});
   if (err != cudaSuccess) return err;
   if (split) {
-    err = EnqueueWaitGeq(xla_stream, arrived + slot(h, P - 2), e, a.spin_wait, error);
-    if (err != cudaSuccess) return err;
     // out = out + last chunk, elementwise in place (each element read before it is written, by
     // the same thread).
     const void* last[2] = {own_out(h), recv + slot(h, P - 2) * chunk_bytes};
-    err = LaunchBandSum(xla_stream, a.dtype, last, 2, own_out(h), chunk_elems, error, 0, remote);
+    err = LaunchBandSum(xla_stream, a.dtype, last, 2, own_out(h), chunk_elems, error, 0, remote,
+                        ArrivalWait{arrived + slot(h, P - 2), 1, e});
     if (err != cudaSuccess) return err;
   }
   if (H > 1) {
     err = Join(xla_stream, p.sums_done, error);
     if (err != cudaSuccess) return err;
   }
+  // The receive slots are free again: the copy stream (idle by now) acknowledges to every
+  // sender, keeping those remote writes off XLA's stream (results/
+  // overlap_profile_tp4_2026-11-21_fe573db.log: 11 us between the sum and the next call's GEMM).
+  err = cudaEventRecord(p.last_sum_done, xla_stream);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(cs, p.last_sum_done, 0);
+  if (err != cudaSuccess) {
+    *error = "handing the acknowledgements to the copy stream";
+    return err;
+  }
+  err = TellPeers(p, cs, kRecvAcked, P, me, e, error);
+  if (err != cudaSuccess) return err;
   if (a.all_reduce) {
     err = TellPeers(p, xla_stream, kStored, P, me, e, error);
     if (err != cudaSuccess) return err;
   }
-  // The receive slots are free again; XLA's stream then waits for this rank's pushes (they read
-  // the workspace, which XLA may reuse after the call).
-  err = TellPeers(p, xla_stream, kRecvAcked, P, me, e, error);
-  if (err == cudaSuccess) err = Join(xla_stream, p.copies_done, error);
+  // XLA's stream waits for this rank's pushes (they read the workspace, which XLA may reuse
+  // after the call).
+  err = Join(xla_stream, p.copies_done, error);
   if (err != cudaSuccess || !a.all_reduce) return err;
   // An all-reduce is done when every peer's summed band has landed in this rank's output.
   return WaitForPeers(p, xla_stream, kStored, P, me, e, a.spin_wait, error);

@@ -60,6 +60,7 @@ struct PeerState {
   cudaEvent_t copies_done = nullptr;
   cudaStream_t sum_stream = nullptr;  // all-reduce rounds before the last (highest priority)
   cudaEvent_t sums_done = nullptr;
+  cudaEvent_t last_sum_done = nullptr;  // XLA stream: the receive slots are read (acks follow)
   uint32_t* sync = nullptr;  // kSyncRegions * kMaxPeerRanks words, see PeerSyncRegion
   void* recv = nullptr;      // P - 1 receive slots of one band each
   size_t recv_bytes = 0;
@@ -88,17 +89,21 @@ struct PeerCollectiveArgs {
   // blocks beyond the free SMs wait for them): the all-gather overlaps the GEMM instead of
   // following it. Reduce-scatter: rounds = 1.
   int rounds = 1;
-  // One counter per chunk in visit order (round h, step j waits counters[h * P + j]; step P - 1
-  // is the own chunk); with first_part_elems > 0 the first chunk is two groups (counters 0 and
-  // 1, each copied as soon as it is done: the chain of copies starts after half a chunk of GEMM
-  // work) and every later index is one higher.
+  // The GEMM's groups (logical tile rows in visit order; SignalingGemmArgs::group_begin) refine
+  // the chunks (round h, step j is logical chunk h * P + j, step P - 1 the own chunk): every chunk
+  // boundary k * tiles_chunk is a group boundary, and a chunk may be several groups, each copied
+  // as soon as its counter is full (the chain of copies then starts, and ends, sooner; each copy
+  // costs the copy engine ~9 us of turnaround: benchmarks/NOTES.md §9).
   const uint32_t* counters = nullptr;
   uint32_t expected[kMaxGemmGroups] = {};
-  size_t first_part_elems = 0;
+  int num_groups = 0;
+  int group_begin[kMaxGemmGroups + 1] = {};
+  int tiles_chunk = 0;
+  size_t tile_row_elems = 0;  // tile_m * N
   bool spin_wait = false;
   // Sum the bands already received while the last one is still in flight (two passes: more
   // memory traffic, but off the critical path when the last copy outlasts the GEMM). The caller
-  // sets it when the last band's copy is expected to end after the GEMM (short K).
+  // decides from a timing model (fo_jax/_transport.py).
   bool split_sum = true;
 };
 
@@ -111,9 +116,10 @@ std::string PreparePeerTransport(CommState& state, size_t recv_bytes);
 
 // Precondition (caller, on `xla_stream`): PreparePeerTransport for (P - 1) * band bytes,
 // counters zeroed, state.inputs_ready recorded, then the GEMM launched with rotate_tile_rows =
-// ((rank + 1) % P) * band tile-rows and one group per band. Enqueues the copies on the copy
-// stream and the waits, band sum (with the stores of an all-reduce) and acknowledgements on
-// `xla_stream`, which finally waits for the copy stream (and for the peers' stores).
+// ((rank + 1) % P) * chunk tile-rows and groups that refine the chunks. Enqueues the copies and
+// the acknowledgements on the copy stream, the band sums (with the stores of an all-reduce) on
+// `xla_stream` (the rounds before the last on the sum stream), and makes `xla_stream` wait for
+// the copy stream's copies (and for the peers' stores).
 cudaError_t EnqueuePeerCollective(CommState& state, cudaStream_t xla_stream,
                                   const PeerCollectiveArgs& args, std::string* error);
 

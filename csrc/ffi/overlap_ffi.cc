@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -53,7 +54,7 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
                        ffi::Result<ffi::Buffer<ffi::U32>> counters, int32_t collective,
                        int32_t config, ffi::Span<const int32_t> group_begin, int32_t sm_budget,
                        int32_t nccl_max_ctas, bool spin_wait, int32_t transport,
-                       int32_t rounds, int32_t nranks, int32_t process,
+                       int32_t rounds, bool split_sum, int32_t nranks, int32_t process,
                        ffi::Span<const int32_t> mesh_process, ffi::Span<const int32_t> mesh_local,
                        ffi::Span<const int32_t> mesh_rank, ffi::Span<const int32_t> mesh_group,
                        ffi::Span<const uint8_t> unique_ids) {
@@ -124,9 +125,9 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   args.counters = counters->typed_data();
   PeerCollectiveArgs peer;
   if (copy_engine) {
-    // One group per chunk in visit order (optionally the first chunk as two groups): round h
-    // (of `rounds`; 1 for a reduce-scatter) visits the chunks of its P bands rotated, logical
-    // chunk j being the physical chunk (rank + 1 + j) % P, so each round's own chunk comes last.
+    // The output is rounds x P chunks in visit order (round h visits the chunks of its P bands
+    // rotated, logical chunk j being the physical chunk (rank + 1 + j) % P, so each round's own
+    // chunk comes last); the groups refine the chunks (a chunk may be several groups).
     const int cfg = config >= 0 ? config
                                 : SelectGemmConfig(args.dtype, args.m, args.n, args.k, 1,
                                                    args.sm_budget);
@@ -134,19 +135,19 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     const int64_t band_rows = M / nranks;
     const int H = rounds;
     const int64_t unit = int64_t(c.tile_m) * c.cluster_m;
-    bool ok = nranks <= kMaxPeerRanks && H >= 1 && (H == 1 || !rs) &&
-              band_rows % (H * unit) == 0 && H * nranks + 1 <= kMaxGemmGroups;
+    bool ok = nranks <= kMaxPeerRanks && H >= 1 && (H == 1 || !rs) && band_rows > 0 &&
+              band_rows % (H * unit) == 0 && H * nranks <= args.num_groups;
     const int tiles_chunk = ok ? static_cast<int>(band_rows / H / c.tile_m) : 0;
-    const int chunks = H * nranks;
-    const int split = args.num_groups == chunks + 1 ? 1 : 0;  // first chunk as two groups
-    ok = ok && (args.num_groups == chunks || split);
-    if (ok && split) ok = args.group_begin[1] > 0 && args.group_begin[1] < tiles_chunk;
-    for (int i = 1; ok && i <= chunks; ++i) ok = args.group_begin[i + split] == i * tiles_chunk;
-    if (!ok) {
+    int boundaries = 0;  // chunk boundaries among the group boundaries
+    for (int g = 0; ok && g <= args.num_groups; ++g) {
+      ok = args.group_begin[g] % c.cluster_m == 0;
+      if (args.group_begin[g] % tiles_chunk == 0) ++boundaries;
+    }
+    if (!ok || boundaries != H * nranks + 1) {
       return ffi::Error::InvalidArgument(
-          "fo_jax: the copy-engine transport needs one group per chunk (rounds x ranks; the "
-          "first may be two), M / P a multiple of rounds * tile_m * cluster_m of config " +
-          std::string(c.name) + ", and rounds > 1 only for an all-reduce");
+          "fo_jax: the copy-engine transport needs groups that split each of the rounds x "
+          "ranks chunks into whole clusters, M / P a multiple of rounds * tile_m * cluster_m "
+          "of config " + std::string(c.name) + ", and rounds > 1 only for an all-reduce");
     }
     args.config = cfg;
     args.rotate_tile_rows = ((me.rank + 1) % nranks) * tiles_chunk;
@@ -157,18 +158,16 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     peer.out = out->untyped_data();
     peer.band_elems = static_cast<size_t>(band_rows * N);
     peer.counters = args.counters;
+    peer.num_groups = args.num_groups;
     for (int g = 0; g < args.num_groups; ++g) {
       peer.expected[g] = static_cast<uint32_t>(ExpectedGroupCount(args, g));
     }
-    peer.first_part_elems =
-        split ? static_cast<size_t>(args.group_begin[1]) * c.tile_m * static_cast<size_t>(N) : 0;
+    std::copy(args.group_begin, args.group_begin + args.num_groups + 1, peer.group_begin);
+    peer.tiles_chunk = tiles_chunk;
+    peer.tile_row_elems = static_cast<size_t>(c.tile_m) * static_cast<size_t>(N);
     peer.spin_wait = spin_wait;
     peer.rounds = H;
-    // Does the last band's copy (started when the GEMM is (P-1)/P done) end after the GEMM?
-    // Rough H100/H200 rates, as in fo_jax/_plan.py: ~780 TFLOP/s of GEMM, ~330 GB/s per copy.
-    const double gemm_s = 2.0 * double(M) * double(N) * double(K) / 780e12;
-    const double copy_s = double(peer.band_elems) * 2.0 / 330e9;
-    peer.split_sum = copy_s > gemm_s / nranks;
+    peer.split_sum = split_sum;
     const size_t band_bytes = peer.band_elems * 2;
     msg = PreparePeerTransport(*state, (nranks - 1) * band_bytes);
     if (!msg.empty()) return ffi::Error::Internal("fo_jax: " + msg);
@@ -215,6 +214,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<bool>("spin_wait")                         // spin kernel instead of WaitValue32
         .Attr<int32_t>("transport")                      // 0 NCCL, 1 copy engine
         .Attr<int32_t>("rounds")                         // copy-engine all-reduce rounds
+        .Attr<bool>("split_sum")                         // copy engine: sum in two passes
         .Attr<int32_t>("nranks")                         // axis size
         .Attr<int32_t>("process")                        // this process's index
         .Attr<ffi::Span<const int32_t>>("mesh_process")  // per mesh device: process index

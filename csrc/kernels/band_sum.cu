@@ -41,8 +41,22 @@ __device__ __forceinline__ void Accumulate(float2 (&acc)[4], const uint4& v) {
 // in order, so the result does not depend on kParts.
 template <class T2, int kParts>
 __global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs remote,
-                              size_t vectors) {
+                              ArrivalWait wait, size_t vectors) {
   __shared__ uint4* remote_out[kMaxBandSumParts];
+  if (threadIdx.x == 0) {
+    // One thread per block polls; the barrier below orders the block's part loads after it.
+    for (int f = 0; f < wait.count; ++f) {
+      uint32_t seen;
+      while (true) {
+        asm volatile("ld.acquire.sys.global.u32 %0, [%1];"
+                     : "=r"(seen)
+                     : "l"(wait.flags + f)
+                     : "memory");
+        if (seen >= wait.value) break;
+        __nanosleep(100);
+      }
+    }
+  }
   if (static_cast<int>(threadIdx.x) < remote.count) {
     // L2, not L1: the other GPUs wrote the table with stream memory operations.
     remote_out[threadIdx.x] = reinterpret_cast<uint4*>(
@@ -110,10 +124,11 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* const* parts,
                           int nparts, void* out, size_t count, std::string* error,
-                          int max_blocks, RemoteOutputs remote) {
+                          int max_blocks, RemoteOutputs remote, ArrivalWait wait) {
   if (nparts < 1 || nparts > kMaxBandSumParts || count % 8 != 0 || !Aligned16(out) ||
       remote.count < 0 || remote.count >= kMaxBandSumParts ||
-      (remote.count > 0 && (remote.table == nullptr || remote.offset_bytes % 16 != 0))) {
+      (remote.count > 0 && (remote.table == nullptr || remote.offset_bytes % 16 != 0)) ||
+      wait.count < 0 || (wait.count > 0 && wait.flags == nullptr)) {
     if (error) *error = "band sum: bad part count, size or alignment";
     return cudaErrorInvalidValue;
   }
@@ -139,9 +154,10 @@ cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* cons
   const int blocks = static_cast<int>(want < cap ? (want > 0 ? want : 1) : cap);
   if (dtype == GemmDtype::kBF16) {
     SelectKernel<__nv_bfloat162>(nparts)<<<blocks, 512, 0, stream>>>(in, nparts, out, remote,
-                                                                     vectors);
+                                                                     wait, vectors);
   } else {
-    SelectKernel<__half2>(nparts)<<<blocks, 512, 0, stream>>>(in, nparts, out, remote, vectors);
+    SelectKernel<__half2>(nparts)<<<blocks, 512, 0, stream>>>(in, nparts, out, remote, wait,
+                                                              vectors);
   }
   e = cudaGetLastError();
   if (e != cudaSuccess && error) *error = std::string("band sum launch: ") + cudaGetErrorString(e);

@@ -29,9 +29,21 @@ struct RemoteOutputs {
   int count = 0;
   size_t offset_bytes = 0;
 };
+// Flags to wait for inside the kernel, before any part is read: flags[0 .. count) >= value
+// (acquire loads at system scope: other GPUs' stream memory operations write them after their
+// copies). A wait in the kernel instead of cuStreamWaitValue32 ops before the launch: each stream
+// op between the GEMM and the sum left the GPU idle a few us (results/
+// overlap_profile_tp4_2026-11-21_fe573db.log: 12 us between the GEMM's end and the sum behind two
+// satisfied waits). Only for a sum that runs after the GEMM: its blocks hold SMs while they wait.
+struct ArrivalWait {
+  const uint32_t* flags = nullptr;
+  int count = 0;
+  uint32_t value = 0;
+};
 cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* const* parts,
                           int nparts, void* out, size_t count, std::string* error,
-                          int max_blocks = 0, RemoteOutputs remote = {});
+                          int max_blocks = 0, RemoteOutputs remote = {},
+                          ArrivalWait wait = {});
 
 // Loads both instantiations into the current device's context (lazy loading would otherwise
 // serialize their first launch behind the running GEMM: DESIGN.md). Idempotent.
