@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/comm_registry.h"
 #include "comm/peer_transport.h"
 #include "ffi/gemm_ffi.h"
 #include "ffi/overlap_ffi.h"
@@ -80,6 +81,11 @@ NB_MODULE(_fo_jax_cuda, m) {
   m.def("peer_access_problem",
         [](const std::vector<int>& ordinals) { return fo_jax::PeerAccessProblem(ordinals); },
         nb::arg("ordinals"));
+
+  // Tests only: make every fo_jax communicator report `code` (an ncclResult_t; 0 stops it) as an
+  // asynchronous NCCL error (comm/comm_registry.h).
+  m.def("inject_async_error_for_tests", [](int code) { fo_jax::InjectAsyncErrorForTests(code); },
+        nb::arg("code"));
 
   m.def("nccl_version", []() {
     int v = 0;

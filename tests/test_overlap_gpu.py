@@ -236,6 +236,33 @@ def test_thousand_back_to_back_calls():
         np.testing.assert_array_equal(np.asarray(outs[0]), np.asarray(outs[-1]))
 
 
+@pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
+def test_async_nccl_error_becomes_an_exception(transport):
+    """An asynchronous NCCL error on the communicator (injected through the module's test hook:
+    NCCL's own detection cannot be provoked on a healthy machine) fails the next call with a
+    Python exception carrying NCCL's message, on every rank alike, without a hang; once it is
+    gone, calls work again."""
+    from fo_jax import _cuda
+
+    tp = _ntp()
+    mesh = _mesh(tp)
+    rng = np.random.default_rng(30)
+    x, w, x64, w64 = random_operands(rng, 512 * tp, 1024, 1024, jnp.bfloat16)
+    cfg = fo_jax.OverlapConfig(transport=transport, allow_fallback=False)
+    f = _tp_fn(mesh, "reduce_scatter", config=cfg)
+    jax.block_until_ready(f(x, w))
+    remote_error = 6  # ncclRemoteError
+    _cuda.module().inject_async_error_for_tests(remote_error)
+    try:
+        with pytest.raises(Exception, match=r"NCCL \(asynchronous\) failed: .*remote"):
+            jax.block_until_ready(f(x, w))
+    finally:
+        _cuda.module().inject_async_error_for_tests(0)
+    outs = [f(x, w) for _ in range(5)]
+    jax.block_until_ready(outs)
+    assert_close(outs[-1], x64 @ w64, jnp.bfloat16)
+
+
 def test_with_xla_collectives_in_the_same_jit():
     tp = _ntp()
     mesh = _mesh(tp)

@@ -3,6 +3,7 @@
 // or load modules while the GEMM holds the GPU.
 #include "comm/comm_registry.h"
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -22,6 +23,7 @@ struct Entry {
 using Key = std::tuple<int, std::string, int, int, int, int, int>;
 
 std::mutex g_mutex;
+std::atomic<int> g_injected_async_error{ncclSuccess};
 std::map<Key, std::shared_ptr<Entry>>& Registry() {
   static auto* registry = new std::map<Key, std::shared_ptr<Entry>>();  // never destroyed:
   return *registry;  // communicators outlive static destruction order at exit
@@ -117,6 +119,11 @@ CommState* GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, 
 }
 
 std::string CommAsyncError(const CommState& state) {
+  const int injected = g_injected_async_error.load(std::memory_order_relaxed);
+  if (injected != ncclSuccess) {
+    return NcclMessage("NCCL (asynchronous)", static_cast<ncclResult_t>(injected), nullptr) +
+           " [injected by fo_jax's test hook]";
+  }
   ncclResult_t async = ncclSuccess;
   ncclResult_t r = ncclCommGetAsyncError(state.comm, &async);
   if (r != ncclSuccess) return NcclMessage("ncclCommGetAsyncError", r, state.comm);
@@ -124,6 +131,10 @@ std::string CommAsyncError(const CommState& state) {
     return NcclMessage("NCCL (asynchronous)", async, state.comm);
   }
   return "";
+}
+
+void InjectAsyncErrorForTests(int code) {
+  g_injected_async_error.store(code, std::memory_order_relaxed);
 }
 
 }  // namespace fo_jax

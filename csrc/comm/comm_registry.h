@@ -40,7 +40,13 @@ struct CommState {
 CommState* GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, int rank,
                                 const CommOptions& options, std::string* error);
 
-// ncclCommGetAsyncError as a message ("" when fine).
+// ncclCommGetAsyncError as a message ("" when fine). Checked at the start of every call, before
+// anything is enqueued, so the error reaches Python as the call's exception.
 std::string CommAsyncError(const CommState& state);
+
+// Fault injection for the tests: while `code` (an ncclResult_t) is not ncclSuccess, every
+// communicator's CommAsyncError reports it as an asynchronous NCCL error, as if NCCL had
+// (NCCL's own detection cannot be provoked on one healthy machine). 0 turns it off.
+void InjectAsyncErrorForTests(int code);
 
 }  // namespace fo_jax
