@@ -1,14 +1,14 @@
 """Which transport carries an overlapped collective: NCCL's collectives, or copy-engine copies
-straight between the GPUs' memories (csrc/comm/peer_transport.h; benchmarks/NOTES.md §6-8).
+straight between the GPUs' memories (csrc/comm/peer_transport.h; benchmarks/NOTES.md §6-9).
 
 The copy-engine transport lets the GEMM keep every SM and, with the GEMM visiting its output by
-destination band (own band last), leaves no reduce-scatter tail after the GEMM; an all-reduce
+destination band (own band last), leaves only the band sums after the GEMM; an all-reduce
 adds an all-gather of the summed bands (SM stores into the peers' outputs), overlapped with the
 GEMM by visiting the output in rounds (`copy_engine_rounds`). It needs: every rank of the
 axis in this process (JAX's one-process-per-host mode); peer access between every pair of this
 process's GPUs (NVLink / NVSwitch machines); 2 to 16 ranks; rows of the output band of each rank
-(M / P) a multiple of the GEMM tile's rows times its cluster; fo_jax's one group per band (no
-user group partition). `OverlapConfig.transport` forces either; unset, the copy engine is used
+(M / P) a multiple of the GEMM tile's rows times its cluster; fo_jax's own group partition (no
+user partition: fo_jax/_ce_model.py chooses how many groups each band is). `OverlapConfig.transport` forces either; unset, the copy engine is used
 where it can be, NCCL elsewhere.
 """
 

@@ -1,11 +1,12 @@
-// The copy-engine transport (benchmarks/NOTES.md §6-8): instead of NCCL's collective kernels,
+// The copy-engine transport (benchmarks/NOTES.md §6-9): instead of NCCL's collective kernels,
 // the bytes move as copy-engine writes straight into the other GPUs' memory, so the GEMM keeps
 // every SM. Rank r's GEMM visits its output by destination band: r+1, r+2, ..., r+P-1, then its
-// own band last (a tile-row rotation). Step j copies the whole band for rank (r+1+j) % P into that
-// rank's receive slot j as soon as the band's counter is full; all ranks together form a
-// permutation per step (each GPU sends to one peer and receives from one). The own band needs no
-// communication; band-sum kernels on XLA's stream add the P - 1 received bands to it (those
-// already there while the last one is in flight, then the last). That is the reduce-scatter.
+// own band last (a tile-row rotation). Step j copies the band for rank (r+1+j) % P into that
+// rank's receive slot j, group by group as the groups' counters fill (a band is one or more
+// groups); all ranks together form a permutation per step (each GPU sends to one peer and
+// receives from one). The own band needs no communication; band-sum kernels on XLA's stream add
+// the P - 1 received bands to it (in one pass, or those already there while the last one is in
+// flight, then the last). That is the reduce-scatter.
 //
 // All-reduce = that reduce-scatter with the GEMM writing straight into the output, then an
 // all-gather by the SMs (idle once the GEMM is done): the last band-sum pass stores the summed
@@ -17,10 +18,11 @@
 // GEMM, an all-reduce may visit its output in rounds of P chunks (PeerCollectiveArgs::rounds):
 // the sums and stores of every round but the last run on a second stream during the GEMM.
 //
-// Synchronization uses stream memory operations only (no SM): cuStreamWaitValue32 on the GEMM's
+// Synchronization uses stream memory operations (no SM): cuStreamWaitValue32 on the GEMM's
 // counters and on arrival flags, cuStreamWriteValue32 to a peer's flag after the copy (the write
-// fences the copy: stream_wait.h). Flags carry a per-call epoch, so they are never reset. An
-// acknowledgement word per sender (written after the band sum) keeps a sender from overwriting a
+// fences the copy: stream_wait.h); the band sums that follow the GEMM wait for their arrival flags
+// inside the kernel instead (band_sum.h). Flags carry a per-call epoch, so they are never reset.
+// An acknowledgement word per sender (written after the band sum) keeps a sender from overwriting a
 // receive slot that its owner still reads from the previous call. An all-reduce call ends only
 // when every peer's band has landed in its output, so an output address in a peer's table stays
 // valid for as long as that peer may write to it.
