@@ -93,7 +93,7 @@ LARGE_BAND_BYTES = 32 << 20
 
 def _rounds_fit(rounds: int, band_rows: int, unit: int, size: int) -> bool:
     return (band_rows % (rounds * unit) == 0
-            and rounds * size + 1 <= int(_cuda.module().max_gemm_groups())
+            and rounds * size <= int(_cuda.module().max_gemm_groups())
             and rounds * (size - 1) <= MAX_RECEIVE_SLOTS)
 
 

@@ -34,7 +34,7 @@ class OverlapConfig:
         other GPUs' memory, plus, for an all-reduce, SM stores of the summed bands into the
         peers' outputs; every rank in one process, peer access between the GPUs; see
         fo_jax/_transport.py) or "nccl" (NCCL collectives; any topology). None: the copy engine
-        where it can run, except an all-reduce whose GEMM dominates; else NCCL.
+        where it can run, else NCCL.
       copy_engine_rounds: copy-engine all-reduce only: the output is reduced and gathered in
         this many rounds, each round's all-gather overlapping the GEMM's later rounds on the SMs
         the GEMM leaves free (`sm_budget`; default all but 8 when rounds > 1). None: fo_jax

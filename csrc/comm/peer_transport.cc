@@ -190,6 +190,27 @@ std::string PreparePeerTransport(CommState& s, size_t recv_bytes) {
   return "";
 }
 
+std::string SetPeerGroups(PeerCollectiveArgs& a, int P, const int* group_begin, int num_groups,
+                          int tiles_chunk, size_t tile_row_elems) {
+  const int chunks = a.rounds * P;
+  if (tiles_chunk <= 0 || num_groups < chunks || num_groups > kMaxGemmGroups ||
+      group_begin[num_groups] != chunks * tiles_chunk ||
+      size_t(tiles_chunk) * tile_row_elems * a.rounds != a.band_elems) {
+    return "the groups do not cover the rounds x ranks chunks";
+  }
+  int c = 0;  // chunks whose first row starts a group
+  for (int g = 0; g < num_groups; ++g) {
+    if (c < chunks && group_begin[g] == c * tiles_chunk) a.chunk_first_group[c++] = g;
+  }
+  if (c != chunks) return "the groups do not split along the rounds x ranks chunks";
+  a.chunk_first_group[chunks] = num_groups;
+  a.num_groups = num_groups;
+  std::copy(group_begin, group_begin + num_groups + 1, a.group_begin);
+  a.tiles_chunk = tiles_chunk;
+  a.tile_row_elems = tile_row_elems;
+  return "";
+}
+
 std::string PeerAccessProblem(const std::vector<int>& ordinals) {
   for (int a : ordinals) {
     for (int b : ordinals) {
@@ -213,7 +234,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     *error = "copy-engine transport: 2 to " + std::to_string(kMaxPeerRanks) + " ranks";
     return cudaErrorInvalidValue;
   }
-  if (H < 1 || H * (P - 1) > kMaxReceiveSlots || H * P + 1 > kMaxGemmGroups ||
+  if (H < 1 || H * (P - 1) > kMaxReceiveSlots || H * P > a.num_groups ||
       a.band_elems % H != 0 || (H > 1 && !a.all_reduce)) {
     *error = "copy-engine transport: bad number of rounds";
     return cudaErrorInvalidValue;
@@ -222,22 +243,6 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   if (!s.peer || s.peer->recv_bytes < (P - 1) * band_bytes) {
     *error = "copy-engine transport used before PreparePeerTransport";
     return cudaErrorInvalidValue;
-  }
-  // The groups must refine the chunks (logical chunk L = tile rows [L, L + 1) * tiles_chunk).
-  const int chunks = H * P;
-  int first_group[kMaxGemmGroups + 1];  // of each chunk; [chunks] = num_groups
-  {
-    int c = 0;
-    for (int g = 0; g < a.num_groups && c <= chunks; ++g) {
-      if (a.group_begin[g] == c * a.tiles_chunk) first_group[c++] = g;
-    }
-    if (a.tiles_chunk <= 0 || c != chunks || a.num_groups > kMaxGemmGroups ||
-        a.group_begin[a.num_groups] != chunks * a.tiles_chunk ||
-        size_t(a.tiles_chunk) * a.tile_row_elems * H != a.band_elems) {
-      *error = "copy-engine transport: the groups do not refine the chunks";
-      return cudaErrorInvalidValue;
-    }
-    first_group[chunks] = a.num_groups;
   }
   PeerState& p = *s.peer;
   const uint32_t e = ++p.epoch;
@@ -274,7 +279,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
       const int L = logical(h, j);
       char* dst = static_cast<char*>(p.peer_recv[to]) + slot(h, j) * chunk_bytes;
       const char* src = ws + chunk(h, to);
-      for (int g = first_group[L]; g < first_group[L + 1]; ++g) {
+      for (int g = a.chunk_first_group[L]; g < a.chunk_first_group[L + 1]; ++g) {
         const size_t at = size_t(a.group_begin[g] - L * a.tiles_chunk) * tile_row_bytes;
         const size_t bytes = size_t(a.group_begin[g + 1] - a.group_begin[g]) * tile_row_bytes;
         err = GatedCopy(p, a, g, dst + at, src + at, bytes, error);
@@ -313,7 +318,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     if (err != cudaSuccess) return err;
     for (int h = 0; h + 1 < H; ++h) {
       const int own = logical(h, P - 1);
-      for (int g = first_group[own]; g < first_group[own + 1]; ++g) {
+      for (int g = a.chunk_first_group[own]; g < a.chunk_first_group[own + 1]; ++g) {
         err = EnqueueWaitGeq(ss, a.counters + g, a.expected[g], a.spin_wait, error);
         if (err != cudaSuccess) return err;
       }
@@ -357,7 +362,8 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   const int early = split ? P - 2 : P - 1;  // received chunks summed in the first pass
   for (int j = 0; j < early; ++j) parts[j + 1] = recv + slot(h, j) * chunk_bytes;
   err = LaunchBandSum(xla_stream, a.dtype, parts, early + 1, own_out(h), chunk_elems, error, 0,
-                      split ? RemoteOutputs{} : remote, ArrivalWait{arrived + slot(h, 0), early, e});
+                      split ? RemoteOutputs{} : remote,
+                      ArrivalWait{arrived + slot(h, 0), early, e});
   if (err != cudaSuccess) return err;
   if (split) {
     // out = out + last chunk, elementwise in place (each element read before it is written, by

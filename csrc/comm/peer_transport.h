@@ -95,11 +95,12 @@ struct PeerCollectiveArgs {
   // the chunks (round h, step j is logical chunk h * P + j, step P - 1 the own chunk): every chunk
   // boundary k * tiles_chunk is a group boundary, and a chunk may be several groups, each copied
   // as soon as its counter is full (the chain of copies then starts, and ends, sooner; each copy
-  // costs the copy engine ~9 us of turnaround: benchmarks/NOTES.md §9).
+  // costs the copy engine ~9 us of turnaround: benchmarks/NOTES.md §9). Set by SetPeerGroups.
   const uint32_t* counters = nullptr;
   uint32_t expected[kMaxGemmGroups] = {};
   int num_groups = 0;
   int group_begin[kMaxGemmGroups + 1] = {};
+  int chunk_first_group[kMaxGemmGroups + 1] = {};  // first group of each chunk; [chunks] = groups
   int tiles_chunk = 0;
   size_t tile_row_elems = 0;  // tile_m * N
   bool spin_wait = false;
@@ -108,6 +109,12 @@ struct PeerCollectiveArgs {
   // decides from a timing model (fo_jax/_transport.py).
   bool split_sum = true;
 };
+
+// Sets args' groups from the GEMM's (group_begin[0 .. num_groups]) and its chunk -> first group
+// map; args.rounds and band_elems must be set. "" or why the groups do not refine the rounds x P
+// chunks of tiles_chunk tile rows (tile_row_elems values each).
+std::string SetPeerGroups(PeerCollectiveArgs& args, int P, const int* group_begin, int num_groups,
+                          int tiles_chunk, size_t tile_row_elems);
 
 // Before the call's GEMM: on first use (and when a larger call arrives) allocates the receive
 // buffer for `recv_bytes` (never freed: cudaFree would synchronize the device) and exchanges
@@ -118,7 +125,7 @@ std::string PreparePeerTransport(CommState& state, size_t recv_bytes);
 
 // Precondition (caller, on `xla_stream`): PreparePeerTransport for (P - 1) * band bytes,
 // counters zeroed, state.inputs_ready recorded, then the GEMM launched with rotate_tile_rows =
-// ((rank + 1) % P) * chunk tile-rows and groups that refine the chunks. Enqueues the copies and
+// ((rank + 1) % P) * chunk tile-rows and the groups given to SetPeerGroups. Enqueues the copies and
 // the acknowledgements on the copy stream, the band sums (with the stores of an all-reduce) on
 // `xla_stream` (the rounds before the last on the sum stream), and makes `xla_stream` wait for
 // the copy stream's copies (and for the peers' stores).

@@ -44,6 +44,13 @@ void ResolveEntryPoints() {
   g_write_value32 = DriverEntryPoint("cuStreamWriteValue32");
 }
 
+// cudaSuccess, or cudaErrorUnknown with `what`'s CUresult in *error.
+cudaError_t Status(CUresult r, const char* what, std::string* error) {
+  if (r == CUDA_SUCCESS) return cudaSuccess;
+  if (error) *error = std::string(what) + " failed with CUresult " + std::to_string(r);
+  return cudaErrorUnknown;
+}
+
 }  // namespace
 
 cudaError_t PrepareStreamWait(std::string* error) {
@@ -57,12 +64,10 @@ cudaError_t PrepareStreamWait(std::string* error) {
 cudaError_t EnqueueWaitGeq(cudaStream_t stream, const uint32_t* counter, uint32_t value,
                            bool use_spin_kernel, std::string* error) {
   if (!use_spin_kernel && g_wait_value32 != nullptr) {
-    CUresult r = g_wait_value32(reinterpret_cast<CUstream>(stream),
-                                reinterpret_cast<CUdeviceptr>(counter), value,
-                                CU_STREAM_WAIT_VALUE_GEQ);
-    if (r == CUDA_SUCCESS) return cudaSuccess;
-    if (error) *error = "cuStreamWaitValue32 failed with CUresult " + std::to_string(r);
-    return cudaErrorUnknown;
+    return Status(g_wait_value32(reinterpret_cast<CUstream>(stream),
+                                 reinterpret_cast<CUdeviceptr>(counter), value,
+                                 CU_STREAM_WAIT_VALUE_GEQ),
+                  "cuStreamWaitValue32", error);
   }
   SpinWaitGeqKernel<<<1, 1, 0, stream>>>(counter, value);
   cudaError_t err = cudaGetLastError();
@@ -76,12 +81,10 @@ cudaError_t EnqueueWriteValue(cudaStream_t stream, uint32_t* address, uint32_t v
     if (error) *error = "the CUDA driver offers no cuStreamWriteValue32";
     return cudaErrorNotSupported;
   }
-  CUresult r = g_write_value32(reinterpret_cast<CUstream>(stream),
-                               reinterpret_cast<CUdeviceptr>(address), value,
-                               CU_STREAM_WRITE_VALUE_DEFAULT);
-  if (r == CUDA_SUCCESS) return cudaSuccess;
-  if (error) *error = "cuStreamWriteValue32 failed with CUresult " + std::to_string(r);
-  return cudaErrorUnknown;
+  return Status(g_write_value32(reinterpret_cast<CUstream>(stream),
+                                reinterpret_cast<CUdeviceptr>(address), value,
+                                CU_STREAM_WRITE_VALUE_DEFAULT),
+                "cuStreamWriteValue32", error);
 }
 
 }  // namespace fo_jax

@@ -9,7 +9,6 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -136,18 +135,14 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     const int H = rounds;
     const int64_t unit = int64_t(c.tile_m) * c.cluster_m;
     bool ok = nranks <= kMaxPeerRanks && H >= 1 && (H == 1 || !rs) && band_rows > 0 &&
-              band_rows % (H * unit) == 0 && H * nranks <= args.num_groups;
+              band_rows % (H * unit) == 0;
     const int tiles_chunk = ok ? static_cast<int>(band_rows / H / c.tile_m) : 0;
-    int boundaries = 0;  // chunk boundaries among the group boundaries
-    for (int g = 0; ok && g <= args.num_groups; ++g) {
-      ok = args.group_begin[g] % c.cluster_m == 0;
-      if (args.group_begin[g] % tiles_chunk == 0) ++boundaries;
-    }
-    if (!ok || boundaries != H * nranks + 1) {
+    for (int g = 0; ok && g <= args.num_groups; ++g) ok = args.group_begin[g] % c.cluster_m == 0;
+    if (!ok) {
       return ffi::Error::InvalidArgument(
-          "fo_jax: the copy-engine transport needs groups that split each of the rounds x "
-          "ranks chunks into whole clusters, M / P a multiple of rounds * tile_m * cluster_m "
-          "of config " + std::string(c.name) + ", and rounds > 1 only for an all-reduce");
+          "fo_jax: the copy-engine transport needs groups of whole clusters, M / P a multiple "
+          "of rounds * tile_m * cluster_m of config " + std::string(c.name) +
+          ", and rounds > 1 only for an all-reduce");
     }
     args.config = cfg;
     args.rotate_tile_rows = ((me.rank + 1) % nranks) * tiles_chunk;
@@ -158,15 +153,14 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     peer.out = out->untyped_data();
     peer.band_elems = static_cast<size_t>(band_rows * N);
     peer.counters = args.counters;
-    peer.num_groups = args.num_groups;
     for (int g = 0; g < args.num_groups; ++g) {
       peer.expected[g] = static_cast<uint32_t>(ExpectedGroupCount(args, g));
     }
-    std::copy(args.group_begin, args.group_begin + args.num_groups + 1, peer.group_begin);
-    peer.tiles_chunk = tiles_chunk;
-    peer.tile_row_elems = static_cast<size_t>(c.tile_m) * static_cast<size_t>(N);
-    peer.spin_wait = spin_wait;
     peer.rounds = H;
+    msg = SetPeerGroups(peer, nranks, args.group_begin, args.num_groups, tiles_chunk,
+                        static_cast<size_t>(c.tile_m) * static_cast<size_t>(N));
+    if (!msg.empty()) return ffi::Error::InvalidArgument("fo_jax: copy-engine transport: " + msg);
+    peer.spin_wait = spin_wait;
     peer.split_sum = split_sum;
     const size_t band_bytes = peer.band_elems * 2;
     msg = PreparePeerTransport(*state, (nranks - 1) * band_bytes);

@@ -68,21 +68,10 @@ int main(int argc, char** argv) {
     NK(ncclMemAlloc(reinterpret_cast<void**>(&dev[d].recv), full * 2));
     CK(cudaDeviceSynchronize());
   }
-  NK(ncclGroupStart());
-  for (int d = 0; d < P; ++d) {
-    CK(cudaSetDevice(d));
-    ncclConfig_t cz = NCCL_CONFIG_INITIALIZER;
-    cz.CTAPolicy = NCCL_CTA_POLICY_ZERO;
-    NK(ncclCommInitRankConfig(&dev[d].zero, P, id_zero, d, &cz));
-  }
-  NK(ncclGroupEnd());
-  NK(ncclGroupStart());
-  for (int d = 0; d < P; ++d) {
-    CK(cudaSetDevice(d));
-    ncclConfig_t cd = FoJaxCommConfig();
-    NK(ncclCommInitRankConfig(&dev[d].dflt, P, id_dflt, d, &cd));
-  }
-  NK(ncclGroupEnd());
+  ncclConfig_t cz = NCCL_CONFIG_INITIALIZER;
+  cz.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+  InitCommsOrExit(P, id_zero, cz, [&](int d) { return &dev[d].zero; });
+  InitCommsOrExit(P, id_dflt, FoJaxCommConfig(), [&](int d) { return &dev[d].dflt; });
   NK(ncclGroupStart());
   for (int d = 0; d < P; ++d) {
     CK(cudaSetDevice(d));
@@ -93,8 +82,6 @@ int main(int argc, char** argv) {
   }
   NK(ncclGroupEnd());
 
-  auto sync_all = [&] { SyncAll(P); };
-  auto time_ms = [&](const std::function<void()>& op) { return TimeMs(P, op); };
   const RsGemm<Dev> rs_gemm{dev, m, N, K, P};
   // The P received bands of `count` elements each, contiguous from `in`.
   auto bands = [&](const Bf16* in, size_t count) {
@@ -199,29 +186,29 @@ int main(int argc, char** argv) {
 
   // Correctness: reference = one GEMM, then one ncclReduceScatter; each pipeline's out vs it.
   rs_gemm.Alone(0)();
-  sync_all();
+  SyncAll(P);
   for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); CK(cudaStreamSynchronize(dev[d].gemm_s)); }
   nccl_rs_full();
-  sync_all();
+  SyncAll(P);
   auto check = [&](const char* what) { CheckAll(dev, band, what); };
   for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); CK(cudaMemset(dev[d].out, 0xff, band * 2)); }
   pipeline(4, 0, true, 2 * sms)();
-  sync_all();
+  SyncAll(P);
   check("CE pipeline, 4 groups");
   for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); CK(cudaMemset(dev[d].out, 0xff, band * 2)); }
   pipeline(4, 100, false, 0)();
-  sync_all();
+  SyncAll(P);
   check("NCCL reduce-scatter pipeline, 4 groups");
 
   if (check_only) return 0;
   auto add = [&](const std::string& name, const std::function<void()>& op) {
-    std::printf("  %-60s %8.3f ms\n", name.c_str(), time_ms(op));
+    std::printf("  %-60s %8.3f ms\n", name.c_str(), TimeMs(P, op));
     if (name.find("pipeline") != std::string::npos || name.find("||") != std::string::npos) {
       Timeline t;
       tl = &t;
       op();
       tl = nullptr;
-      sync_all();
+      SyncAll(P);
       t.Print();
     }
     std::fflush(stdout);

@@ -117,16 +117,8 @@ int main(int argc, char** argv) {
     CK(cudaMemset(dev[d].ack, 0, kMaxP * 4));
     CK(cudaDeviceSynchronize());
   }
-  NK(ncclGroupStart());
-  for (int d = 0; d < P; ++d) {
-    CK(cudaSetDevice(d));
-    ncclConfig_t cd = FoJaxCommConfig();
-    NK(ncclCommInitRankConfig(&dev[d].comm, P, id, d, &cd));
-  }
-  NK(ncclGroupEnd());
+  InitCommsOrExit(P, id, FoJaxCommConfig(), [&](int d) { return &dev[d].comm; });
 
-  auto sync_all = [&] { SyncAll(P); };
-  auto time_ms = [&](const std::function<void()>& op) { return TimeMs(P, op); };
   const RsGemm<Dev> rs_gemm{dev, m, N, K, P};
   auto nccl_rs_full = [&] {
     NK(ncclGroupStart());
@@ -338,14 +330,14 @@ int main(int argc, char** argv) {
 
   // Reference: one GEMM, then one ncclReduceScatter of the whole send buffer.
   rs_gemm.Alone(0)();
-  sync_all();
+  SyncAll(P);
   nccl_rs_full();
-  sync_all();
+  SyncAll(P);
   auto check = [&](const std::string& what, const std::function<void()>& op, int calls) {
     for (int d = 0; d < P; ++d) { CK(cudaSetDevice(d)); CK(cudaMemset(dev[d].out, 0xff, band * 2)); }
-    sync_all();
+    SyncAll(P);
     for (int i = 0; i < calls; ++i) op();
-    sync_all();
+    SyncAll(P);
     return CheckAll(dev, band, what);
   };
   bool ok = check("direct pipeline, 4 groups, 1 call", direct(4, 0, 2 * sms, true, false), 1);
@@ -363,7 +355,7 @@ int main(int argc, char** argv) {
       g.counters = nullptr; g.zero_counters_on_launch = false; g.after_zero_event = nullptr;
       rs_gemm.Launch(d, g);
     }
-    sync_all();
+    SyncAll(P);
     for (int d = 0; d < P; ++d) {
       CK(cudaSetDevice(d));
       for (int j = 0; j < P; ++j)
@@ -375,7 +367,7 @@ int main(int argc, char** argv) {
       NK(ncclReduceScatter(dev[d].recv, dev[d].out_ref, band, ncclBfloat16, ncclSum, dev[d].comm,
                            dev[d].nccl_s));
     NK(ncclGroupEnd());
-    sync_all();
+    SyncAll(P);
     ok &= check("destination-major, NCCL send/recv, 116 SMs, 20 calls", dm(1, 116, false), 20);
     ok &= check("destination-major, copy engine, all SMs, 20 calls", dm(2, 0, true), 20);
   } else {
@@ -386,13 +378,13 @@ int main(int argc, char** argv) {
   if (check_only) return 0;
 
   auto add = [&](const std::string& name, const std::function<void()>& op, bool timeline) {
-    std::printf("  %-66s %8.3f ms\n", name.c_str(), time_ms(op));
+    std::printf("  %-66s %8.3f ms\n", name.c_str(), TimeMs(P, op));
     if (timeline) {
       Timeline t;
       tl = &t;
       op();
       tl = nullptr;
-      sync_all();
+      SyncAll(P);
       t.Print();
     }
     std::fflush(stdout);

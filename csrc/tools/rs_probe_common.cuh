@@ -151,6 +151,19 @@ inline ncclConfig_t FoJaxCommConfig() {
   return c;
 }
 
+// One communicator per GPU of this process (ranks = device ordinals 0..gpus-1), created together;
+// comm_of(d) says where GPU d's goes.
+template <class CommOf>
+void InitCommsOrExit(int gpus, const ncclUniqueId& id, ncclConfig_t config, CommOf comm_of) {
+  NK(ncclGroupStart());
+  for (int d = 0; d < gpus; ++d) {
+    CK(cudaSetDevice(d));
+    ncclConfig_t c = config;
+    NK(ncclCommInitRankConfig(comm_of(d), gpus, id, d, &c));
+  }
+  NK(ncclGroupEnd());
+}
+
 // max |a - b| / max |b| over n bf16 values (host copies).
 inline double RelErr(const Bf16* a, const Bf16* b, size_t n) {
   std::vector<Bf16> ha(n), hb(n);
