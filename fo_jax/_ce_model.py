@@ -61,60 +61,21 @@ def partition(rounds: int, size: int, tiles_chunk: int, cluster_m: int, parts: i
     return tuple(bounds)
 
 
-def _copies(bounds: tuple, size: int, tiles_chunk: int, chunk_bytes: int, t_gemm: float) -> list:
-    """(earliest start, bytes) of each copy, in the order the copy streams are given them: every
-    group of a chunk sent to a peer (the own chunks stay here)."""
+def last_copy_end(bounds: tuple, rounds: int, size: int, tiles_chunk: int, chunk_bytes: int,
+                  t_gemm: float) -> float:
+    """When the copy engine finishes the last copy (seconds from the GEMM's start)."""
     total = bounds[-1]
     row_bytes = chunk_bytes / tiles_chunk
-    out = []
+    free = None
     for g in range(len(bounds) - 1):
-        if (bounds[g] // tiles_chunk) % size == size - 1:
-            continue
+        step = (bounds[g] // tiles_chunk) % size
+        if step == size - 1:
+            continue  # the own chunk stays here
         ready = t_gemm * bounds[g + 1] / total
-        out.append((ready + CE_LATENCY, (bounds[g + 1] - bounds[g]) * row_bytes))
-    return out
-
-
-def last_copy_end(bounds: tuple, rounds: int, size: int, tiles_chunk: int, chunk_bytes: int,
-                  t_gemm: float, streams: int = 1) -> float:
-    """When the copy engine finishes the last copy (seconds from the GEMM's start). Copy k goes
-    to copy stream k % streams; a stream starts its next copy once the group is done (plus the
-    latency) and its previous copy has ended (plus the turnaround); copies running at the same
-    time share CE_RATE equally (NVLink is the limit, not one engine: benchmarks/NOTES.md §8), so
-    a second stream hides the turnaround without adding bandwidth."""
-    copies = _copies(bounds, size, tiles_chunk, chunk_bytes, t_gemm)
-    if not copies:
-        return 0.0
-    queues = [copies[s::streams] for s in range(streams)]
-    nxt = [0] * streams  # index of each stream's next copy
-    free = [None] * streams  # when each stream's previous copy ended
-    left = [None] * streams  # bytes left of each stream's running copy
-    t, last = 0.0, 0.0
-    while True:
-        starts = []
-        for s in range(streams):
-            if left[s] is None and nxt[s] < len(queues[s]):
-                ready = queues[s][nxt[s]][0]
-                starts.append(ready if free[s] is None else max(ready, free[s] + CE_TURNAROUND))
-            else:
-                starts.append(None)
-        for s in range(streams):
-            if starts[s] is not None and starts[s] <= t:
-                left[s] = queues[s][nxt[s]][1]
-                nxt[s] += 1
-                starts[s] = None
-        running = [s for s in range(streams) if left[s] is not None]
-        pending = [x for x in starts if x is not None]
-        if not running and not pending:
-            return last
-        rate = CE_RATE / max(1, len(running))
-        step = min([left[s] / rate for s in running] + [x - t for x in pending])
-        for s in running:
-            left[s] -= rate * step
-        t += step
-        for s in running:
-            if left[s] <= 1e-3:
-                left[s], free[s], last = None, t, t
+        start = ready + CE_LATENCY if free is None else max(ready + CE_LATENCY,
+                                                            free + CE_TURNAROUND)
+        free = start + (bounds[g + 1] - bounds[g]) * row_bytes / CE_RATE
+    return free if free is not None else 0.0
 
 
 def sum_finish(split: bool, last_copy: float, t_gemm: float, size: int, chunk_bytes: int,
@@ -131,18 +92,17 @@ def sum_finish(split: bool, last_copy: float, t_gemm: float, size: int, chunk_by
 
 
 def best(rounds: int, size: int, tiles_chunk: int, cluster_m: int, chunk_bytes: int,
-         t_gemm: float, all_reduce: bool, max_groups: int, streams: int = 1) -> Prediction:
+         t_gemm: float, all_reduce: bool, max_groups: int) -> Prediction:
     """The partition (pieces per chunk, first chunk halved or not) and sum passes that the model
-    says finish first with `streams` copy streams; ties go to fewer groups (each costs a copy
-    turnaround the model may underrate)."""
+    says finish first; ties go to fewer groups (each costs a copy turnaround the model may
+    underrate)."""
     found = None
     for parts in range(1, MAX_PARTS + 1):
         for first_half in ((False, True) if parts == 1 else (False,)):
             bounds = partition(rounds, size, tiles_chunk, cluster_m, parts, first_half)
             if bounds is None or len(bounds) - 1 > max_groups:
                 continue
-            last = last_copy_end(bounds, rounds, size, tiles_chunk, chunk_bytes, t_gemm,
-                                 streams)
+            last = last_copy_end(bounds, rounds, size, tiles_chunk, chunk_bytes, t_gemm)
             for split in (False, True):
                 finish = sum_finish(split, last, t_gemm, size, chunk_bytes, all_reduce)
                 if found is None or finish < found.finish_s - 1e-6:

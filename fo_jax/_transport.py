@@ -89,11 +89,6 @@ ROUND_SUM_SMS = 8
 ROUNDS_LONG_GEMM = (4, 2)
 ROUNDS_LARGE_BAND = (2,)
 LARGE_BAND_BYTES = 32 << 20
-# Copy streams the copies alternate over (kMaxCopyStreams in csrc/comm/peer_transport.h): with
-# two, one stream starts its next copy while the other's runs, hiding the ~9 us each stream
-# spends between back-to-back copies (_ce_model; benchmarks/NOTES.md §10).
-COPY_STREAMS = 2
-MAX_COPY_STREAMS = 2
 
 
 def _rounds_fit(rounds: int, band_rows: int, unit: int, size: int) -> bool:
@@ -165,12 +160,11 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     """The GEMM plan of a copy-engine call: all M rows in one batch, visited by chunk (rounds x
     ranks; a reduce-scatter has one round, so one chunk per rank's band) rotated so that each
     round's own chunk comes last. Each chunk sent to a peer is one or more groups (each copied
-    as soon as it is done, alternating over COPY_STREAMS copy streams) and the last round is
-    summed in one or two passes, as the timing model of fo_jax/_ce_model.py says finishes first
-    (FO_JAX_CE_PARTS = pieces per chunk, FO_JAX_CE_SPLIT_SUM = 0 / 1 and FO_JAX_CE_STREAMS =
-    1 / 2 override it, for measurements). Every SM for one round; with more, all but
-    ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the GEMM, unless
-    config.sm_budget says otherwise."""
+    as soon as it is done) and the last round is summed in one or two passes, as the timing
+    model of fo_jax/_ce_model.py says finishes first (FO_JAX_CE_PARTS = pieces per chunk and
+    FO_JAX_CE_SPLIT_SUM = 0 / 1 override it, for measurements). Every SM for one round; with
+    more, all but ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the
+    GEMM, unless config.sm_budget says otherwise."""
     index = _config_index(dtype, m_total, n, k, config)
     c = _plan.gemm_configs()[index]
     unit = c["tile_m"] * c["cluster_m"]
@@ -181,9 +175,8 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     t_gemm = _plan.estimate_seconds(collective, m_total, n, k)[0]
     all_reduce = collective == "all_reduce"
     max_groups = int(_cuda.module().max_gemm_groups())
-    streams = min(_env_int("FO_JAX_CE_STREAMS") or COPY_STREAMS, MAX_COPY_STREAMS)
     pred = _ce_model.best(rounds, size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
-                          all_reduce, max_groups, streams)
+                          all_reduce, max_groups)
     bounds, split_sum = pred.bounds, pred.split_sum
     parts = _env_int("FO_JAX_CE_PARTS")
     if parts is not None:
@@ -197,4 +190,4 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     if rounds > 1 and (config is None or config.sm_budget is None):
         sm_budget = -(_env_int("FO_JAX_CE_SUM_SMS") or ROUND_SUM_SMS)
     return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm_budget, rounds,
-                          split_sum, streams)
+                          split_sum)

@@ -167,7 +167,7 @@ def fake_cuda(monkeypatch):
     _transport._peer_access_problem.cache_clear()
 
 
-def test_transport_choice(fake_cuda, monkeypatch):
+def test_transport_choice(fake_cuda):
     import jax.numpy as jnp
 
     from fo_jax import OverlapConfig
@@ -194,18 +194,11 @@ def test_transport_choice(fake_cuda, monkeypatch):
     with pytest.raises(ValueError, match="unknown gemm_config"):
         t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048,
                  OverlapConfig(transport="copy_engine", gemm_config="nope"))
-    # The plan: all rows in one batch; at short K, with two copy streams, every band sent in two
-    # halves, the copies end before the GEMM, so one sum pass (_ce_model).
+    # The plan: all rows in one batch; at short K (the copies trail the GEMM) the first band in
+    # two groups, then one group per band, summed in two passes (_ce_model).
     plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-    assert plan.group_begin == (0, 8, 16, 24, 32, 40, 48, 64) and plan.sm_budget == 0
-    assert plan.rounds == 1 and not plan.split_sum and plan.copy_streams == t.COPY_STREAMS == 2
-    # One copy stream (FO_JAX_CE_STREAMS=1): the copies trail the GEMM, so the first band in
-    # two groups, then one group per band, summed in two passes.
-    monkeypatch.setenv("FO_JAX_CE_STREAMS", "1")
-    plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-    assert plan.group_begin == (0, 8, 16, 32, 48, 64) and plan.split_sum
-    assert plan.copy_streams == 1
-    monkeypatch.delenv("FO_JAX_CE_STREAMS")
+    assert plan.group_begin == (0, 8, 16, 32, 48, 64) and plan.sm_budget == 0
+    assert plan.rounds == 1 and plan.split_sum
     # Long K: the copies hide behind the GEMM; one group per band, one sum pass.
     plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 7168, 4, None)
     assert plan.group_begin == (0, 16, 32, 48, 64) and not plan.split_sum
@@ -252,15 +245,6 @@ def test_copy_engine_timing_model():
     # Short K: the last copy ends after the GEMM, so the chunks already there are summed first.
     p = m.best(1, 4, tiles_chunk, 2, chunk, 361e-6, False, 64)
     assert p.split_sum and p.last_copy_s > 361e-6
-    # Two copy streams hide the turnaround: one copy alone takes as long as on one stream, two
-    # that overlap share the rate, and with the bands in halves the copies end before the GEMM.
-    one = (0, 16, 32, 48, 64)
-    t1 = m.last_copy_end(one, 1, 4, tiles_chunk, 2 * chunk, 2000e-6, 1)
-    assert m.last_copy_end(one, 1, 4, tiles_chunk, 2 * chunk, 2000e-6, 2) == pytest.approx(t1)
-    both = m.last_copy_end((0, 4, 8, 16), 1, 2, 8, 1 << 30, 1e-9, 2)
-    assert both == pytest.approx(m.CE_LATENCY + 2 * (1 << 29) / m.CE_RATE, rel=1e-6)
-    p = m.best(1, 4, tiles_chunk, 2, chunk, 361e-6, False, 64, 2)
-    assert not p.split_sum and p.last_copy_s < 361e-6 and len(p.bounds) - 1 == 7
     # Long K: every copy ends inside the GEMM; one pass, one group per chunk.
     p = m.best(1, 4, tiles_chunk, 2, chunk, 1400e-6, False, 64)
     assert not p.split_sum and p.bounds == (0, 16, 32, 48, 64)

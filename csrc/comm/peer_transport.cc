@@ -28,15 +28,13 @@ std::string CreatePeerState(CommState& s) {
   auto p = std::make_shared<PeerState>();
   int least = 0, greatest = 0;
   cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
-  for (int c = 0; c < kMaxCopyStreams && e == cudaSuccess; ++c) {
-    e = cudaStreamCreateWithPriority(&p->copy_stream[c], cudaStreamNonBlocking, greatest);
-    if (e == cudaSuccess) {
-      e = cudaEventCreateWithFlags(&p->copies_done[c], cudaEventDisableTiming);
-    }
+  if (e == cudaSuccess) {
+    e = cudaStreamCreateWithPriority(&p->copy_stream, cudaStreamNonBlocking, greatest);
   }
   if (e == cudaSuccess) {
     e = cudaStreamCreateWithPriority(&p->sum_stream, cudaStreamNonBlocking, greatest);
   }
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->copies_done, cudaEventDisableTiming);
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->sums_done, cudaEventDisableTiming);
   if (e == cudaSuccess) {
     e = cudaEventCreateWithFlags(&p->last_sum_done, cudaEventDisableTiming);
@@ -117,23 +115,15 @@ cudaError_t CopyError(cudaError_t e, std::string* error) {
   return e;
 }
 
-// On copy stream `cs`: once counters[g] is full, copy `bytes` from src to dst. (Each copy split
-// in two halves on two streams at once measured no faster: NVLink is the limit, benchmarks/
-// NOTES.md §8; PeerCollectiveArgs::copy_streams alternates whole copies instead.)
-cudaError_t GatedCopy(cudaStream_t cs, const PeerCollectiveArgs& a, int g, char* dst,
+// On the copy stream: once counters[g] is full, copy `bytes` from src to dst. (Two halves on two
+// copy streams measured no faster: benchmarks/NOTES.md §8.)
+cudaError_t GatedCopy(PeerState& p, const PeerCollectiveArgs& a, int g, char* dst,
                       const char* src, size_t bytes, std::string* error) {
-  cudaError_t err = EnqueueWaitGeq(cs, a.counters + g, a.expected[g], a.spin_wait, error);
+  cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + g, a.expected[g], a.spin_wait,
+                                   error);
   if (err != cudaSuccess) return err;
-  err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cs);
+  err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, p.copy_stream);
   return err == cudaSuccess ? err : CopyError(err, error);
-}
-
-// Arrival flags (this rank's) of the groups of logical chunks [first, last): contiguous, since
-// groups are numbered in visit order and every rank has the same plan.
-ArrivalWait ChunkArrivals(uint32_t* arrived, const PeerCollectiveArgs& a, int first, int last,
-                          uint32_t e) {
-  const int g0 = a.chunk_first_group[first];
-  return ArrivalWait{arrived + g0, a.chunk_first_group[last] - g0, e};
 }
 
 }  // namespace
@@ -249,10 +239,6 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     *error = "copy-engine transport: bad number of rounds";
     return cudaErrorInvalidValue;
   }
-  if (a.copy_streams < 1 || a.copy_streams > kMaxCopyStreams) {
-    *error = "copy-engine transport: 1 to " + std::to_string(kMaxCopyStreams) + " copy streams";
-    return cudaErrorInvalidValue;
-  }
   const size_t band_bytes = a.band_elems * 2;
   if (!s.peer || s.peer->recv_bytes < (P - 1) * band_bytes) {
     *error = "copy-engine transport used before PreparePeerTransport";
@@ -266,64 +252,47 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   const size_t tile_row_bytes = a.tile_row_elems * 2;
   const char* ws = static_cast<const char*>(a.workspace);
   char* recv = static_cast<char*>(p.recv);
-  const int S = a.copy_streams;
-  cudaStream_t* cs = p.copy_stream;
+  cudaStream_t cs = p.copy_stream;
   // Logical chunk of round h, step j (j = P - 1: the own chunk); receive slot of round h, step j.
   auto logical = [&](int h, int j) { return h * P + j; };
   auto slot = [&](int h, int j) { return h * (P - 1) + j; };
   // Chunk (h, b) of the GEMM output (the workspace; the output itself for an all-reduce).
   auto chunk = [&](int h, int b) { return size_t(h * P + b) * chunk_bytes; };
 
-  // Copy streams: after XLA's inputs are ready and every receiver has finished the previous call,
+  // Copy stream: after XLA's inputs are ready and every receiver has finished the previous call,
   // round h step j sends chunk (h, (me + 1 + j) % P) to its owner's slot, group by group as the
-  // GEMM finishes them (copy k of the call on stream k % S), each stream then flagging the groups
-  // it copied.
-  cudaError_t err = cudaSuccess;
-  for (int c = 0; c < S; ++c) {
-    err = cudaStreamWaitEvent(cs[c], s.inputs_ready, 0);
-    if (err != cudaSuccess) {
-      *error = "copy stream waiting for XLA's inputs";
-      return err;
-    }
+  // GEMM finishes them, then flags its arrival.
+  cudaError_t err = cudaStreamWaitEvent(cs, s.inputs_ready, 0);
+  if (err != cudaSuccess) {
+    *error = "copy stream waiting for XLA's inputs";
+    return err;
   }
   if (a.all_reduce) {
-    err = SendOutputAddress(p, cs[0], a.out, P, me, e, error);
+    err = SendOutputAddress(p, cs, a.out, P, me, e, error);
     if (err != cudaSuccess) return err;
   }
-  for (int c = 0; c < S; ++c) {
-    err = WaitForPeers(p, cs[c], kRecvAcked, P, me, e - 1, a.spin_wait, error);
-    if (err != cudaSuccess) return err;
-  }
-  int k = 0;  // copies so far
+  err = WaitForPeers(p, cs, kRecvAcked, P, me, e - 1, a.spin_wait, error);
+  if (err != cudaSuccess) return err;
   for (int h = 0; h < H; ++h) {
     for (int j = 0; j + 1 < P; ++j) {
       const int to = (me + 1 + j) % P;
       const int L = logical(h, j);
       char* dst = static_cast<char*>(p.peer_recv[to]) + slot(h, j) * chunk_bytes;
       const char* src = ws + chunk(h, to);
-      uint32_t* flags = Region(p.peer_sync[to], kArrived);
-      const int g0 = a.chunk_first_group[L], g1 = a.chunk_first_group[L + 1];
-      for (int g = g0; g < g1; ++g, ++k) {
+      for (int g = a.chunk_first_group[L]; g < a.chunk_first_group[L + 1]; ++g) {
         const size_t at = size_t(a.group_begin[g] - L * a.tiles_chunk) * tile_row_bytes;
         const size_t bytes = size_t(a.group_begin[g + 1] - a.group_begin[g]) * tile_row_bytes;
-        err = GatedCopy(cs[k % S], a, g, dst + at, src + at, bytes, error);
+        err = GatedCopy(p, a, g, dst + at, src + at, bytes, error);
         if (err != cudaSuccess) return err;
-        // After this stream's last copy of the chunk: flag the chunk's groups it copied.
-        if (g + S >= g1) {
-          for (int f = g; f >= g0; f -= S) {
-            err = EnqueueWriteValue(cs[k % S], flags + f, e, error);
-            if (err != cudaSuccess) return err;
-          }
-        }
       }
+      err = EnqueueWriteValue(cs, Region(p.peer_sync[to], kArrived) + slot(h, j), e, error);
+      if (err != cudaSuccess) return err;
     }
   }
-  for (int c = 0; c < S; ++c) {
-    err = cudaEventRecord(p.copies_done[c], cs[c]);
-    if (err != cudaSuccess) {
-      *error = "recording the copies' completion";
-      return err;
-    }
+  err = cudaEventRecord(p.copies_done, cs);
+  if (err != cudaSuccess) {
+    *error = "recording the copies' completion";
+    return err;
   }
 
   // An all-reduce's sums also store the summed chunk into the same rows of every peer's output.
@@ -355,12 +324,11 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
       }
       const void* parts[kMaxPeerRanks];
       parts[0] = ws + chunk(h, me);
-      const ArrivalWait here = ChunkArrivals(arrived, a, logical(h, 0), logical(h, P - 1), e);
-      for (int f = 0; f < here.count; ++f) {
-        err = EnqueueWaitGeq(ss, here.flags + f, e, a.spin_wait, error);
+      for (int j = 0; j + 1 < P; ++j) {
+        err = EnqueueWaitGeq(ss, arrived + slot(h, j), e, a.spin_wait, error);
         if (err != cudaSuccess) return err;
+        parts[j + 1] = recv + slot(h, j) * chunk_bytes;
       }
-      for (int j = 0; j + 1 < P; ++j) parts[j + 1] = recv + slot(h, j) * chunk_bytes;
       remote.offset_bytes = chunk(h, me);
       // A full grid, not one sized to the free SMs: blocks wait for SMs, so the sum speeds up
       // as soon as the GEMM ends (capped at the 8 free SMs, round 0 of 8192x8192x2048 ran
@@ -395,30 +363,30 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   for (int j = 0; j < early; ++j) parts[j + 1] = recv + slot(h, j) * chunk_bytes;
   err = LaunchBandSum(xla_stream, a.dtype, parts, early + 1, own_out(h), chunk_elems, error, 0,
                       split ? RemoteOutputs{} : remote,
-                      ChunkArrivals(arrived, a, logical(h, 0), logical(h, early), e));
+                      ArrivalWait{arrived + slot(h, 0), early, e});
   if (err != cudaSuccess) return err;
   if (split) {
     // out = out + last chunk, elementwise in place (each element read before it is written, by
     // the same thread).
     const void* last[2] = {own_out(h), recv + slot(h, P - 2) * chunk_bytes};
     err = LaunchBandSum(xla_stream, a.dtype, last, 2, own_out(h), chunk_elems, error, 0, remote,
-                        ChunkArrivals(arrived, a, logical(h, P - 2), logical(h, P - 1), e));
+                        ArrivalWait{arrived + slot(h, P - 2), 1, e});
     if (err != cudaSuccess) return err;
   }
   if (H > 1) {
     err = Join(xla_stream, p.sums_done, error);
     if (err != cudaSuccess) return err;
   }
-  // The receive slots are free again: copy stream 0 (idle by now) acknowledges to every
+  // The receive slots are free again: the copy stream (idle by now) acknowledges to every
   // sender, keeping those remote writes off XLA's stream (results/
   // overlap_profile_tp4_2026-11-21_fe573db.log: 11 us between the sum and the next call's GEMM).
   err = cudaEventRecord(p.last_sum_done, xla_stream);
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(cs[0], p.last_sum_done, 0);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(cs, p.last_sum_done, 0);
   if (err != cudaSuccess) {
     *error = "handing the acknowledgements to the copy stream";
     return err;
   }
-  err = TellPeers(p, cs[0], kRecvAcked, P, me, e, error);
+  err = TellPeers(p, cs, kRecvAcked, P, me, e, error);
   if (err != cudaSuccess) return err;
   if (a.all_reduce) {
     err = TellPeers(p, xla_stream, kStored, P, me, e, error);
@@ -426,9 +394,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   }
   // XLA's stream waits for this rank's pushes (they read the workspace, which XLA may reuse
   // after the call).
-  for (int c = 0; c < S && err == cudaSuccess; ++c) {
-    err = Join(xla_stream, p.copies_done[c], error);
-  }
+  err = Join(xla_stream, p.copies_done, error);
   if (err != cudaSuccess || !a.all_reduce) return err;
   // An all-reduce is done when every peer's summed band has landed in this rank's output.
   return WaitForPeers(p, xla_stream, kStored, P, me, e, a.spin_wait, error);

@@ -19,13 +19,13 @@
 // the sums and stores of every round but the last run on a second stream during the GEMM.
 //
 // Synchronization uses stream memory operations (no SM): cuStreamWaitValue32 on the GEMM's
-// counters and on arrival flags (one per group of the plan), cuStreamWriteValue32 to a peer's
-// flags after the copies (the write fences the copy: stream_wait.h); the band sums that follow
-// the GEMM wait for their arrival flags inside the kernel instead (band_sum.h). Flags carry a
-// per-call epoch, so they are never reset. An acknowledgement word per sender (written after the
-// band sum) keeps a sender from overwriting a receive slot that its owner still reads from the
-// previous call. An all-reduce call ends only when every peer's band has landed in its output,
-// so an output address in a peer's table stays valid for as long as that peer may write to it.
+// counters and on arrival flags, cuStreamWriteValue32 to a peer's flag after the copy (the write
+// fences the copy: stream_wait.h); the band sums that follow the GEMM wait for their arrival flags
+// inside the kernel instead (band_sum.h). Flags carry a per-call epoch, so they are never reset.
+// An acknowledgement word per sender (written after the band sum) keeps a sender from overwriting a
+// receive slot that its owner still reads from the previous call. An all-reduce call ends only
+// when every peer's band has landed in its output, so an output address in a peer's table stays
+// valid for as long as that peer may write to it.
 //
 // Scope: all ranks of the group in one process (JAX's one-process-per-host mode) with peer access
 // between every pair of GPUs (NVLink/NVSwitch machines); otherwise the NCCL transport is used.
@@ -47,8 +47,7 @@ constexpr int kMaxPeerRanks = 16;
 
 // Layout of PeerState::sync, in units of kMaxPeerRanks words.
 enum PeerSyncRegion {
-  kArrived = 0,    // 4 regions: [g]: epoch of the sender's group g (same plan on every rank)
-                   // that arrived in this rank's receive slots
+  kArrived = 0,    // 4 regions: [slot]: epoch of the chunk that arrived in receive slot `slot`
   kRecvAcked = 4,  // [q]: last epoch in which rank q finished reading its receive slots
   kStored = 5,     // [q]: epoch in which rank q stored its summed band here (all-reduce)
   kOutReady = 6,   // [q]: epoch of the output address rank q wrote into the out table
@@ -56,15 +55,11 @@ enum PeerSyncRegion {
   kSyncRegions = 9,
 };
 constexpr int kMaxReceiveSlots = 4 * kMaxPeerRanks;  // rounds * (P - 1)
-static_assert(kRecvAcked * kMaxPeerRanks >= kMaxGemmGroups, "one arrival flag per group");
-
-// Copy streams a call may spread its copies over (PeerCollectiveArgs::copy_streams).
-constexpr int kMaxCopyStreams = 2;
 
 // Per communicator (CommState::peer): buffers, flags, the peers' addresses, copy streams.
 struct PeerState {
-  cudaStream_t copy_stream[kMaxCopyStreams] = {};  // highest priority
-  cudaEvent_t copies_done[kMaxCopyStreams] = {};
+  cudaStream_t copy_stream = nullptr;  // highest priority
+  cudaEvent_t copies_done = nullptr;
   cudaStream_t sum_stream = nullptr;  // all-reduce rounds before the last (highest priority)
   cudaEvent_t sums_done = nullptr;
   cudaEvent_t last_sum_done = nullptr;  // XLA stream: the receive slots are read (acks follow)
@@ -113,11 +108,6 @@ struct PeerCollectiveArgs {
   // memory traffic, but off the critical path when the last copy outlasts the GEMM). The caller
   // decides from a timing model (fo_jax/_transport.py).
   bool split_sum = true;
-  // Copy k of the call (group order) goes to copy stream k % copy_streams. With two, one stream
-  // issues its next copy while the other's runs, so the ~9 us between back-to-back copies on one
-  // stream (its wait and launch) is hidden; copies that overlap share NVLink. Each stream flags
-  // the groups it copied (kArrived[g]) after its last copy of a chunk.
-  int copy_streams = 1;
 };
 
 // Sets args' groups from the GEMM's (group_begin[0 .. num_groups]) and its chunk -> first group
