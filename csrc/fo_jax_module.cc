@@ -82,10 +82,14 @@ NB_MODULE(_fo_jax_cuda, m) {
         [](const std::vector<int>& ordinals) { return fo_jax::PeerAccessProblem(ordinals); },
         nb::arg("ordinals"));
 
-  // Tests only: make every fo_jax communicator report `code` (an ncclResult_t; 0 stops it) as an
-  // asynchronous NCCL error (comm/comm_registry.h).
-  m.def("inject_async_error_for_tests", [](int code) { fo_jax::InjectAsyncErrorForTests(code); },
-        nb::arg("code"));
+  // Tests only: make the fo_jax communicator of rank `rank` (every rank if < 0) report `code` (an
+  // ncclResult_t) as an asynchronous NCCL error, with `broken` as unusable too; 0 stops it and
+  // clears the groups' failures (comm/comm_registry.h).
+  m.def("inject_async_error_for_tests",
+        [](int code, int rank, bool broken) {
+          fo_jax::InjectAsyncErrorForTests(code, rank, broken);
+        },
+        nb::arg("code"), nb::arg("rank") = -1, nb::arg("broken") = false);
 
   m.def("nccl_version", []() {
     int v = 0;

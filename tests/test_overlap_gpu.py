@@ -236,12 +236,16 @@ def test_thousand_back_to_back_calls():
         np.testing.assert_array_equal(np.asarray(outs[0]), np.asarray(outs[-1]))
 
 
+@pytest.mark.parametrize("one_rank", [False, True])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
 @pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
-def test_async_nccl_error_becomes_an_exception(transport):
-    """An asynchronous NCCL error on the communicator (injected through the module's test hook:
-    NCCL's own detection cannot be provoked on a healthy machine) fails the next call with a
-    Python exception carrying NCCL's message, on every rank alike, without a hang; once it is
-    gone, calls work again."""
+def test_async_nccl_error_becomes_an_exception(transport, collective, one_rank):
+    """An asynchronous NCCL error on the communicator of every rank, or of the last rank only
+    (injected through the module's test hook: NCCL's own detection cannot be provoked on a
+    healthy machine), fails the call with a Python exception carrying NCCL's message, without a
+    hang: the other ranks, whose work may already be enqueued, are not left waiting for the
+    failed one (comm/comm_registry.h). The group stays failed (the next call raises too) until
+    the error is gone; then calls work again."""
     from fo_jax import _cuda
 
     tp = _ntp()
@@ -249,18 +253,24 @@ def test_async_nccl_error_becomes_an_exception(transport):
     rng = np.random.default_rng(30)
     x, w, x64, w64 = random_operands(rng, 512 * tp, 1024, 1024, jnp.bfloat16)
     cfg = fo_jax.OverlapConfig(transport=transport, allow_fallback=False)
-    f = _tp_fn(mesh, "reduce_scatter", config=cfg)
+    f = _tp_fn(mesh, collective, config=cfg)
     jax.block_until_ready(f(x, w))
     remote_error = 6  # ncclRemoteError
-    _cuda.module().inject_async_error_for_tests(remote_error)
+    _cuda.module().inject_async_error_for_tests(remote_error, tp - 1 if one_rank else -1)
     try:
-        with pytest.raises(Exception, match=r"NCCL \(asynchronous\) failed: .*remote"):
+        with pytest.raises(Exception, match=r"NCCL \(asynchronous\) failed: .*remote.* on rank"):
             jax.block_until_ready(f(x, w))
+        with pytest.raises(Exception, match=r"NCCL \(asynchronous\) failed: .*group stays failed"):
+            jax.block_until_ready([f(x, w) for _ in range(3)])
     finally:
         _cuda.module().inject_async_error_for_tests(0)
     outs = [f(x, w) for _ in range(5)]
     jax.block_until_ready(outs)
-    assert_close(outs[-1], x64 @ w64, jnp.bfloat16)
+    expect = x64 @ w64
+    if collective == "all_reduce":
+        _assert_every_copy_close(outs[-1], expect, jnp.bfloat16)
+    else:
+        assert_close(outs[-1], expect, jnp.bfloat16)
 
 
 def test_with_xla_collectives_in_the_same_jit():
@@ -328,3 +338,37 @@ def test_one_process_per_gpu():
     for i, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"process {i} failed:\n{out[-3000:]}"
         assert "WORKER OK" in out, out[-3000:]
+
+
+def test_unusable_communicator_aborts_the_group():
+    """An asynchronous error that leaves one rank's communicator unable to run the NCCL
+    transport's collectives (injected as `broken`) makes that rank abort every communicator of
+    the group in this process, which ends the collectives the other ranks may already have
+    enqueued: the call raises instead of hanging, later calls of the group raise at once, and a
+    new group (new unique ids) works. Its own communicators (nccl_max_ctas=7 is a key of its
+    own), so the other tests' are not aborted."""
+    from fo_jax import _bootstrap, _cuda
+
+    tp = _ntp()
+    mesh = _mesh(tp)
+    rng = np.random.default_rng(31)
+    x, w, x64, w64 = random_operands(rng, 512 * tp, 1024, 1024, jnp.bfloat16)
+    cfg = fo_jax.OverlapConfig(transport="nccl", nccl_max_ctas=7, allow_fallback=False)
+    f = _tp_fn(mesh, "reduce_scatter", config=cfg)
+    jax.block_until_ready([f(x, w) for _ in range(3)])
+    _cuda.module().inject_async_error_for_tests(6, tp - 1, True)
+    try:
+        # The broken rank reports the abort; a rank that checked between the failure and the
+        # abort ran its call and reports the failure.
+        with pytest.raises(Exception,
+                           match=r"NCCL \(asynchronous\) failed: .*(aborted|group stays failed)"):
+            jax.block_until_ready([f(x, w) for _ in range(3)])
+    finally:
+        _cuda.module().inject_async_error_for_tests(0)
+    with pytest.raises(Exception, match=r"aborted .*restart the process"):
+        jax.block_until_ready(f(x, w))
+    # A new communicator (new unique ids, so a fresh lowering) is not affected.
+    for key in [key for key in _bootstrap._unique_ids if key[1] == 7]:
+        del _bootstrap._unique_ids[key]
+    g = _tp_fn(mesh, "reduce_scatter", config=cfg)
+    assert_close(g(x, w), x64 @ w64, jnp.bfloat16)

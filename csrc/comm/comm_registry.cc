@@ -4,10 +4,12 @@
 #include "comm/comm_registry.h"
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "comm/stream_wait.h"
 
@@ -22,8 +24,10 @@ struct Entry {
 
 using Key = std::tuple<int, std::string, int, int, int, int, int>;
 
-std::mutex g_mutex;
+std::mutex g_mutex;  // the registry and the group map
 std::atomic<int> g_injected_async_error{ncclSuccess};
+std::atomic<int> g_injected_rank{-1};
+std::atomic<bool> g_injected_broken{false};
 std::map<Key, std::shared_ptr<Entry>>& Registry() {
   static auto* registry = new std::map<Key, std::shared_ptr<Entry>>();  // never destroyed:
   return *registry;  // communicators outlive static destruction order at exit
@@ -84,6 +88,46 @@ std::string Create(CommState& s, const ncclUniqueId& id, const CommOptions& opti
 
 }  // namespace
 
+struct CommGroup {
+  std::atomic<bool> failed{false};  // fast path of CommGroupFailure
+  std::mutex mu;                    // failure, members
+  std::string failure;
+  std::vector<CommState*> members;  // created states of this process (never destroyed)
+};
+
+namespace {
+
+// Groups by unique id (every rank of a communicator clique has the same one).
+std::map<std::string, std::shared_ptr<CommGroup>>& Groups() {
+  static auto* groups = new std::map<std::string, std::shared_ptr<CommGroup>>();
+  return *groups;
+}
+
+bool Injected(const CommState& s) {
+  const int rank = g_injected_rank.load(std::memory_order_relaxed);
+  return g_injected_async_error.load(std::memory_order_relaxed) != ncclSuccess &&
+         (rank < 0 || rank == s.rank);
+}
+
+// This rank's own asynchronous error as a message, "" when none.
+std::string OwnAsyncError(const CommState& s) {
+  if (Injected(s)) {
+    return NcclMessage("NCCL (asynchronous)",
+                       static_cast<ncclResult_t>(g_injected_async_error.load()), nullptr) +
+           " [injected by fo_jax's test hook]";
+  }
+  if (s.aborted || s.comm == nullptr) return "";
+  ncclResult_t async = ncclSuccess;
+  ncclResult_t r = ncclCommGetAsyncError(s.comm, &async);
+  if (r != ncclSuccess) return NcclMessage("ncclCommGetAsyncError", r, s.comm);
+  if (async != ncclSuccess && async != ncclInProgress) {
+    return NcclMessage("NCCL (asynchronous)", async, s.comm);
+  }
+  return "";
+}
+
+}  // namespace
+
 CommState* GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, int rank,
                                 const CommOptions& options, std::string* error) {
   Key key{device, std::string(id.internal, sizeof(id.internal)), nranks, rank, options.max_ctas,
@@ -104,6 +148,12 @@ CommState* GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, 
     state->rank = rank;
     std::string err = Create(*state, id, options);
     if (err.empty()) {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      auto& group = Groups()[std::string(id.internal, sizeof(id.internal))];
+      if (!group) group = std::make_shared<CommGroup>();
+      state->group = group;
+      std::lock_guard<std::mutex> members(group->mu);
+      group->members.push_back(state.get());
       entry->state = std::move(state);
     } else {
       entry->error = "creating the fo_jax NCCL communicator (device " + std::to_string(device) +
@@ -118,23 +168,66 @@ CommState* GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, 
   return entry->state.get();
 }
 
-std::string CommAsyncError(const CommState& state) {
-  const int injected = g_injected_async_error.load(std::memory_order_relaxed);
-  if (injected != ncclSuccess) {
-    return NcclMessage("NCCL (asynchronous)", static_cast<ncclResult_t>(injected), nullptr) +
-           " [injected by fo_jax's test hook]";
+std::string CommGroupFailure(CommState& s) {
+  CommGroup& g = *s.group;
+  const std::string own = OwnAsyncError(s);
+  if (!own.empty()) {
+    std::lock_guard<std::mutex> lock(g.mu);
+    if (g.failure.empty()) {
+      g.failure = own + " on rank " + std::to_string(s.rank) + " (GPU " +
+                  std::to_string(s.device) + ") of an fo_jax communicator of " +
+                  std::to_string(s.nranks) + " ranks";
+      g.failed.store(true);
+    }
   }
-  ncclResult_t async = ncclSuccess;
-  ncclResult_t r = ncclCommGetAsyncError(state.comm, &async);
-  if (r != ncclSuccess) return NcclMessage("ncclCommGetAsyncError", r, state.comm);
-  if (async != ncclSuccess && async != ncclInProgress) {
-    return NcclMessage("NCCL (asynchronous)", async, state.comm);
-  }
-  return "";
+  if (!g.failed.load()) return "";
+  std::lock_guard<std::mutex> lock(g.mu);
+  return g.failure;
 }
 
-void InjectAsyncErrorForTests(int code) {
-  g_injected_async_error.store(code, std::memory_order_relaxed);
+bool CommUsable(const CommState& s) {
+  if (s.aborted || s.comm == nullptr) return false;
+  if (Injected(s) && g_injected_broken.load(std::memory_order_relaxed)) return false;
+  ncclResult_t async = ncclSuccess;
+  return ncclCommGetAsyncError(s.comm, &async) == ncclSuccess &&
+         (async == ncclSuccess || async == ncclInProgress);
+}
+
+void AbortCommGroup(CommState& s) {
+  std::vector<CommState*> members;
+  {
+    std::lock_guard<std::mutex> lock(s.group->mu);
+    members = s.group->members;
+  }
+  for (CommState* m : members) {
+    std::unique_lock<std::timed_mutex> lock(m->mu, std::defer_lock);
+    (void)lock.try_lock_for(std::chrono::seconds(2));
+    if (m->aborted) continue;
+    // ncclCommAbort needs the communicator's device current on this thread.
+    int previous = -1;
+    (void)cudaGetDevice(&previous);
+    (void)cudaSetDevice(m->device);
+    (void)ncclCommAbort(m->comm);
+    m->comm = nullptr;
+    m->aborted = true;
+    if (previous >= 0) (void)cudaSetDevice(previous);
+  }
+}
+
+void InjectAsyncErrorForTests(int code, int rank, bool broken) {
+  g_injected_rank.store(rank);
+  g_injected_broken.store(broken);
+  g_injected_async_error.store(code);
+  if (code != ncclSuccess) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (auto& [id, group] : Groups()) {
+    std::lock_guard<std::mutex> members(group->mu);
+    bool aborted = false;
+    for (CommState* m : group->members) aborted = aborted || m->aborted;
+    if (aborted) continue;  // an aborted group stays failed
+    group->failure.clear();
+    group->failed.store(false);
+  }
 }
 
 }  // namespace fo_jax

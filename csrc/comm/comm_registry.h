@@ -7,7 +7,9 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace fo_jax {
@@ -22,6 +24,7 @@ struct CommOptions {
 };
 
 struct PeerState;  // comm/peer_transport.h
+struct CommGroup;  // the local members of one communicator clique (comm_registry.cc)
 
 struct CommState {
   int device = -1;
@@ -32,6 +35,9 @@ struct CommState {
   cudaEvent_t inputs_ready = nullptr;  // recorded on XLA's stream, waited on by the comm stream
   cudaEvent_t comm_done = nullptr;     // recorded on the comm stream, waited on by XLA's stream
   std::shared_ptr<PeerState> peer;     // copy-engine transport, created on its first use
+  std::shared_ptr<CommGroup> group;    // shared with the group's other ranks in this process
+  std::timed_mutex mu;   // held while a call enqueues work; AbortCommGroup takes it
+  std::atomic<bool> aborted{false};  // ncclCommAbort was called on `comm` (under mu)
 };
 
 // Returns the state for this key, creating it (blocking until every rank of the group joined)
@@ -40,13 +46,36 @@ struct CommState {
 CommState* GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, int rank,
                                 const CommOptions& options, std::string* error);
 
-// ncclCommGetAsyncError as a message ("" when fine). Checked at the start of every call, before
-// anything is enqueued, so the error reaches Python as the call's exception.
-std::string CommAsyncError(const CommState& state);
+// Failure handling. An asynchronous NCCL error on one rank must not leave the other ranks of its
+// group waiting for it (NCCL collectives, or the copy-engine transport's flags): a call's
+// exception on one GPU does not stop the others' work, which was enqueued by other host threads
+// and may already be waiting for this rank. So every call checks its communicator
+// (ncclCommGetAsyncError) and the group: the first error seen by any local rank fails the whole
+// group, and from then on each call still runs (keeping every rank's protocol in step, so nobody
+// waits for a partner that skipped a call) and then returns the group's failure as its error.
+// Where a rank's own communicator cannot run its collectives (the NCCL transport with an error on
+// that communicator), every local communicator of the group is aborted instead (ncclCommAbort
+// ends their pending collectives). With one process per GPU only this process's ranks are
+// covered; the others learn of it from NCCL, or wait (as with NCCL's own collectives).
 
-// Fault injection for the tests: while `code` (an ncclResult_t) is not ncclSuccess, every
-// communicator's CommAsyncError reports it as an asynchronous NCCL error, as if NCCL had
-// (NCCL's own detection cannot be provoked on one healthy machine). 0 turns it off.
-void InjectAsyncErrorForTests(int code);
+// The group's failure message ("" while healthy), after checking this rank's communicator: an
+// asynchronous error there fails the group (the first failure is kept).
+std::string CommGroupFailure(CommState& state);
+
+// Whether this rank's own communicator can still run collectives.
+bool CommUsable(const CommState& state);
+
+// ncclCommAbort on every communicator of the group in this process (each under its state's mu,
+// or without it after 2 s: its holder is then blocked inside NCCL, which the abort ends, as
+// NCCL allows from another thread; the caller must not hold any); their later calls fail with
+// the group's failure.
+void AbortCommGroup(CommState& state);
+
+// Fault injection for the tests (NCCL's own detection cannot be provoked on one healthy
+// machine): while `code` (an ncclResult_t) is not ncclSuccess, the communicator of rank `rank`
+// (every rank if < 0) reports it as an asynchronous NCCL error; with `broken` that communicator
+// also counts as unusable (the abort path). Setting 0 stops it and clears the groups' failures
+// (not the aborts).
+void InjectAsyncErrorForTests(int code, int rank, bool broken);
 
 }  // namespace fo_jax

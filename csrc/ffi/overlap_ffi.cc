@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "comm/comm_registry.h"
@@ -94,11 +95,30 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   options.max_ctas = nccl_max_ctas;
   CommState* state = GetOrCreateCommState(device, id, nranks, me.rank, options, &msg);
   if (state == nullptr) return ffi::Error::Internal("fo_jax: " + msg);
-  msg = CommAsyncError(*state);
-  if (!msg.empty()) return ffi::Error::Internal("fo_jax: " + msg);
-
   if (transport != 0 && transport != 1) return ffi::Error::InvalidArgument("transport");
   const bool copy_engine = transport == 1;
+
+  // A failed group (comm/comm_registry.h): the call still runs, so that no other rank waits for
+  // this one, and then reports the failure; unless this rank's communicator cannot run the NCCL
+  // transport's collectives, in which case the group's local communicators are aborted.
+  std::unique_lock<std::timed_mutex> lock(state->mu);
+  const std::string failure = CommGroupFailure(*state);
+  if (state->aborted) {
+    return ffi::Error::Internal("fo_jax: " + failure + "; this process's communicators of the "
+                                "group were aborted after it: restart the process");
+  }
+  if (!failure.empty() && !copy_engine && !CommUsable(*state)) {
+    lock.unlock();
+    AbortCommGroup(*state);
+    return ffi::Error::Internal("fo_jax: " + failure + "; aborted this process's communicators "
+                                "of the group (their pending collectives end): restart the process");
+  }
+  auto finish = [&failure]() {
+    if (failure.empty()) return ffi::Error::Success();
+    return ffi::Error::Internal("fo_jax: " + failure + " (the call ran so that the group's other "
+                                "ranks do not wait for this one; the group stays failed: restart "
+                                "the process)");
+  };
   if (copy_engine && M % nranks) {
     return ffi::Error::InvalidArgument("fo_jax: copy-engine transport: M not divisible by P");
   }
@@ -178,13 +198,13 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   if (copy_engine) {
     err = EnqueuePeerCollective(*state, stream, peer, &msg);
     if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: copy-engine transport: " + msg);
-    return ffi::Error::Success();
+    return finish();
   }
   const ncclDataType_t nccl_dt = dt == ffi::DataType::BF16 ? ncclBfloat16 : ncclFloat16;
   err = EnqueueGatedCollectives(*state, stream, kind, nccl_dt, args.d, out->untyped_data(), 2,
                                 args.counters, CollectiveSpans(args, kind), spin_wait, &msg);
   if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: " + msg);
-  return ffi::Error::Success();
+  return finish();
 }
 
 }  // namespace
