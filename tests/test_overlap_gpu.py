@@ -340,6 +340,39 @@ def test_one_process_per_gpu():
         assert "WORKER OK" in out, out[-3000:]
 
 
+def test_one_process_per_gpu_failure():
+    """One process per GPU, the last one's communicator breaks (multiprocess_failure_worker.py):
+    it raises with NCCL's message; the others, whose collectives wait for it inside NCCL, are
+    freed by the progress watchdog (FO_JAX_COMM_TIMEOUT_S=5 here) and raise on a later call. No
+    process hangs."""
+    n = len(gpu_devices_or_skip(2))
+    nproc = 4 if n >= 4 else 2
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = os.path.join(os.path.dirname(__file__), "multiprocess_failure_worker.py")
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", FO_JAX_COMM_TIMEOUT_S="5")
+    env.pop("XLA_FLAGS", None)
+    procs = [subprocess.Popen([sys.executable, worker, str(i), str(nproc), str(port)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(nproc)]
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a process hung after another one's communicator failed (killed)")
+        outs.append(out)
+    for i, out in enumerate(outs):
+        assert f"process {i}: first call done" in out, out[-3000:]
+        assert f"process {i}: RAISED" in out, out[-3000:]
+        if i == nproc - 1:
+            assert "NCCL (asynchronous) failed" in out and "aborted" in out, out[-3000:]
+        else:  # freed by the watchdog (or by NCCL's own detection of the failed peer)
+            assert "no progress for 5 s" in out or "NCCL" in out, out[-3000:]
+
 def test_unusable_communicator_aborts_the_group():
     """An asynchronous error that leaves one rank's communicator unable to run the NCCL
     transport's collectives (injected as `broken`) makes that rank abort every communicator of

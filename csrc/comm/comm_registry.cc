@@ -5,9 +5,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -72,7 +75,8 @@ std::string Create(CommState& s, const ncclUniqueId& id, const CommOptions& opti
     return "creating the comm stream";
   }
   if (cudaEventCreateWithFlags(&s.inputs_ready, cudaEventDisableTiming) != cudaSuccess ||
-      cudaEventCreateWithFlags(&s.comm_done, cudaEventDisableTiming) != cudaSuccess) {
+      cudaEventCreateWithFlags(&s.comm_done, cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventCreateWithFlags(&s.progress, cudaEventDisableTiming) != cudaSuccess) {
     return "creating events";
   }
   std::string err;
@@ -212,6 +216,103 @@ void AbortCommGroup(CommState& s) {
     m->aborted = true;
     if (previous >= 0) (void)cudaSetDevice(previous);
   }
+}
+
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double TimeoutSeconds() {
+  static const double seconds = [] {
+    const char* v = std::getenv("FO_JAX_COMM_TIMEOUT_S");
+    if (v == nullptr || *v == 0) return 600.0;
+    char* end = nullptr;
+    const double x = std::strtod(v, &end);
+    return end != v && x >= 0 ? x : 600.0;
+  }();
+  return seconds;
+}
+
+// One pass over every communicator of this process: a call recorded more than `timeout` ago and
+// still running fails its group and aborts it.
+void CheckProgress(double timeout) {
+  std::vector<std::shared_ptr<CommGroup>> groups;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (auto& [id, group] : Groups()) groups.push_back(group);
+  }
+  for (auto& group : groups) {
+    std::vector<CommState*> members;
+    {
+      std::lock_guard<std::mutex> lock(group->mu);
+      members = group->members;
+    }
+    for (CommState* m : members) {
+      const int64_t stamp = m->progress_ns.load();
+      if (m->aborted || stamp == 0 || double(NowNs() - stamp) < timeout * 1e9) continue;
+      if (cudaSetDevice(m->device) != cudaSuccess) continue;
+      const cudaError_t q = cudaEventQuery(m->progress);
+      // A call recorded in between is a new one: judge it on the next pass.
+      if (q != cudaErrorNotReady || m->progress_ns.load() != stamp) {
+        if (q != cudaSuccess) (void)cudaGetLastError();
+        continue;
+      }
+      (void)cudaGetLastError();
+      {
+        std::lock_guard<std::mutex> lock(group->mu);
+        if (group->failure.empty()) {
+          char seconds[32];
+          std::snprintf(seconds, sizeof(seconds), "%g", timeout);
+          group->failure = std::string("no progress for ") + seconds + " s on rank " +
+                           std::to_string(m->rank) + " (GPU " + std::to_string(m->device) +
+                           ") of an fo_jax communicator of " + std::to_string(m->nranks) +
+                           " ranks: another rank failed or stopped calling "
+                           "(FO_JAX_COMM_TIMEOUT_S sets the limit)";
+          group->failed.store(true);
+        }
+      }
+      AbortCommGroup(*m);
+      break;
+    }
+  }
+}
+
+std::atomic<bool> g_watchdog_stop{false};
+std::thread* g_watchdog = nullptr;
+
+void StopWatchdog() {
+  g_watchdog_stop.store(true);
+  if (g_watchdog != nullptr && g_watchdog->joinable()) g_watchdog->join();
+}
+
+void StartWatchdogOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const double timeout = TimeoutSeconds();
+    if (timeout <= 0) return;
+    g_watchdog = new std::thread([timeout] {
+      const auto period = std::chrono::milliseconds(timeout < 10 ? 100 : 1000);
+      while (!g_watchdog_stop.load()) {
+        std::this_thread::sleep_for(period);
+        if (!g_watchdog_stop.load()) CheckProgress(timeout);
+      }
+    });
+    std::atexit(StopWatchdog);  // joined before the CUDA runtime tears down
+  });
+}
+
+}  // namespace
+
+cudaError_t NoteNcclCall(CommState& s, cudaStream_t stream) {
+  const cudaError_t e = cudaEventRecord(s.progress, stream);
+  if (e != cudaSuccess) return e;
+  s.progress_ns.store(NowNs());
+  StartWatchdogOnce();
+  return cudaSuccess;
 }
 
 void InjectAsyncErrorForTests(int code, int rank, bool broken) {

@@ -38,6 +38,8 @@ struct CommState {
   std::shared_ptr<CommGroup> group;    // shared with the group's other ranks in this process
   std::timed_mutex mu;   // held while a call enqueues work; AbortCommGroup takes it
   std::atomic<bool> aborted{false};  // ncclCommAbort was called on `comm` (under mu)
+  cudaEvent_t progress = nullptr;     // NCCL transport: end of the latest call (watchdog)
+  std::atomic<int64_t> progress_ns{0};  // steady-clock time `progress` was recorded (0: never)
 };
 
 // Returns the state for this key, creating it (blocking until every rank of the group joined)
@@ -70,6 +72,14 @@ bool CommUsable(const CommState& state);
 // NCCL allows from another thread; the caller must not hold any); their later calls fail with
 // the group's failure.
 void AbortCommGroup(CommState& state);
+
+// Progress watchdog of the NCCL transport, for what the checks above cannot see (a rank in another
+// process that failed or stopped calling leaves this rank's collectives waiting): records
+// state.progress on `stream` at the end of a call; a background thread (started on first use)
+// fails the group and aborts its communicators in this process once a recorded call has not
+// completed for FO_JAX_COMM_TIMEOUT_S seconds (default 600; 0 turns it off). The aborted
+// collectives end, so the waiting call returns (its output undefined) and the next one raises.
+cudaError_t NoteNcclCall(CommState& state, cudaStream_t stream);
 
 // Fault injection for the tests (NCCL's own detection cannot be provoked on one healthy
 // machine): while `code` (an ncclResult_t) is not ncclSuccess, the communicator of rank `rank`

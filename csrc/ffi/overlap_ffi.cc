@@ -204,6 +204,8 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   err = EnqueueGatedCollectives(*state, stream, kind, nccl_dt, args.d, out->untyped_data(), 2,
                                 args.counters, CollectiveSpans(args, kind), spin_wait, &msg);
   if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: " + msg);
+  err = NoteNcclCall(*state, stream);
+  if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: recording the call's progress event");
   return finish();
 }
 
