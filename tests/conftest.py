@@ -32,6 +32,14 @@ def cpu_mesh(shape, names) -> Mesh:
     return Mesh(np.array(cpu_devices(n)).reshape(shape), names)
 
 
+def num_gpus() -> int:
+    """How many CUDA devices JAX sees (0 without any)."""
+    try:
+        return sum(d.platform == "gpu" for d in jax.devices())
+    except RuntimeError:
+        return 0
+
+
 def gpu_devices_or_skip(n: int = 1):
     """The first n CUDA devices, or skip (fail under FO_JAX_REQUIRE_GPU=1) with the reason."""
     try:

@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import fo_jax
-from conftest import gpu_devices_or_skip
+from conftest import gpu_devices_or_skip, num_gpus
 from numerics import assert_close, random_operands
 
 pytestmark = pytest.mark.gpu
@@ -46,8 +46,10 @@ def _tp_fn(mesh, collective, data_axis=None, config=NO_FALLBACK, use_reference=F
 
 
 def _ntp():
-    n = len(gpu_devices_or_skip(2))
-    return 4 if n >= 4 else 2
+    """The tensor-parallel size of the tests: 4 where there are 4 GPUs, else 2 (or skip).
+    (gpu_devices_or_skip(2) returns the first two devices only: it does not count them.)"""
+    gpu_devices_or_skip(2)
+    return 4 if num_gpus() >= 4 else 2
 
 
 SHAPES = [  # global (M, N, K_total); per rank K = K_total / tp
@@ -315,13 +317,13 @@ def test_2x2_mesh_two_communicators(collective):
 
 
 def test_one_process_per_gpu():
-    n = len(gpu_devices_or_skip(2))
-    nproc = 4 if n >= 4 else 2
+    nproc = _ntp()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     worker = os.path.join(os.path.dirname(__file__), "multiprocess_worker.py")
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    # No preallocation: this process's JAX already holds most of every GPU's memory.
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", XLA_PYTHON_CLIENT_PREALLOCATE="false")
     env.pop("XLA_FLAGS", None)
     procs = [subprocess.Popen([sys.executable, worker, str(i), str(nproc), str(port)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -345,13 +347,13 @@ def test_one_process_per_gpu_failure():
     it raises with NCCL's message; the others, whose collectives wait for it inside NCCL, are
     freed by the progress watchdog (FO_JAX_COMM_TIMEOUT_S=5 here) and raise on a later call. No
     process hangs."""
-    n = len(gpu_devices_or_skip(2))
-    nproc = 4 if n >= 4 else 2
+    nproc = _ntp()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     worker = os.path.join(os.path.dirname(__file__), "multiprocess_failure_worker.py")
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", FO_JAX_COMM_TIMEOUT_S="5")
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", FO_JAX_COMM_TIMEOUT_S="5",
+               XLA_PYTHON_CLIENT_PREALLOCATE="false")
     env.pop("XLA_FLAGS", None)
     procs = [subprocess.Popen([sys.executable, worker, str(i), str(nproc), str(port)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
