@@ -13,8 +13,6 @@ if _flag not in os.environ.get("XLA_FLAGS", ""):
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-
-import fo_jax  # noqa: E402,F401  (before JAX starts CUDA: it sets CUDA_MODULE_LOADING, see there)
 import pytest  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
