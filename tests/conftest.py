@@ -32,20 +32,17 @@ def cpu_mesh(shape, names) -> Mesh:
     return Mesh(np.array(cpu_devices(n)).reshape(shape), names)
 
 
-def num_gpus() -> int:
-    """How many CUDA devices JAX sees (0 without any)."""
+def gpus() -> list:
+    """The CUDA devices JAX sees (none without any)."""
     try:
-        return sum(d.platform == "gpu" for d in jax.devices())
+        return [d for d in jax.devices() if d.platform == "gpu"]
     except RuntimeError:
-        return 0
+        return []
 
 
 def gpu_devices_or_skip(n: int = 1):
     """The first n CUDA devices, or skip (fail under FO_JAX_REQUIRE_GPU=1) with the reason."""
-    try:
-        devs = [d for d in jax.devices() if d.platform == "gpu"]
-    except RuntimeError:
-        devs = []
+    devs = gpus()
     if len(devs) < n:
         reason = f"needs {n} CUDA GPU(s), found {len(devs)}"
         if os.environ.get("FO_JAX_REQUIRE_GPU") == "1":

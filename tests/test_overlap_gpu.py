@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import fo_jax
-from conftest import gpu_devices_or_skip, num_gpus
+from conftest import gpu_devices_or_skip, gpus
 from numerics import assert_close, random_operands
 
 pytestmark = pytest.mark.gpu
@@ -49,7 +49,7 @@ def _ntp():
     """The tensor-parallel size of the tests: 4 where there are 4 GPUs, else 2 (or skip).
     (gpu_devices_or_skip(2) returns the first two devices only: it does not count them.)"""
     gpu_devices_or_skip(2)
-    return 4 if num_gpus() >= 4 else 2
+    return 4 if len(gpus()) >= 4 else 2
 
 
 SHAPES = [  # global (M, N, K_total); per rank K = K_total / tp
@@ -316,16 +316,19 @@ def test_2x2_mesh_two_communicators(collective):
     assert_close(out, x64 @ w64, jnp.bfloat16)
 
 
-def test_one_process_per_gpu():
+def _one_process_per_gpu(worker: str, hang: str, **env_extra) -> list:
+    """Runs tests/<worker> in one process per GPU (_ntp() of them) and returns their outputs;
+    fails with `hang` if any runs past 240 s."""
     nproc = _ntp()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    worker = os.path.join(os.path.dirname(__file__), "multiprocess_worker.py")
+    path = os.path.join(os.path.dirname(__file__), worker)
     # No preallocation: this process's JAX already holds most of every GPU's memory.
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", XLA_PYTHON_CLIENT_PREALLOCATE="false",
+               **env_extra)
     env.pop("XLA_FLAGS", None)
-    procs = [subprocess.Popen([sys.executable, worker, str(i), str(nproc), str(port)], env=env,
+    procs = [subprocess.Popen([sys.executable, path, str(i), str(nproc), str(port)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(nproc)]
     outs = []
@@ -335,10 +338,15 @@ def test_one_process_per_gpu():
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            pytest.fail("one-process-per-GPU run hung (killed after 240 s)")
-        outs.append(out)
-    for i, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"process {i} failed:\n{out[-3000:]}"
+            pytest.fail(f"{hang} (killed after 240 s)")
+        outs.append((p.returncode, out))
+    return outs
+
+
+def test_one_process_per_gpu():
+    outs = _one_process_per_gpu("multiprocess_worker.py", "one-process-per-GPU run hung")
+    for i, (returncode, out) in enumerate(outs):
+        assert returncode == 0, f"process {i} failed:\n{out[-3000:]}"
         assert "WORKER OK" in out, out[-3000:]
 
 
@@ -347,33 +355,18 @@ def test_one_process_per_gpu_failure():
     it raises with NCCL's message; the others, whose collectives wait for it inside NCCL, are
     freed by the progress watchdog (FO_JAX_COMM_TIMEOUT_S=5 here) and raise on a later call. No
     process hangs."""
-    nproc = _ntp()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    worker = os.path.join(os.path.dirname(__file__), "multiprocess_failure_worker.py")
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", FO_JAX_COMM_TIMEOUT_S="5",
-               XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    env.pop("XLA_FLAGS", None)
-    procs = [subprocess.Popen([sys.executable, worker, str(i), str(nproc), str(port)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(nproc)]
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a process hung after another one's communicator failed (killed)")
-        outs.append(out)
-    for i, out in enumerate(outs):
+    outs = _one_process_per_gpu("multiprocess_failure_worker.py",
+                                "a process hung after another one's communicator failed",
+                                FO_JAX_COMM_TIMEOUT_S="5")
+    nproc = len(outs)
+    for i, (_, out) in enumerate(outs):
         assert f"process {i}: first call done" in out, out[-3000:]
         assert f"process {i}: RAISED" in out, out[-3000:]
         if i == nproc - 1:
             assert "NCCL (asynchronous) failed" in out and "aborted" in out, out[-3000:]
         else:  # freed by the watchdog (or by NCCL's own detection of the failed peer)
             assert "no progress for 5 s" in out or "NCCL" in out, out[-3000:]
+
 
 def test_unusable_communicator_aborts_the_group():
     """An asynchronous error that leaves one rank's communicator unable to run the NCCL

@@ -93,9 +93,8 @@ std::string Create(CommState& s, const ncclUniqueId& id, const CommOptions& opti
 }  // namespace
 
 struct CommGroup {
-  std::atomic<bool> failed{false};  // fast path of CommGroupFailure
   std::mutex mu;                    // failure, members
-  std::string failure;
+  std::string failure;              // "" while healthy
   std::vector<CommState*> members;  // created states of this process (never destroyed)
 };
 
@@ -113,13 +112,8 @@ bool Injected(const CommState& s) {
          (rank < 0 || rank == s.rank);
 }
 
-// This rank's own asynchronous error as a message, "" when none.
-std::string OwnAsyncError(const CommState& s) {
-  if (Injected(s)) {
-    return NcclMessage("NCCL (asynchronous)",
-                       static_cast<ncclResult_t>(g_injected_async_error.load()), nullptr) +
-           " [injected by fo_jax's test hook]";
-  }
+// The communicator's own asynchronous error (ncclCommGetAsyncError) as a message, "" when none.
+std::string NcclAsyncError(const CommState& s) {
   if (s.aborted || s.comm == nullptr) return "";
   ncclResult_t async = ncclSuccess;
   ncclResult_t r = ncclCommGetAsyncError(s.comm, &async);
@@ -128,6 +122,27 @@ std::string OwnAsyncError(const CommState& s) {
     return NcclMessage("NCCL (asynchronous)", async, s.comm);
   }
   return "";
+}
+
+// This rank's asynchronous error, injected or NCCL's, as a message; "" when none.
+std::string OwnAsyncError(const CommState& s) {
+  if (Injected(s)) {
+    return NcclMessage("NCCL (asynchronous)",
+                       static_cast<ncclResult_t>(g_injected_async_error.load()), nullptr) +
+           " [injected by fo_jax's test hook]";
+  }
+  return NcclAsyncError(s);
+}
+
+// Fails the group with `failure` unless it failed already (the first failure is kept).
+void FailGroup(CommGroup& g, const std::string& failure) {
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (g.failure.empty()) g.failure = failure;
+}
+
+std::string Describe(const CommState& s) {
+  return "rank " + std::to_string(s.rank) + " (GPU " + std::to_string(s.device) +
+         ") of an fo_jax communicator of " + std::to_string(s.nranks) + " ranks";
 }
 
 }  // namespace
@@ -173,28 +188,16 @@ CommState* GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, 
 }
 
 std::string CommGroupFailure(CommState& s) {
-  CommGroup& g = *s.group;
   const std::string own = OwnAsyncError(s);
-  if (!own.empty()) {
-    std::lock_guard<std::mutex> lock(g.mu);
-    if (g.failure.empty()) {
-      g.failure = own + " on rank " + std::to_string(s.rank) + " (GPU " +
-                  std::to_string(s.device) + ") of an fo_jax communicator of " +
-                  std::to_string(s.nranks) + " ranks";
-      g.failed.store(true);
-    }
-  }
-  if (!g.failed.load()) return "";
-  std::lock_guard<std::mutex> lock(g.mu);
-  return g.failure;
+  if (!own.empty()) FailGroup(*s.group, own + " on " + Describe(s));
+  std::lock_guard<std::mutex> lock(s.group->mu);
+  return s.group->failure;
 }
 
 bool CommUsable(const CommState& s) {
   if (s.aborted || s.comm == nullptr) return false;
   if (Injected(s) && g_injected_broken.load(std::memory_order_relaxed)) return false;
-  ncclResult_t async = ncclSuccess;
-  return ncclCommGetAsyncError(s.comm, &async) == ncclSuccess &&
-         (async == ncclSuccess || async == ncclInProgress);
+  return NcclAsyncError(s).empty();
 }
 
 void AbortCommGroup(CommState& s) {
@@ -262,19 +265,11 @@ void CheckProgress(double timeout) {
         continue;
       }
       (void)cudaGetLastError();
-      {
-        std::lock_guard<std::mutex> lock(group->mu);
-        if (group->failure.empty()) {
-          char seconds[32];
-          std::snprintf(seconds, sizeof(seconds), "%g", timeout);
-          group->failure = std::string("no progress for ") + seconds + " s on rank " +
-                           std::to_string(m->rank) + " (GPU " + std::to_string(m->device) +
-                           ") of an fo_jax communicator of " + std::to_string(m->nranks) +
-                           " ranks: another rank failed or stopped calling "
-                           "(FO_JAX_COMM_TIMEOUT_S sets the limit)";
-          group->failed.store(true);
-        }
-      }
+      char seconds[32];
+      std::snprintf(seconds, sizeof(seconds), "%g", timeout);
+      FailGroup(*group, std::string("no progress for ") + seconds + " s on " + Describe(*m) +
+                            ": another rank failed or stopped calling (FO_JAX_COMM_TIMEOUT_S "
+                            "sets the limit)");
       AbortCommGroup(*m);
       break;
     }
@@ -325,9 +320,7 @@ void InjectAsyncErrorForTests(int code, int rank, bool broken) {
     std::lock_guard<std::mutex> members(group->mu);
     bool aborted = false;
     for (CommState* m : group->members) aborted = aborted || m->aborted;
-    if (aborted) continue;  // an aborted group stays failed
-    group->failure.clear();
-    group->failed.store(false);
+    if (!aborted) group->failure.clear();  // an aborted group stays failed
   }
 }
 
