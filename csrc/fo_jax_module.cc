@@ -91,6 +91,15 @@ NB_MODULE(_fo_jax_cuda, m) {
         },
         nb::arg("code"), nb::arg("rank") = -1, nb::arg("broken") = false);
 
+  // Diagnostics for a hang: one line per fo_jax communicator of this process (peer_transport.h).
+  m.def("debug_comm_states", []() {
+    std::vector<std::string> lines;
+    for (fo_jax::CommState* s : fo_jax::AllCommStatesForDebug()) {
+      lines.push_back(fo_jax::DescribePeerStateForDebug(*s));
+    }
+    return lines;
+  });
+
   m.def("nccl_version", []() {
     int v = 0;
     ncclGetVersion(&v);

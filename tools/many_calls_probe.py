@@ -1,27 +1,71 @@
 """Diagnostic (device machine): many back-to-back overlapped calls on every local GPU, in batches
-with progress output, to find which path stops making progress. One variant per process (a hang
-is killed by the caller's timeout). Usage: python many_calls_probe.py COLLECTIVE CALLS BATCH
-[M N K]; transport and plan overrides come from the environment (FO_JAX_CE_*, or
-FO_JAX_TRANSPORT=nccl)."""
+with progress output, to find which path stops making progress. One variant per process.
+Usage: python many_calls_probe.py COLLECTIVE[,COLLECTIVE...] CALLS BATCH [M N K].
+Environment: FO_JAX_TRANSPORT=nccl and FO_JAX_CE_* (transport and plan); PROBE_METHOD=baseline
+(XLA's dot + psum / psum_scatter instead of fo_jax: the control); PROBE_PLACED=1 (inputs placed
+on the mesh once, instead of resharded from one GPU on every call as in the tests);
+PROBE_STALL_S (default 20): with no new call dispatched or completed for that long, print the
+calls dispatched, fo_jax's per-GPU protocol state (_fo_jax_cuda.debug_comm_states) and every
+Python thread's stack, print "STALLED <pid>", wait PROBE_ATTACH_S (default 0: for a debugger
+attached from outside, tools/hang_probe.sh) and exit with status 3."""
 
 import faulthandler
 import logging
 import os
 import sys
+import threading
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import fo_jax
 
 logging.basicConfig(level=logging.WARNING)
 logging.getLogger("fo_jax").setLevel("DEBUG")  # each call's path and plan
-faulthandler.dump_traceback_later(float(os.environ.get("PROBE_DUMP_S", "40")), exit=True)
-collective, calls, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])  # a,b: both
+collective, calls, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 m, n, k = (int(a) for a in sys.argv[4:7]) if len(sys.argv) > 6 else (1024, 1024, 1024)
+method = os.environ.get("PROBE_METHOD", "fo_jax")
+placed = os.environ.get("PROBE_PLACED") == "1"
+stall_s = float(os.environ.get("PROBE_STALL_S", "20"))
+progress = {"dispatched": 0, "phase": "start", "t": time.time()}
+
+
+def _debug_states():
+    try:
+        from fo_jax import _cuda
+        for line in _cuda.module().debug_comm_states():
+            print("  state:", line, flush=True)
+    except Exception as e:  # diagnostics only
+        print("  state: unavailable:", e, flush=True)
+
+
+def _watch():
+    last = None
+    while True:
+        time.sleep(1.0)
+        now = (progress["dispatched"], progress["phase"])
+        if now != last:
+            last, progress["t"] = now, time.time()
+            continue
+        if time.time() - progress["t"] < stall_s:
+            continue
+        print(f"STALL after {stall_s:.0f} s: phase {progress['phase']}, "
+              f"{progress['dispatched']} calls dispatched in it", flush=True)
+        t = threading.Thread(target=_debug_states, daemon=True)
+        t.start()
+        t.join(20)
+        if t.is_alive():
+            print("  state: debug_comm_states itself blocked for 20 s", flush=True)
+        faulthandler.dump_traceback(all_threads=True)
+        print(f"STALLED {os.getpid()}", flush=True)
+        time.sleep(float(os.environ.get("PROBE_ATTACH_S", "0")))
+        os._exit(3)
+
+
+threading.Thread(target=_watch, daemon=True).start()
 devs = [d for d in jax.devices() if d.platform == "gpu"]
 mesh = Mesh(np.array(devs), ("tp",))
 cfg = fo_jax.OverlapConfig(allow_fallback=False,
@@ -29,16 +73,33 @@ cfg = fo_jax.OverlapConfig(allow_fallback=False,
 rng = np.random.default_rng(0)
 x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
 w = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
+in_specs = (P(None, "tp"), P("tp", None))
+if placed:
+    x, w = (jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip((x, w), in_specs))
+print(f"probe: {method}, {len(devs)} GPUs, {m}x{n}x{k}, inputs "
+      f"{'placed once' if placed else 'resharded from one GPU every call'}", flush=True)
+
+
+def _body(coll):
+    if method == "baseline":
+        if coll == "reduce_scatter":
+            return lambda a, b: jax.lax.psum_scatter(a @ b, "tp", scatter_dimension=0, tiled=True)
+        return lambda a, b: jax.lax.psum(a @ b, "tp")
+    return lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective=coll, config=cfg)
+
+
 for coll in collective.split(","):  # several: one after the other in this process
     out_spec = P("tp", None) if coll == "reduce_scatter" else P()
-    f = jax.jit(jax.shard_map(
-        lambda a, b, c=coll: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective=c,
-                                                      config=cfg),
-        mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=out_spec))
+    f = jax.jit(jax.shard_map(_body(coll), mesh=mesh, in_specs=in_specs, out_specs=out_spec))
     t0 = time.time()
     done = 0
     while done < calls:
-        outs = [f(x, w) for _ in range(batch)]
+        progress["phase"] = f"{coll} dispatch from call {done}"
+        outs = []
+        for _ in range(batch):
+            outs.append(f(x, w))
+            progress["dispatched"] += 1
+        progress["phase"] = f"{coll} block on calls {done}..{done + batch - 1}"
         jax.block_until_ready(outs)
         done += batch
         print(f"{coll}: {done} calls, {time.time() - t0:.2f} s", flush=True)

@@ -324,4 +324,13 @@ void InjectAsyncErrorForTests(int code, int rank, bool broken) {
   }
 }
 
+std::vector<CommState*> AllCommStatesForDebug() {
+  std::vector<CommState*> all;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (auto& [key, entry] : Registry()) {
+    if (entry->state) all.push_back(entry->state.get());
+  }
+  return all;
+}
+
 }  // namespace fo_jax

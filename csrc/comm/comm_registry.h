@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace fo_jax {
 
@@ -87,5 +88,8 @@ cudaError_t NoteNcclCall(CommState& state, cudaStream_t stream);
 // also counts as unusable (the abort path). Setting 0 stops it and clears the groups' failures
 // (not the aborts).
 void InjectAsyncErrorForTests(int code, int rank, bool broken);
+
+// Every communicator state this process created (never destroyed), for diagnostics.
+std::vector<CommState*> AllCommStatesForDebug();
 
 }  // namespace fo_jax

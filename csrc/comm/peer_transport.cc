@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <thread>
 #include <memory>
 
 #include "comm/stream_wait.h"
@@ -398,6 +401,46 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   if (err != cudaSuccess || !a.all_reduce) return err;
   // An all-reduce is done when every peer's summed band has landed in this rank's output.
   return WaitForPeers(p, xla_stream, kStored, P, me, e, a.spin_wait, error);
+}
+
+std::string DescribePeerStateForDebug(CommState& s) {
+  std::string text = "GPU " + std::to_string(s.device) + " rank " + std::to_string(s.rank) + "/" +
+                     std::to_string(s.nranks);
+  std::unique_lock<std::timed_mutex> lock(s.mu, std::defer_lock);
+  if (!lock.try_lock_for(std::chrono::milliseconds(200))) text += " [a call holds mu]";
+  if (!s.peer) return text + " (no copy-engine state)";
+  PeerState& p = *s.peer;
+  text += " epoch " + std::to_string(p.epoch);
+  constexpr size_t words = kSyncRegions * kMaxPeerRanks;
+  uint32_t* host = nullptr;
+  cudaStream_t stream = nullptr;
+  if (cudaSetDevice(s.device) != cudaSuccess ||
+      cudaHostAlloc(reinterpret_cast<void**>(&host), words * 4, cudaHostAllocDefault) !=
+          cudaSuccess ||
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaMemcpyAsync(host, p.sync, words * 4, cudaMemcpyDeviceToHost, stream) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return text + " (flags: CUDA call failed)";
+  }
+  bool done = false;
+  for (int i = 0; i < 100 && !done; ++i) {
+    done = cudaStreamQuery(stream) == cudaSuccess;
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!done) return text + " (flags: the copy did not finish within a second)";  // leaks host
+  auto list = [&](const char* name, PeerSyncRegion r, int n) {
+    text += std::string(" ") + name + "[";
+    for (int i = 0; i < n; ++i) text += (i ? "," : "") + std::to_string(host[r * kMaxPeerRanks + i]);
+    text += "]";
+  };
+  const int P = s.nranks;
+  list("arrived", kArrived, std::min(4 * kMaxPeerRanks, 4 * (P - 1)));
+  list("acked", kRecvAcked, P);
+  list("stored", kStored, P);
+  list("out_ready", kOutReady, P);
+  (void)cudaStreamDestroy(stream);
+  (void)cudaFreeHost(host);
+  return text;
 }
 
 }  // namespace fo_jax

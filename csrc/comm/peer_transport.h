@@ -132,4 +132,10 @@ std::string PreparePeerTransport(CommState& state, size_t recv_bytes);
 cudaError_t EnqueuePeerCollective(CommState& state, cudaStream_t xla_stream,
                                   const PeerCollectiveArgs& args, std::string* error);
 
+// Diagnostics for a hang (tools/many_calls_probe.py), as one line of text: the rank, whether a
+// call holds state.mu now (a host thread stuck inside the handler), the number of calls enqueued
+// (epoch) and the flags as the GPU holds them, read by a copy on a stream of this function's own
+// (given up after a second: a stuck GPU may not serve it).
+std::string DescribePeerStateForDebug(CommState& state);
+
 }  // namespace fo_jax

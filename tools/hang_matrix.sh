@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Diagnostic (device machine, after `tools/gpu_run.sh info` installed fo_jax in /tmp/site): the
+# many-calls probe in the variants that separate the causes of the TP=4 hang (benchmarks/NOTES.md
+# §11-12), each in its own process, logs in $OUT/hang_<tag>.log. VARIANTS picks tags (default all).
+set -uo pipefail
+R=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+cd /tmp
+probe="python3 $R/tools/many_calls_probe.py"
+declare -A cmd=(
+  [base_reshard]="env PROBE_METHOD=baseline $probe reduce_scatter,all_reduce 1000 1000"
+  [ar_reshard]="$probe all_reduce 1000 1000"
+  [rs_ar_placed]="env PROBE_PLACED=1 $probe reduce_scatter,all_reduce 1000 1000"
+  [nccl_reshard]="env FO_JAX_TRANSPORT=nccl $probe reduce_scatter,all_reduce 1000 1000"
+  [rs_ar_reshard]="$probe reduce_scatter,all_reduce 1000 1000"
+  [rs_ar_reshard_gdb]="$probe reduce_scatter,all_reduce 1000 1000"
+)
+for tag in ${VARIANTS:-base_reshard ar_reshard rs_ar_placed nccl_reshard rs_ar_reshard_gdb}; do
+  echo "--- $tag"
+  gdb=0; [[ $tag == *_gdb ]] && gdb=1
+  limit=${LIMIT:-100}; (( gdb )) && limit=240
+  HANG_GDB=$gdb bash "$R/tools/hang_probe.sh" "$OUT/hang_$tag.log" "$limit" ${cmd[$tag]}
+done
