@@ -20,6 +20,20 @@ from numerics import assert_close, random_operands
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture(autouse=True)
+def _protocol_state_after_each_test():
+    """Diagnostics (FO_JAX_DEBUG_STATES=1, with -s): after each test, every fo_jax communicator's
+    call count (epoch) and copy-engine flags, one line per GPU (peer_transport.h): the ranks of
+    a group must agree on the epoch."""
+    yield
+    if os.environ.get("FO_JAX_DEBUG_STATES") == "1" and fo_jax.cuda_module_available():
+        from fo_jax import _cuda
+
+        for line in _cuda.module().debug_comm_states():
+            print("\n  state:", line, end="")
+        print()
+
+
 def _mesh(n, shape=None, names=("tp",)):
     devs = gpu_devices_or_skip(n)
     assert fo_jax.cuda_module_available(), "GPU present but the CUDA module is not built"
