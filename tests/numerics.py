@@ -32,3 +32,37 @@ def assert_close(out, ref, dtype, factor: float = 1.0):
     err = rel_err(out, ref)
     tol = REL_TOL[jnp.dtype(dtype)] * factor
     assert err <= tol, f"relative error {err:.3e} > {tol:.1e} ({jnp.dtype(dtype)})"
+
+
+def explain_mismatch(got, x64, w64, tp: int, block_rows: int = 128) -> str:
+    """For a wrong [M, N] product of x64[M, K] @ w64[K, N] summed over `tp` ranks (rank q owns
+    K-slice q): per band of M / tp rows (rank b's share), the relative error, the bad blocks of
+    `block_rows` rows, and the rank whose partial product, missing or counted twice, best explains
+    the bad rows (a collective that read a part too early or twice shows up as one of those)."""
+    got = np.asarray(got, np.float64)
+    k = x64.shape[1] // tp
+    parts = [x64[:, q * k:(q + 1) * k] @ w64[q * k:(q + 1) * k] for q in range(tp)]
+    expect = sum(parts)
+    scale = float(np.abs(expect).max())
+    band = got.shape[0] // tp
+    lines = []
+    for b in range(tp):
+        rows = np.arange(b * band, (b + 1) * band)
+        d = got[rows] - expect[rows]
+        if not np.all(np.isfinite(d)):
+            lines.append(f"band {b}: NaN/Inf")
+            continue
+        bad = [i for i in range(0, band, block_rows)
+               if np.abs(d[i:i + block_rows]).max() / scale > 0.02]
+        if not bad:
+            continue
+        sel = np.concatenate([np.arange(i, min(i + block_rows, band)) for i in bad])
+        cands = {}
+        for q in range(tp):
+            cands[f"rank {q}'s part missing"] = np.abs(d[sel] + parts[q][rows][sel]).max() / scale
+            cands[f"rank {q}'s part twice"] = np.abs(d[sel] - parts[q][rows][sel]).max() / scale
+        best = min(cands, key=cands.get)
+        lines.append(f"band {b}: max error {np.abs(d).max() / scale:.3g} of max|ref|, bad "
+                     f"{block_rows}-row blocks at rows {bad}; best fit: {best} (residual "
+                     f"{cands[best]:.3g})")
+    return "; ".join(lines) or "no band off by more than 2% of max|ref|"

@@ -15,7 +15,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 import fo_jax
 from conftest import gpu_devices_or_skip, gpus
-from numerics import assert_close, random_operands
+from numerics import REL_TOL, assert_close, explain_mismatch, random_operands, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -112,6 +112,21 @@ def _assert_every_copy_close(out, expect64, dtype, factor=1.0):
                      factor=factor)
 
 
+def _assert_all_calls_close(outs, x64, w64, tp, collective, dtype=jnp.bfloat16):
+    """Every call's result (every GPU's copy of an all-reduce) against the float64 product; a
+    failure names the calls and, per GPU copy, the bands and rows that are off and the rank's
+    partial product that explains them (numerics.explain_mismatch)."""
+    expect = x64 @ w64
+    problems = []
+    for i, out in enumerate(outs):
+        copies = ([np.asarray(s.data.astype(jnp.float32)) for s in out.addressable_shards]
+                  if collective == "all_reduce" else [np.asarray(out.astype(jnp.float32))])
+        for c, got in enumerate(copies):
+            if rel_err(got, expect) > REL_TOL[jnp.dtype(dtype)]:
+                problems.append(f"call {i} copy {c}: {explain_mismatch(got, x64, w64, tp)}")
+    assert not problems, f"{len(problems)} wrong results: " + " | ".join(problems[:8])
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
 def test_transports_agree(collective, dtype):
@@ -161,8 +176,7 @@ def test_copy_engine_all_reduce_rounds(rounds):
     f = _tp_fn(mesh, "all_reduce", config=cfg)
     outs = [f(x, w) for _ in range(20)]
     jax.block_until_ready(outs)
-    for out in (outs[0], outs[-1]):
-        _assert_every_copy_close(out, x64 @ w64, jnp.bfloat16)
+    _assert_all_calls_close(outs, x64, w64, tp, "all_reduce")
 
 
 @pytest.mark.parametrize("parts,split_sum", [(1, "0"), (2, "1"), (3, "0"), (4, "1")])
@@ -190,12 +204,7 @@ def test_copy_engine_group_partitions(collective, parts, split_sum, monkeypatch)
     f = _tp_fn(mesh, collective, config=cfg)
     outs = [f(x, w) for _ in range(20)]
     jax.block_until_ready(outs)
-    expect = x64 @ w64
-    for out in (outs[0], outs[-1]):
-        if collective == "all_reduce":
-            _assert_every_copy_close(out, expect, jnp.bfloat16)
-        else:
-            assert_close(out, expect, jnp.bfloat16)
+    _assert_all_calls_close(outs, x64, w64, tp, collective)
 
 
 def test_copy_engine_shapes_change_between_calls():
