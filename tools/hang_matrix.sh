@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Diagnostic (device machine, after `tools/gpu_run.sh info` installed fo_jax in /tmp/site): the
 # many-calls probe in the variants that separate the causes of the TP=4 hang (benchmarks/NOTES.md
-# §11-12), each in its own process, logs in $OUT/hang_<tag>.log. VARIANTS picks tags (default all).
+# §11-12), each in its own process, logs in $OUT/hang_<tag>.log. VARIANTS picks tags (default: the
+# first five; a tag ending in _gdb attaches cuda-gdb on a stall).
 set -uo pipefail
 R=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -14,6 +15,12 @@ declare -A cmd=(
   [nccl_reshard]="env FO_JAX_TRANSPORT=nccl $probe reduce_scatter,all_reduce 1000 1000"
   [rs_ar_reshard]="$probe reduce_scatter,all_reduce 1000 1000"
   [rs_ar_reshard_gdb]="$probe reduce_scatter,all_reduce 1000 1000"
+  # Deliberate disruptions with calls in flight (NOTES §12): placed inputs and a GEMM long
+  # enough (per GPU 8192x8192x2048, ~0.4 ms) that the host runs ahead and work waits on peers.
+  [newkernel_lazy_gdb]="env PROBE_PLACED=1 PROBE_DISRUPT=newkernel $probe reduce_scatter,all_reduce 200 100 8192 8192 8192"
+  [newkernel_eager]="env CUDA_MODULE_LOADING=EAGER PROBE_PLACED=1 PROBE_DISRUPT=newkernel $probe reduce_scatter,all_reduce 200 100 8192 8192 8192"
+  [unload_lazy]="env PROBE_PLACED=1 PROBE_DISRUPT=unload $probe reduce_scatter,all_reduce 200 100 8192 8192 8192"
+  [unload_eager]="env CUDA_MODULE_LOADING=EAGER PROBE_PLACED=1 PROBE_DISRUPT=unload $probe reduce_scatter,all_reduce 200 100 8192 8192 8192"
 )
 for tag in ${VARIANTS:-base_reshard ar_reshard rs_ar_placed nccl_reshard rs_ar_reshard_gdb}; do
   echo "--- $tag"

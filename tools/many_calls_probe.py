@@ -4,7 +4,12 @@ Usage: python many_calls_probe.py COLLECTIVE[,COLLECTIVE...] CALLS BATCH [M N K]
 Environment: FO_JAX_TRANSPORT=nccl and FO_JAX_CE_* (transport and plan); PROBE_METHOD=baseline
 (XLA's dot + psum / psum_scatter instead of fo_jax: the control); PROBE_PLACED=1 (inputs placed
 on the mesh once, instead of resharded from one GPU on every call as in the tests);
-PROBE_STALL_S (default 20): with no new call dispatched or completed for that long, print the
+PROBE_DISRUPT=newkernel|unload|none:
+halfway through every batch, with calls in flight, run a jitted function compiled beforehand
+but never run (its kernel's first launch: a lazy module load under CUDA_MODULE_LOADING=LAZY), or
+destroy an executable that ran before (a module unload), the two ways a host thread can wait
+for a GPU to drain while other threads still have to enqueue the peers' parts of a call
+(benchmarks/NOTES.md §12); PROBE_STALL_S (default 20): with no new call dispatched or completed for that long, print the
 calls dispatched, fo_jax's per-GPU protocol state (_fo_jax_cuda.debug_comm_states) and every
 Python thread's stack, print "STALLED <pid>", wait PROBE_ATTACH_S (default 0: for a debugger
 attached from outside, tools/hang_probe.sh) and exit with status 3."""
@@ -29,6 +34,7 @@ collective, calls, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 m, n, k = (int(a) for a in sys.argv[4:7]) if len(sys.argv) > 6 else (1024, 1024, 1024)
 method = os.environ.get("PROBE_METHOD", "fo_jax")
 placed = os.environ.get("PROBE_PLACED") == "1"
+disrupt = os.environ.get("PROBE_DISRUPT", "none")
 stall_s = float(os.environ.get("PROBE_STALL_S", "20"))
 progress = {"dispatched": 0, "phase": "start", "t": time.time()}
 
@@ -77,7 +83,36 @@ in_specs = (P(None, "tp"), P("tp", None))
 if placed:
     x, w = (jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip((x, w), in_specs))
 print(f"probe: {method}, {len(devs)} GPUs, {m}x{n}x{k}, inputs "
-      f"{'placed once' if placed else 'resharded from one GPU every call'}", flush=True)
+      f"{'placed once' if placed else 'resharded from one GPU every call'}, disruption "
+      f"{disrupt}, CUDA_MODULE_LOADING={os.environ.get('CUDA_MODULE_LOADING', '(unset)')}",
+      flush=True)
+
+
+_spare = {"n": 0}
+
+
+def _prepare_disruption():
+    """A fresh compiled-but-never-run function (newkernel) or a run-once executable to drop
+    (unload), for one disruption."""
+    _spare["n"] += 1
+    y = jnp.full((4096,), float(_spare["n"]), jnp.float32)
+    g = jax.jit(lambda v, c=_spare["n"]: jnp.sin(v * (c + 0.5)) + c).lower(y).compile()
+    if disrupt == "unload":
+        jax.block_until_ready(g(y))
+    return [g, y]
+
+
+def _disrupt(prepared):
+    """Runs or drops the prepared executable; `prepared` (the only other reference) is emptied."""
+    g, y = prepared
+    prepared.clear()
+    if disrupt == "newkernel":
+        g(y)  # not waited for
+    elif disrupt == "unload":
+        del g
+        import gc
+
+        gc.collect()
 
 
 def _body(coll):
@@ -96,9 +131,14 @@ for coll in collective.split(","):  # several: one after the other in this proce
     while done < calls:
         progress["phase"] = f"{coll} dispatch from call {done}"
         outs = []
-        for _ in range(batch):
+        prepared = _prepare_disruption() if disrupt != "none" else None
+        for i in range(batch):
             outs.append(f(x, w))
             progress["dispatched"] += 1
+            if prepared is not None and i == batch // 2:
+                progress["phase"] += f" (disrupted: {disrupt} after call {done + i})"
+                _disrupt(prepared)
+                prepared = None
         progress["phase"] = f"{coll} block on calls {done}..{done + batch - 1}"
         jax.block_until_ready(outs)
         done += batch
