@@ -4,7 +4,7 @@
 # steps. Logs and result files go to $OUT. NVLink multicast stays off.
 # Steps: info smoke test-gemm test-overlap test-autodiff train bench-gemm bench-overlap
 #        bench-overlap-quick bench-overlap-sweep bench-cli tune diag-overlap selftest probe ce-probe
-#        p2p-probe
+#        p2p-probe ctx-lock-probe
 #        profile-gemm profile-overlap overlap-configs smi-start smi-stop (GPU clock/power sampling).
 # Knobs (env): FO_JAX_COMMIT (required), SHAPES, COLLS, CONFIGS (G:SM:C[:GEMM_CONFIG] ...), TAG,
 #        GEMM_SHAPES, CE_SHAPES (MxNxK ... for ce-probe and p2p-probe), FO_JAX_REQUIRE_GPU=0 (skip tests
@@ -73,6 +73,11 @@ for step in "$@"; do
             --configs ${CONFIGS:-} --out "$OUT" 2>&1 | tee -a "$OUT/profile_overlap.log" || rc=1
           mv "$OUT"/overlap_profile_tp*_????-??-??.jsonl "$OUT/overlap_profile_$shape.jsonl" 2>/dev/null; done;;
     bench-overlap-sweep) python3 "$R/benchmarks/bench_overlap.py" --sweep --out "$OUT" 2>&1 | tail -22 || rc=1;;
+    ctx-lock-probe) build_probe ctx_lock_probe  # NOTES §12: does a peer's enqueue wait for GPU 0's lock?
+          for blocker in none first_launch unload free sync; do for peer in copy_then_flag flag_only kernel_flag; do
+            timeout 20 /tmp/ctx_lock_probe $blocker $peer 2>&1 | tail -12 | tee -a "$OUT/ctx_lock_probe.log" | grep RESULT; done; done
+          for peer in copy_then_flag kernel_flag; do
+            CUDA_MODULE_LOADING=EAGER timeout 20 /tmp/ctx_lock_probe first_launch $peer 2>&1 | tail -12 | tee -a "$OUT/ctx_lock_probe.log" | grep RESULT; done;;
     ce-probe) build_probe ce_rs_probe
           NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL NCCL_DEBUG_FILE=/tmp/nccl_dbg.%p \
             /tmp/ce_rs_probe 8192 8192 2048 --check-only > "$OUT/ce_rs_probe_check.log" 2>&1 || rc=1
