@@ -74,7 +74,7 @@ for step in "$@"; do
           mv "$OUT"/overlap_profile_tp*_????-??-??.jsonl "$OUT/overlap_profile_$shape.jsonl" 2>/dev/null; done;;
     bench-overlap-sweep) python3 "$R/benchmarks/bench_overlap.py" --sweep --out "$OUT" 2>&1 | tail -22 || rc=1;;
     ctx-lock-probe) build_probe ctx_lock_probe  # NOTES §12: does a peer's enqueue wait for GPU 0's lock?
-          for blocker in none first_launch unload free sync; do for peer in copy_then_flag flag_only kernel_flag; do
+          for blocker in none first_launch unload free sync; do for peer in copy_then_flag flag_only kernel_flag pull peer_wait; do
             timeout 20 /tmp/ctx_lock_probe $blocker $peer 2>&1 | tail -12 | tee -a "$OUT/ctx_lock_probe.log" | grep RESULT; done; done
           for peer in copy_then_flag kernel_flag; do
             CUDA_MODULE_LOADING=EAGER timeout 20 /tmp/ctx_lock_probe first_launch $peer 2>&1 | tail -12 | tee -a "$OUT/ctx_lock_probe.log" | grep RESULT; done;;

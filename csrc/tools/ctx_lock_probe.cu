@@ -20,7 +20,10 @@
 //   PEER:    copy_then_flag (cudaMemcpyAsync GPU 1 -> GPU 0, then cuStreamWriteValue32 to the
 //            flag in GPU 0's memory, both on a GPU 1 stream: the transport's pattern) |
 //            flag_only (the stream write alone) | kernel_flag (a GPU 1 kernel stores the flag
-//            through the peer pointer: NCCL's pattern)
+//            through the peer pointer: NCCL's pattern) | pull (cudaMemcpyAsync GPU 0 -> GPU 1
+//            memory on a GPU 1 stream, then kernel_flag) | peer_wait (cuStreamWaitValue32 on a
+//            GPU 1 stream for a word in GPU 0's memory that is already set, then kernel_flag):
+//            the last two are the calls a receiver-driven (pull) transport would make
 // Under CUDA_MODULE_LOADING=EAGER first_launch has nothing to load (the control).
 #include <atomic>
 #include <chrono>
@@ -94,8 +97,9 @@ int main(int argc, char** argv) {
   // GPU 0: flag, a buffer to free, a library to unload, the spin kernel loaded now.
   CK(cudaSetDevice(0));
   uint32_t *flag = nullptr, *scratch0 = nullptr, *spare = nullptr;
-  CK(cudaMalloc(&flag, 4));
+  CK(cudaMalloc(&flag, 8));
   CK(cudaMemset(flag, 0, 4));
+  CK(cudaMemset(flag + 1, 0xff, 4));  // flag[1]: already set (peer_wait)
   CK(cudaMalloc(&scratch0, 1 << 20));
   CK(cudaMalloc(&spare, 1 << 20));
   cudaLibrary_t lib = nullptr;
@@ -153,6 +157,17 @@ int main(int argc, char** argv) {
       Step("peer: cudaMemcpyAsync GPU 1 -> GPU 0 memory on a GPU 1 stream ...");
       CK(cudaMemcpyAsync(scratch0, src1, 1 << 20, cudaMemcpyDeviceToDevice, s1));
       Step("peer: cudaMemcpyAsync returned");
+    } else if (peer == "pull") {
+      Step("peer: cudaMemcpyAsync GPU 0 -> GPU 1 memory on a GPU 1 stream ...");
+      CK(cudaMemcpyAsync(src1, scratch0, 1 << 20, cudaMemcpyDeviceToDevice, s1));
+      Step("peer: cudaMemcpyAsync returned");
+    } else if (peer == "peer_wait") {
+      Step("peer: cuStreamWaitValue32 on a GPU 1 stream for a GPU 0 word ...");
+      if (fo_jax::EnqueueWaitGeq(s1, flag + 1, 1, false, &err) != cudaSuccess) {
+        std::printf("wait value: %s\n", err.c_str());
+        std::_Exit(2);
+      }
+      Step("peer: cuStreamWaitValue32 returned");
     }
     if (peer == "copy_then_flag" || peer == "flag_only") {
       Step("peer: cuStreamWriteValue32 to GPU 0's flag on a GPU 1 stream ...");
@@ -161,7 +176,7 @@ int main(int argc, char** argv) {
         std::_Exit(2);
       }
       Step("peer: cuStreamWriteValue32 returned");
-    } else if (peer == "kernel_flag") {
+    } else {  // kernel_flag, pull, peer_wait
       Step("peer: GPU 1 kernel storing GPU 0's flag ...");
       StoreFlag<<<1, 1, 0, s1>>>(flag, 1);
       CK(cudaGetLastError());
