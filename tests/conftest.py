@@ -54,42 +54,19 @@ def gpu_devices_or_skip(n: int = 1):
 # Diagnostics for hangs on the device machine (tools/hang_probe.sh): with FO_JAX_TEST_STALL_S set,
 # a test running longer than that prints fo_jax's per-GPU protocol state and every Python
 # thread's stack, then "STALLED <pid>" (the wrapper attaches a debugger), and the process exits.
-_stall_s = float(os.environ.get("FO_JAX_TEST_STALL_S", "0") or 0)
-_current = {"name": None, "since": 0.0}
+_current_test = [None]
 
 
 def pytest_runtest_setup(item):
-    _current["name"], _current["since"] = item.nodeid, __import__("time").time()
+    _current_test[0] = item.nodeid
 
 
-if _stall_s > 0:
-    import faulthandler
-    import threading
-    import time
+def pytest_configure(config):
+    stall_s = float(os.environ.get("FO_JAX_TEST_STALL_S", "0") or 0)
+    if stall_s > 0:
+        from fo_jax import _diagnostics
 
-    def _stall_watch():
-        while True:
-            time.sleep(1.0)
-            name, since = _current["name"], _current["since"]
-            if name is None or time.time() - since < _stall_s:
-                continue
-            print(f"\nSTALL: {name} running for {_stall_s:.0f} s", flush=True)
-
-            def states():
-                try:
-                    from fo_jax import _cuda
-
-                    for line in _cuda.module().debug_comm_states():
-                        print("  state:", line, flush=True)
-                except Exception as e:  # diagnostics only
-                    print("  state: unavailable:", e, flush=True)
-
-            t = threading.Thread(target=states, daemon=True)
-            t.start()
-            t.join(20)
-            faulthandler.dump_traceback(all_threads=True)
-            print(f"STALLED {os.getpid()}", flush=True)
-            time.sleep(float(os.environ.get("PROBE_ATTACH_S", "0")))
-            os._exit(3)
-
-    threading.Thread(target=_stall_watch, daemon=True).start()
+        capture = config.pluginmanager.getplugin("capturemanager")  # the report must be seen
+        _diagnostics.watch_for_stall(
+            lambda: _current_test[0], stall_s, lambda: f"{_current_test[0]} still running",
+            before_report=lambda: capture and capture.suspend_global_capture(in_=False))

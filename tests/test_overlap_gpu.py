@@ -27,11 +27,10 @@ def _protocol_state_after_each_test():
     a group must agree on the epoch."""
     yield
     if os.environ.get("FO_JAX_DEBUG_STATES") == "1" and fo_jax.cuda_module_available():
-        from fo_jax import _cuda
+        from fo_jax import _diagnostics
 
-        for line in _cuda.module().debug_comm_states():
-            print("\n  state:", line, end="")
         print()
+        _diagnostics.print_comm_states()
 
 
 def _mesh(n, shape=None, names=("tp",)):

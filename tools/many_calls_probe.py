@@ -4,21 +4,17 @@ Usage: python many_calls_probe.py COLLECTIVE[,COLLECTIVE...] CALLS BATCH [M N K]
 Environment: FO_JAX_TRANSPORT=nccl and FO_JAX_CE_* (transport and plan); PROBE_METHOD=baseline
 (XLA's dot + psum / psum_scatter instead of fo_jax: the control); PROBE_PLACED=1 (inputs placed
 on the mesh once, instead of resharded from one GPU on every call as in the tests);
-PROBE_DISRUPT=newkernel|unload|none:
-halfway through every batch, with calls in flight, run a jitted function compiled beforehand
-but never run (its kernel's first launch: a lazy module load under CUDA_MODULE_LOADING=LAZY), or
-destroy an executable that ran before (a module unload), the two ways a host thread can wait
-for a GPU to drain while other threads still have to enqueue the peers' parts of a call
-(benchmarks/NOTES.md §12); PROBE_STALL_S (default 20): with no new call dispatched or completed for that long, print the
-calls dispatched, fo_jax's per-GPU protocol state (_fo_jax_cuda.debug_comm_states) and every
-Python thread's stack, print "STALLED <pid>", wait PROBE_ATTACH_S (default 0: for a debugger
-attached from outside, tools/hang_probe.sh) and exit with status 3."""
+PROBE_DISRUPT=newkernel|unload|none: halfway through every batch, with calls in flight, run a
+jitted function compiled beforehand but never run (its kernel's first launch: a lazy module load
+under CUDA_MODULE_LOADING=LAZY), or destroy an executable that ran before (a module unload), two
+ways a host thread can wait for a GPU to drain while other threads still have to enqueue the
+peers' parts of a call (benchmarks/NOTES.md §12); PROBE_STALL_S (default 20): with no new call
+dispatched or batch completed for that long, fo_jax._diagnostics.watch_for_stall reports and
+ends the process (tools/hang_probe.sh attaches a debugger first)."""
 
-import faulthandler
 import logging
 import os
 import sys
-import threading
 import time
 
 import jax
@@ -27,6 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import fo_jax
+from fo_jax import _diagnostics
 
 logging.basicConfig(level=logging.WARNING)
 logging.getLogger("fo_jax").setLevel("DEBUG")  # each call's path and plan
@@ -36,42 +33,10 @@ method = os.environ.get("PROBE_METHOD", "fo_jax")
 placed = os.environ.get("PROBE_PLACED") == "1"
 disrupt = os.environ.get("PROBE_DISRUPT", "none")
 stall_s = float(os.environ.get("PROBE_STALL_S", "20"))
-progress = {"dispatched": 0, "phase": "start", "t": time.time()}
-
-
-def _debug_states():
-    try:
-        from fo_jax import _cuda
-        for line in _cuda.module().debug_comm_states():
-            print("  state:", line, flush=True)
-    except Exception as e:  # diagnostics only
-        print("  state: unavailable:", e, flush=True)
-
-
-def _watch():
-    last = None
-    while True:
-        time.sleep(1.0)
-        now = (progress["dispatched"], progress["phase"])
-        if now != last:
-            last, progress["t"] = now, time.time()
-            continue
-        if time.time() - progress["t"] < stall_s:
-            continue
-        print(f"STALL after {stall_s:.0f} s: phase {progress['phase']}, "
-              f"{progress['dispatched']} calls dispatched in it", flush=True)
-        t = threading.Thread(target=_debug_states, daemon=True)
-        t.start()
-        t.join(20)
-        if t.is_alive():
-            print("  state: debug_comm_states itself blocked for 20 s", flush=True)
-        faulthandler.dump_traceback(all_threads=True)
-        print(f"STALLED {os.getpid()}", flush=True)
-        time.sleep(float(os.environ.get("PROBE_ATTACH_S", "0")))
-        os._exit(3)
-
-
-threading.Thread(target=_watch, daemon=True).start()
+progress = {"dispatched": 0, "phase": "start"}
+_diagnostics.watch_for_stall(
+    lambda: (progress["dispatched"], progress["phase"]), stall_s,
+    lambda: f"phase {progress['phase']}, {progress['dispatched']} calls dispatched in all")
 devs = [d for d in jax.devices() if d.platform == "gpu"]
 mesh = Mesh(np.array(devs), ("tp",))
 cfg = fo_jax.OverlapConfig(allow_fallback=False,

@@ -434,7 +434,7 @@ std::string DescribePeerStateForDebug(CommState& s) {
     text += "]";
   };
   const int P = s.nranks;
-  list("arrived", kArrived, std::min(4 * kMaxPeerRanks, 4 * (P - 1)));
+  list("arrived", kArrived, 4 * (P - 1));  // every slot rounds <= 4 can use
   list("acked", kRecvAcked, P);
   list("stored", kStored, P);
   list("out_ready", kOutReady, P);
