@@ -73,11 +73,14 @@ for step in "$@"; do
             --configs ${CONFIGS:-} --out "$OUT" 2>&1 | tee -a "$OUT/profile_overlap.log" || rc=1
           mv "$OUT"/overlap_profile_tp*_????-??-??.jsonl "$OUT/overlap_profile_$shape.jsonl" 2>/dev/null; done;;
     bench-overlap-sweep) python3 "$R/benchmarks/bench_overlap.py" --sweep --out "$OUT" 2>&1 | tail -22 || rc=1;;
-    ctx-lock-probe) build_probe ctx_lock_probe  # NOTES §12: does a peer's enqueue wait for GPU 0's lock?
-          for blocker in none first_launch unload free sync; do for peer in copy_then_flag flag_only kernel_flag pull peer_wait; do
-            timeout 20 /tmp/ctx_lock_probe $blocker $peer 2>&1 | tail -12 | tee -a "$OUT/ctx_lock_probe.log" | grep RESULT; done; done
-          for peer in copy_then_flag kernel_flag; do
-            CUDA_MODULE_LOADING=EAGER timeout 20 /tmp/ctx_lock_probe first_launch $peer 2>&1 | tail -12 | tee -a "$OUT/ctx_lock_probe.log" | grep RESULT; done;;
+    ctx-lock-probe) build_probe ctx_lock_probe  # NOTES §12-13: which enqueue calls can a GPU 0 drain block?
+          for blocker in ${BLOCKERS:-none free malloc free_host host_alloc first_launch load_globals unload_globals graph_destroy sync}; do
+            for peer in ${PEERS:-memcpy dtod peer_ctx batch graph graph_update local kernel_copy flag_only kernel_flag}; do
+              timeout 20 /tmp/ctx_lock_probe $blocker $peer >> "$OUT/ctx_lock_probe.log" 2>&1
+              echo "$blocker $peer: $(tail -1 "$OUT/ctx_lock_probe.log")"; done; done
+          for blocker in first_launch load_globals; do
+            CUDA_MODULE_LOADING=EAGER timeout 20 /tmp/ctx_lock_probe $blocker memcpy >> "$OUT/ctx_lock_probe.log" 2>&1
+            echo "EAGER $blocker memcpy: $(tail -1 "$OUT/ctx_lock_probe.log")"; done;;
     ce-probe) build_probe ce_rs_probe
           NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL NCCL_DEBUG_FILE=/tmp/nccl_dbg.%p \
             /tmp/ce_rs_probe 8192 8192 2048 --check-only > "$OUT/ce_rs_probe_check.log" 2>&1 || rc=1

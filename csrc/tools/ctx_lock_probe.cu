@@ -3,27 +3,33 @@
 //
 // The suspected hang: GPU 0 holds work that waits for a peer's copy (a band sum waiting for its
 // arrival flag); another host thread makes a CUDA call that waits for GPU 0 to drain while it
-// holds GPU 0's context lock (a kernel's first launch under lazy module loading, a module
-// unload, cudaFree); the peer's host thread then has to enqueue that very copy into GPU 0's
-// memory, and if the enqueue needs GPU 0's lock, nothing moves again. NCCL's kernels never
-// name a peer in an API call, fo_jax's copy-engine transport does (cudaMemcpyAsync and
-// cuStreamWriteValue32 into peer memory).
+// holds a driver lock (cudaFree, a module load or unload, ...); the peer's host thread then has
+// to enqueue that very copy, and if the enqueue needs that lock, nothing moves again. NCCL's
+// kernels never name a peer in an API call; fo_jax's copy-engine transport did (cudaMemcpyAsync
+// into peer memory, cuStreamWriteValue32 of flags in peer memory).
 //
 // One case per process (a deadlock leaves a kernel spinning; the process exits and the driver
 // ends it): GPU 0 runs a kernel spinning on a flag in its memory; the "blocker" thread starts
 // the disruption on GPU 0 and should sit in it; then the "peer" thread (GPU 1) makes the calls
 // that release the spin. Each step prints when it returns; a watchdog ends the process after
-// 10 s with the step that did not return.
+// 6 s with the step that did not return.
 //   ctx_lock_probe BLOCKER PEER
-//   BLOCKER: none | first_launch (a kernel never launched before) | unload (a loaded library) |
-//            free (cudaFree of a GPU 0 buffer) | sync (cudaDeviceSynchronize on GPU 0)
-//   PEER:    copy_then_flag (cudaMemcpyAsync GPU 1 -> GPU 0, then cuStreamWriteValue32 to the
-//            flag in GPU 0's memory, both on a GPU 1 stream: the transport's pattern) |
-//            flag_only (the stream write alone) | kernel_flag (a GPU 1 kernel stores the flag
-//            through the peer pointer: NCCL's pattern) | pull (cudaMemcpyAsync GPU 0 -> GPU 1
-//            memory on a GPU 1 stream, then kernel_flag) | peer_wait (cuStreamWaitValue32 on a
-//            GPU 1 stream for a word in GPU 0's memory that is already set, then kernel_flag):
-//            the last two are the calls a receiver-driven (pull) transport would make
+//   BLOCKER (on GPU 0, from another thread): none | free (cudaFree) | malloc (cudaMalloc) |
+//     free_host (cudaFreeHost of pinned memory) | host_alloc (cudaHostAlloc) | first_launch (a
+//     kernel never launched before) | load_globals / unload_globals (a library whose module has
+//     an initialised global) | graph_destroy (cudaGraphExecDestroy of a launched graph) | sync
+//     (cudaDeviceSynchronize)
+//   PEER (GPU 1's thread; every case ends by setting the flag in GPU 0's memory):
+//     memcpy (cudaMemcpyAsync GPU 1 -> GPU 0 on a GPU 1 stream, then cuStreamWriteValue32 of the
+//       flag: the transport's pattern until session 9) | dtod (cuMemcpyDtoDAsync) | peer_ctx
+//       (cuMemcpyPeerAsync, explicit contexts) | batch (cudaMemcpyBatchAsync) | graph (launch of a
+//       graph instantiated beforehand whose memcpy node makes the same copy) | graph_update
+//       (cudaGraphExecMemcpyNodeSetParams1D on it, then the launch) | local (cudaMemcpyAsync
+//       within GPU 1) | kernel_copy (a GPU 1 kernel copies through the peer pointer) |
+//       flag_only (the stream write alone) | kernel_flag (a GPU 1 kernel stores the flag through
+//       the peer pointer: NCCL's pattern)
+//     all followed by the stream write of the flag except kernel_copy / kernel_flag / local (a
+//     kernel store).
 // Under CUDA_MODULE_LOADING=EAGER first_launch has nothing to load (the control).
 #include <atomic>
 #include <chrono>
@@ -32,6 +38,8 @@
 #include <cstring>
 #include <string>
 #include <thread>
+
+#include <cuda.h>
 
 #include "comm/stream_wait.h"
 #include "tool_common.cuh"
@@ -62,13 +70,34 @@ __global__ void StoreFlag(uint32_t* flag, uint32_t value) {
   *reinterpret_cast<volatile uint32_t*>(flag) = value;
 }
 
-// A tiny library to load now and unload during the spin (unload).
+__global__ void CopyWords(uint32_t* dst, const uint32_t* src, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    dst[i] = src[i];
+  }
+}
+
+// A small library with an initialised global (XLA's modules carry constants this way).
 const char* kPtx = R"(
 .version 8.0
 .target sm_90
 .address_size 64
+.visible .global .align 4 .b32 table[4] = {1, 2, 3, 4};
 .visible .entry noop() { ret; }
 )";
+
+template <typename Fn>
+Fn Driver(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &status) !=
+          cudaSuccess ||
+      status != cudaDriverEntryPointSuccess) {
+    std::printf("no driver entry point %s\n", name);
+    std::exit(2);
+  }
+  return reinterpret_cast<Fn>(fn);
+}
 
 }  // namespace
 
@@ -88,37 +117,76 @@ int main(int argc, char** argv) {
   std::printf("case %s / %s, CUDA_MODULE_LOADING=%s\n", blocker.c_str(), peer.c_str(),
               loading ? loading : "(unset)");
   std::thread([] {
-    std::this_thread::sleep_for(std::chrono::seconds(10));
-    std::printf("RESULT: BLOCKED (no return within 10 s from: %s)\n", g_step.load());
+    std::this_thread::sleep_for(std::chrono::seconds(6));
+    std::printf("RESULT: BLOCKED (no return within 6 s from: %s)\n", g_step.load());
     std::fflush(stdout);
     std::_Exit(3);
   }).detach();
+  using DtoDFn = CUresult (*)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  using PeerFn = CUresult (*)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream);
+  using CtxFn = CUresult (*)(CUcontext*);
+  const auto dtod = Driver<DtoDFn>("cuMemcpyDtoDAsync");
+  const auto peer_copy = Driver<PeerFn>("cuMemcpyPeerAsync");
+  const auto current_ctx = Driver<CtxFn>("cuCtxGetCurrent");
+  constexpr size_t kBytes = 1 << 20;
 
-  // GPU 0: flag, a buffer to free, a library to unload, the spin kernel loaded now.
+  // GPU 0: flag, buffers, pinned memory, a library, a launched graph, the spin kernel loaded.
   CK(cudaSetDevice(0));
-  uint32_t *flag = nullptr, *scratch0 = nullptr, *spare = nullptr;
+  CUcontext ctx0 = nullptr, ctx1 = nullptr;
+  if (current_ctx(&ctx0) != CUDA_SUCCESS) return 2;
+  uint32_t *flag = nullptr, *dst0 = nullptr, *spare = nullptr;
   CK(cudaMalloc(&flag, 8));
-  CK(cudaMemset(flag, 0, 4));
-  CK(cudaMemset(flag + 1, 0xff, 4));  // flag[1]: already set (peer_wait)
-  CK(cudaMalloc(&scratch0, 1 << 20));
-  CK(cudaMalloc(&spare, 1 << 20));
+  CK(cudaMemset(flag, 0, 8));
+  CK(cudaMalloc(&dst0, kBytes));
+  CK(cudaMalloc(&spare, kBytes));
+  void* pinned = nullptr;
+  CK(cudaHostAlloc(&pinned, kBytes, cudaHostAllocDefault));
   cudaLibrary_t lib = nullptr;
-  CK(cudaLibraryLoadData(&lib, kPtx, nullptr, nullptr, 0, nullptr, nullptr, 0));
-  cudaFuncAttributes attr;
-  CK(cudaFuncGetAttributes(&attr, SpinUntil));
+  if (blocker == "unload_globals") {
+    CK(cudaLibraryLoadData(&lib, kPtx, nullptr, nullptr, 0, nullptr, nullptr, 0));
+    cudaKernel_t k = nullptr;
+    CK(cudaLibraryGetKernel(&k, lib, "noop"));
+    void* no_args[] = {nullptr};
+    CK(cudaLaunchKernel(reinterpret_cast<const void*>(k), 1, 1, no_args, 0, 0));  // loaded now
+  }
   cudaStream_t s0 = nullptr, s0b = nullptr;
   CK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&s0b, cudaStreamNonBlocking));
+  cudaGraphExec_t graph0 = nullptr;  // graph_destroy: a graph launched on GPU 0 before the spin
+  {
+    cudaGraph_t g = nullptr;
+    CK(cudaStreamBeginCapture(s0b, cudaStreamCaptureModeThreadLocal));
+    CK(cudaMemsetAsync(spare, 0, kBytes, s0b));
+    CK(cudaStreamEndCapture(s0b, &g));
+    CK(cudaGraphInstantiate(&graph0, g, 0));
+    CK(cudaGraphDestroy(g));
+    CK(cudaGraphLaunch(graph0, s0b));
+  }
+  cudaFuncAttributes attr;
+  CK(cudaFuncGetAttributes(&attr, SpinUntil));
   CK(cudaDeviceEnablePeerAccess(1, 0));
-  // GPU 1: source buffer, stream, the flag kernel loaded now, stream memory operations.
+  // GPU 1: source buffers, stream, kernels loaded, the copy graph, stream memory operations.
   CK(cudaSetDevice(1));
-  uint32_t* src1 = nullptr;
-  CK(cudaMalloc(&src1, 1 << 20));
-  CK(cudaMemset(src1, 1, 1 << 20));
+  if (current_ctx(&ctx1) != CUDA_SUCCESS) return 2;
+  uint32_t *src1 = nullptr, *dst1 = nullptr;
+  CK(cudaMalloc(&src1, kBytes));
+  CK(cudaMalloc(&dst1, kBytes));
+  CK(cudaMemset(src1, 1, kBytes));
   cudaStream_t s1 = nullptr;
   CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
   CK(cudaDeviceEnablePeerAccess(0, 0));
   CK(cudaFuncGetAttributes(&attr, StoreFlag));
+  CK(cudaFuncGetAttributes(&attr, CopyWords));
+  cudaGraphExec_t copy_graph = nullptr;
+  cudaGraphNode_t copy_node = nullptr;
+  {
+    cudaGraph_t g = nullptr;
+    CK(cudaGraphCreate(&g, 0));
+    CK(cudaGraphAddMemcpyNode1D(&copy_node, g, nullptr, 0, dst0, src1, kBytes,
+                                cudaMemcpyDeviceToDevice));
+    CK(cudaGraphInstantiate(&copy_graph, g, 0));
+    CK(cudaGraphLaunch(copy_graph, s1));  // uploaded and run once
+  }
   std::string err;
   if (fo_jax::PrepareStreamWait(&err) != cudaSuccess) {
     std::printf("stream memory operations: %s\n", err.c_str());
@@ -138,14 +206,33 @@ int main(int argc, char** argv) {
     static const std::string returned = "blocker: " + blocker + " returned";
     Step(begins.c_str());
     if (blocker == "first_launch") {
-      FirstTimeKernel<<<1, 1, 0, s0b>>>(scratch0);
+      FirstTimeKernel<<<1, 1, 0, s0b>>>(spare);
       CK(cudaGetLastError());
-    } else if (blocker == "unload") {
-      CK(cudaLibraryUnload(lib));
     } else if (blocker == "free") {
       CK(cudaFree(spare));
+    } else if (blocker == "malloc") {
+      void* more = nullptr;
+      CK(cudaMalloc(&more, 64 << 20));
+    } else if (blocker == "free_host") {
+      CK(cudaFreeHost(pinned));
+    } else if (blocker == "host_alloc") {
+      void* more = nullptr;
+      CK(cudaHostAlloc(&more, 64 << 20, cudaHostAllocDefault));
+    } else if (blocker == "load_globals") {
+      CK(cudaLibraryLoadData(&lib, kPtx, nullptr, nullptr, 0, nullptr, nullptr, 0));
+      cudaKernel_t k = nullptr;
+      CK(cudaLibraryGetKernel(&k, lib, "noop"));
+      void* no_args[] = {nullptr};
+      CK(cudaLaunchKernel(reinterpret_cast<const void*>(k), 1, 1, no_args, 0, s0b));
+    } else if (blocker == "unload_globals") {
+      CK(cudaLibraryUnload(lib));
+    } else if (blocker == "graph_destroy") {
+      CK(cudaGraphExecDestroy(graph0));
     } else if (blocker == "sync") {
       CK(cudaDeviceSynchronize());
+    } else if (blocker != "none") {
+      std::printf("unknown blocker\n");
+      std::_Exit(2);
     }
     Step(returned.c_str());
   });
@@ -153,34 +240,61 @@ int main(int argc, char** argv) {
 
   std::thread peering([&] {
     CK(cudaSetDevice(1));
-    if (peer == "copy_then_flag") {
-      Step("peer: cudaMemcpyAsync GPU 1 -> GPU 0 memory on a GPU 1 stream ...");
-      CK(cudaMemcpyAsync(scratch0, src1, 1 << 20, cudaMemcpyDeviceToDevice, s1));
-      Step("peer: cudaMemcpyAsync returned");
-    } else if (peer == "pull") {
-      Step("peer: cudaMemcpyAsync GPU 0 -> GPU 1 memory on a GPU 1 stream ...");
-      CK(cudaMemcpyAsync(src1, scratch0, 1 << 20, cudaMemcpyDeviceToDevice, s1));
-      Step("peer: cudaMemcpyAsync returned");
-    } else if (peer == "peer_wait") {
-      Step("peer: cuStreamWaitValue32 on a GPU 1 stream for a GPU 0 word ...");
-      if (fo_jax::EnqueueWaitGeq(s1, flag + 1, 1, false, &err) != cudaSuccess) {
-        std::printf("wait value: %s\n", err.c_str());
+    bool kernel_store = false;
+    if (peer == "memcpy") {
+      Step("peer: cudaMemcpyAsync GPU 1 -> GPU 0 ...");
+      CK(cudaMemcpyAsync(dst0, src1, kBytes, cudaMemcpyDeviceToDevice, s1));
+    } else if (peer == "dtod") {
+      Step("peer: cuMemcpyDtoDAsync GPU 1 -> GPU 0 ...");
+      if (dtod(CUdeviceptr(dst0), CUdeviceptr(src1), kBytes, s1) != CUDA_SUCCESS) std::_Exit(2);
+    } else if (peer == "peer_ctx") {
+      Step("peer: cuMemcpyPeerAsync GPU 1 -> GPU 0 ...");
+      if (peer_copy(CUdeviceptr(dst0), ctx0, CUdeviceptr(src1), ctx1, kBytes, s1) !=
+          CUDA_SUCCESS) {
         std::_Exit(2);
       }
-      Step("peer: cuStreamWaitValue32 returned");
+    } else if (peer == "batch") {
+      Step("peer: cudaMemcpyBatchAsync GPU 1 -> GPU 0 ...");
+      void* dsts[1] = {dst0};
+      const void* srcs[1] = {src1};
+      size_t sizes[1] = {kBytes}, attr_index[1] = {0};
+      cudaMemcpyAttributes a{};
+      a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      CK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &a, attr_index, 1, s1));
+    } else if (peer == "graph") {
+      Step("peer: cudaGraphLaunch (memcpy GPU 1 -> GPU 0) ...");
+      CK(cudaGraphLaunch(copy_graph, s1));
+    } else if (peer == "graph_update") {
+      Step("peer: cudaGraphExecMemcpyNodeSetParams1D ...");
+      CK(cudaGraphExecMemcpyNodeSetParams1D(copy_graph, copy_node, dst0, src1, kBytes / 2,
+                                            cudaMemcpyDeviceToDevice));
+      Step("peer: cudaGraphLaunch ...");
+      CK(cudaGraphLaunch(copy_graph, s1));
+    } else if (peer == "local") {
+      Step("peer: cudaMemcpyAsync within GPU 1 ...");
+      CK(cudaMemcpyAsync(dst1, src1, kBytes, cudaMemcpyDeviceToDevice, s1));
+      kernel_store = true;
+    } else if (peer == "kernel_copy") {
+      Step("peer: GPU 1 kernel copying into GPU 0 ...");
+      CopyWords<<<16, 256, 0, s1>>>(dst0, src1, kBytes / 4);
+      CK(cudaGetLastError());
+      kernel_store = true;
+    } else if (peer == "kernel_flag") {
+      kernel_store = true;
+    } else if (peer != "flag_only") {
+      std::printf("unknown peer case\n");
+      std::_Exit(2);
     }
-    if (peer == "copy_then_flag" || peer == "flag_only") {
-      Step("peer: cuStreamWriteValue32 to GPU 0's flag on a GPU 1 stream ...");
+    if (kernel_store) {
+      Step("peer: GPU 1 kernel storing GPU 0's flag ...");
+      StoreFlag<<<1, 1, 0, s1>>>(flag, 1);
+      CK(cudaGetLastError());
+    } else {
+      Step("peer: cuStreamWriteValue32 to GPU 0's flag ...");
       if (fo_jax::EnqueueWriteValue(s1, flag, 1, &err) != cudaSuccess) {
         std::printf("write value: %s\n", err.c_str());
         std::_Exit(2);
       }
-      Step("peer: cuStreamWriteValue32 returned");
-    } else {  // kernel_flag, pull, peer_wait
-      Step("peer: GPU 1 kernel storing GPU 0's flag ...");
-      StoreFlag<<<1, 1, 0, s1>>>(flag, 1);
-      CK(cudaGetLastError());
-      Step("peer: launch returned");
     }
     Step("peer: cudaStreamSynchronize(GPU 1 stream) ...");
     CK(cudaStreamSynchronize(s1));
