@@ -24,7 +24,9 @@
 //       flag: the transport's pattern until session 9) | dtod (cuMemcpyDtoDAsync) | peer_ctx
 //       (cuMemcpyPeerAsync, explicit contexts) | batch (cudaMemcpyBatchAsync) | graph (launch of a
 //       graph instantiated beforehand whose memcpy node makes the same copy) | graph_update
-//       (cudaGraphExecMemcpyNodeSetParams1D on it, then the launch) | local (cudaMemcpyAsync
+//       (cudaGraphExecMemcpyNodeSetParams1D on it, same buffers, then the launch) |
+//       graph_update_src / graph_update_dst (the same with another source in GPU 1 / another
+//       destination in GPU 0) | local (cudaMemcpyAsync
 //       within GPU 1) | kernel_copy (a GPU 1 kernel copies through the peer pointer) |
 //       flag_only (the stream write alone) | kernel_flag (a GPU 1 kernel stores the flag through
 //       the peer pointer: NCCL's pattern)
@@ -101,7 +103,87 @@ Fn Driver(const char* name) {
 
 }  // namespace
 
+__global__ void Sleep(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) __nanosleep(1000);
+}
+
+// `ctx_lock_probe bench`: do copies issued as graph launches still run on the copy engine (not on
+// SMs), and what do they cost on the host and the GPU? 16 copies of 4 MiB GPU 1 -> GPU 0 issued
+// by cudaMemcpyAsync and by one graph exec updated before each launch: (a) behind a 2 ms sleep
+// kernel (the host's enqueue time, and whether an update waits for the earlier launches), (b)
+// while a kernel holds every SM of GPU 1 for ~5 ms (an SM-based copy would end after it).
+int Bench() {
+  constexpr int kCopies = 16;
+  constexpr size_t kBytes = 4 << 20;
+  CK(cudaSetDevice(0));
+  char* dst = nullptr;
+  CK(cudaMalloc(&dst, kCopies * kBytes));
+  CK(cudaDeviceEnablePeerAccess(1, 0));
+  CK(cudaSetDevice(1));
+  CK(cudaDeviceEnablePeerAccess(0, 0));
+  char* src = nullptr;
+  CK(cudaMalloc(&src, kCopies * kBytes));
+  CK(cudaMemset(src, 1, kCopies * kBytes));
+  cudaStream_t s = nullptr, busy = nullptr;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
+  cudaGraph_t g = nullptr;
+  cudaGraphNode_t node = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CK(cudaGraphCreate(&g, 0));
+  CK(cudaGraphAddMemcpyNode1D(&node, g, nullptr, 0, dst, src, kBytes, cudaMemcpyDeviceToDevice));
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  int sms = 0, clock_khz = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 1));
+  CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 1));
+  auto issue = [&](bool graph) {
+    for (int i = 0; i < kCopies; ++i) {
+      if (graph) {
+        CK(cudaGraphExecMemcpyNodeSetParams1D(exec, node, dst + i * kBytes, src + i * kBytes,
+                                              kBytes, cudaMemcpyDeviceToDevice));
+        CK(cudaGraphLaunch(exec, s));
+      } else {
+        CK(cudaMemcpyAsync(dst + i * kBytes, src + i * kBytes, kBytes, cudaMemcpyDeviceToDevice, s));
+      }
+    }
+  };
+  for (int rep = 0; rep < 3; ++rep) {
+    for (bool graph : {false, true}) {
+      const char* name = graph ? "graph update+launch" : "cudaMemcpyAsync";
+      Sleep<<<1, 1, 0, s>>>(2LL * clock_khz);  // ~2 ms
+      CK(cudaEventRecord(e0, s));
+      const auto t0 = std::chrono::steady_clock::now();
+      issue(graph);
+      const double host_us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      CK(cudaEventRecord(e1, s));
+      CK(cudaStreamSynchronize(s));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      std::printf("rep %d %-20s behind a sleep: host %.1f us for %d copies; GPU %.1f us (%.0f GB/s)\n",
+                  rep, name, host_us, kCopies, ms * 1e3, kCopies * kBytes / (ms * 1e6));
+      Sleep<<<sms * 4, 256, 0, busy>>>(5LL * clock_khz);  // every SM busy for ~5 ms
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      CK(cudaEventRecord(e0, s));
+      issue(graph);
+      CK(cudaEventRecord(e1, s));
+      CK(cudaStreamSynchronize(s));
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      std::printf("rep %d %-20s while every SM is busy for ~5 ms: GPU %.1f us\n", rep, name,
+                  ms * 1e3);
+      CK(cudaStreamSynchronize(busy));
+    }
+  }
+  std::printf("RESULT: bench done\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "bench") return Bench();
   if (argc != 3) {
     std::fprintf(stderr, "usage: ctx_lock_probe BLOCKER PEER (see the source)\n");
     return 2;
@@ -134,10 +216,11 @@ int main(int argc, char** argv) {
   CK(cudaSetDevice(0));
   CUcontext ctx0 = nullptr, ctx1 = nullptr;
   if (current_ctx(&ctx0) != CUDA_SUCCESS) return 2;
-  uint32_t *flag = nullptr, *dst0 = nullptr, *spare = nullptr;
+  uint32_t *flag = nullptr, *dst0 = nullptr, *dst0b = nullptr, *spare = nullptr;
   CK(cudaMalloc(&flag, 8));
   CK(cudaMemset(flag, 0, 8));
   CK(cudaMalloc(&dst0, kBytes));
+  CK(cudaMalloc(&dst0b, kBytes));
   CK(cudaMalloc(&spare, kBytes));
   void* pinned = nullptr;
   CK(cudaHostAlloc(&pinned, kBytes, cudaHostAllocDefault));
@@ -267,6 +350,15 @@ int main(int argc, char** argv) {
     } else if (peer == "graph_update") {
       Step("peer: cudaGraphExecMemcpyNodeSetParams1D ...");
       CK(cudaGraphExecMemcpyNodeSetParams1D(copy_graph, copy_node, dst0, src1, kBytes / 2,
+                                            cudaMemcpyDeviceToDevice));
+      Step("peer: cudaGraphLaunch ...");
+      CK(cudaGraphLaunch(copy_graph, s1));
+    } else if (peer == "graph_update_src" || peer == "graph_update_dst") {
+      const bool new_dst = peer == "graph_update_dst";
+      Step(new_dst ? "peer: graph memcpy node -> another GPU 0 buffer ..."
+                   : "peer: graph memcpy node <- another GPU 1 buffer ...");
+      CK(cudaGraphExecMemcpyNodeSetParams1D(copy_graph, copy_node, new_dst ? dst0b : dst0,
+                                            new_dst ? src1 : dst1, kBytes,
                                             cudaMemcpyDeviceToDevice));
       Step("peer: cudaGraphLaunch ...");
       CK(cudaGraphLaunch(copy_graph, s1));
