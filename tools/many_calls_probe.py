@@ -4,11 +4,13 @@ Usage: python many_calls_probe.py COLLECTIVE[,COLLECTIVE...] CALLS BATCH [M N K]
 Environment: FO_JAX_TRANSPORT=nccl and FO_JAX_CE_* (transport and plan); PROBE_METHOD=baseline
 (XLA's dot + psum / psum_scatter instead of fo_jax: the control); PROBE_PLACED=1 (inputs placed
 on the mesh once, instead of resharded from one GPU on every call as in the tests);
-PROBE_DISRUPT=newkernel|unload|none: halfway through every batch, with calls in flight, run a
-jitted function compiled beforehand but never run (its kernel's first launch: a lazy module load
-under CUDA_MODULE_LOADING=LAZY), or destroy an executable that ran before (a module unload), two
-ways a host thread can wait for a GPU to drain while other threads still have to enqueue the
-peers' parts of a call (benchmarks/NOTES.md §12); PROBE_STALL_S (default 20): with no new call
+PROBE_DISRUPT=newkernel|unload|globals|none: halfway through every batch, with calls in flight,
+run a jitted function compiled beforehand but never run (its kernel's first launch: a lazy module
+load under CUDA_MODULE_LOADING=LAZY), or destroy an executable that ran before (a module unload),
+or run a new function with a constant array (its module has an initialised global: loading it
+waits for GPU 0 to drain while it holds a driver lock that peer memcpy calls need,
+csrc/tools/ctx_lock_probe.cu), ways a host thread can wait for a GPU to drain while other
+threads still have to enqueue the peers' parts of a call (benchmarks/NOTES.md §12-13); PROBE_STALL_S (default 20): with no new call
 dispatched or batch completed for that long, fo_jax._diagnostics.watch_for_stall reports and
 ends the process (tools/hang_probe.sh attaches a debugger first)."""
 
@@ -61,6 +63,9 @@ def _prepare_disruption():
     (unload), for one disruption."""
     _spare["n"] += 1
     y = jnp.full((4096,), float(_spare["n"]), jnp.float32)
+    if disrupt == "globals":  # a new constant each time: a new executable, a new module
+        table = np.arange(4096, dtype=np.float32) * _spare["n"]
+        return [jax.jit(lambda v: v * table + 1.0).lower(y).compile(), y]
     g = jax.jit(lambda v, c=_spare["n"]: jnp.sin(v * (c + 0.5)) + c).lower(y).compile()
     if disrupt == "unload":
         jax.block_until_ready(g(y))
@@ -71,7 +76,7 @@ def _disrupt(prepared):
     """Runs or drops the prepared executable; `prepared` (the only other reference) is emptied."""
     g, y = prepared
     prepared.clear()
-    if disrupt == "newkernel":
+    if disrupt in ("newkernel", "globals"):
         g(y)  # not waited for
     elif disrupt == "unload":
         del g

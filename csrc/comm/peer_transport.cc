@@ -118,14 +118,31 @@ cudaError_t CopyError(cudaError_t e, std::string* error) {
   return e;
 }
 
-// On the copy stream: once counters[g] is full, copy `bytes` from src to dst. (Two halves on two
-// copy streams measured no faster: benchmarks/NOTES.md §8.)
-cudaError_t GatedCopy(PeerState& p, const PeerCollectiveArgs& a, int g, char* dst,
+// A one-node graph copying from this GPU's memory (src) into peer memory (dst), instantiated
+// once per peer (PeerState::copy_exec says why copies are graph launches).
+std::string CreateCopyGraph(PeerState& p, int q, void* dst, const void* src) {
+  cudaGraph_t graph = nullptr;
+  cudaError_t e = cudaGraphCreate(&graph, 0);
+  if (e == cudaSuccess) {
+    e = cudaGraphAddMemcpyNode1D(&p.copy_node[q], graph, nullptr, 0, dst, src, 4,
+                                 cudaMemcpyDeviceToDevice);
+  }
+  if (e == cudaSuccess) e = cudaGraphInstantiate(&p.copy_exec[q], graph, 0);
+  if (graph) (void)cudaGraphDestroy(graph);
+  return e == cudaSuccess ? "" : Cuda("creating the copy graph", e);
+}
+
+// On the copy stream: once counters[g] is full, copy `bytes` from src to peer `to`'s dst.
+// (Two halves on two copy streams measured no faster: benchmarks/NOTES.md §8.) The update only
+// affects later launches, so the earlier ones may still be queued.
+cudaError_t GatedCopy(PeerState& p, const PeerCollectiveArgs& a, int g, int to, char* dst,
                       const char* src, size_t bytes, std::string* error) {
   cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + g, a.expected[g], a.spin_wait,
                                    error);
   if (err != cudaSuccess) return err;
-  err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, p.copy_stream);
+  err = cudaGraphExecMemcpyNodeSetParams1D(p.copy_exec[to], p.copy_node[to], dst, src, bytes,
+                                           cudaMemcpyDeviceToDevice);
+  if (err == cudaSuccess) err = cudaGraphLaunch(p.copy_exec[to], p.copy_stream);
   return err == cudaSuccess ? err : CopyError(err, error);
 }
 
@@ -189,6 +206,10 @@ std::string PreparePeerTransport(CommState& s, size_t recv_bytes) {
     }
     p.peer_recv[q] = reinterpret_cast<void*>(all[q].recv);
     p.peer_sync[q] = reinterpret_cast<uint32_t*>(all[q].sync);
+    if (!p.copy_exec[q]) {  // the node's devices stay valid when the receive buffers grow
+      std::string err = CreateCopyGraph(p, q, p.peer_recv[q], p.recv);
+      if (!err.empty()) return err;
+    }
   }
   return "";
 }
@@ -285,7 +306,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
       for (int g = a.chunk_first_group[L]; g < a.chunk_first_group[L + 1]; ++g) {
         const size_t at = size_t(a.group_begin[g] - L * a.tiles_chunk) * tile_row_bytes;
         const size_t bytes = size_t(a.group_begin[g + 1] - a.group_begin[g]) * tile_row_bytes;
-        err = GatedCopy(p, a, g, dst + at, src + at, bytes, error);
+        err = GatedCopy(p, a, g, to, dst + at, src + at, bytes, error);
         if (err != cudaSuccess) return err;
       }
       err = EnqueueWriteValue(cs, Region(p.peer_sync[to], kArrived) + slot(h, j), e, error);
