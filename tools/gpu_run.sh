@@ -82,6 +82,8 @@ for step in "$@"; do
             CUDA_MODULE_LOADING=EAGER timeout 20 /tmp/ctx_lock_probe $blocker memcpy >> "$OUT/ctx_lock_probe.log" 2>&1
             echo "EAGER $blocker memcpy: $(tail -1 "$OUT/ctx_lock_probe.log")"; done
           timeout 60 /tmp/ctx_lock_probe bench 2>&1 | tee -a "$OUT/ctx_lock_probe.log";;
+    ctx-lock-order) build_probe ctx_lock_probe
+          timeout 60 /tmp/ctx_lock_probe order 2>&1 | tee -a "$OUT/ctx_lock_probe.log";;
     ce-probe) build_probe ce_rs_probe
           NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL NCCL_DEBUG_FILE=/tmp/nccl_dbg.%p \
             /tmp/ce_rs_probe 8192 8192 2048 --check-only > "$OUT/ce_rs_probe_check.log" 2>&1 || rc=1

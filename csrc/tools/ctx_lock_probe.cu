@@ -40,6 +40,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <cuda.h>
 
@@ -182,8 +183,95 @@ int Bench() {
   return 0;
 }
 
+__global__ void FillWords(uint32_t* p, size_t n, uint32_t base) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    p[i] = base + uint32_t(i / (1 << 18));  // one value per MiB
+  }
+}
+
+// `ctx_lock_probe order`: are graph-launched copies correct in the transport's use? (A) a launch
+// behind a cuStreamWaitValue32 on the same stream must not run before the wait is satisfied;
+// (B) 16 update + launch pairs queued behind such a wait must each copy with their own
+// parameters. cudaMemcpyAsync as the control.
+int Order() {
+  constexpr int kCopies = 16;
+  constexpr size_t kBytes = 1 << 20, kWords = kCopies * kBytes / 4;
+  CK(cudaSetDevice(0));
+  uint32_t* dst = nullptr;
+  CK(cudaMalloc(&dst, kCopies * kBytes));
+  cudaStream_t s0 = nullptr;
+  CK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+  CK(cudaDeviceEnablePeerAccess(1, 0));
+  CK(cudaSetDevice(1));
+  CK(cudaDeviceEnablePeerAccess(0, 0));
+  uint32_t *src = nullptr, *gate = nullptr;
+  CK(cudaMalloc(&src, kCopies * kBytes));
+  CK(cudaMalloc(&gate, 4));
+  FillWords<<<64, 256>>>(src, kWords, 1000);
+  cudaStream_t s = nullptr, side = nullptr;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cudaGraph_t g = nullptr;
+  cudaGraphNode_t node = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CK(cudaGraphCreate(&g, 0));
+  CK(cudaGraphAddMemcpyNode1D(&node, g, nullptr, 0, dst, src, 4, cudaMemcpyDeviceToDevice));
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  std::string err;
+  if (fo_jax::PrepareStreamWait(&err) != cudaSuccess) return 2;
+  std::vector<uint32_t> host(kWords);
+  for (bool graph : {false, true}) {
+    const char* name = graph ? "graph" : "cudaMemcpyAsync";
+    CK(cudaSetDevice(0));
+    CK(cudaMemset(dst, 0, kCopies * kBytes));
+    CK(cudaSetDevice(1));
+    CK(cudaMemset(gate, 0, 4));
+    CK(cudaDeviceSynchronize());
+    if (fo_jax::EnqueueWaitGeq(s, gate, 1, false, &err) != cudaSuccess) return 2;
+    for (int i = 0; i < kCopies; ++i) {
+      // Copy i: source chunk (i * 7) % 16 into destination chunk i.
+      const int from = (i * 7) % kCopies;
+      char* d = reinterpret_cast<char*>(dst) + i * kBytes;
+      const char* sr = reinterpret_cast<const char*>(src) + from * kBytes;
+      if (graph) {
+        CK(cudaGraphExecMemcpyNodeSetParams1D(exec, node, d, sr, kBytes, cudaMemcpyDeviceToDevice));
+        CK(cudaGraphLaunch(exec, s));
+      } else {
+        CK(cudaMemcpyAsync(d, sr, kBytes, cudaMemcpyDeviceToDevice, s));
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CK(cudaSetDevice(0));
+    CK(cudaMemcpyAsync(host.data(), dst, kCopies * kBytes, cudaMemcpyDeviceToHost, s0));
+    CK(cudaStreamSynchronize(s0));
+    size_t early = 0;
+    for (size_t i = 0; i < kWords; ++i) early += host[i] != 0;
+    std::printf("%-16s (A) words copied before the wait was satisfied: %zu of %zu%s\n", name,
+                early, kWords, early ? "  <-- ORDER BROKEN" : "");
+    CK(cudaSetDevice(1));
+    if (fo_jax::EnqueueWriteValue(side, gate, 1, &err) != cudaSuccess) return 2;
+    CK(cudaStreamSynchronize(s));
+    CK(cudaSetDevice(0));
+    CK(cudaMemcpy(host.data(), dst, kCopies * kBytes, cudaMemcpyDeviceToHost));
+    int wrong = 0;
+    std::string got;
+    for (int i = 0; i < kCopies; ++i) {
+      const uint32_t v = host[i * (kBytes / 4)];
+      got += " " + std::to_string(v);
+      wrong += v != 1000u + uint32_t((i * 7) % kCopies) || host[(i + 1) * (kBytes / 4) - 1] != v;
+    }
+    std::printf("%-16s (B) chunks with the wrong content: %d of %d; first words:%s\n", name, wrong,
+                kCopies, got.c_str());
+    CK(cudaSetDevice(1));
+  }
+  std::printf("RESULT: order done\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "bench") return Bench();
+  if (argc == 2 && std::string(argv[1]) == "order") return Order();
   if (argc != 3) {
     std::fprintf(stderr, "usage: ctx_lock_probe BLOCKER PEER (see the source)\n");
     return 2;
