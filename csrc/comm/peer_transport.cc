@@ -118,31 +118,53 @@ cudaError_t CopyError(cudaError_t e, std::string* error) {
   return e;
 }
 
-// A one-node graph copying from this GPU's memory (src) into peer memory (dst), instantiated
-// once per peer (PeerState::copy_exec says why copies are graph launches).
-std::string CreateCopyGraph(PeerState& p, int q, void* dst, const void* src) {
+// A one-node graph copying `bytes` from src (this GPU) to dst (peer memory), in slot k of peer
+// q (PeerState::copy_exec says why copies are graph launches). Destroys the graph it replaces.
+cudaError_t CreateCopyGraph(PeerState& p, int q, int k, void* dst, const void* src,
+                            size_t bytes) {
+  if (p.copy_exec[q][k]) {
+    (void)cudaGraphExecDestroy(p.copy_exec[q][k]);
+    p.copy_exec[q][k] = nullptr;
+  }
   cudaGraph_t graph = nullptr;
   cudaError_t e = cudaGraphCreate(&graph, 0);
   if (e == cudaSuccess) {
-    e = cudaGraphAddMemcpyNode1D(&p.copy_node[q], graph, nullptr, 0, dst, src, 4,
+    e = cudaGraphAddMemcpyNode1D(&p.copy_node[q][k], graph, nullptr, 0, dst, src, bytes,
                                  cudaMemcpyDeviceToDevice);
   }
-  if (e == cudaSuccess) e = cudaGraphInstantiate(&p.copy_exec[q], graph, 0);
+  if (e == cudaSuccess) e = cudaGraphInstantiate(&p.copy_exec[q][k], graph, 0);
   if (graph) (void)cudaGraphDestroy(graph);
-  return e == cudaSuccess ? "" : Cuda("creating the copy graph", e);
+  return e;
 }
 
 // On the copy stream: once counters[g] is full, copy `bytes` from src to peer `to`'s dst.
-// (Two halves on two copy streams measured no faster: benchmarks/NOTES.md §8.) The update only
-// affects later launches, so the earlier ones may still be queued.
+// (Two halves on two copy streams measured no faster: benchmarks/NOTES.md §8.) An update only
+// affects later launches, so earlier ones may still be queued. The first graph of the peer
+// whose update accepts these operands makes the copy; if none does (another kind of memory),
+// a new graph takes the next slot: once per kind of memory, not per call.
 cudaError_t GatedCopy(PeerState& p, const PeerCollectiveArgs& a, int g, int to, char* dst,
                       const char* src, size_t bytes, std::string* error) {
   cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + g, a.expected[g], a.spin_wait,
                                    error);
   if (err != cudaSuccess) return err;
-  err = cudaGraphExecMemcpyNodeSetParams1D(p.copy_exec[to], p.copy_node[to], dst, src, bytes,
-                                           cudaMemcpyDeviceToDevice);
-  if (err == cudaSuccess) err = cudaGraphLaunch(p.copy_exec[to], p.copy_stream);
+  int k = 0;
+  for (; k < PeerState::kCopyGraphs && p.copy_exec[to][k]; ++k) {
+    err = cudaGraphExecMemcpyNodeSetParams1D(p.copy_exec[to][k], p.copy_node[to][k], dst, src,
+                                             bytes, cudaMemcpyDeviceToDevice);
+    if (err == cudaSuccess) break;
+    if (err != cudaErrorInvalidValue) return CopyError(err, error);
+    (void)cudaGetLastError();
+  }
+  if (k == PeerState::kCopyGraphs || !p.copy_exec[to][k]) {
+    k = p.copy_next[to];
+    p.copy_next[to] = (k + 1) % PeerState::kCopyGraphs;
+    err = CreateCopyGraph(p, to, k, dst, src, bytes);
+    if (err != cudaSuccess) {
+      *error = Cuda("creating the graph of a copy between GPUs", err);
+      return err;
+    }
+  }
+  err = cudaGraphLaunch(p.copy_exec[to][k], p.copy_stream);
   return err == cudaSuccess ? err : CopyError(err, error);
 }
 
@@ -206,10 +228,6 @@ std::string PreparePeerTransport(CommState& s, size_t recv_bytes) {
     }
     p.peer_recv[q] = reinterpret_cast<void*>(all[q].recv);
     p.peer_sync[q] = reinterpret_cast<uint32_t*>(all[q].sync);
-    if (!p.copy_exec[q]) {  // the node's devices stay valid when the receive buffers grow
-      std::string err = CreateCopyGraph(p, q, p.peer_recv[q], p.recv);
-      if (!err.empty()) return err;
-    }
   }
   return "";
 }

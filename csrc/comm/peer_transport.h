@@ -69,16 +69,19 @@ struct PeerState {
   void* exchange = nullptr;  // device scratch for the address all-gather
   void* peer_recv[kMaxPeerRanks] = {};
   uint32_t* peer_sync[kMaxPeerRanks] = {};
-  // The copies into peer q's memory are launches of copy_exec[q], a one-node graph whose memcpy
-  // node is re-pointed before each launch: unlike cudaMemcpyAsync (and every other memcpy call),
-  // an update + launch never waits for a driver lock that another thread holds while it waits
-  // for that peer GPU to drain (freeing memory, loading or unloading a module with globals, as
-  // XLA does when it runs a new executable or drops an old one). That wait deadlocked: the
-  // peer's GPU was itself waiting for this copy (benchmarks/NOTES.md §13,
-  // csrc/tools/ctx_lock_probe.cu). A node keeps the devices it was created with, hence one per
-  // peer.
-  cudaGraphExec_t copy_exec[kMaxPeerRanks] = {};
-  cudaGraphNode_t copy_node[kMaxPeerRanks] = {};
+  // The copies into peer q's memory are launches of a one-node graph whose memcpy node is
+  // re-pointed before each launch: unlike cudaMemcpyAsync (and every other memcpy call), an
+  // update + launch never waits for a driver lock that another thread holds while it waits for
+  // that peer GPU to drain (freeing memory, loading or unloading a module with globals, as XLA
+  // does when it runs a new executable or drops an old one). That wait can deadlock: the peer's
+  // GPU may itself be waiting for this copy (benchmarks/NOTES.md §13,
+  // csrc/tools/ctx_lock_probe.cu). An update must keep the kind of memory the node was created
+  // with (the driver refuses cudaMalloc'd -> XLA-allocated), so nodes are created from the
+  // first real copy, and a few are kept per peer for other kinds (GatedCopy).
+  static constexpr int kCopyGraphs = 4;
+  cudaGraphExec_t copy_exec[kMaxPeerRanks][kCopyGraphs] = {};
+  cudaGraphNode_t copy_node[kMaxPeerRanks][kCopyGraphs] = {};
+  int copy_next[kMaxPeerRanks] = {};  // the slot a new graph takes (round robin)
   uint32_t epoch = 0;
 };
 
