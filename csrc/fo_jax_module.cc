@@ -92,13 +92,18 @@ NB_MODULE(_fo_jax_cuda, m) {
         nb::arg("code"), nb::arg("rank") = -1, nb::arg("broken") = false);
 
   // Diagnostics for a hang: one line per fo_jax communicator of this process (peer_transport.h).
-  m.def("debug_comm_states", []() {
-    std::vector<std::string> lines;
-    for (fo_jax::CommState* s : fo_jax::AllCommStatesForDebug()) {
-      lines.push_back(fo_jax::DescribePeerStateForDebug(*s));
-    }
-    return lines;
-  });
+  // Without the GIL: on a hung machine the CUDA calls that read the flags may block, and the
+  // caller's watchdog thread must still be able to report (fo_jax/_diagnostics.py).
+  m.def(
+      "debug_comm_states",
+      []() {
+        std::vector<std::string> lines;
+        for (fo_jax::CommState* s : fo_jax::AllCommStatesForDebug()) {
+          lines.push_back(fo_jax::DescribePeerStateForDebug(*s));
+        }
+        return lines;
+      },
+      nb::call_guard<nb::gil_scoped_release>());
 
   m.def("nccl_version", []() {
     int v = 0;

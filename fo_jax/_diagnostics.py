@@ -34,8 +34,8 @@ def watch_for_stall(progress: Callable[[], Hashable], stall_s: float,
                     describe: Callable[[], str],
                     before_report: Optional[Callable[[], None]] = None) -> None:
     """Starts a daemon thread: once progress() has returned the same value for stall_s seconds,
-    calls before_report (pytest: stop capturing output), prints describe(), the comm states and
-    every Python thread's stack, then "STALLED <pid>" (tools/hang_probe.sh attaches cuda-gdb on
+    calls before_report (pytest: stop capturing output), prints describe(), every Python
+    thread's stack and the comm states, then "STALLED <pid>" (tools/hang_probe.sh attaches cuda-gdb on
     it), waits PROBE_ATTACH_S seconds (default 0) and ends the process with status 3."""
 
     def watch():
@@ -51,8 +51,9 @@ def watch_for_stall(progress: Callable[[], Hashable], stall_s: float,
             if before_report is not None:
                 before_report()
             print(f"\nSTALL after {stall_s:.0f} s: {describe()}", flush=True)
-            print_comm_states()
+            # Stacks first: they need no CUDA call (reading the states may block).
             faulthandler.dump_traceback(all_threads=True)
+            print_comm_states(timeout_s=10.0)
             print(f"STALLED {os.getpid()}", flush=True)
             time.sleep(float(os.environ.get("PROBE_ATTACH_S", "0")))
             os._exit(3)

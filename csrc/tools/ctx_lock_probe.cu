@@ -28,6 +28,8 @@
 //       graph_update_src / graph_update_dst (the same with another source in GPU 1 / another
 //       destination in GPU 0) | local (cudaMemcpyAsync
 //       within GPU 1) | kernel_copy (a GPU 1 kernel copies through the peer pointer) |
+//       memset_local (cudaMemsetAsync of GPU 1 memory: the counters' reset) | event_pair
+//       (cudaEventRecord on one GPU 1 stream, cudaStreamWaitEvent on another) |
 //       flag_only (the stream write alone) | kernel_flag (a GPU 1 kernel stores the flag through
 //       the peer pointer: NCCL's pattern)
 //     all followed by the stream write of the flag except kernel_copy / kernel_flag / local (a
@@ -67,6 +69,8 @@ __global__ void SpinUntil(const volatile uint32_t* flag, uint32_t value) {
 
 // Never launched before the disruption (first_launch): its load is lazy under LAZY loading.
 __global__ void FirstTimeKernel(uint32_t* out) { out[0] = 42; }
+
+__global__ void Noop() {}
 
 __global__ void StoreFlag(uint32_t* flag, uint32_t value) {
   __threadfence_system();
@@ -335,6 +339,7 @@ int main(int argc, char** argv) {
   }
   cudaFuncAttributes attr;
   CK(cudaFuncGetAttributes(&attr, SpinUntil));
+  CK(cudaFuncGetAttributes(&attr, Noop));
   CK(cudaDeviceEnablePeerAccess(1, 0));
   // GPU 1: source buffers, stream, kernels loaded, the copy graph, stream memory operations.
   CK(cudaSetDevice(1));
@@ -343,8 +348,11 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&src1, kBytes));
   CK(cudaMalloc(&dst1, kBytes));
   CK(cudaMemset(src1, 1, kBytes));
-  cudaStream_t s1 = nullptr;
+  cudaStream_t s1 = nullptr, s1b = nullptr;
   CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&s1b, cudaStreamNonBlocking));
+  cudaEvent_t ev1 = nullptr;
+  CK(cudaEventCreateWithFlags(&ev1, cudaEventDisableTiming));
   CK(cudaDeviceEnablePeerAccess(0, 0));
   CK(cudaFuncGetAttributes(&attr, StoreFlag));
   CK(cudaFuncGetAttributes(&attr, CopyWords));
@@ -401,6 +409,21 @@ int main(int argc, char** argv) {
       CK(cudaGraphExecDestroy(graph0));
     } else if (blocker == "sync") {
       CK(cudaDeviceSynchronize());
+    } else if (blocker == "queue_full") {
+      std::string e2;
+      if (fo_jax::EnqueueWaitGeq(s0b, flag, 1, false, &e2) != cudaSuccess) std::_Exit(2);
+      int i = 0;
+      for (auto t = std::chrono::steady_clock::now(); i < 100000; ++i) {
+        Noop<<<1, 1, 0, s0b>>>();
+        const auto now = std::chrono::steady_clock::now();
+        if (now - t > std::chrono::milliseconds(100)) {
+          std::printf("blocker: launch %d waited %.0f ms for room\n", i,
+                      std::chrono::duration<double, std::milli>(now - t).count());
+          std::fflush(stdout);
+        }
+        t = now;
+      }
+      std::printf("blocker: %d launches queued\n", i);
     } else if (blocker != "none") {
       std::printf("unknown blocker\n");
       std::_Exit(2);
@@ -454,6 +477,14 @@ int main(int argc, char** argv) {
       Step("peer: cudaMemcpyAsync within GPU 1 ...");
       CK(cudaMemcpyAsync(dst1, src1, kBytes, cudaMemcpyDeviceToDevice, s1));
       kernel_store = true;
+    } else if (peer == "memset_local") {
+      Step("peer: cudaMemsetAsync of GPU 1 memory ...");
+      CK(cudaMemsetAsync(dst1, 0, kBytes, s1));
+      kernel_store = true;
+    } else if (peer == "event_pair") {
+      Step("peer: cudaEventRecord + cudaStreamWaitEvent on GPU 1 streams ...");
+      CK(cudaEventRecord(ev1, s1b));
+      CK(cudaStreamWaitEvent(s1, ev1, 0));
     } else if (peer == "kernel_copy") {
       Step("peer: GPU 1 kernel copying into GPU 0 ...");
       CopyWords<<<16, 256, 0, s1>>>(dst0, src1, kBytes / 4);
