@@ -23,6 +23,7 @@ declare -A cmd=(
   # A module with globals loaded on GPU 0 each batch, small host-bound calls (GPU 0 often waits
   # for a peer's copy that the peer's thread is still enqueueing): the deadlock of NOTES §13.
   [globals_small]="env PROBE_PLACED=1 PROBE_DISRUPT=globals $probe reduce_scatter,all_reduce 1000 50 2048 2048 2048"
+  [globals_thread]="env PROBE_PLACED=1 PROBE_DISRUPT=globals_thread $probe reduce_scatter,all_reduce 5000 100 2048 2048 2048"
   [globals_small_nccl]="env FO_JAX_TRANSPORT=nccl PROBE_PLACED=1 PROBE_DISRUPT=globals $probe reduce_scatter,all_reduce 1000 50 2048 2048 2048"
   [unload_eager]="env CUDA_MODULE_LOADING=EAGER PROBE_PLACED=1 PROBE_DISRUPT=unload $probe reduce_scatter,all_reduce 200 100 8192 8192 8192"
 )

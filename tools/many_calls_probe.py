@@ -10,7 +10,11 @@ load under CUDA_MODULE_LOADING=LAZY), or destroy an executable that ran before (
 or run a new function with a constant array (its module has an initialised global: loading it
 waits for GPU 0 to drain while it holds a driver lock that peer memcpy calls need,
 csrc/tools/ctx_lock_probe.cu), ways a host thread can wait for a GPU to drain while other
-threads still have to enqueue the peers' parts of a call (benchmarks/NOTES.md §12-13); PROBE_STALL_S (default 20): with no new call
+threads still have to enqueue the peers' parts of a call (benchmarks/NOTES.md §12-13);
+PROBE_DISRUPT=globals_thread: instead, a thread runs and drops, one after another on every GPU,
+PROBE_POOL (default 400) functions with constant arrays compiled beforehand (a module with
+globals loaded, then unloaded, on a busy GPU many times a second: the most direct attempt at the
+deadlock of NOTES §13); PROBE_STALL_S (default 20): with no new call
 dispatched or batch completed for that long, fo_jax._diagnostics.watch_for_stall reports and
 ends the process (tools/hang_probe.sh attaches a debugger first)."""
 
@@ -85,6 +89,37 @@ def _disrupt(prepared):
         gc.collect()
 
 
+def _start_globals_thread():
+    """Compiles PROBE_POOL functions with constant arrays spread over the GPUs, then runs and
+    drops them one by one on a thread (module load with globals, then unload) until the probe
+    ends; returns the stop event."""
+    import gc
+    import threading
+
+    pool = []
+    for i in range(int(os.environ.get("PROBE_POOL", "400"))):
+        y = jax.device_put(jnp.zeros((4096,), jnp.float32), devs[i % len(devs)])
+        table = np.arange(4096, dtype=np.float32) * (i + 1)
+        pool.append((jax.jit(lambda v, t=table: v * t + 1.0).lower(y).compile(), y))
+    print(f"probe: {len(pool)} functions with constants compiled", flush=True)
+    stop = threading.Event()
+
+    def churn():
+        ran = 0
+        while pool and not stop.is_set():
+            g, y = pool.pop()
+            g(y)  # not waited for: its module loads while the GPU is busy
+            del g
+            ran += 1
+            if ran % 8 == 0:
+                gc.collect()  # dropped executables: their modules unload
+            time.sleep(0.01)
+        print(f"probe: the churn thread ran and dropped {ran} functions", flush=True)
+
+    threading.Thread(target=churn, daemon=True).start()
+    return stop
+
+
 def _body(coll):
     if method == "baseline":
         if coll == "reduce_scatter":
@@ -93,6 +128,7 @@ def _body(coll):
     return lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective=coll, config=cfg)
 
 
+churn_stop = _start_globals_thread() if disrupt == "globals_thread" else None
 for coll in collective.split(","):  # several: one after the other in this process
     out_spec = P("tp", None) if coll == "reduce_scatter" else P()
     f = jax.jit(jax.shard_map(_body(coll), mesh=mesh, in_specs=in_specs, out_specs=out_spec))
@@ -101,7 +137,7 @@ for coll in collective.split(","):  # several: one after the other in this proce
     while done < calls:
         progress["phase"] = f"{coll} dispatch from call {done}"
         outs = []
-        prepared = _prepare_disruption() if disrupt != "none" else None
+        prepared = _prepare_disruption() if disrupt not in ("none", "globals_thread") else None
         for i in range(batch):
             outs.append(f(x, w))
             progress["dispatched"] += 1
