@@ -1,6 +1,6 @@
 """Hang diagnostics (device machine; not imported by `import fo_jax`): fo_jax's per-GPU protocol
 state and a stall watchdog, shared by the GPU tests (FO_JAX_TEST_STALL_S, FO_JAX_DEBUG_STATES)
-and tools/many_calls_probe.py. benchmarks/NOTES.md §12."""
+and tools/many_calls_probe.py. benchmarks/NOTES.md §12-13."""
 
 import faulthandler
 import os
@@ -35,8 +35,8 @@ def watch_for_stall(progress: Callable[[], Hashable], stall_s: float,
                     before_report: Optional[Callable[[], None]] = None) -> None:
     """Starts a daemon thread: once progress() has returned the same value for stall_s seconds,
     calls before_report (pytest: stop capturing output), prints describe(), every Python
-    thread's stack and the comm states, then "STALLED <pid>" (tools/hang_probe.sh attaches cuda-gdb on
-    it), waits PROBE_ATTACH_S seconds (default 0) and ends the process with status 3."""
+    thread's stack and the comm states, then "STALLED <pid>" (tools/hang_probe.sh attaches
+    cuda-gdb on it), waits PROBE_ATTACH_S seconds (default 0) and ends the process with status 3."""
 
     def watch():
         last, since = None, time.time()

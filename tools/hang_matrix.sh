@@ -1,31 +1,34 @@
 #!/usr/bin/env bash
 # Diagnostic (device machine, after `tools/gpu_run.sh info` installed fo_jax in /tmp/site): the
 # many-calls probe in the variants that separate the causes of the TP=4 hang (benchmarks/NOTES.md
-# §11-12), each in its own process, logs in $OUT/hang_<tag>.log. VARIANTS picks tags (default: the
+# §11-13), each in its own process, logs in $OUT/hang_<tag>.log. VARIANTS picks tags (default: the
 # first five; a tag ending in _gdb attaches cuda-gdb on a stall).
 set -uo pipefail
 R=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 cd /tmp
 probe="python3 $R/tools/many_calls_probe.py"
+both="reduce_scatter,all_reduce"
+# Placed inputs and a GEMM long enough (per GPU 8192x8192x2048, ~0.4 ms) that the host runs
+# ahead and work waits on peers; small host-bound calls (the GPUs often wait for a peer's copy
+# that the peer's thread is still enqueueing: the window of the deadlock of NOTES §13).
+long_calls="$both 200 100 8192 8192 8192"
+short_calls="$both 1000 50 2048 2048 2048"
 declare -A cmd=(
-  [base_reshard]="env PROBE_METHOD=baseline $probe reduce_scatter,all_reduce 1000 1000"
+  [base_reshard]="env PROBE_METHOD=baseline $probe $both 1000 1000"
   [ar_reshard]="$probe all_reduce 1000 1000"
-  [rs_ar_placed]="env PROBE_PLACED=1 $probe reduce_scatter,all_reduce 1000 1000"
-  [nccl_reshard]="env FO_JAX_TRANSPORT=nccl $probe reduce_scatter,all_reduce 1000 1000"
-  [rs_ar_reshard]="$probe reduce_scatter,all_reduce 1000 1000"
-  [rs_ar_reshard_gdb]="$probe reduce_scatter,all_reduce 1000 1000"
-  # Deliberate disruptions with calls in flight (NOTES §12): placed inputs and a GEMM long
-  # enough (per GPU 8192x8192x2048, ~0.4 ms) that the host runs ahead and work waits on peers.
-  [newkernel_lazy_gdb]="env PROBE_PLACED=1 PROBE_DISRUPT=newkernel $probe reduce_scatter,all_reduce 200 100 8192 8192 8192"
-  [newkernel_eager]="env CUDA_MODULE_LOADING=EAGER PROBE_PLACED=1 PROBE_DISRUPT=newkernel $probe reduce_scatter,all_reduce 200 100 8192 8192 8192"
-  [unload_lazy]="env PROBE_PLACED=1 PROBE_DISRUPT=unload $probe reduce_scatter,all_reduce 200 100 8192 8192 8192"
-  # A module with globals loaded on GPU 0 each batch, small host-bound calls (GPU 0 often waits
-  # for a peer's copy that the peer's thread is still enqueueing): the deadlock of NOTES §13.
-  [globals_small]="env PROBE_PLACED=1 PROBE_DISRUPT=globals $probe reduce_scatter,all_reduce 1000 50 2048 2048 2048"
-  [globals_thread]="env PROBE_PLACED=1 PROBE_DISRUPT=globals_thread $probe reduce_scatter,all_reduce 5000 100 2048 2048 2048"
-  [globals_small_nccl]="env FO_JAX_TRANSPORT=nccl PROBE_PLACED=1 PROBE_DISRUPT=globals $probe reduce_scatter,all_reduce 1000 50 2048 2048 2048"
-  [unload_eager]="env CUDA_MODULE_LOADING=EAGER PROBE_PLACED=1 PROBE_DISRUPT=unload $probe reduce_scatter,all_reduce 200 100 8192 8192 8192"
+  [rs_ar_placed]="env PROBE_PLACED=1 $probe $both 1000 1000"
+  [nccl_reshard]="env FO_JAX_TRANSPORT=nccl $probe $both 1000 1000"
+  [rs_ar_reshard]="$probe $both 1000 1000"
+  [rs_ar_reshard_gdb]="$probe $both 1000 1000"
+  # Deliberate disruptions with calls in flight (NOTES §12-13).
+  [newkernel_lazy_gdb]="env PROBE_PLACED=1 PROBE_DISRUPT=newkernel $probe $long_calls"
+  [newkernel_eager]="env CUDA_MODULE_LOADING=EAGER PROBE_PLACED=1 PROBE_DISRUPT=newkernel $probe $long_calls"
+  [unload_lazy]="env PROBE_PLACED=1 PROBE_DISRUPT=unload $probe $long_calls"
+  [unload_eager]="env CUDA_MODULE_LOADING=EAGER PROBE_PLACED=1 PROBE_DISRUPT=unload $probe $long_calls"
+  [globals_small]="env PROBE_PLACED=1 PROBE_DISRUPT=globals $probe $short_calls"
+  [globals_small_nccl]="env FO_JAX_TRANSPORT=nccl PROBE_PLACED=1 PROBE_DISRUPT=globals $probe $short_calls"
+  [globals_thread]="env PROBE_PLACED=1 PROBE_DISRUPT=globals_thread $probe $both 5000 100 2048 2048 2048"
 )
 for tag in ${VARIANTS:-base_reshard ar_reshard rs_ar_placed nccl_reshard rs_ar_reshard_gdb}; do
   echo "--- $tag"

@@ -62,14 +62,20 @@ print(f"probe: {method}, {len(devs)} GPUs, {m}x{n}x{k}, inputs "
 _spare = {"n": 0}
 
 
+def _function_with_constant(i, y):
+    """A compiled function whose module holds constant array number i as an initialised global
+    (a new constant: a new executable, a new module)."""
+    table = np.arange(4096, dtype=np.float32) * i
+    return jax.jit(lambda v: v * table + 1.0).lower(y).compile()
+
+
 def _prepare_disruption():
-    """A fresh compiled-but-never-run function (newkernel) or a run-once executable to drop
-    (unload), for one disruption."""
+    """For one disruption: a compiled-but-never-run function (newkernel), one with a constant
+    array (globals), or a run-once executable to drop (unload)."""
     _spare["n"] += 1
     y = jnp.full((4096,), float(_spare["n"]), jnp.float32)
-    if disrupt == "globals":  # a new constant each time: a new executable, a new module
-        table = np.arange(4096, dtype=np.float32) * _spare["n"]
-        return [jax.jit(lambda v: v * table + 1.0).lower(y).compile(), y]
+    if disrupt == "globals":
+        return [_function_with_constant(_spare["n"], y), y]
     g = jax.jit(lambda v, c=_spare["n"]: jnp.sin(v * (c + 0.5)) + c).lower(y).compile()
     if disrupt == "unload":
         jax.block_until_ready(g(y))
@@ -91,22 +97,20 @@ def _disrupt(prepared):
 
 def _start_globals_thread():
     """Compiles PROBE_POOL functions with constant arrays spread over the GPUs, then runs and
-    drops them one by one on a thread (module load with globals, then unload) until the probe
-    ends; returns the stop event."""
+    drops them one by one on a daemon thread (module load with globals, then unload) until the
+    pool is used up or the probe ends."""
     import gc
     import threading
 
     pool = []
     for i in range(int(os.environ.get("PROBE_POOL", "400"))):
         y = jax.device_put(jnp.zeros((4096,), jnp.float32), devs[i % len(devs)])
-        table = np.arange(4096, dtype=np.float32) * (i + 1)
-        pool.append((jax.jit(lambda v, t=table: v * t + 1.0).lower(y).compile(), y))
+        pool.append((_function_with_constant(i + 1, y), y))
     print(f"probe: {len(pool)} functions with constants compiled", flush=True)
-    stop = threading.Event()
 
     def churn():
         ran = 0
-        while pool and not stop.is_set():
+        while pool:
             g, y = pool.pop()
             g(y)  # not waited for: its module loads while the GPU is busy
             del g
@@ -117,7 +121,6 @@ def _start_globals_thread():
         print(f"probe: the churn thread ran and dropped {ran} functions", flush=True)
 
     threading.Thread(target=churn, daemon=True).start()
-    return stop
 
 
 def _body(coll):
@@ -128,7 +131,8 @@ def _body(coll):
     return lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective=coll, config=cfg)
 
 
-churn_stop = _start_globals_thread() if disrupt == "globals_thread" else None
+if disrupt == "globals_thread":
+    _start_globals_thread()
 for coll in collective.split(","):  # several: one after the other in this process
     out_spec = P("tp", None) if coll == "reduce_scatter" else P()
     f = jax.jit(jax.shard_map(_body(coll), mesh=mesh, in_specs=in_specs, out_specs=out_spec))

@@ -141,7 +141,8 @@ cudaError_t CreateCopyGraph(PeerState& p, int q, int k, void* dst, const void* s
 // (Two halves on two copy streams measured no faster: benchmarks/NOTES.md §8.) An update only
 // affects later launches, so earlier ones may still be queued. The first graph of the peer
 // whose update accepts these operands makes the copy; if none does (another kind of memory),
-// a new graph takes the next slot: once per kind of memory, not per call.
+// a new graph takes the first free slot, or replaces the last one: once per kind of memory,
+// not per call.
 cudaError_t GatedCopy(PeerState& p, const PeerCollectiveArgs& a, int g, int to, char* dst,
                       const char* src, size_t bytes, std::string* error) {
   cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + g, a.expected[g], a.spin_wait,
@@ -156,8 +157,7 @@ cudaError_t GatedCopy(PeerState& p, const PeerCollectiveArgs& a, int g, int to, 
     (void)cudaGetLastError();
   }
   if (k == PeerState::kCopyGraphs || !p.copy_exec[to][k]) {
-    k = p.copy_next[to];
-    p.copy_next[to] = (k + 1) % PeerState::kCopyGraphs;
+    k = std::min(k, PeerState::kCopyGraphs - 1);
     err = CreateCopyGraph(p, to, k, dst, src, bytes);
     if (err != cudaSuccess) {
       *error = Cuda("creating the graph of a copy between GPUs", err);

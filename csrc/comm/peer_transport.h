@@ -81,7 +81,6 @@ struct PeerState {
   static constexpr int kCopyGraphs = 4;
   cudaGraphExec_t copy_exec[kMaxPeerRanks][kCopyGraphs] = {};
   cudaGraphNode_t copy_node[kMaxPeerRanks][kCopyGraphs] = {};
-  int copy_next[kMaxPeerRanks] = {};  // the slot a new graph takes (round robin)
   uint32_t epoch = 0;
 };
 

@@ -106,12 +106,43 @@ Fn Driver(const char* name) {
   return reinterpret_cast<Fn>(fn);
 }
 
-}  // namespace
-
 __global__ void Sleep(long long cycles) {
   const long long t0 = clock64();
   while (clock64() - t0 < cycles) __nanosleep(1000);
 }
+
+// Peer access both ways between GPUs 0 and 1; leaves GPU 1 current.
+void EnablePeerAccess01() {
+  CK(cudaSetDevice(0));
+  CK(cudaDeviceEnablePeerAccess(1, 0));
+  CK(cudaSetDevice(1));
+  CK(cudaDeviceEnablePeerAccess(0, 0));
+}
+
+// The copy-engine transport's copy primitive (PeerState::copy_exec): a one-node memcpy graph,
+// re-pointed before each launch.
+struct CopyGraph {
+  cudaGraphExec_t exec = nullptr;
+  cudaGraphNode_t node = nullptr;
+};
+
+CopyGraph MakeCopyGraph(void* dst, const void* src, size_t bytes) {
+  CopyGraph c;
+  cudaGraph_t g = nullptr;
+  CK(cudaGraphCreate(&g, 0));
+  CK(cudaGraphAddMemcpyNode1D(&c.node, g, nullptr, 0, dst, src, bytes, cudaMemcpyDeviceToDevice));
+  CK(cudaGraphInstantiate(&c.exec, g, 0));
+  CK(cudaGraphDestroy(g));
+  return c;
+}
+
+void UpdateAndLaunch(const CopyGraph& c, void* dst, const void* src, size_t bytes,
+                     cudaStream_t stream) {
+  CK(cudaGraphExecMemcpyNodeSetParams1D(c.exec, c.node, dst, src, bytes, cudaMemcpyDeviceToDevice));
+  CK(cudaGraphLaunch(c.exec, stream));
+}
+
+}  // namespace
 
 // `ctx_lock_probe bench`: do copies issued as graph launches still run on the copy engine (not on
 // SMs), and what do they cost on the host and the GPU? 16 copies of 4 MiB GPU 1 -> GPU 0 issued
@@ -121,24 +152,18 @@ __global__ void Sleep(long long cycles) {
 int Bench() {
   constexpr int kCopies = 16;
   constexpr size_t kBytes = 4 << 20;
+  EnablePeerAccess01();
   CK(cudaSetDevice(0));
   char* dst = nullptr;
   CK(cudaMalloc(&dst, kCopies * kBytes));
-  CK(cudaDeviceEnablePeerAccess(1, 0));
   CK(cudaSetDevice(1));
-  CK(cudaDeviceEnablePeerAccess(0, 0));
   char* src = nullptr;
   CK(cudaMalloc(&src, kCopies * kBytes));
   CK(cudaMemset(src, 1, kCopies * kBytes));
   cudaStream_t s = nullptr, busy = nullptr;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
-  cudaGraph_t g = nullptr;
-  cudaGraphNode_t node = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  CK(cudaGraphCreate(&g, 0));
-  CK(cudaGraphAddMemcpyNode1D(&node, g, nullptr, 0, dst, src, kBytes, cudaMemcpyDeviceToDevice));
-  CK(cudaGraphInstantiate(&exec, g, 0));
+  const CopyGraph copy = MakeCopyGraph(dst, src, kBytes);
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
@@ -148,9 +173,7 @@ int Bench() {
   auto issue = [&](bool graph) {
     for (int i = 0; i < kCopies; ++i) {
       if (graph) {
-        CK(cudaGraphExecMemcpyNodeSetParams1D(exec, node, dst + i * kBytes, src + i * kBytes,
-                                              kBytes, cudaMemcpyDeviceToDevice));
-        CK(cudaGraphLaunch(exec, s));
+        UpdateAndLaunch(copy, dst + i * kBytes, src + i * kBytes, kBytes, s);
       } else {
         CK(cudaMemcpyAsync(dst + i * kBytes, src + i * kBytes, kBytes, cudaMemcpyDeviceToDevice, s));
       }
@@ -201,14 +224,13 @@ __global__ void FillWords(uint32_t* p, size_t n, uint32_t base) {
 int Order() {
   constexpr int kCopies = 16;
   constexpr size_t kBytes = 1 << 20, kWords = kCopies * kBytes / 4;
+  EnablePeerAccess01();
   CK(cudaSetDevice(0));
   uint32_t* dst = nullptr;
   CK(cudaMalloc(&dst, kCopies * kBytes));
   cudaStream_t s0 = nullptr;
   CK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
-  CK(cudaDeviceEnablePeerAccess(1, 0));
   CK(cudaSetDevice(1));
-  CK(cudaDeviceEnablePeerAccess(0, 0));
   uint32_t *src = nullptr, *gate = nullptr;
   CK(cudaMalloc(&src, kCopies * kBytes));
   CK(cudaMalloc(&gate, 4));
@@ -216,12 +238,7 @@ int Order() {
   cudaStream_t s = nullptr, side = nullptr;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  cudaGraph_t g = nullptr;
-  cudaGraphNode_t node = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  CK(cudaGraphCreate(&g, 0));
-  CK(cudaGraphAddMemcpyNode1D(&node, g, nullptr, 0, dst, src, 4, cudaMemcpyDeviceToDevice));
-  CK(cudaGraphInstantiate(&exec, g, 0));
+  const CopyGraph copy = MakeCopyGraph(dst, src, 4);
   std::string err;
   if (fo_jax::PrepareStreamWait(&err) != cudaSuccess) return 2;
   std::vector<uint32_t> host(kWords);
@@ -239,8 +256,7 @@ int Order() {
       char* d = reinterpret_cast<char*>(dst) + i * kBytes;
       const char* sr = reinterpret_cast<const char*>(src) + from * kBytes;
       if (graph) {
-        CK(cudaGraphExecMemcpyNodeSetParams1D(exec, node, d, sr, kBytes, cudaMemcpyDeviceToDevice));
-        CK(cudaGraphLaunch(exec, s));
+        UpdateAndLaunch(copy, d, sr, kBytes, s);
       } else {
         CK(cudaMemcpyAsync(d, sr, kBytes, cudaMemcpyDeviceToDevice, s));
       }
@@ -304,6 +320,7 @@ int main(int argc, char** argv) {
   const auto current_ctx = Driver<CtxFn>("cuCtxGetCurrent");
   constexpr size_t kBytes = 1 << 20;
 
+  EnablePeerAccess01();
   // GPU 0: flag, buffers, pinned memory, a library, a launched graph, the spin kernel loaded.
   CK(cudaSetDevice(0));
   CUcontext ctx0 = nullptr, ctx1 = nullptr;
@@ -340,7 +357,6 @@ int main(int argc, char** argv) {
   cudaFuncAttributes attr;
   CK(cudaFuncGetAttributes(&attr, SpinUntil));
   CK(cudaFuncGetAttributes(&attr, Noop));
-  CK(cudaDeviceEnablePeerAccess(1, 0));
   // GPU 1: source buffers, stream, kernels loaded, the copy graph, stream memory operations.
   CK(cudaSetDevice(1));
   if (current_ctx(&ctx1) != CUDA_SUCCESS) return 2;
@@ -353,19 +369,10 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&s1b, cudaStreamNonBlocking));
   cudaEvent_t ev1 = nullptr;
   CK(cudaEventCreateWithFlags(&ev1, cudaEventDisableTiming));
-  CK(cudaDeviceEnablePeerAccess(0, 0));
   CK(cudaFuncGetAttributes(&attr, StoreFlag));
   CK(cudaFuncGetAttributes(&attr, CopyWords));
-  cudaGraphExec_t copy_graph = nullptr;
-  cudaGraphNode_t copy_node = nullptr;
-  {
-    cudaGraph_t g = nullptr;
-    CK(cudaGraphCreate(&g, 0));
-    CK(cudaGraphAddMemcpyNode1D(&copy_node, g, nullptr, 0, dst0, src1, kBytes,
-                                cudaMemcpyDeviceToDevice));
-    CK(cudaGraphInstantiate(&copy_graph, g, 0));
-    CK(cudaGraphLaunch(copy_graph, s1));  // uploaded and run once
-  }
+  const CopyGraph copy = MakeCopyGraph(dst0, src1, kBytes);
+  CK(cudaGraphLaunch(copy.exec, s1));  // uploaded and run once
   std::string err;
   if (fo_jax::PrepareStreamWait(&err) != cudaSuccess) {
     std::printf("stream memory operations: %s\n", err.c_str());
@@ -457,22 +464,16 @@ int main(int argc, char** argv) {
       CK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &a, attr_index, 1, s1));
     } else if (peer == "graph") {
       Step("peer: cudaGraphLaunch (memcpy GPU 1 -> GPU 0) ...");
-      CK(cudaGraphLaunch(copy_graph, s1));
-    } else if (peer == "graph_update") {
-      Step("peer: cudaGraphExecMemcpyNodeSetParams1D ...");
-      CK(cudaGraphExecMemcpyNodeSetParams1D(copy_graph, copy_node, dst0, src1, kBytes / 2,
-                                            cudaMemcpyDeviceToDevice));
-      Step("peer: cudaGraphLaunch ...");
-      CK(cudaGraphLaunch(copy_graph, s1));
-    } else if (peer == "graph_update_src" || peer == "graph_update_dst") {
-      const bool new_dst = peer == "graph_update_dst";
-      Step(new_dst ? "peer: graph memcpy node -> another GPU 0 buffer ..."
-                   : "peer: graph memcpy node <- another GPU 1 buffer ...");
-      CK(cudaGraphExecMemcpyNodeSetParams1D(copy_graph, copy_node, new_dst ? dst0b : dst0,
-                                            new_dst ? src1 : dst1, kBytes,
-                                            cudaMemcpyDeviceToDevice));
-      Step("peer: cudaGraphLaunch ...");
-      CK(cudaGraphLaunch(copy_graph, s1));
+      CK(cudaGraphLaunch(copy.exec, s1));
+    } else if (peer == "graph_update") {  // same buffers, half the bytes
+      Step("peer: graph memcpy node update + launch ...");
+      UpdateAndLaunch(copy, dst0, src1, kBytes / 2, s1);
+    } else if (peer == "graph_update_src") {
+      Step("peer: graph memcpy node <- another GPU 1 buffer, launch ...");
+      UpdateAndLaunch(copy, dst0, dst1, kBytes, s1);
+    } else if (peer == "graph_update_dst") {
+      Step("peer: graph memcpy node -> another GPU 0 buffer, launch ...");
+      UpdateAndLaunch(copy, dst0b, src1, kBytes, s1);
     } else if (peer == "local") {
       Step("peer: cudaMemcpyAsync within GPU 1 ...");
       CK(cudaMemcpyAsync(dst1, src1, kBytes, cudaMemcpyDeviceToDevice, s1));
