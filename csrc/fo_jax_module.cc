@@ -4,11 +4,13 @@
 // Python registers the capsules with jax.ffi.register_ffi_target (fo_jax/_cuda.py).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 #include <nccl.h>
 
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "comm/comm_registry.h"
 #include "comm/peer_transport.h"
@@ -104,6 +106,17 @@ NB_MODULE(_fo_jax_cuda, m) {
         return lines;
       },
       nb::call_guard<nb::gil_scoped_release>());
+
+  // Per fo_jax communicator of this process: (device, rank, copies enqueued, copy graphs built)
+  // by the copy-engine transport (tests: the graphs are reused, not rebuilt per copy).
+  m.def("peer_copy_counts", []() {
+    std::vector<std::tuple<int, int, uint64_t, uint64_t>> rows;
+    for (fo_jax::CommState* s : fo_jax::AllCommStatesForDebug()) {
+      const fo_jax::PeerCopyCounts c = fo_jax::CountPeerCopies(*s);
+      rows.emplace_back(s->device, s->rank, c.copies, c.graphs_built);
+    }
+    return rows;
+  });
 
   m.def("nccl_version", []() {
     int v = 0;

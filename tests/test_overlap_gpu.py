@@ -232,6 +232,33 @@ def test_copy_engine_shapes_change_between_calls():
             _assert_every_copy_close(outs[i], x64 @ w64, jnp.bfloat16)
 
 
+def test_copy_engine_reuses_its_copy_graphs():
+    """Each copy into a peer is a launch of a graph re-pointed at the call's buffers
+    (PeerState::copy_exec): once warm, calls on new buffers build no more graphs (until
+    edff03a every update failed and each copy built a new graph: benchmarks/NOTES.md §14)."""
+    from fo_jax import _cuda
+
+    tp = _ntp()
+    mesh = _mesh(tp)
+    cfg = fo_jax.OverlapConfig(transport="copy_engine", allow_fallback=False)
+    rng = np.random.default_rng(12)
+    calls = 20
+    for collective in ("reduce_scatter", "all_reduce"):
+        f = _tp_fn(mesh, collective, config=cfg)
+        x, w, x64, w64 = random_operands(rng, 512 * tp, 1024, 1024, jnp.bfloat16)
+        jax.block_until_ready(f(x, w))
+        before = _cuda.module().peer_copy_counts()
+        outs = [f(x, w) for _ in range(calls)]  # all kept alive: each call gets new buffers
+        jax.block_until_ready(outs)
+        after = _cuda.module().peer_copy_counts()
+        used = [(b, a) for b, a in zip(before, after) if a[2] > b[2]]
+        assert len(used) == tp, (collective, before, after)
+        for b, a in used:
+            assert a[2] - b[2] >= calls * (tp - 1), (collective, b, a)
+            assert a[3] == b[3], f"{collective}: copy graphs rebuilt (device, rank, copies, built): {b} -> {a}"
+        assert_close(outs[-1], x64 @ w64, jnp.bfloat16)
+
+
 def test_copy_engine_refusals_at_trace_time():
     tp = _ntp()
     mesh = _mesh(tp)

@@ -75,7 +75,7 @@ for step in "$@"; do
     bench-overlap-sweep) python3 "$R/benchmarks/bench_overlap.py" --sweep --out "$OUT" 2>&1 | tail -22 || rc=1;;
     ctx-lock-probe) build_probe ctx_lock_probe  # NOTES §12-13: which enqueue calls can a GPU 0 drain block?
           for blocker in ${BLOCKERS:-none free malloc free_host host_alloc first_launch load_globals unload_globals graph_destroy sync queue_full}; do
-            for peer in ${PEERS:-memcpy dtod peer_ctx batch graph graph_update graph_update_src graph_update_dst local memset_local event_pair kernel_copy flag_only kernel_flag}; do
+            for peer in ${PEERS:-memcpy dtod peer_ctx batch graph graph_create graph_update graph_update_src graph_update_dst local memset_local event_pair kernel_copy flag_only kernel_flag}; do
               timeout 20 /tmp/ctx_lock_probe $blocker $peer >> "$OUT/ctx_lock_probe.log" 2>&1
               echo "$blocker $peer: $(tail -1 "$OUT/ctx_lock_probe.log")"; done; done
           for blocker in first_launch load_globals; do

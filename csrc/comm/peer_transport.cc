@@ -119,13 +119,16 @@ cudaError_t CopyError(cudaError_t e, std::string* error) {
 }
 
 // A one-node graph copying `bytes` from src (this GPU) to dst (peer memory), in slot k of peer
-// q (PeerState::copy_exec says why copies are graph launches). Destroys the graph it replaces.
+// q (PeerState::copy_exec says why copies are graph launches). Replaces the slot's graph; an
+// exec destroyed while launches of it are queued is freed when they complete.
 cudaError_t CreateCopyGraph(PeerState& p, int q, int k, void* dst, const void* src,
                             size_t bytes) {
-  if (p.copy_exec[q][k]) {
-    (void)cudaGraphExecDestroy(p.copy_exec[q][k]);
-    p.copy_exec[q][k] = nullptr;
-  }
+  if (p.copy_exec[q][k]) (void)cudaGraphExecDestroy(p.copy_exec[q][k]);
+  if (p.copy_graph[q][k]) (void)cudaGraphDestroy(p.copy_graph[q][k]);
+  p.copy_exec[q][k] = nullptr;
+  p.copy_graph[q][k] = nullptr;
+  p.copy_node[q][k] = nullptr;
+  ++p.graphs_built;
   cudaGraph_t graph = nullptr;
   cudaError_t e = cudaGraphCreate(&graph, 0);
   if (e == cudaSuccess) {
@@ -133,7 +136,11 @@ cudaError_t CreateCopyGraph(PeerState& p, int q, int k, void* dst, const void* s
                                  cudaMemcpyDeviceToDevice);
   }
   if (e == cudaSuccess) e = cudaGraphInstantiate(&p.copy_exec[q][k], graph, 0);
-  if (graph) (void)cudaGraphDestroy(graph);
+  if (e == cudaSuccess) {
+    p.copy_graph[q][k] = graph;  // kept: updates name its node
+  } else if (graph) {
+    (void)cudaGraphDestroy(graph);
+  }
   return e;
 }
 
@@ -148,6 +155,7 @@ cudaError_t GatedCopy(PeerState& p, const PeerCollectiveArgs& a, int g, int to, 
   cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + g, a.expected[g], a.spin_wait,
                                    error);
   if (err != cudaSuccess) return err;
+  ++p.copies;
   int k = 0;
   for (; k < PeerState::kCopyGraphs && p.copy_exec[to][k]; ++k) {
     err = cudaGraphExecMemcpyNodeSetParams1D(p.copy_exec[to][k], p.copy_node[to][k], dst, src,
@@ -442,6 +450,12 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   return WaitForPeers(p, xla_stream, kStored, P, me, e, a.spin_wait, error);
 }
 
+PeerCopyCounts CountPeerCopies(CommState& s) {
+  std::lock_guard<std::timed_mutex> lock(s.mu);
+  if (!s.peer) return {};
+  return {s.peer->copies, s.peer->graphs_built};
+}
+
 std::string DescribePeerStateForDebug(CommState& s) {
   std::string text = "GPU " + std::to_string(s.device) + " rank " + std::to_string(s.rank) + "/" +
                      std::to_string(s.nranks);
@@ -449,7 +463,8 @@ std::string DescribePeerStateForDebug(CommState& s) {
   if (!lock.try_lock_for(std::chrono::milliseconds(200))) text += " [a call holds mu]";
   if (!s.peer) return text + " (no copy-engine state)";
   PeerState& p = *s.peer;
-  text += " epoch " + std::to_string(p.epoch);
+  text += " epoch " + std::to_string(p.epoch) + ", " + std::to_string(p.copies) + " copies, " +
+          std::to_string(p.graphs_built) + " copy graphs built";
   constexpr size_t words = kSyncRegions * kMaxPeerRanks;
   uint32_t* host = nullptr;
   cudaStream_t stream = nullptr;

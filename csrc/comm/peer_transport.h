@@ -74,13 +74,17 @@ struct PeerState {
   // update + launch never waits for a driver lock that another thread holds while it waits for
   // that peer GPU to drain (freeing memory, loading or unloading a module with globals, as XLA
   // does when it runs a new executable or drops an old one). That wait can deadlock: the peer's
-  // GPU may itself be waiting for this copy (benchmarks/NOTES.md §13,
-  // csrc/tools/ctx_lock_probe.cu). An update must keep the kind of memory the node was created
-  // with (the driver refuses cudaMalloc'd -> XLA-allocated), so nodes are created from the
-  // first real copy, and a few are kept per peer for other kinds (GatedCopy).
+  // GPU may itself be waiting for this copy (benchmarks/NOTES.md §13-14,
+  // csrc/tools/ctx_lock_probe.cu). The graph stays alive as long as its exec: an update names
+  // the node of the graph the exec was instantiated from (with that graph destroyed every update
+  // failed, and each copy built a new graph: NOTES §14). The driver also refuses an update to
+  // memory of another context or mapping, so a few graphs are kept per peer (GatedCopy).
   static constexpr int kCopyGraphs = 4;
+  cudaGraph_t copy_graph[kMaxPeerRanks][kCopyGraphs] = {};
   cudaGraphExec_t copy_exec[kMaxPeerRanks][kCopyGraphs] = {};
   cudaGraphNode_t copy_node[kMaxPeerRanks][kCopyGraphs] = {};
+  uint64_t copies = 0;       // copies enqueued, and
+  uint64_t graphs_built = 0; // copy graphs built for them (diagnostics: PeerCopyCounts)
   uint32_t epoch = 0;
 };
 
@@ -149,5 +153,13 @@ cudaError_t EnqueuePeerCollective(CommState& state, cudaStream_t xla_stream,
 // (epoch) and the flags as the GPU holds them, read by a copy on a stream of this function's own
 // (given up after a second: a stuck GPU may not serve it).
 std::string DescribePeerStateForDebug(CommState& state);
+
+// Copies enqueued and copy graphs built so far by this communicator's copy-engine transport
+// ({0, 0} before its first call). Once every kind of memory has its graph, only copies grow.
+struct PeerCopyCounts {
+  uint64_t copies = 0;
+  uint64_t graphs_built = 0;
+};
+PeerCopyCounts CountPeerCopies(CommState& state);
 
 }  // namespace fo_jax

@@ -26,7 +26,8 @@
 //       graph instantiated beforehand whose memcpy node makes the same copy) | graph_update
 //       (cudaGraphExecMemcpyNodeSetParams1D on it, same buffers, then the launch) |
 //       graph_update_src / graph_update_dst (the same with another source in GPU 1 / another
-//       destination in GPU 0) | local (cudaMemcpyAsync
+//       destination in GPU 0) | graph_create (a new graph built, instantiated and launched, the
+//       old exec destroyed) | local (cudaMemcpyAsync
 //       within GPU 1) | kernel_copy (a GPU 1 kernel copies through the peer pointer) |
 //       memset_local (cudaMemsetAsync of GPU 1 memory: the counters' reset) | event_pair
 //       (cudaEventRecord on one GPU 1 stream, cudaStreamWaitEvent on another) |
@@ -121,18 +122,20 @@ void EnablePeerAccess01() {
 
 // The copy-engine transport's copy primitive (PeerState::copy_exec): a one-node memcpy graph,
 // re-pointed before each launch.
+// The graph is never destroyed: an update names a node of the graph the exec was instantiated
+// from (destroying it made every update fail with "invalid argument": NOTES §14).
 struct CopyGraph {
+  cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   cudaGraphNode_t node = nullptr;
 };
 
 CopyGraph MakeCopyGraph(void* dst, const void* src, size_t bytes) {
   CopyGraph c;
-  cudaGraph_t g = nullptr;
-  CK(cudaGraphCreate(&g, 0));
-  CK(cudaGraphAddMemcpyNode1D(&c.node, g, nullptr, 0, dst, src, bytes, cudaMemcpyDeviceToDevice));
-  CK(cudaGraphInstantiate(&c.exec, g, 0));
-  CK(cudaGraphDestroy(g));
+  CK(cudaGraphCreate(&c.graph, 0));
+  CK(cudaGraphAddMemcpyNode1D(&c.node, c.graph, nullptr, 0, dst, src, bytes,
+                              cudaMemcpyDeviceToDevice));
+  CK(cudaGraphInstantiate(&c.exec, c.graph, 0));
   return c;
 }
 
@@ -465,6 +468,13 @@ int main(int argc, char** argv) {
     } else if (peer == "graph") {
       Step("peer: cudaGraphLaunch (memcpy GPU 1 -> GPU 0) ...");
       CK(cudaGraphLaunch(copy.exec, s1));
+    } else if (peer == "graph_create") {
+      // What every copy of the library did from 7f0cd48 to edff03a (its updates always failed:
+      // NOTES §14): build, instantiate and launch a new graph, destroy the previous exec.
+      Step("peer: new copy graph (create, add memcpy node, instantiate), launch ...");
+      CopyGraph fresh = MakeCopyGraph(dst0, src1, kBytes);
+      CK(cudaGraphExecDestroy(copy.exec));
+      CK(cudaGraphLaunch(fresh.exec, s1));
     } else if (peer == "graph_update") {  // same buffers, half the bytes
       Step("peer: graph memcpy node update + launch ...");
       UpdateAndLaunch(copy, dst0, src1, kBytes / 2, s1);
