@@ -93,19 +93,20 @@ NB_MODULE(_fo_jax_cuda, m) {
         },
         nb::arg("code"), nb::arg("rank") = -1, nb::arg("broken") = false);
 
-  // Diagnostics for a hang: one line per fo_jax communicator of this process (peer_transport.h).
-  // Without the GIL: on a hung machine the CUDA calls that read the flags may block, and the
-  // caller's watchdog thread must still be able to report (fo_jax/_diagnostics.py).
+  // Diagnostics for a hang: the number of fo_jax communicators of this process, and one line
+  // about communicator i (peer_transport.h), "" past the end. Without the GIL: on a hung machine
+  // the CUDA calls that read the flags may block, and the caller's watchdog thread must still
+  // be able to report (fo_jax/_diagnostics.py prints each line as it comes).
+  m.def("debug_comm_state_count",
+        []() { return static_cast<int>(fo_jax::AllCommStatesForDebug().size()); });
   m.def(
-      "debug_comm_states",
-      []() {
-        std::vector<std::string> lines;
-        for (fo_jax::CommState* s : fo_jax::AllCommStatesForDebug()) {
-          lines.push_back(fo_jax::DescribePeerStateForDebug(*s));
-        }
-        return lines;
+      "debug_comm_state",
+      [](int i) {
+        std::vector<fo_jax::CommState*> all = fo_jax::AllCommStatesForDebug();
+        if (i < 0 || i >= static_cast<int>(all.size())) return std::string();
+        return fo_jax::DescribePeerStateForDebug(*all[i]);
       },
-      nb::call_guard<nb::gil_scoped_release>());
+      nb::arg("index"), nb::call_guard<nb::gil_scoped_release>());
 
   // Per fo_jax communicator of this process: (device, rank, copies enqueued, copy graphs built)
   // by the copy-engine transport (tests: the graphs are reused, not rebuilt per copy).

@@ -11,15 +11,16 @@ from typing import Callable, Hashable, Optional
 
 def print_comm_states(timeout_s: float = 20.0) -> None:
     """One line per fo_jax communicator of this process (GPU, rank, call count, copy-engine
-    flags: _fo_jax_cuda.debug_comm_states), read on a thread of its own: on a hung machine the
+    flags, the latest call's GEMM counters: _fo_jax_cuda.debug_comm_state), read on a thread of its own: on a hung machine the
     read itself may block, which is then reported instead of blocking the caller."""
 
     def read():
         try:
             from fo_jax import _cuda
 
-            for line in _cuda.module().debug_comm_states():
-                print("  state:", line, flush=True)
+            mod = _cuda.module()
+            for i in range(mod.debug_comm_state_count()):
+                print("  state:", mod.debug_comm_state(i), flush=True)
         except Exception as e:  # diagnostics only
             print("  state: unavailable:", e, flush=True)
 

@@ -296,6 +296,9 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   }
   PeerState& p = *s.peer;
   const uint32_t e = ++p.epoch;
+  p.last_counters = a.counters;
+  p.last_num_groups = a.num_groups;
+  std::copy(a.expected, a.expected + a.num_groups, p.last_expected);
   uint32_t* arrived = Region(p.sync, kArrived);
   const size_t chunk_elems = a.band_elems / H;
   const size_t chunk_bytes = chunk_elems * 2;
@@ -465,35 +468,54 @@ std::string DescribePeerStateForDebug(CommState& s) {
   PeerState& p = *s.peer;
   text += " epoch " + std::to_string(p.epoch) + ", " + std::to_string(p.copies) + " copies, " +
           std::to_string(p.graphs_built) + " copy graphs built";
+  // Read on a stream of its own into pinned memory kept for this (never freed: cudaFreeHost
+  // and cudaStreamDestroy wait for the GPU to drain, which a hung GPU never does). The reads
+  // are cudaMemcpyAsync calls, which block while another thread waits for this GPU to drain
+  // with a driver lock held (NOTES §13): the caller reads on a thread it can abandon.
+  static std::mutex reader;
+  std::unique_lock<std::mutex> one_reader(reader, std::try_to_lock);
+  if (!one_reader.owns_lock()) return text + " (another read is in progress)";
   constexpr size_t words = kSyncRegions * kMaxPeerRanks;
-  uint32_t* host = nullptr;
-  cudaStream_t stream = nullptr;
-  if (cudaSetDevice(s.device) != cudaSuccess ||
-      cudaHostAlloc(reinterpret_cast<void**>(&host), words * 4, cudaHostAllocDefault) !=
+  const int groups = p.last_counters ? p.last_num_groups : 0;
+  if (cudaSetDevice(s.device) != cudaSuccess) return text + " (cudaSetDevice failed)";
+  if (!p.debug_host &&
+      cudaHostAlloc(reinterpret_cast<void**>(&p.debug_host), (words + kMaxGemmGroups) * 4,
+                    cudaHostAllocDefault) != cudaSuccess) {
+    p.debug_host = nullptr;
+  }
+  if (p.debug_host && !p.debug_stream &&
+      cudaStreamCreateWithFlags(&p.debug_stream, cudaStreamNonBlocking) != cudaSuccess) {
+    p.debug_stream = nullptr;
+  }
+  uint32_t* host = p.debug_host;
+  if (!host || !p.debug_stream ||
+      cudaMemcpyAsync(host, p.sync, words * 4, cudaMemcpyDeviceToHost, p.debug_stream) !=
           cudaSuccess ||
-      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
-      cudaMemcpyAsync(host, p.sync, words * 4, cudaMemcpyDeviceToHost, stream) != cudaSuccess) {
+      (groups > 0 && cudaMemcpyAsync(host + words, p.last_counters, groups * 4,
+                                     cudaMemcpyDeviceToHost, p.debug_stream) != cudaSuccess)) {
     (void)cudaGetLastError();
     return text + " (flags: CUDA call failed)";
   }
   bool done = false;
   for (int i = 0; i < 100 && !done; ++i) {
-    done = cudaStreamQuery(stream) == cudaSuccess;
+    done = cudaStreamQuery(p.debug_stream) == cudaSuccess;
     if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  if (!done) return text + " (flags: the copy did not finish within a second)";  // leaks host
-  auto list = [&](const char* name, PeerSyncRegion r, int n) {
+  if (!done) return text + " (flags: the read did not finish within a second)";
+  auto list = [&](const char* name, const uint32_t* v, int n) {
     text += std::string(" ") + name + "[";
-    for (int i = 0; i < n; ++i) text += (i ? "," : "") + std::to_string(host[r * kMaxPeerRanks + i]);
+    for (int i = 0; i < n; ++i) text += (i ? "," : "") + std::to_string(v[i]);
     text += "]";
   };
   const int P = s.nranks;
-  list("arrived", kArrived, 4 * (P - 1));  // every slot rounds <= 4 can use
-  list("acked", kRecvAcked, P);
-  list("stored", kStored, P);
-  list("out_ready", kOutReady, P);
-  (void)cudaStreamDestroy(stream);
-  (void)cudaFreeHost(host);
+  list("arrived", host + kArrived * kMaxPeerRanks, 4 * (P - 1));  // every slot rounds <= 4 use
+  list("acked", host + kRecvAcked * kMaxPeerRanks, P);
+  list("stored", host + kStored * kMaxPeerRanks, P);
+  list("out_ready", host + kOutReady * kMaxPeerRanks, P);
+  if (groups > 0) {  // the latest call's GEMM progress (XLA may have reused the memory since)
+    list("last_call_counters", host + words, groups);
+    list("of", p.last_expected, groups);
+  }
   return text;
 }
 

@@ -85,6 +85,14 @@ struct PeerState {
   cudaGraphNode_t copy_node[kMaxPeerRanks][kCopyGraphs] = {};
   uint64_t copies = 0;       // copies enqueued, and
   uint64_t graphs_built = 0; // copy graphs built for them (diagnostics: PeerCopyCounts)
+  // Diagnostics only (DescribePeerStateForDebug): the latest call's GEMM counters (XLA's
+  // memory: valid while that call runs), what they count to, and a pinned buffer and stream to
+  // read flags and counters on a hung machine without any call that waits for a GPU to drain.
+  const uint32_t* last_counters = nullptr;
+  uint32_t last_expected[kMaxGemmGroups] = {};
+  int last_num_groups = 0;
+  uint32_t* debug_host = nullptr;
+  cudaStream_t debug_stream = nullptr;
   uint32_t epoch = 0;
 };
 
