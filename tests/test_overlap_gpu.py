@@ -273,13 +273,21 @@ def test_copy_engine_refusals_at_trace_time():
         _tp_fn(mesh, "reduce_scatter", config=grouped).lower(x, w)
 
 
-def test_thousand_back_to_back_calls():
+# "placed": inputs already sharded over the mesh (as in a model); "resharded": single-GPU arrays,
+# which JAX slices on GPU 0 and copies to the others before every call (XLA transfers between
+# the calls: the case that stalls at TP=4, benchmarks/NOTES.md §14). Placed first, so that it
+# runs where the stall happened.
+@pytest.mark.parametrize("inputs", ["placed", "resharded"])
+def test_thousand_back_to_back_calls(inputs):
     tp = _ntp()
     mesh = _mesh(tp)
     m, n, k = 1024, 1024, 1024
     rng = np.random.default_rng(3)
     for collective in ("reduce_scatter", "all_reduce"):
         x, w, x64, w64 = random_operands(rng, m, k, n, jnp.bfloat16)
+        if inputs == "placed":
+            x = jax.device_put(x, jax.sharding.NamedSharding(mesh, P(None, "tp")))
+            w = jax.device_put(w, jax.sharding.NamedSharding(mesh, P("tp", None)))
         f = _tp_fn(mesh, collective)
         outs = [f(x, w) for _ in range(1000)]
         jax.block_until_ready(outs)

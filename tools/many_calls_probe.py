@@ -106,6 +106,9 @@ def _start_globals_thread():
     for i in range(int(os.environ.get("PROBE_POOL", "400"))):
         y = jax.device_put(jnp.zeros((4096,), jnp.float32), devs[i % len(devs)])
         pool.append((_function_with_constant(i + 1, y), y))
+        # Progress for the stall watchdog: 400 compilations outlast its 20 s (session 10's
+        # globals_thread run was reported as a stall while it was still compiling).
+        progress["phase"] = f"start: {i + 1} functions with constants compiled"
     print(f"probe: {len(pool)} functions with constants compiled", flush=True)
 
     def churn():

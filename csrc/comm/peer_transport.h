@@ -77,8 +77,9 @@ struct PeerState {
   // GPU may itself be waiting for this copy (benchmarks/NOTES.md §13-14,
   // csrc/tools/ctx_lock_probe.cu). The graph stays alive as long as its exec: an update names
   // the node of the graph the exec was instantiated from (with that graph destroyed every update
-  // failed, and each copy built a new graph: NOTES §14). The driver also refuses an update to
-  // memory of another context or mapping, so a few graphs are kept per peer (GatedCopy).
+  // failed, and each copy built a new graph: NOTES §14). An update must name memory of the
+  // node's original contexts (CUDA's documentation), so a few graphs are kept per peer for other
+  // kinds of memory (GatedCopy); on 4x H200 one graph per peer served every test.
   static constexpr int kCopyGraphs = 4;
   cudaGraph_t copy_graph[kMaxPeerRanks][kCopyGraphs] = {};
   cudaGraphExec_t copy_exec[kMaxPeerRanks][kCopyGraphs] = {};
