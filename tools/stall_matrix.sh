@@ -5,8 +5,9 @@
 # stacks and each GPU's fo_jax state, then ends the process). One summary line per run; logs in
 # $OUT/stall_<variant>_<i>.log. benchmarks/NOTES.md §14: does the TP=4 stall need XLA's
 # per-call transfers (test_thousand_back_to_back_calls[placed] vs [resharded]) and does it go
-# away with more hardware queues (CUDA_DEVICE_MAX_CONNECTIONS=32: hypothesis A)?
-# Usage: OUT=... [RUNS=3] [VARIANTS="default conn32"] bash tools/stall_matrix.sh
+# away with more hardware queues (CUDA_DEVICE_MAX_CONNECTIONS=32: hypothesis A) or with the flag
+# waits in kernels (spin)?
+# Usage: OUT=... [RUNS=3] [VARIANTS="default conn32"] bash tools/stall_matrix.sh (also conn1, spin)
 set -uo pipefail
 R=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 FO_JAX_REQUIRE_GPU=1
@@ -16,6 +17,9 @@ declare -A envs=(
   [default]=""
   [conn32]="CUDA_DEVICE_MAX_CONNECTIONS=32"
   [conn1]="CUDA_DEVICE_MAX_CONNECTIONS=1"
+  # Every flag wait of fo_jax as a 1-thread spin kernel instead of cuStreamWaitValue32 (a kernel
+  # waits on SMs, not at the head of a hardware queue; the event waits remain).
+  [spin]="FO_JAX_SPIN_WAIT=1"
 )
 # The tests before the 1000-calls ones (the stall needs them: never seen in the test alone).
 select="not async and not mesh and not process and not xla_coll and not unusable"
