@@ -1,6 +1,6 @@
 """Hang diagnostics (device machine; not imported by `import fo_jax`): fo_jax's per-GPU protocol
 state and a stall watchdog, shared by the GPU tests (FO_JAX_TEST_STALL_S, FO_JAX_DEBUG_STATES)
-and tools/many_calls_probe.py. benchmarks/NOTES.md §12-13."""
+and tools/many_calls_probe.py. benchmarks/NOTES.md §12-14."""
 
 import faulthandler
 import os
@@ -11,8 +11,9 @@ from typing import Callable, Hashable, Optional
 
 def print_comm_states(timeout_s: float = 20.0) -> None:
     """One line per fo_jax communicator of this process (GPU, rank, call count, copy-engine
-    flags, the latest call's GEMM counters: _fo_jax_cuda.debug_comm_state), read on a thread of its own: on a hung machine the
-    read itself may block, which is then reported instead of blocking the caller."""
+    flags, the latest call's GEMM counters: _fo_jax_cuda.debug_comm_state), each printed as it
+    is read, on a thread of its own: on a hung machine a read may block, which is then reported
+    instead of blocking the caller."""
 
     def read():
         try:

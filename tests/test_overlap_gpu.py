@@ -255,7 +255,8 @@ def test_copy_engine_reuses_its_copy_graphs():
         assert len(used) == tp, (collective, before, after)
         for b, a in used:
             assert a[2] - b[2] >= calls * (tp - 1), (collective, b, a)
-            assert a[3] == b[3], f"{collective}: copy graphs rebuilt (device, rank, copies, built): {b} -> {a}"
+            assert a[3] == b[3], (f"{collective}: copy graphs rebuilt (device, rank, copies, "
+                                  f"built): {b} -> {a}")
         assert_close(outs[-1], x64 @ w64, jnp.bfloat16)
 
 

@@ -14,6 +14,7 @@ both="reduce_scatter,all_reduce"
 # that the peer's thread is still enqueueing: the window of the deadlock of NOTES §13).
 long_calls="$both 200 100 8192 8192 8192"
 short_calls="$both 1000 50 2048 2048 2048"
+disrupt="env PROBE_PLACED=1 PROBE_DISRUPT"  # "$disrupt=KIND [VAR=value ...] $probe ..."
 declare -A cmd=(
   [base_reshard]="env PROBE_METHOD=baseline $probe $both 1000 1000"
   [ar_reshard]="$probe all_reduce 1000 1000"
@@ -22,13 +23,13 @@ declare -A cmd=(
   [rs_ar_reshard]="$probe $both 1000 1000"
   [rs_ar_reshard_gdb]="$probe $both 1000 1000"
   # Deliberate disruptions with calls in flight (NOTES §12-13).
-  [newkernel_lazy_gdb]="env PROBE_PLACED=1 PROBE_DISRUPT=newkernel $probe $long_calls"
-  [newkernel_eager]="env CUDA_MODULE_LOADING=EAGER PROBE_PLACED=1 PROBE_DISRUPT=newkernel $probe $long_calls"
-  [unload_lazy]="env PROBE_PLACED=1 PROBE_DISRUPT=unload $probe $long_calls"
-  [unload_eager]="env CUDA_MODULE_LOADING=EAGER PROBE_PLACED=1 PROBE_DISRUPT=unload $probe $long_calls"
-  [globals_small]="env PROBE_PLACED=1 PROBE_DISRUPT=globals $probe $short_calls"
-  [globals_small_nccl]="env FO_JAX_TRANSPORT=nccl PROBE_PLACED=1 PROBE_DISRUPT=globals $probe $short_calls"
-  [globals_thread]="env PROBE_PLACED=1 PROBE_DISRUPT=globals_thread $probe $both 5000 100 2048 2048 2048"
+  [newkernel_lazy_gdb]="$disrupt=newkernel $probe $long_calls"
+  [newkernel_eager]="$disrupt=newkernel CUDA_MODULE_LOADING=EAGER $probe $long_calls"
+  [unload_lazy]="$disrupt=unload $probe $long_calls"
+  [unload_eager]="$disrupt=unload CUDA_MODULE_LOADING=EAGER $probe $long_calls"
+  [globals_small]="$disrupt=globals $probe $short_calls"
+  [globals_small_nccl]="$disrupt=globals FO_JAX_TRANSPORT=nccl $probe $short_calls"
+  [globals_thread]="$disrupt=globals_thread $probe $both 5000 100 2048 2048 2048"
 )
 for tag in ${VARIANTS:-base_reshard ar_reshard rs_ar_placed nccl_reshard rs_ar_reshard_gdb}; do
   echo "--- $tag"

@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <thread>
-#include <memory>
 
 #include "comm/stream_wait.h"
 #include "kernels/band_sum.h"

@@ -157,10 +157,11 @@ std::string PreparePeerTransport(CommState& state, size_t recv_bytes);
 cudaError_t EnqueuePeerCollective(CommState& state, cudaStream_t xla_stream,
                                   const PeerCollectiveArgs& args, std::string* error);
 
-// Diagnostics for a hang (tools/many_calls_probe.py), as one line of text: the rank, whether a
-// call holds state.mu now (a host thread stuck inside the handler), the number of calls enqueued
-// (epoch) and the flags as the GPU holds them, read by a copy on a stream of this function's own
-// (given up after a second: a stuck GPU may not serve it).
+// Diagnostics for a hang (fo_jax/_diagnostics.py), as one line of text: the rank, whether a call
+// holds state.mu now (a host thread stuck inside the handler), the number of calls enqueued
+// (epoch), copies and copy graphs built, and the flags and the latest call's GEMM counters as
+// the GPU holds them, read by a copy on a stream of this function's own (given up after a
+// second: a stuck GPU may not serve it).
 std::string DescribePeerStateForDebug(CommState& state);
 
 // Copies enqueued and copy graphs built so far by this communicator's copy-engine transport
