@@ -4,7 +4,7 @@
 # steps. Logs and result files go to $OUT. NVLink multicast stays off.
 # Steps: info smoke test-gemm test-overlap test-autodiff train bench-gemm bench-overlap
 #        bench-overlap-quick bench-overlap-sweep bench-cli tune diag-overlap selftest probe ce-probe
-#        p2p-probe ctx-lock-probe
+#        p2p-probe ctx-lock-probe queue-probe
 #        profile-gemm profile-overlap overlap-configs smi-start smi-stop (GPU clock/power sampling).
 # Knobs (env): FO_JAX_COMMIT (required), SHAPES, COLLS, CONFIGS (G:SM:C[:GEMM_CONFIG] ...), TAG,
 #        GEMM_SHAPES, CE_SHAPES (MxNxK ... for ce-probe and p2p-probe), FO_JAX_REQUIRE_GPU=0 (skip tests
@@ -82,6 +82,11 @@ for step in "$@"; do
             CUDA_MODULE_LOADING=EAGER timeout 20 /tmp/ctx_lock_probe $blocker memcpy >> "$OUT/ctx_lock_probe.log" 2>&1
             echo "EAGER $blocker memcpy: $(tail -1 "$OUT/ctx_lock_probe.log")"; done
           timeout 60 /tmp/ctx_lock_probe bench 2>&1 | tee -a "$OUT/ctx_lock_probe.log";;
+    queue-probe) build_probe queue_sharing_probe  # NOTES §15: do waiting streams hold up others' copies?
+          for conn in default 32 1; do
+            for args in "none 17" "wait 17" "spin 17" "wait 17 prio" "wait 40"; do
+              env $([[ $conn == default ]] || echo CUDA_DEVICE_MAX_CONNECTIONS=$conn) timeout 20 \
+                /tmp/queue_sharing_probe $args 2>&1 | tee -a "$OUT/queue_sharing_probe.log"; done; done;;
     ctx-lock-order) build_probe ctx_lock_probe
           timeout 60 /tmp/ctx_lock_probe order 2>&1 | tee -a "$OUT/ctx_lock_probe.log";;
     ce-probe) build_probe ce_rs_probe
