@@ -6,9 +6,14 @@ returns exactly psum_scatter(x @ w, "tp", scatter_dimension=0, tiled=True) (or p
 collective="all_reduce"). See README.md for what runs where today.
 """
 
-from fo_jax.config import OverlapConfig
-from fo_jax.overlap import PathChoice, describe, matmul, overlapped_matmul
-from fo_jax import ops, reference
+# First: CUDA reads CUDA_DEVICE_MAX_CONNECTIONS when JAX creates its GPU contexts (_hw_queues.py).
+from fo_jax import _hw_queues
+
+_hw_queues.request_at_import()
+
+from fo_jax.config import OverlapConfig  # noqa: E402
+from fo_jax.overlap import PathChoice, describe, matmul, overlapped_matmul  # noqa: E402
+from fo_jax import ops, reference  # noqa: E402
 
 __version__ = "0.1.0"
 

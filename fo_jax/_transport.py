@@ -21,7 +21,7 @@ from typing import Optional
 import jax
 import numpy as np
 
-from fo_jax import _ce_model, _cuda, _plan
+from fo_jax import _ce_model, _cuda, _hw_queues, _plan
 from fo_jax.config import OverlapConfig
 
 MAX_RANKS = 16  # kMaxPeerRanks in csrc/comm/peer_transport.h
@@ -141,8 +141,10 @@ def choose(fn: str, collective: str, size: int, dtype, m_total: int, n: int, k: 
     if requested == "copy_engine":
         if problem is not None:
             raise ValueError(f"{fn}: OverlapConfig(transport='copy_engine'): {problem}")
+        _hw_queues.warn_if_few(fn)
         return "copy_engine", "copy-engine transport (requested)"
     if problem is None:
+        _hw_queues.warn_if_few(fn)
         tail = ("no collective tail" if collective == "reduce_scatter"
                 else "an all-gather of the summed bands after it")
         return "copy_engine", f"copy-engine transport (GEMM on every SM, {tail})"

@@ -7,7 +7,8 @@
 #        p2p-probe ctx-lock-probe queue-probe
 #        profile-gemm profile-overlap overlap-configs smi-start smi-stop (GPU clock/power sampling).
 # Knobs (env): FO_JAX_COMMIT (required), SHAPES, COLLS, CONFIGS (G:SM:C[:GEMM_CONFIG] ...), TAG,
-#        GEMM_SHAPES, CE_SHAPES (MxNxK ... for ce-probe and p2p-probe), FO_JAX_REQUIRE_GPU=0 (skip tests
+#        GEMM_SHAPES, CE_SHAPES (MxNxK ... for ce-probe and p2p-probe), CONNS and PROBE_ARGS
+#        (queue-probe: CUDA_DEVICE_MAX_CONNECTIONS values; ';'-separated argument lists), FO_JAX_REQUIRE_GPU=0 (skip tests
 #        needing more GPUs than present).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -83,8 +84,9 @@ for step in "$@"; do
             echo "EAGER $blocker memcpy: $(tail -1 "$OUT/ctx_lock_probe.log")"; done
           timeout 60 /tmp/ctx_lock_probe bench 2>&1 | tee -a "$OUT/ctx_lock_probe.log";;
     queue-probe) build_probe queue_sharing_probe  # NOTES §15: do waiting streams hold up others' copies?
-          for conn in default 32 1; do
-            for args in "none 17" "wait 17" "spin 17" "wait 17 prio" "wait 40"; do
+          for conn in ${CONNS:-default 32 1}; do
+            IFS=';' read -ra cases <<< "${PROBE_ARGS:-none 17;wait 17;spin 17;wait 17 prio;wait 40}"
+            for args in "${cases[@]}"; do
               env $([[ $conn == default ]] || echo CUDA_DEVICE_MAX_CONNECTIONS=$conn) timeout 20 \
                 /tmp/queue_sharing_probe $args 2>&1 | tee -a "$OUT/queue_sharing_probe.log"; done; done;;
     ctx-lock-order) build_probe ctx_lock_probe

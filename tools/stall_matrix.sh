@@ -3,11 +3,13 @@
 # overlap test file up to and including the 1000-calls tests, RUNS times per environment
 # variant, each run in its own process with the stall watchdog armed (a stall prints the Python
 # stacks and each GPU's fo_jax state, then ends the process). One summary line per run; logs in
-# $OUT/stall_<variant>_<i>.log. benchmarks/NOTES.md §14: does the TP=4 stall need XLA's
+# $OUT/stall_<variant>_<i>.log. benchmarks/NOTES.md §14-15: does the TP=4 stall need XLA's
 # per-call transfers (test_thousand_back_to_back_calls[placed] vs [resharded]) and does it go
 # away with more hardware queues (CUDA_DEVICE_MAX_CONNECTIONS=32: hypothesis A) or with the flag
-# waits in kernels (spin)?
-# Usage: OUT=... [RUNS=3] [VARIANTS="default conn32"] bash tools/stall_matrix.sh (also conn1, spin)
+# waits in kernels (spin)? Since §15 `import fo_jax` sets 32 itself when unset (default);
+# conn8 is the CUDA default that stalled.
+# Usage: OUT=... [RUNS=3] [VARIANTS="default conn8"] bash tools/stall_matrix.sh (also conn32,
+# conn1, spin)
 set -uo pipefail
 R=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 FO_JAX_REQUIRE_GPU=1
@@ -16,6 +18,7 @@ cd /tmp
 declare -A envs=(
   [default]=""
   [conn32]="CUDA_DEVICE_MAX_CONNECTIONS=32"
+  [conn8]="CUDA_DEVICE_MAX_CONNECTIONS=8"
   [conn1]="CUDA_DEVICE_MAX_CONNECTIONS=1"
   # Every flag wait of fo_jax as a 1-thread spin kernel instead of cuStreamWaitValue32 (a kernel
   # waits on SMs, not at the head of a hardware queue; the event waits remain).
@@ -23,7 +26,11 @@ declare -A envs=(
 )
 # The tests before the 1000-calls ones (the stall needs them: never seen in the test alone).
 select="not async and not mesh and not process and not xla_coll and not unusable"
-for v in ${VARIANTS:-default conn32}; do
+for v in ${VARIANTS:-default conn8}; do
+  echo "$v: $(env ${envs[$v]} python3 -c 'import os, fo_jax, jax
+from fo_jax import _hw_queues as h
+jax.devices()
+print(h.VAR, os.environ.get(h.VAR), h._origin, h.problem() or "enough hardware queues")' 2>&1 | tail -1)"
   for i in $(seq 1 "${RUNS:-3}"); do
     log="$OUT/stall_${v}_$i.log"
     env ${envs[$v]} timeout 200 python3 -m pytest -q -rs --tb=short --timeout 300 \

@@ -8,16 +8,20 @@
 // waits whose condition depends on other GPUs; if XLA's transfer that another GPU needs sits
 // behind such a wait, nothing moves again.
 //
-//   queue_sharing_probe MODE STREAMS [prio]
-//   MODE: wait   stream 0 holds cuStreamWaitValue32 on a flag in pinned host memory, then a
-//                tiny kernel (fo_jax's pattern: a flag wait, then the work it gates)
-//         spin   stream 0 holds a 1-thread kernel spinning on the flag, then a tiny kernel (the
-//                spin kernel runs; its successor in the stream waits: NCCL's pattern)
-//         none   stream 0 holds only the tiny kernel (the control: nothing may be blocked)
-//   STREAMS: streams created in this order (non-blocking); every stream i > 0 then gets a 4 KiB
-//            device-to-device copy and an event, enqueued after stream 0's wait.
-//   prio: stream 0 is created with the highest priority (as fo_jax's comm stream).
-// Prints which streams' copies had not completed 300 ms later, then releases the flag. The
+//   queue_sharing_probe MODE STREAMS [HELD] [copy|kernel] [prio]
+//   MODE: wait   each held stream holds cuStreamWaitValue32 on a flag in pinned host memory,
+//                then a tiny kernel (fo_jax's pattern: a flag wait, then the work it gates)
+//         spin   each held stream holds a 1-thread kernel spinning on the flag, then a tiny
+//                kernel (the spin kernel runs; its successor in the stream waits: NCCL's pattern)
+//         none   the held streams hold only the tiny kernel (the control: nothing may be blocked)
+//   STREAMS: streams created in this order (non-blocking); the first HELD (default 1) are held,
+//            every other stream then gets a 4 KiB device-to-device copy (or a tiny kernel) and
+//            an event, enqueued after the held streams' waits.
+//   prio: the held streams are created with the highest priority (as fo_jax's copy stream).
+//   late=N: set CUDA_DEVICE_MAX_CONNECTIONS=N after the driver is initialised (cuInit, through
+//           cudaGetDeviceCount) but before the context exists: is it read per context? (fo_jax
+//           sets it at import, when JAX may have initialised the driver but no context yet.)
+// Prints which streams' work had not completed 300 ms later, then releases the flag. The
 // environment decides the number of hardware queues (CUDA_DEVICE_MAX_CONNECTIONS).
 #include <chrono>
 #include <cstdio>
@@ -51,12 +55,24 @@ __global__ void Tiny(uint32_t* p) { p[threadIdx.x] += 1; }
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: queue_sharing_probe wait|spin|none STREAMS [prio]\n");
+    std::fprintf(stderr, "usage: queue_sharing_probe wait|spin|none STREAMS [HELD] [copy|kernel] [prio]\n");
     return 2;
   }
   const std::string mode = argv[1];
   const int streams = std::atoi(argv[2]);
-  const bool prio = argc > 3 && std::strcmp(argv[3], "prio") == 0;
+  int held = 1;
+  bool prio = false, kernels = false;
+  const char* late = nullptr;
+  for (int i = 3; i < argc; ++i) {
+    if (std::strcmp(argv[i], "prio") == 0) prio = true;
+    else if (std::strcmp(argv[i], "kernel") == 0) kernels = true;
+    else if (std::strncmp(argv[i], "late=", 5) == 0) late = argv[i] + 5;
+    else if (std::strcmp(argv[i], "copy") != 0) held = std::atoi(argv[i]);
+  }
+  if (held < 1 || held >= streams) { std::fprintf(stderr, "need 1 <= HELD < STREAMS\n"); return 2; }
+  int devices = 0;
+  CK(cudaGetDeviceCount(&devices));  // initialises the driver, creates no context
+  if (late) setenv("CUDA_DEVICE_MAX_CONNECTIONS", late, 1);
   const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   CK(cudaSetDevice(0));
 
@@ -87,31 +103,37 @@ int main(int argc, char** argv) {
   std::vector<cudaStream_t> s(streams);
   std::vector<cudaEvent_t> ev(streams);
   for (int i = 0; i < streams; ++i) {
-    CK(cudaStreamCreateWithPriority(&s[i], cudaStreamNonBlocking, (i == 0 && prio) ? hi : lo));
+    CK(cudaStreamCreateWithPriority(&s[i], cudaStreamNonBlocking, (i < held && prio) ? hi : lo));
     CK(cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming));
   }
 
-  if (mode == "wait") {
-    CUresult r = wait_value32(reinterpret_cast<CUstream>(s[0]), reinterpret_cast<CUdeviceptr>(flag_dev),
-                              1, CU_STREAM_WAIT_VALUE_GEQ);
-    if (r != CUDA_SUCCESS) { std::fprintf(stderr, "cuStreamWaitValue32: %d\n", int(r)); return 2; }
-  } else if (mode == "spin") {
-    SpinOnHostFlag<<<1, 1, 0, s[0]>>>(flag_dev);
-  } else if (mode != "none") {
-    std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
-    return 2;
+  for (int i = 0; i < held; ++i) {
+    if (mode == "wait") {
+      CUresult r = wait_value32(reinterpret_cast<CUstream>(s[i]),
+                                reinterpret_cast<CUdeviceptr>(flag_dev), 1, CU_STREAM_WAIT_VALUE_GEQ);
+      if (r != CUDA_SUCCESS) { std::fprintf(stderr, "cuStreamWaitValue32: %d\n", int(r)); return 2; }
+    } else if (mode == "spin") {
+      SpinOnHostFlag<<<1, 1, 0, s[i]>>>(flag_dev);
+    } else if (mode != "none") {
+      std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+      return 2;
+    }
+    Tiny<<<1, 32, 0, s[i]>>>(scratch);
+    CK(cudaEventRecord(ev[i], s[i]));
   }
-  Tiny<<<1, 32, 0, s[0]>>>(scratch);
-  CK(cudaEventRecord(ev[0], s[0]));
-  for (int i = 1; i < streams; ++i) {
-    CK(cudaMemcpyAsync(dst + 4096 * size_t(i), src + 4096 * size_t(i), 4096,
-                       cudaMemcpyDeviceToDevice, s[i]));
+  for (int i = held; i < streams; ++i) {
+    if (kernels) {
+      Tiny<<<1, 32, 0, s[i]>>>(scratch + 32 * (i % 32));
+    } else {
+      CK(cudaMemcpyAsync(dst + 4096 * size_t(i), src + 4096 * size_t(i), 4096,
+                         cudaMemcpyDeviceToDevice, s[i]));
+    }
     CK(cudaEventRecord(ev[i], s[i]));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   std::string blocked;
   int n_blocked = 0;
-  for (int i = 1; i < streams; ++i) {
+  for (int i = held; i < streams; ++i) {
     cudaError_t e = cudaEventQuery(ev[i]);
     if (e == cudaErrorNotReady) {
       blocked += " " + std::to_string(i);
@@ -123,10 +145,10 @@ int main(int argc, char** argv) {
   const bool head_done = cudaEventQuery(ev[0]) == cudaSuccess;
   __atomic_store_n(flag_host, 1u, __ATOMIC_SEQ_CST);
   CK(cudaDeviceSynchronize());
-  std::printf("conn=%s mode=%s streams=%d%s: stream 0 %s; %d of %d other streams' copies blocked "
-              "after 300 ms:%s\n",
-              conn ? conn : "default", mode.c_str(), streams, prio ? " (stream 0 high priority)" : "",
-              head_done ? "done (no wait held)" : "held", n_blocked, streams - 1,
-              blocked.empty() ? " none" : blocked.c_str());
+  std::printf("conn=%s%s mode=%s streams=%d held=%d%s: held streams %s; %d of %d other streams' %s "
+              "blocked after 300 ms:%s\n",
+              conn ? conn : "default", late ? " (set after cuInit)" : "", mode.c_str(), streams, held, prio ? " (high priority)" : "",
+              head_done ? "done (no wait held)" : "held", n_blocked, streams - held,
+              kernels ? "kernels" : "copies", blocked.empty() ? " none" : blocked.c_str());
   return 0;
 }

@@ -1,0 +1,77 @@
+"""Enough CUDA hardware queues for the copy-engine transport (benchmarks/NOTES.md §14-15).
+
+CUDA maps a context's streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues (default 8) and
+reads the variable when the context is created. A queue runs in order, so an operation that
+waits holds up whatever another stream enqueued behind it in the same queue. fo_jax's streams
+wait for other GPUs (flags, events); when XLA enqueues a transfer that one of those GPUs needs
+(the next call's input, resharded from another GPU) into such a queue after the wait, nothing
+moves again. This stalled the 4-GPU tests in about half the runs at 8 queues and in none at 32.
+
+So `import fo_jax` asks for 32 queues (CUDA's maximum) when the variable is unset and JAX has not
+yet created its GPU contexts. A value the user set is kept; the copy-engine transport then warns
+once if it is below 32, as it does when JAX's contexts existed before fo_jax was imported.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Optional
+
+VAR = "CUDA_DEVICE_MAX_CONNECTIONS"
+WANTED = 32
+
+# How the variable came to be: "set" (by fo_jax at import), "user" (already set), "late" (JAX's
+# backends existed at import: its contexts have whatever queues they were created with).
+_origin: Optional[str] = None
+_warned = False
+
+
+def _backends_initialized() -> bool:
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):  # an unknown JAX: assume the worst, set nothing
+        return True
+
+
+def request_at_import() -> None:
+    """Sets CUDA_DEVICE_MAX_CONNECTIONS=32 if unset and no JAX backend exists yet."""
+    global _origin
+    if _origin is not None:
+        return
+    if os.environ.get(VAR, "") != "":
+        _origin = "user"
+    elif _backends_initialized():
+        _origin = "late"
+    else:
+        os.environ[VAR] = str(WANTED)
+        _origin = "set"
+
+
+def problem() -> Optional[str]:
+    """Why this process's GPU contexts may have fewer than 32 hardware queues, or None."""
+    if _origin == "set":
+        return None
+    if _origin == "late":
+        return (f"JAX created its GPU contexts before fo_jax was imported, with {VAR} "
+                f"{'=' + os.environ[VAR] if os.environ.get(VAR) else 'unset (8 queues)'}")
+    value = os.environ.get(VAR, "")
+    if value.isdigit() and int(value) >= WANTED:
+        return None
+    return f"{VAR}={value} is below {WANTED}"
+
+
+def warn_if_few(fn: str) -> None:
+    """Once per process: the copy-engine transport may stall with few hardware queues."""
+    global _warned
+    reason = problem()
+    if reason is None or _warned:
+        return
+    _warned = True
+    warnings.warn(
+        f"{fn}: {reason}. The copy-engine transport's waits can then hold up XLA's transfers "
+        f"that another GPU needs, and calls may stall (benchmarks/NOTES.md §15). Import fo_jax "
+        f"before JAX first uses a GPU, or set {VAR}={WANTED} before starting Python, or use "
+        f"OverlapConfig(transport='nccl').", RuntimeWarning, stacklevel=3)
