@@ -1,19 +1,22 @@
 """Enough CUDA hardware queues for the copy-engine transport (benchmarks/NOTES.md §14-15).
 
 CUDA maps a context's streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues (default 8) and
-reads the variable when the context is created. A queue runs in order, so an operation that
+reads the variable when the driver is initialised (cuInit; setting it later has no effect:
+results/queue_sharing_probe_tp4_2026-11-21_4d390d0.log). A queue runs in order, so an operation that
 waits holds up whatever another stream enqueued behind it in the same queue. fo_jax's streams
 wait for other GPUs (flags, events); when XLA enqueues a transfer that one of those GPUs needs
 (the next call's input, resharded from another GPU) into such a queue after the wait, nothing
 moves again. This stalled the 4-GPU tests in about half the runs at 8 queues and in none at 32.
 
-So `import fo_jax` asks for 32 queues (CUDA's maximum) when the variable is unset and JAX has not
-yet created its GPU contexts. A value the user set is kept; the copy-engine transport then warns
-once if it is below 32, as it does when JAX's contexts existed before fo_jax was imported.
+So `import fo_jax` asks for 32 queues (CUDA's maximum) when the variable is unset and nothing in
+the process has initialised the CUDA driver yet (JAX does when it first uses a GPU). A value the
+user set is kept; the copy-engine transport then warns once if it is below 32, as it does when
+the driver was initialised before fo_jax was imported.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import warnings
 from typing import Optional
@@ -21,10 +24,22 @@ from typing import Optional
 VAR = "CUDA_DEVICE_MAX_CONNECTIONS"
 WANTED = 32
 
-# How the variable came to be: "set" (by fo_jax at import), "user" (already set), "late" (JAX's
-# backends existed at import: its contexts have whatever queues they were created with).
+# How the variable came to be: "set" (by fo_jax at import), "user" (already set), "late" (the
+# driver was initialised before the import: its queues are whatever the variable said then).
 _origin: Optional[str] = None
 _warned = False
+
+
+def _driver_initialized() -> bool:
+    """Whether cuInit has run in this process. cuCtxGetCurrent returns CUDA_ERROR_NOT_INITIALIZED
+    (3) before it and initialises nothing; loading libcuda does not initialise it either. No
+    driver library: nothing can have initialised it."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    ctx = ctypes.c_void_p()
+    return lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 3
 
 
 def _backends_initialized() -> bool:
@@ -37,13 +52,14 @@ def _backends_initialized() -> bool:
 
 
 def request_at_import() -> None:
-    """Sets CUDA_DEVICE_MAX_CONNECTIONS=32 if unset and no JAX backend exists yet."""
+    """Sets CUDA_DEVICE_MAX_CONNECTIONS=32 if unset and the CUDA driver is not initialised yet
+    (and, on a machine without one, no JAX backend exists yet)."""
     global _origin
     if _origin is not None:
         return
     if os.environ.get(VAR, "") != "":
         _origin = "user"
-    elif _backends_initialized():
+    elif _driver_initialized() or _backends_initialized():
         _origin = "late"
     else:
         os.environ[VAR] = str(WANTED)
@@ -55,7 +71,7 @@ def problem() -> Optional[str]:
     if _origin == "set":
         return None
     if _origin == "late":
-        return (f"JAX created its GPU contexts before fo_jax was imported, with {VAR} "
+        return (f"the CUDA driver was initialised (e.g. JAX used a GPU) before fo_jax was imported, with {VAR} "
                 f"{'=' + os.environ[VAR] if os.environ.get(VAR) else 'unset (8 queues)'}")
     value = os.environ.get(VAR, "")
     if value.isdigit() and int(value) >= WANTED:
