@@ -4,8 +4,9 @@ bench_overlap.py times batches of 20 back-to-back calls (wall clock, as the anch
 8192x8192x2048 reduce-scatter the device period of one call read 433 us while a batch took ~513
 us per call (benchmarks/NOTES.md §9): this script splits a batch's wall time into the time until
 each GPU's first kernel (dispatch and launch), the GPUs' spans from first to last kernel, the
-idle time inside those spans (GPUs waiting for each other or for the host), and the time from the
-last kernel's end until the host sees the batch done. All from one JAX profiler trace (host and
+idle time inside those spans (GPUs waiting for each other or for the host; the largest gaps of
+GPUs 0 and 1 by the events around them), and the time from the last kernel's end until the host
+sees the batch done. All from one JAX profiler trace (host and
 device events share its clock), the batch wrapped in a TraceAnnotation.
 
 Usage: python benchmarks/profile_batch.py [--shape MxNxK] [--collectives ...] [--calls 20]
@@ -59,6 +60,29 @@ def busy_ns(events: list) -> float:
     return total + (cur1 - cur0 if cur1 is not None else 0.0)
 
 
+def short(name: str) -> str:
+    if "device_kernel" in name or "cutlass" in name:
+        return "fo_jax GEMM"
+    return name.split("(")[0].split("<")[0][:40]
+
+
+def idle_gaps(events: list, min_ns: float = 1e3) -> dict:
+    """{(event before, event after): [count, total us]} of the idle gaps (no event on any
+    stream of the GPU) longer than min_ns."""
+    out: dict = {}
+    evs = sorted(events, key=lambda ev: ev[1])
+    last_end, last_name = evs[0][2], evs[0][0]
+    for name, s, e, _ in evs[1:]:
+        if s - last_end > min_ns:
+            key = (short(last_name), short(name))
+            c = out.setdefault(key, [0, 0.0])
+            c[0] += 1
+            c[1] += (s - last_end) / 1e3
+        if e > last_end:
+            last_end, last_name = e, name
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="8192x8192x2048")
@@ -101,6 +125,11 @@ def main() -> None:
                           f"starts; span {span:6.0f} us ({span / calls:4.0f}/call), idle in it "
                           f"{idle:5.0f} us ({idle / calls:3.0f}/call); last kernel ends "
                           f"{(h1 - d1) / 1e3:5.0f} us before the host sees the batch done")
+                    if gpu in (0, 1) and b == args.batches - 1:
+                        gaps = sorted(idle_gaps(evs).items(), key=lambda kv: -kv[1][1])
+                        for (before, after), (count, total) in gaps[:6]:
+                            print(f"      idle {total:6.0f} us in {count:3d} gaps: after "
+                                  f"{before} -> before {after}")
 
 
 if __name__ == "__main__":
