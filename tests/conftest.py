@@ -13,11 +13,11 @@ if _flag not in os.environ.get("XLA_FLAGS", ""):
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
 
 import fo_jax  # noqa: E402,F401  (before any device use: it asks CUDA for 32 hardware queues)
 from fo_jax import _hw_queues  # noqa: E402
-import pytest  # noqa: E402
-from jax.sharding import Mesh  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
 

@@ -20,8 +20,8 @@ declare -A envs=(
   [conn32]="CUDA_DEVICE_MAX_CONNECTIONS=32"
   [conn8]="CUDA_DEVICE_MAX_CONNECTIONS=8"
   [conn1]="CUDA_DEVICE_MAX_CONNECTIONS=1"
-  # Every flag wait of fo_jax as a 1-thread spin kernel instead of cuStreamWaitValue32 (a kernel
-  # waits on SMs, not at the head of a hardware queue; the event waits remain).
+  # Every flag wait of fo_jax as a 1-thread spin kernel instead of cuStreamWaitValue32 (the
+  # queue probe of §15: the spinning kernel's stream successor holds a shared queue just the same).
   [spin]="FO_JAX_SPIN_WAIT=1"
 )
 # The tests before the 1000-calls ones (the stall needs them: never seen in the test alone).
