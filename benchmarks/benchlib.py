@@ -72,6 +72,16 @@ def kernel_events(trace_dir: str) -> dict:
     return out
 
 
+def kernel_label(name: str) -> str:
+    """A short name for a profiled kernel: "fo_jax GEMM" for the signaling GEMM (a CUTLASS
+    device_kernel), else the name without return type, anonymous namespace, template arguments
+    and parameters (e.g. "fo_jax::BandSum", "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL")."""
+    if "device_kernel" in name or "cutlass" in name:
+        return "fo_jax GEMM"
+    name = name.replace("void ", "").replace("(anonymous namespace)::", "")
+    return name.split("(")[0].split("<")[0].strip()[:48]
+
+
 def kernel_ms_interleaved(fns: dict, *args, calls: int = 8, rounds: int = 3) -> dict:
     """GPU kernel time per call (sum of the durations of every kernel and memset a call runs on
     GPU 0, from JAX profiler traces), median over `rounds` traces of `calls` back-to-back calls,

@@ -60,12 +60,6 @@ def busy_ns(events: list) -> float:
     return total + (cur1 - cur0 if cur1 is not None else 0.0)
 
 
-def short(name: str) -> str:
-    if "device_kernel" in name or "cutlass" in name:
-        return "fo_jax GEMM"
-    return name.split("(")[0].split("<")[0][:40]
-
-
 def idle_gaps(events: list, min_ns: float = 1e3) -> dict:
     """{(event before, event after): [count, total us]} of the idle gaps (no event on any
     stream of the GPU) longer than min_ns."""
@@ -74,7 +68,7 @@ def idle_gaps(events: list, min_ns: float = 1e3) -> dict:
     last_end, last_name = evs[0][2], evs[0][0]
     for name, s, e, _ in evs[1:]:
         if s - last_end > min_ns:
-            key = (short(last_name), short(name))
+            key = (benchlib.kernel_label(last_name), benchlib.kernel_label(name))
             c = out.setdefault(key, [0, 0.0])
             c[0] += 1
             c[1] += (s - last_end) / 1e3

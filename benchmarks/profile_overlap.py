@@ -44,14 +44,6 @@ def last_call(events: list, gap_ns: float = 30e3) -> list:
     return events[first:]
 
 
-def short(name: str) -> str:
-    if "device_kernel" in name or "cutlass" in name:
-        return "fo_jax GEMM"
-    if name.startswith("nccl") or "nccl" in name.lower():
-        return name.split("(")[0][:48]
-    return name[:48]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="8192x8192x2048")
@@ -97,8 +89,8 @@ def main() -> None:
                 evs = last_call(per_gpu[gpu])
                 t0 = evs[0][1]
                 span = (max(e[2] for e in evs) - t0) / 1e3
-                gemm = [e for e in evs if short(e[0]) == "fo_jax GEMM" or "gemm" in e[0].lower()
-                        or "nvjet" in e[0]]
+                gemm = [e for e in evs if benchlib.kernel_label(e[0]) == "fo_jax GEMM"
+                        or "gemm" in e[0].lower() or "nvjet" in e[0]]
                 g0, g1 = (gemm[0][1], gemm[-1][2]) if gemm else (t0, t0)
                 nccl = [e for e in evs if "nccl" in e[0].lower()]
                 inside = sum(max(0, min(e[2], g1) - max(e[1], g0)) for e in nccl) / 1e3
@@ -109,10 +101,11 @@ def main() -> None:
                 if gpu == 0:
                     for e in evs:
                         print(f"      {(e[1] - t0) / 1e3:8.1f} .. {(e[2] - t0) / 1e3:8.1f}  "
-                              f"{short(e[0])}  [{e[3][:24]}]")
+                              f"{benchlib.kernel_label(e[0])}  [{e[3][:24]}]")
                 for e in evs:
                     res.add(collective=collective, M=m, N=n, K=k, method=name, gpu=gpu,
-                            kernel=short(e[0]), start_us=round((e[1] - t0) / 1e3, 1),
+                            kernel=benchlib.kernel_label(e[0]),
+                            start_us=round((e[1] - t0) / 1e3, 1),
                             end_us=round((e[2] - t0) / 1e3, 1), stream=e[3])
     path = os.path.join(args.out, f"overlap_profile_tp{tp}_{res.base['date']}.jsonl")
     res.write_jsonl(path)

@@ -71,23 +71,32 @@ def problem() -> Optional[str]:
     if _origin == "set":
         return None
     if _origin == "late":
-        return (f"the CUDA driver was initialised (e.g. JAX used a GPU) before fo_jax was imported, with {VAR} "
-                f"{'=' + os.environ[VAR] if os.environ.get(VAR) else 'unset (8 queues)'}")
+        value = f"={os.environ[VAR]}" if os.environ.get(VAR) else " unset (8 queues)"
+        return (f"the CUDA driver was initialised (e.g. JAX used a GPU) before fo_jax was "
+                f"imported, with {VAR}{value}")
     value = os.environ.get(VAR, "")
     if value.isdigit() and int(value) >= WANTED:
         return None
     return f"{VAR}={value} is below {WANTED}"
 
 
-def warn_if_few(fn: str) -> None:
-    """Once per process: the copy-engine transport may stall with few hardware queues."""
+def status() -> str:
+    """One line: the variable, how it came to be, and whether the queues suffice."""
+    return f"{VAR}={os.environ.get(VAR, '')} ({_origin}; {problem() or 'enough hardware queues'})"
+
+
+def caution(fn: str) -> str:
+    """For a call that takes the copy-engine transport: "" with enough queues, else a caution to
+    append to the path's reason, and (once per process) a RuntimeWarning saying what to do."""
     global _warned
     reason = problem()
-    if reason is None or _warned:
-        return
-    _warned = True
-    warnings.warn(
-        f"{fn}: {reason}. The copy-engine transport's waits can then hold up XLA's transfers "
-        f"that another GPU needs, and calls may stall (benchmarks/NOTES.md §15). Import fo_jax "
-        f"before JAX first uses a GPU, or set {VAR}={WANTED} before starting Python, or use "
-        f"OverlapConfig(transport='nccl').", RuntimeWarning, stacklevel=3)
+    if reason is None:
+        return ""
+    if not _warned:
+        _warned = True
+        warnings.warn(
+            f"{fn}: {reason}. The copy-engine transport's waits can then hold up XLA's transfers "
+            f"that another GPU needs, and calls may stall (benchmarks/NOTES.md §15). Import "
+            f"fo_jax before JAX first uses a GPU, or set {VAR}={WANTED} before starting Python, "
+            f"or use OverlapConfig(transport='nccl').", RuntimeWarning, stacklevel=3)
+    return f"; caution: {reason} (README.md, 'Hardware queues')"

@@ -130,11 +130,6 @@ def copy_engine_rounds(collective: str, m_total: int, n: int, k: int, unit: int,
     return 1
 
 
-def _queues_caution() -> str:
-    problem = _hw_queues.problem()
-    return f"; caution: {problem} (README.md, 'Hardware queues')" if problem else ""
-
-
 def choose(fn: str, collective: str, size: int, dtype, m_total: int, n: int, k: int,
            config: Optional[OverlapConfig]) -> tuple:
     """("copy_engine" | "nccl", why). Raises ValueError when the copy engine is requested but
@@ -146,14 +141,12 @@ def choose(fn: str, collective: str, size: int, dtype, m_total: int, n: int, k: 
     if requested == "copy_engine":
         if problem is not None:
             raise ValueError(f"{fn}: OverlapConfig(transport='copy_engine'): {problem}")
-        _hw_queues.warn_if_few(fn)
-        return "copy_engine", "copy-engine transport (requested)" + _queues_caution()
+        return "copy_engine", "copy-engine transport (requested)" + _hw_queues.caution(fn)
     if problem is None:
-        _hw_queues.warn_if_few(fn)
         tail = ("no collective tail" if collective == "reduce_scatter"
                 else "an all-gather of the summed bands after it")
         return ("copy_engine",
-                f"copy-engine transport (GEMM on every SM, {tail})" + _queues_caution())
+                f"copy-engine transport (GEMM on every SM, {tail})" + _hw_queues.caution(fn))
     return "nccl", f"NCCL transport ({problem})"
 
 

@@ -23,8 +23,7 @@ jax.config.update("jax_enable_x64", False)
 
 
 def pytest_report_header(config):
-    return (f"fo_jax: {_hw_queues.VAR}={os.environ.get(_hw_queues.VAR, '')} "
-            f"({_hw_queues._origin}; {_hw_queues.problem() or 'enough hardware queues'})")
+    return "fo_jax: " + _hw_queues.status()
 
 
 def cpu_devices(n: int):

@@ -18,8 +18,8 @@ import fo_jax
 from fo_jax import _hw_queues as h
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    h.warn_if_few("fn")
-    h.warn_if_few("fn")
+    h.caution("fn")
+    h.caution("fn")
 print(repr((os.environ.get(h.VAR), h._origin, h.problem(), [str(w.message) for w in caught])))
 """
 

@@ -27,10 +27,10 @@ declare -A envs=(
 # The tests before the 1000-calls ones (the stall needs them: never seen in the test alone).
 select="not async and not mesh and not process and not xla_coll and not unusable"
 for v in ${VARIANTS:-default conn8}; do
-  echo "$v: $(env ${envs[$v]} python3 -c 'import os, fo_jax, jax
-from fo_jax import _hw_queues as h
+  echo "$v: $(env ${envs[$v]} python3 -c 'import fo_jax, jax
+from fo_jax import _hw_queues
 jax.devices()
-print(h.VAR, os.environ.get(h.VAR), h._origin, h.problem() or "enough hardware queues")' 2>&1 | tail -1)"
+print(_hw_queues.status())' 2>&1 | tail -1)"
   for i in $(seq 1 "${RUNS:-3}"); do
     log="$OUT/stall_${v}_$i.log"
     env ${envs[$v]} timeout 200 python3 -m pytest -q -rs --tb=short --timeout 300 \
