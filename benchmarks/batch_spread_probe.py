@@ -1,11 +1,11 @@
-"""Is a benchmark sample bimodal? 40 batches of 20 back-to-back calls (as bench_overlap.py times
-them), each batch's wall time per call printed in order, fo_jax against jax.baseline,
-reduce-scatter 8192x8192x2048 on all GPUs; then the same with a 20 ms pause before each batch
-(the GPUs idle, as between bench_overlap.py's methods). wall_fit_probe.py saw two batches of
-one process read 474 and 550 us per call (benchmarks/NOTES.md §16). Run next to an
-`nvidia-smi --query-gpu=... -lms` log to see clocks and power (tools/gpu_run.sh does not).
+"""Is a benchmark sample bimodal? Batches of 20 back-to-back calls (as bench_overlap.py times
+them), each batch's wall time per call printed in order, for several variants, reduce-scatter
+8192x8192x2048 on all GPUs; back to back and with a 20 ms pause before each batch (the GPUs idle,
+as between bench_overlap.py's methods). Variants are interleaved (rounds of 10 batches each).
+A variant is a method ("fo_jax" or "baseline") with optional environment settings applied while
+its function is traced, e.g. fo_jax:FO_JAX_CE_START_SYNC=2. benchmarks/NOTES.md §16.
 
-Usage: python benchmarks/batch_spread_probe.py
+Usage: python benchmarks/batch_spread_probe.py [VARIANT ...]   (default: fo_jax baseline)
 """
 import os
 import statistics
@@ -22,23 +22,40 @@ from jax.sharding import Mesh  # noqa: E402
 
 from fo_jax import _benchcore  # noqa: E402
 
-BATCHES, CALLS = 40, 20
+ROUNDS, BATCHES, CALLS = 4, 10, 20
 
+
+def build(mesh, variant, x, w):
+    """The variant's jitted function, traced and warmed up with its settings in the environment."""
+    method, *settings = variant.split(":")
+    saved = dict(os.environ)
+    os.environ.update(s.split("=", 1) for s in settings)
+    try:
+        f = _benchcore.build(mesh, "reduce_scatter", method)
+        for _ in range(5):
+            jax.block_until_ready(f(x, w))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return f
+
+
+variants = sys.argv[1:] or ["fo_jax", "baseline"]
 gpus = benchlib.cuda_gpus_or_exit("batch_spread_probe.py", minimum=2)
 mesh = Mesh(np.array(gpus), ("tp",))
 x, w = _benchcore.random_operands(mesh, 8192, 8192, 2048, jnp.bfloat16)
-for method in ("fo_jax", "baseline"):
-    f = _benchcore.build(mesh, "reduce_scatter", method)
-    for _ in range(5):
-        jax.block_until_ready(f(x, w))
-    for pause in (0.0, 0.02):
-        walls = []
-        for _ in range(BATCHES):
-            if pause:
-                time.sleep(pause)
-            walls.append(benchlib.dispatch_and_wall_ms(f, x, w, calls=CALLS)[1] * 1e3)
-        q = statistics.quantiles(walls, n=10)
-        print(f"{method} pause {pause * 1e3:.0f} ms: {BATCHES} batches of {CALLS}, us/call: "
-              f"min {min(walls):.0f} p10 {q[0]:.0f} median {statistics.median(walls):.0f} "
-              f"p90 {q[-1]:.0f} max {max(walls):.0f}; in order: "
-              + " ".join(f"{v:.0f}" for v in walls), flush=True)
+fns = {v: build(mesh, v, x, w) for v in variants}
+for pause in (0.0, 0.02):
+    walls = {v: [] for v in variants}
+    for _ in range(ROUNDS):
+        for v, f in fns.items():
+            for _ in range(BATCHES):
+                if pause:
+                    time.sleep(pause)
+                walls[v].append(benchlib.dispatch_and_wall_ms(f, x, w, calls=CALLS)[1] * 1e3)
+    for v, ws in walls.items():
+        q = statistics.quantiles(ws, n=10)
+        print(f"{v} pause {pause * 1e3:.0f} ms: {len(ws)} batches of {CALLS}, us/call: "
+              f"min {min(ws):.0f} p10 {q[0]:.0f} median {statistics.median(ws):.0f} "
+              f"p90 {q[-1]:.0f} max {max(ws):.0f}; in order: " + " ".join(f"{a:.0f}" for a in ws),
+              flush=True)
