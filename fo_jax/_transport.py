@@ -160,14 +160,34 @@ def _env_flag(name: str) -> Optional[bool]:
     return {"0": False, "1": True}.get(v)
 
 
+def _explicit_bounds(text: str, chunks: int, tiles_chunk: int, cluster_m: int,
+                     max_groups: int) -> tuple:
+    """FO_JAX_CE_BOUNDS (a measurement override): comma-separated group boundaries in tile-rows
+    of the visit order, e.g. "0,4,10,16,22,32,36,48,64"; they must start at 0, end at the last
+    tile-row, rise, fall on cluster boundaries and include every chunk boundary."""
+    try:
+        b = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        b = ()
+    ok = (len(b) >= 2 and b[0] == 0 and b[-1] == chunks * tiles_chunk and len(b) - 1 <= max_groups
+          and all(x < y for x, y in zip(b, b[1:])) and all(x % cluster_m == 0 for x in b)
+          and set(range(0, chunks * tiles_chunk + 1, tiles_chunk)) <= set(b))
+    if not ok:
+        raise ValueError(f"FO_JAX_CE_BOUNDS={text!r}: need rising tile-row boundaries from 0 to "
+                         f"{chunks * tiles_chunk}, multiples of {cluster_m}, including every "
+                         f"multiple of {tiles_chunk}, at most {max_groups} groups")
+    return b
+
+
 def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size: int,
                      config: Optional[OverlapConfig]) -> _plan.GemmPlan:
     """The GEMM plan of a copy-engine call: all M rows in one batch, visited by chunk (rounds x
     ranks; a reduce-scatter has one round, so one chunk per rank's band) rotated so that each
     round's own chunk comes last. Each chunk sent to a peer is one or more groups (each copied
     as soon as it is done) and the last round is summed in one or two passes, as the timing
-    model of fo_jax/_ce_model.py says finishes first (FO_JAX_CE_PARTS = pieces per chunk and
-    FO_JAX_CE_SPLIT_SUM = 0 / 1 override it, for measurements). Every SM for one round; with
+    model of fo_jax/_ce_model.py says finishes first (FO_JAX_CE_PARTS = pieces per chunk,
+    FO_JAX_CE_BOUNDS = explicit boundaries and FO_JAX_CE_SPLIT_SUM = 0 / 1 override it, for
+    measurements). Every SM for one round; with
     more, all but ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the
     GEMM, unless config.sm_budget says otherwise."""
     index = _config_index(dtype, m_total, n, k, config)
@@ -188,6 +208,9 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
         forced = _ce_model.partition(rounds, size, tiles_chunk, c["cluster_m"], parts, False)
         if forced is not None and len(forced) - 1 <= max_groups:
             bounds = forced
+    explicit = os.environ.get("FO_JAX_CE_BOUNDS", "")
+    if explicit:
+        bounds = _explicit_bounds(explicit, rounds * size, tiles_chunk, c["cluster_m"], max_groups)
     forced_split = _env_flag("FO_JAX_CE_SPLIT_SUM")
     if forced_split is not None:
         split_sum = forced_split
