@@ -97,7 +97,6 @@ class GemmPlan:
     sm_budget: int  # > 0: SMs; 0: all; < 0: all but that many (resolved on the device)
     rounds: int = 1  # copy-engine all-reduce: rounds of the reduce + all-gather (_transport)
     split_sum: bool = True  # copy engine: last round summed in two passes (_ce_model)
-    start_sync: int = 0  # copy engine: how the GEMM waits for the peers (peer_transport.h)
 
     @property
     def num_groups(self) -> int:

@@ -80,10 +80,6 @@ MAX_RECEIVE_SLOTS = 4 * MAX_RANKS  # kMaxReceiveSlots (csrc/comm/peer_transport.
 # The all-reduce's rounds before the last are summed next to the GEMM on this many SMs that the
 # GEMM leaves free (benchmarks/NOTES.md §8).
 ROUND_SUM_SMS = 8
-# How each GPU's GEMM waits for the other ranks before it starts (StartSync in
-# csrc/comm/peer_transport.h: 0 not at all, 1 until they finished the previous call, 2 a barrier
-# at this call; FO_JAX_CE_START_SYNC overrides it, for measurements). benchmarks/NOTES.md §16.
-START_SYNC = 0
 # Default rounds of a copy-engine all-reduce (tried in order, the first that fits the shape),
 # measured on 4x H200 (NOTES.md §8): where the GEMM dominates, 4 rounds hide most of the
 # all-gather behind it (8192x8192x7168: 1.642 ms against 1.749 in one round and 1.739 on NCCL);
@@ -214,12 +210,8 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     forced_split = _env_flag("FO_JAX_CE_SPLIT_SUM")
     if forced_split is not None:
         split_sum = forced_split
-    start_sync = START_SYNC
-    forced_sync = os.environ.get("FO_JAX_CE_START_SYNC", "")
-    if forced_sync in ("0", "1", "2"):
-        start_sync = int(forced_sync)
     sm_budget = _sm_budget(config)
     if rounds > 1 and (config is None or config.sm_budget is None):
         sm_budget = -(_env_int("FO_JAX_CE_SUM_SMS") or ROUND_SUM_SMS)
     return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm_budget, rounds,
-                          split_sum, start_sync)
+                          split_sum)

@@ -277,24 +277,6 @@ std::string PeerAccessProblem(const std::vector<int>& ordinals) {
   return "";
 }
 
-cudaError_t EnqueueStartSync(CommState& s, cudaStream_t xla_stream, StartSync mode,
-                             bool spin_wait, std::string* error) {
-  if (mode == StartSync::kNone) return cudaSuccess;
-  if (!s.peer) {
-    *error = "copy-engine transport: start sync before PreparePeerTransport";
-    return cudaErrorInvalidValue;
-  }
-  PeerState& p = *s.peer;
-  const int P = s.nranks, me = s.rank;
-  const uint32_t e = p.epoch + 1;  // EnqueuePeerCollective's epoch for this call
-  if (mode == StartSync::kPeersDone) {
-    return WaitForPeers(p, xla_stream, kRecvAcked, P, me, e - 1, spin_wait, error);
-  }
-  cudaError_t err = TellPeers(p, xla_stream, kStarted, P, me, e, error);
-  if (err != cudaSuccess) return err;
-  return WaitForPeers(p, xla_stream, kStarted, P, me, e, spin_wait, error);
-}
-
 cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
                                   const PeerCollectiveArgs& a, std::string* error) {
   const int P = s.nranks, me = s.rank, H = a.rounds;

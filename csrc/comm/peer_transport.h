@@ -52,8 +52,7 @@ enum PeerSyncRegion {
   kStored = 5,     // [q]: epoch in which rank q stored its summed band here (all-reduce)
   kOutReady = 6,   // [q]: epoch of the output address rank q wrote into the out table
   kOutTable = 7,   // 2 regions: [j] (64-bit): output address of rank (this + 1 + j) % P
-  kStarted = 9,    // [q]: epoch of the call rank q reached on XLA's stream (start barrier)
-  kSyncRegions = 10,
+  kSyncRegions = 9,
 };
 constexpr int kMaxReceiveSlots = 4 * kMaxPeerRanks;  // rounds * (P - 1)
 
@@ -148,21 +147,6 @@ std::string SetPeerGroups(PeerCollectiveArgs& args, int P, const int* group_begi
 // arrives (all ranks make the same calls in the same order, so they grow their buffers in the
 // same calls). "" or why it failed.
 std::string PreparePeerTransport(CommState& state, size_t recv_bytes);
-
-// How a call's GEMM waits for the other ranks before it starts (PeerCollectiveArgs, the plan's
-// start_sync; benchmarks/NOTES.md §16). Once a batch of calls starts with the GPUs out of step,
-// they can stay out of step for the whole batch (back-to-back 20-call batches at 8192x8192x2048:
-// 469-566 us a call, against 451-530 after a pause).
-enum class StartSync : int {
-  kNone = 0,      // the GEMM starts when XLA's stream gets there
-  kPeersDone = 1, // after every peer has finished reading its receive slots of the previous call
-  kBarrier = 2,   // after every peer's XLA stream has reached this call (flags over NVLink)
-};
-
-// On `xla_stream`, before the call's GEMM (after PreparePeerTransport): the waits of `mode` for
-// the call that EnqueuePeerCollective enqueues next. Stream memory operations only (no SM).
-cudaError_t EnqueueStartSync(CommState& state, cudaStream_t xla_stream, StartSync mode,
-                             bool spin_wait, std::string* error);
 
 // Precondition (caller, on `xla_stream`): PreparePeerTransport for (P - 1) * band bytes,
 // counters zeroed, state.inputs_ready recorded, then the GEMM launched with rotate_tile_rows =

@@ -54,8 +54,7 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
                        ffi::Result<ffi::Buffer<ffi::U32>> counters, int32_t collective,
                        int32_t config, ffi::Span<const int32_t> group_begin, int32_t sm_budget,
                        int32_t nccl_max_ctas, bool spin_wait, int32_t transport,
-                       int32_t rounds, bool split_sum, int32_t start_sync, int32_t nranks,
-                       int32_t process,
+                       int32_t rounds, bool split_sum, int32_t nranks, int32_t process,
                        ffi::Span<const int32_t> mesh_process, ffi::Span<const int32_t> mesh_local,
                        ffi::Span<const int32_t> mesh_rank, ffi::Span<const int32_t> mesh_group,
                        ffi::Span<const uint8_t> unique_ids) {
@@ -183,7 +182,6 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     if (!msg.empty()) return ffi::Error::InvalidArgument("fo_jax: copy-engine transport: " + msg);
     peer.spin_wait = spin_wait;
     peer.split_sum = split_sum;
-    if (start_sync < 0 || start_sync > 2) return ffi::Error::InvalidArgument("start_sync");
     const size_t band_bytes = peer.band_elems * 2;
     msg = PreparePeerTransport(*state, (nranks - 1) * band_bytes);
     if (!msg.empty()) return ffi::Error::Internal("fo_jax: " + msg);
@@ -195,12 +193,7 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   // enqueued after the GEMM launch (never before the producer: DESIGN.md).
   args.zero_counters_on_launch = true;
   args.after_zero_event = state->inputs_ready;
-  cudaError_t err = cudaSuccess;
-  if (copy_engine) {
-    err = EnqueueStartSync(*state, stream, static_cast<StartSync>(start_sync), spin_wait, &msg);
-    if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: copy-engine transport: " + msg);
-  }
-  err = LaunchSignalingGemm(stream, args, &msg);
+  cudaError_t err = LaunchSignalingGemm(stream, args, &msg);
   if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: GEMM launch: " + msg);
   if (copy_engine) {
     err = EnqueuePeerCollective(*state, stream, peer, &msg);
@@ -238,7 +231,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int32_t>("transport")                      // 0 NCCL, 1 copy engine
         .Attr<int32_t>("rounds")                         // copy-engine all-reduce rounds
         .Attr<bool>("split_sum")                         // copy engine: sum in two passes
-        .Attr<int32_t>("start_sync")                     // copy engine: StartSync before GEMM
         .Attr<int32_t>("nranks")                         // axis size
         .Attr<int32_t>("process")                        // this process's index
         .Attr<ffi::Span<const int32_t>>("mesh_process")  // per mesh device: process index
