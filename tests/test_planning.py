@@ -252,3 +252,18 @@ def test_copy_engine_timing_model():
     # The group limit is respected.
     p = m.best(4, 4, 4, 2, chunk // 4, 361e-6, True, 16)
     assert len(p.bounds) - 1 <= 16
+
+
+def test_explicit_copy_engine_bounds(monkeypatch):
+    """FO_JAX_CE_BOUNDS (a measurement override) is parsed and checked at trace time: boundaries
+    that skip a chunk boundary, fall inside a cluster or do not rise are refused with a message."""
+    from fo_jax import _transport as t
+
+    assert t._explicit_bounds("0,4,10,16,22,32,36,48,64", 4, 16, 2, 64) == (
+        0, 4, 10, 16, 22, 32, 36, 48, 64)
+    for bad in ("0,4,10,20,32,48,64", "0,3,16,32,48,64", "0,16,16,32,48,64", "0,16,32,48",
+                "a,b", "0,16,32,48,64,80"):
+        with pytest.raises(ValueError, match="FO_JAX_CE_BOUNDS"):
+            t._explicit_bounds(bad, 4, 16, 2, 64)
+    with pytest.raises(ValueError, match="at most 2 groups"):
+        t._explicit_bounds("0,16,32,48,64", 4, 16, 2, 2)
