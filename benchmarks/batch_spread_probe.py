@@ -3,7 +3,7 @@ them), each batch's wall time per call printed in order, for several variants, r
 8192x8192x2048 on all GPUs; back to back and with a 20 ms pause before each batch (the GPUs idle,
 as between bench_overlap.py's methods). Variants are interleaved (rounds of 10 batches each).
 A variant is a method ("fo_jax" or "baseline") with optional environment settings applied while
-its function is traced, e.g. fo_jax:FO_JAX_CE_START_SYNC=2. benchmarks/NOTES.md §16.
+its function is traced, e.g. fo_jax:FO_JAX_CE_SPLIT_SUM=0. benchmarks/NOTES.md §16.
 
 Usage: python benchmarks/batch_spread_probe.py [VARIANT ...]   (default: fo_jax baseline)
 """
@@ -17,8 +17,6 @@ import benchlib  # noqa: E402
 import fo_jax  # noqa: E402,F401  (before JAX uses a GPU: 32 hardware queues)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import Mesh  # noqa: E402
 
 from fo_jax import _benchcore  # noqa: E402
 
@@ -41,8 +39,7 @@ def build(mesh, variant, x, w):
 
 
 variants = sys.argv[1:] or ["fo_jax", "baseline"]
-gpus = benchlib.cuda_gpus_or_exit("batch_spread_probe.py", minimum=2)
-mesh = Mesh(np.array(gpus), ("tp",))
+mesh = benchlib.tp_mesh_or_exit("batch_spread_probe.py")
 x, w = _benchcore.random_operands(mesh, 8192, 8192, 2048, jnp.bfloat16)
 fns = {v: build(mesh, v, x, w) for v in variants}
 for pause in (0.0, 0.02):

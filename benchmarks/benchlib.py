@@ -18,6 +18,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 import fo_jax
 from fo_jax._benchcore import (  # noqa: F401 (re-exports)
@@ -39,6 +40,11 @@ def cuda_gpus_or_exit(script: str, minimum: int = 1) -> list:
         need = "a CUDA GPU" if minimum == 1 else f"{minimum}+ CUDA GPUs"
         sys.exit(f"{script} needs {need} and fo_jax's CUDA module")
     return gpus
+
+
+def tp_mesh_or_exit(script: str) -> Mesh:
+    """A one-axis ("tp") mesh over every CUDA GPU, or exit as cuda_gpus_or_exit (2+ GPUs)."""
+    return Mesh(np.array(cuda_gpus_or_exit(script, minimum=2)), ("tp",))
 
 
 def gemm_operands(m: int, n: int, k: int, dtype, device, seed: int) -> tuple:

@@ -23,8 +23,6 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import Mesh
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
@@ -85,8 +83,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=2, help="traced batches per method")
     args = ap.parse_args()
 
-    gpus = benchlib.cuda_gpus_or_exit("profile_batch.py", minimum=2)
-    mesh = Mesh(np.array(gpus), ("tp",))
+    mesh = benchlib.tp_mesh_or_exit("profile_batch.py")
     m, n, k = _benchcore.parse_shape(args.shape)
     x, w = _benchcore.random_operands(mesh, m, n, k, jnp.bfloat16)
     calls = args.calls

@@ -22,8 +22,6 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import Mesh
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
@@ -54,9 +52,9 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
 
-    gpus = benchlib.cuda_gpus_or_exit("profile_overlap.py", minimum=2)
+    mesh = benchlib.tp_mesh_or_exit("profile_overlap.py")
+    gpus = list(mesh.devices.flat)
     tp = len(gpus)
-    mesh = Mesh(np.array(gpus), ("tp",))
     m, n, k = _benchcore.parse_shape(args.shape)
     dtype = jnp.bfloat16
     x, w = _benchcore.random_operands(mesh, m, n, k, dtype)

@@ -254,7 +254,7 @@ def test_copy_engine_timing_model():
     assert len(p.bounds) - 1 <= 16
 
 
-def test_explicit_copy_engine_bounds(monkeypatch):
+def test_explicit_copy_engine_bounds():
     """FO_JAX_CE_BOUNDS (a measurement override) is parsed and checked at trace time: boundaries
     that skip a chunk boundary, fall inside a cluster or do not rise are refused with a message."""
     from fo_jax import _transport as t
