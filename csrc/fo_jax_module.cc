@@ -12,6 +12,7 @@
 #include <string>
 #include <tuple>
 
+#include "comm/call_timeline.h"
 #include "comm/comm_registry.h"
 #include "comm/peer_transport.h"
 #include "ffi/gemm_ffi.h"
@@ -118,6 +119,44 @@ NB_MODULE(_fo_jax_cuda, m) {
     }
     return rows;
   });
+
+  // Untraced per-call timelines of the copy-engine transport (comm/call_timeline.h;
+  // benchmarks/timeline_probe.py): arm every communicator for `calls` calls (0 disarms), with
+  // the GPUs idle; then read one row per recorded call, times in us relative to `origin_ns` on
+  // the steady clock that timeline_now_ns reads.
+  m.def("timeline_now_ns", []() { return fo_jax::TimelineNowNs(); });
+  m.def("timeline_marks", []() {
+    std::vector<std::string> names = {"host_enter", "host_exit", "xla_start", "gemm_end",
+                                      "first_sum_end", "second_sum_end", "call_end",
+                                      "copy_inputs", "copy_acked"};
+    for (int j = fo_jax::kCopySent0; j < fo_jax::kTimelineMarks; ++j) {
+      names.push_back("copy_sent" + std::to_string(j - fo_jax::kCopySent0));
+    }
+    return names;
+  });
+  m.def(
+      "timeline_start",
+      [](int calls) {
+        if (calls < 0) throw std::invalid_argument("calls must be >= 0");
+        const std::string err = fo_jax::StartCallTimelines(calls);
+        if (!err.empty()) throw std::runtime_error("fo_jax timeline: " + err);
+      },
+      nb::arg("calls"), nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "timeline_read",
+      [](int64_t origin_ns) {
+        std::string err;
+        std::vector<fo_jax::TimelineRow> rows;
+        {
+          nb::gil_scoped_release release;
+          rows = fo_jax::ReadCallTimelines(origin_ns, &err);
+        }
+        if (!err.empty()) throw std::runtime_error("fo_jax timeline: " + err);
+        std::vector<std::tuple<int, int, int, std::vector<double>>> out;
+        for (auto& r : rows) out.emplace_back(r.device, r.rank, r.call, std::move(r.us));
+        return out;
+      },
+      nb::arg("origin_ns"));
 
   m.def("nccl_version", []() {
     int v = 0;

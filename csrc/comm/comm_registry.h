@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/call_timeline.h"
+
 namespace fo_jax {
 
 struct CommOptions {
@@ -41,6 +43,7 @@ struct CommState {
   std::atomic<bool> aborted{false};  // ncclCommAbort was called on `comm` (under mu)
   cudaEvent_t progress = nullptr;     // NCCL transport: end of the latest call (watchdog)
   std::atomic<int64_t> progress_ns{0};  // steady-clock time `progress` was recorded (0: never)
+  CallTimeline timeline;  // diagnostics, copy-engine transport only (under mu; call_timeline.h)
 };
 
 // Returns the state for this key, creating it (blocking until every rank of the group joined)

@@ -320,12 +320,14 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     *error = "copy stream waiting for XLA's inputs";
     return err;
   }
+  RecordTimelineMark(s, kCopyInputs, cs);
   if (a.all_reduce) {
     err = SendOutputAddress(p, cs, a.out, P, me, e, error);
     if (err != cudaSuccess) return err;
   }
   err = WaitForPeers(p, cs, kRecvAcked, P, me, e - 1, a.spin_wait, error);
   if (err != cudaSuccess) return err;
+  RecordTimelineMark(s, kCopyAcked, cs);
   for (int h = 0; h < H; ++h) {
     for (int j = 0; j + 1 < P; ++j) {
       const int to = (me + 1 + j) % P;
@@ -340,6 +342,9 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
       }
       err = EnqueueWriteValue(cs, Region(p.peer_sync[to], kArrived) + slot(h, j), e, error);
       if (err != cudaSuccess) return err;
+      if (h == H - 1 && j < kTimelineMarks - kCopySent0) {
+        RecordTimelineMark(s, TimelineMark(kCopySent0 + j), cs);
+      }
     }
   }
   err = cudaEventRecord(p.copies_done, cs);
@@ -404,6 +409,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   // out += last chunk remains after it (two passes, more bytes): at 8192x8192x2048 the last copy
   // ended ~30 us after the GEMM. When the copies end with the GEMM one pass moves fewer bytes.
   const int h = H - 1;
+  RecordTimelineMark(s, kGemmEnd, xla_stream);
   if (a.all_reduce) {
     err = WaitForPeers(p, xla_stream, kOutReady, P, me, e, a.spin_wait, error);
     if (err != cudaSuccess) return err;
@@ -418,6 +424,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
                       split ? RemoteOutputs{} : remote,
                       ArrivalWait{arrived + slot(h, 0), early, e});
   if (err != cudaSuccess) return err;
+  RecordTimelineMark(s, kFirstSumEnd, xla_stream);
   if (split) {
     // out = out + last chunk, elementwise in place (each element read before it is written, by
     // the same thread).
@@ -425,6 +432,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     err = LaunchBandSum(xla_stream, a.dtype, last, 2, own_out(h), chunk_elems, error, 0, remote,
                         ArrivalWait{arrived + slot(h, P - 2), 1, e});
     if (err != cudaSuccess) return err;
+    RecordTimelineMark(s, kSecondSumEnd, xla_stream);
   }
   if (H > 1) {
     err = Join(xla_stream, p.sums_done, error);
@@ -448,9 +456,12 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   // XLA's stream waits for this rank's pushes (they read the workspace, which XLA may reuse
   // after the call).
   err = Join(xla_stream, p.copies_done, error);
-  if (err != cudaSuccess || !a.all_reduce) return err;
   // An all-reduce is done when every peer's summed band has landed in this rank's output.
-  return WaitForPeers(p, xla_stream, kStored, P, me, e, a.spin_wait, error);
+  if (err == cudaSuccess && a.all_reduce) {
+    err = WaitForPeers(p, xla_stream, kStored, P, me, e, a.spin_wait, error);
+  }
+  if (err == cudaSuccess) RecordTimelineMark(s, kCallEnd, xla_stream);
+  return err;
 }
 
 PeerCopyCounts CountPeerCopies(CommState& s) {

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 
+#include "comm/call_timeline.h"
 #include "comm/comm_registry.h"
 #include "comm/gated_collectives.h"
 #include "comm/peer_transport.h"
@@ -58,6 +59,7 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
                        ffi::Span<const int32_t> mesh_process, ffi::Span<const int32_t> mesh_local,
                        ffi::Span<const int32_t> mesh_rank, ffi::Span<const int32_t> mesh_group,
                        ffi::Span<const uint8_t> unique_ids) {
+  const int64_t host_enter_ns = TimelineNowNs();
   const auto dt = x.element_type();
   if ((dt != ffi::DataType::BF16 && dt != ffi::DataType::F16) || w.element_type() != dt ||
       out->element_type() != dt) {
@@ -193,10 +195,14 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   // enqueued after the GEMM launch (never before the producer: DESIGN.md).
   args.zero_counters_on_launch = true;
   args.after_zero_event = state->inputs_ready;
+  if (copy_engine && BeginTimelineCall(*state, host_enter_ns)) {
+    RecordTimelineMark(*state, kXlaStart, stream);
+  }
   cudaError_t err = LaunchSignalingGemm(stream, args, &msg);
   if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: GEMM launch: " + msg);
   if (copy_engine) {
     err = EnqueuePeerCollective(*state, stream, peer, &msg);
+    EndTimelineCall(*state);
     if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: copy-engine transport: " + msg);
     return finish();
   }

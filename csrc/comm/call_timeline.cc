@@ -1,0 +1,99 @@
+// See call_timeline.h.
+#include "comm/call_timeline.h"
+
+#include <chrono>
+#include <cmath>
+#include <mutex>
+
+#include "comm/comm_registry.h"
+#include "comm/peer_transport.h"
+
+namespace fo_jax {
+
+int64_t TimelineNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool BeginTimelineCall(CommState& s, int64_t host_enter_ns) {
+  CallTimeline& t = s.timeline;
+  t.recording = t.capacity > 0 && t.count < t.capacity;
+  if (t.recording) t.host_ns[2 * t.count] = host_enter_ns;
+  return t.recording;
+}
+
+void RecordTimelineMark(CommState& s, TimelineMark m, cudaStream_t stream) {
+  CallTimeline& t = s.timeline;
+  if (!t.recording) return;
+  // A failed record leaves the mark missing (NaN when read); diagnostics never fail a call.
+  if (cudaEventRecord(t.events[size_t(t.count) * kTimelineMarks + m], stream) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+}
+
+void EndTimelineCall(CommState& s) {
+  CallTimeline& t = s.timeline;
+  if (!t.recording) return;
+  t.host_ns[2 * t.count + 1] = TimelineNowNs();
+  ++t.count;
+  t.recording = false;
+}
+
+std::string StartCallTimelines(int calls) {
+  for (CommState* s : AllCommStatesForDebug()) {
+    std::lock_guard<std::timed_mutex> lock(s->mu);
+    if (!s->peer) continue;  // copy-engine communicators only
+    if (cudaSetDevice(s->device) != cudaSuccess) return "cudaSetDevice";
+    CallTimeline& t = s->timeline;
+    // Every event a call may record was recorded before, or never (then reading it fails and it
+    // reads as missing): recreate them so that no mark of an earlier run reads as this one's.
+    for (cudaEvent_t e : t.events) (void)cudaEventDestroy(e);
+    t.events.assign(size_t(calls) * kTimelineMarks, nullptr);
+    for (cudaEvent_t& e : t.events) {
+      if (cudaEventCreate(&e) != cudaSuccess) return "creating timeline events";
+    }
+    t.host_ns.assign(size_t(calls) * 2, 0);
+    if (!t.base && cudaEventCreate(&t.base) != cudaSuccess) return "creating the base event";
+    t.capacity = calls;
+    t.count = 0;
+    t.recording = false;
+    t.base_host_ns = TimelineNowNs();
+    if (cudaEventRecord(t.base, s->peer->copy_stream) != cudaSuccess) return "recording the base";
+  }
+  return "";
+}
+
+std::vector<TimelineRow> ReadCallTimelines(int64_t origin_ns, std::string* error) {
+  std::vector<TimelineRow> rows;
+  for (CommState* s : AllCommStatesForDebug()) {
+    std::lock_guard<std::timed_mutex> lock(s->mu);
+    CallTimeline& t = s->timeline;
+    if (t.capacity == 0) continue;
+    if (cudaSetDevice(s->device) != cudaSuccess || cudaEventSynchronize(t.base) != cudaSuccess) {
+      *error = "synchronizing the base event";
+      return {};
+    }
+    const double base_us = (t.base_host_ns - origin_ns) * 1e-3;
+    for (int c = 0; c < t.count; ++c) {
+      TimelineRow r{s->device, s->rank, c, std::vector<double>(2 + kTimelineMarks, NAN)};
+      r.us[0] = (t.host_ns[2 * c] - origin_ns) * 1e-3;
+      r.us[1] = (t.host_ns[2 * c + 1] - origin_ns) * 1e-3;
+      for (int m = 0; m < kTimelineMarks; ++m) {
+        cudaEvent_t e = t.events[size_t(c) * kTimelineMarks + m];
+        float ms = 0;
+        // Never-recorded events fail here (cudaErrorInvalidResourceHandle): a missing mark.
+        if (cudaEventSynchronize(e) == cudaSuccess &&
+            cudaEventElapsedTime(&ms, t.base, e) == cudaSuccess) {
+          r.us[2 + m] = base_us + ms * 1e3;
+        } else {
+          (void)cudaGetLastError();
+        }
+      }
+      rows.push_back(std::move(r));
+    }
+  }
+  return rows;
+}
+
+}  // namespace fo_jax

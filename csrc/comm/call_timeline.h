@@ -1,0 +1,69 @@
+// Diagnostics: an untraced per-call timeline of the copy-engine transport (benchmarks/NOTES.md
+// §17). While armed (StartCallTimelines, from Python between batches), each call records CUDA
+// events at fixed points on XLA's stream and on the copy stream, plus the host times at which
+// the FFI handler started and finished enqueuing; ReadCallTimelines turns them into times on the
+// host's steady clock. Off by default, and then a call pays one branch per mark. Unlike a
+// profiler this keeps the harness as it is (no CUPTI callbacks on the host threads).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fo_jax {
+
+struct CommState;  // comm/comm_registry.h
+
+// Where a call records its events.
+enum TimelineMark {
+  kXlaStart = 0,   // XLA's stream reached the call (before the counters' zeroing and the GEMM)
+  kGemmEnd,        // the GEMM ended (XLA's stream, before the band sums)
+  kFirstSumEnd,    // the first band-sum pass ended (the only one without split sums)
+  kSecondSumEnd,   // the second pass ended (split sums only)
+  kCallEnd,        // XLA's stream passed the call's last wait (its own copies done)
+  kCopyInputs,     // copy stream: XLA's inputs ready
+  kCopyAcked,      // copy stream: every receiver acknowledged the previous call
+  kCopySent0,      // copy stream: step j's chunk sent and flagged is kCopySent0 + j
+  kTimelineMarks = kCopySent0 + 8,
+};
+
+struct CallTimeline {
+  int capacity = 0;  // calls to record (0: off)
+  int count = 0;     // calls recorded since the last start
+  bool recording = false;  // the current call records (set by BeginTimelineCall)
+  std::vector<cudaEvent_t> events;  // capacity * kTimelineMarks, created by StartCallTimelines
+  std::vector<int64_t> host_ns;     // capacity * 2: handler entry, handler exit (steady clock)
+  cudaEvent_t base = nullptr;       // recorded on an idle stream at start ...
+  int64_t base_host_ns = 0;         // ... at this host time
+};
+
+// Steady-clock nanoseconds (the clock of every host time here).
+int64_t TimelineNowNs();
+
+// Under state.mu, at the start of a call: whether this call records (armed and not yet full).
+// Clears every mark of the call's slot so that marks a call does not reach read as missing.
+bool BeginTimelineCall(CommState& state, int64_t host_enter_ns);
+// Records mark `m` of the current call on `stream` when it records; else does nothing.
+void RecordTimelineMark(CommState& state, TimelineMark m, cudaStream_t stream);
+// At the end of a call (after its last enqueue).
+void EndTimelineCall(CommState& state);
+
+// Arms every copy-engine communicator of the process for `calls` calls (0 disarms). Call it with
+// the GPUs idle (after jax.block_until_ready): the base event then runs at once, so its GPU time
+// matches its host time within a few microseconds. "" or what failed.
+std::string StartCallTimelines(int calls);
+
+// One row per recorded call of every armed communicator: device, rank, call index, then the
+// handler's entry and exit and each mark's time, in microseconds on the steady clock relative to
+// `origin_ns` (NaN for a mark the call did not record). The GPUs must be idle.
+struct TimelineRow {
+  int device = 0;
+  int rank = 0;
+  int call = 0;
+  std::vector<double> us;  // 2 + kTimelineMarks
+};
+std::vector<TimelineRow> ReadCallTimelines(int64_t origin_ns, std::string* error);
+
+}  // namespace fo_jax
