@@ -312,8 +312,8 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   // Chunk (h, b) of the GEMM output (the workspace; the output itself for an all-reduce).
   auto chunk = [&](int h, int b) { return size_t(h * P + b) * chunk_bytes; };
 
-  // Copy stream: after XLA's inputs are ready and every receiver has finished the previous call,
-  // round h step j sends chunk (h, (me + 1 + j) % P) to its owner's slot, group by group as the
+  // Copy stream: after XLA's inputs are ready, round h step j sends chunk (h, (me + 1 + j) % P)
+  // to its owner's slot once that owner has finished the previous call, group by group as the
   // GEMM finishes them, then flags its arrival.
   cudaError_t err = cudaStreamWaitEvent(cs, s.inputs_ready, 0);
   if (err != cudaSuccess) {
@@ -325,13 +325,18 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     err = SendOutputAddress(p, cs, a.out, P, me, e, error);
     if (err != cudaSuccess) return err;
   }
-  err = WaitForPeers(p, cs, kRecvAcked, P, me, e - 1, a.spin_wait, error);
-  if (err != cudaSuccess) return err;
-  RecordTimelineMark(s, kCopyAcked, cs);
   for (int h = 0; h < H; ++h) {
     for (int j = 0; j + 1 < P; ++j) {
       const int to = (me + 1 + j) % P;
       const int L = logical(h, j);
+      if (h == 0) {
+        // Only the receiver of this step must have finished reading the previous call's slots:
+        // waiting for every peer before the first copy would hold the whole chain for the
+        // slowest one.
+        err = EnqueueWaitGeq(cs, Region(p.sync, kRecvAcked) + to, e - 1, a.spin_wait, error);
+        if (err != cudaSuccess) return err;
+        if (j == 0) RecordTimelineMark(s, kCopyAcked, cs);
+      }
       char* dst = static_cast<char*>(p.peer_recv[to]) + slot(h, j) * chunk_bytes;
       const char* src = ws + chunk(h, to);
       for (int g = a.chunk_first_group[L]; g < a.chunk_first_group[L + 1]; ++g) {
