@@ -8,8 +8,10 @@ Prints one line per recorded batch (wall per call and the per-call means of each
 the same means over the fastest and the slowest third of the batches; writes every row to
 OUT/timeline_probe.jsonl.
 
-Usage: python benchmarks/timeline_probe.py [--out DIR] [--batches N] [--variant NAME]
-(--variant names the build in the output, e.g. a commit, for comparing two processes)
+Usage: python benchmarks/timeline_probe.py [--out DIR] [--batches N] [--tag NAME] [VARIANT ...]
+A variant is "fo_jax" with optional environment settings applied while its function is traced,
+e.g. fo_jax:FO_JAX_CE_PEER_STORES=1 (default: fo_jax); variants run interleaved, batch by batch.
+--tag names the build in the output, e.g. a commit, for comparing two processes.
 """
 import argparse
 import json
@@ -76,29 +78,44 @@ def fmt(s):
     return " ".join(f"{k} {s[k]:.0f}" for k in keys if k in s)
 
 
+def build(mesh, variant, x, w):
+    """The variant's jitted function, traced and warmed up with its settings in the environment."""
+    method, *settings = variant.split(":")
+    saved = dict(os.environ)
+    os.environ.update(s.split("=", 1) for s in settings)
+    try:
+        f = _benchcore.build(mesh, "reduce_scatter", method)
+        for _ in range(5):
+            jax.block_until_ready(f(x, w))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return f
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--batches", type=int, default=30, help="recorded batches per pause setting")
-    ap.add_argument("--variant", default="")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("variants", nargs="*", default=["fo_jax"])
     a = ap.parse_args()
     mesh = benchlib.tp_mesh_or_exit("timeline_probe.py")
     x, w = _benchcore.random_operands(mesh, 8192, 8192, 2048, jnp.bfloat16)
-    f = _benchcore.build(mesh, "reduce_scatter", "fo_jax")
-    for _ in range(5):
-        jax.block_until_ready(f(x, w))
+    fns = {v: build(mesh, v, x, w) for v in a.variants}
     mod = _cuda.module()
     marks = mod.timeline_marks()
     path = os.path.join(a.out, "timeline_probe.jsonl")
-    tag = f"[{a.variant}] " if a.variant else ""
     with open(path, "a") as log:
         for pause in (0.0, 0.02):
-            walls_off, recorded = [], []
-            for b in range(a.batches):
+            walls_off = {v: [] for v in fns}
+            recorded = {v: [] for v in fns}
+            for b, (v, f) in ((b, vf) for b in range(a.batches) for vf in fns.items()):
+                tag = f"[{a.tag} {v}] "
                 # Off, then on: the recording's cost shows as the difference of their walls.
                 if pause:
                     time.sleep(pause)
-                walls_off.append(benchlib.dispatch_and_wall_ms(f, x, w, calls=CALLS)[1] * 1e3)
+                walls_off[v].append(benchlib.dispatch_and_wall_ms(f, x, w, calls=CALLS)[1] * 1e3)
                 mod.timeline_start(CALLS)
                 if pause:
                     time.sleep(pause)
@@ -107,22 +124,24 @@ def main():
                 rows = mod.timeline_read(origin)
                 mod.timeline_start(0)
                 s = phases(rows, marks)
-                recorded.append((wall, s))
+                recorded[v].append((wall, s))
                 print(f"{tag}pause {pause * 1e3:.0f} ms batch {b}: wall {wall:.0f} us/call | "
                       f"{fmt(s)}", flush=True)
-                log.write(json.dumps({"variant": a.variant, "pause_ms": pause * 1e3, "batch": b,
-                                      "wall_us": wall, "marks": marks, "rows": rows}) + "\n")
-            print(f"{tag}pause {pause * 1e3:.0f} ms: wall us/call, timeline off: median "
-                  f"{statistics.median(walls_off):.0f}; on: median "
-                  f"{statistics.median(r[0] for r in recorded):.0f}", flush=True)
-            recorded.sort(key=lambda r: r[0])
-            third = max(1, len(recorded) // 3)
-            for name, part in (("fastest third", recorded[:third]),
-                               ("slowest third", recorded[-third:])):
-                keys = part[0][1].keys()
-                mean = {k: statistics.mean(r[1][k] for r in part) for k in keys}
-                print(f"{tag}pause {pause * 1e3:.0f} ms {name}: wall "
-                      f"{statistics.mean(r[0] for r in part):.0f} | {fmt(mean)}", flush=True)
+                log.write(json.dumps({"tag": a.tag, "variant": v, "pause_ms": pause * 1e3,
+                                      "batch": b, "wall_us": wall, "marks": marks,
+                                      "rows": rows}) + "\n")
+            for v in fns:
+                tag = f"[{a.tag} {v}] "
+                print(f"{tag}pause {pause * 1e3:.0f} ms: wall us/call, timeline off: median "
+                      f"{statistics.median(walls_off[v]):.0f}; on: median "
+                      f"{statistics.median(r[0] for r in recorded[v]):.0f}", flush=True)
+                rec = sorted(recorded[v], key=lambda r: r[0])
+                third = max(1, len(rec) // 3)
+                for name, part in (("fastest third", rec[:third]), ("slowest third", rec[-third:])):
+                    keys = part[0][1].keys()
+                    mean = {k: statistics.mean(r[1][k] for r in part) for k in keys}
+                    print(f"{tag}pause {pause * 1e3:.0f} ms {name}: wall "
+                          f"{statistics.mean(r[0] for r in part):.0f} | {fmt(mean)}", flush=True)
     print(f"rows: {path}")
 
 
