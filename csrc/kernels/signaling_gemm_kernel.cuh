@@ -176,17 +176,20 @@ class SignalingTmaEpilogue
     p.inner = Inner::to_underlying_arguments(Flat(ps), args.inner, workspace);
     p.signal = args.signal;
     p.tma_transaction_bytes = p.inner.tma_transaction_bytes;
-    const int bands = args.signal.peer_bands;
-    if (bands > 0) {
-      const int band_rows = args.signal.band_tiles * kTileM;
-      const int n = int(cute::get<1>(ps)), k = int(cute::get<2>(ps));
-      for (int j = 0; j + 1 < bands; ++j) {
+    // Peer stores: band b != own goes to band_dst[j]. Its descriptor views D's full [rows, n]
+    // shape from a base b * band_rows rows before band_dst[j], so the band's own rows (the only
+    // ones its tiles store) are exactly band_dst[j]'s; no other row is ever addressed.
+    const EpilogueParams& sig = args.signal;
+    if (sig.peer_bands > 0) {
+      const int64_t band_elems = int64_t(sig.band_tiles) * kTileM * sig.n;
+      for (int j = 0; j + 1 < sig.peer_bands; ++j) {
+        const int band = (sig.own_band + 1 + j) % sig.peer_bands;
         typename Inner::Arguments a = args.inner;
-        a.ptr_D = reinterpret_cast<decltype(a.ptr_D)>(args.band_dst[j]);
-        a.dD = cute::make_stride(int64_t(n), cute::Int<1>{}, int64_t(band_rows) * n);
-        a.dC = a.dD;
-        p.remote[j] =
-            Inner::to_underlying_arguments(cute::make_shape(band_rows, n, k, 1), a, workspace);
+        // Pointer arithmetic on the integer value: the base may lie before the allocation.
+        a.ptr_D = reinterpret_cast<decltype(a.ptr_D)>(
+            reinterpret_cast<uintptr_t>(args.band_dst[j]) -
+            uintptr_t(band * band_elems) * sizeof(*a.ptr_D));
+        p.remote[j] = Inner::to_underlying_arguments(Flat(ps), a, workspace);
       }
     }
     return p;
@@ -210,7 +213,8 @@ class SignalingTmaEpilogue
   }
 
   CUTLASS_HOST_DEVICE SignalingTmaEpilogue(Params const& params, TensorStorage& shared)
-      : Inner(params.inner, shared), p_(&params.signal), remote_(params.remote) {}
+      : Inner(params.inner, shared), p_(&params.signal), inner_(&params.inner),
+        remote_(params.remote) {}
   // A temporary epilogue over another band's destination shares this one's shared memory and
   // pipelines (passed to store); its only state, a store count, matters only when C reuses D's
   // shared memory (ReuseSmemC), which the builder turns off for this epilogue (no C: the
@@ -264,20 +268,18 @@ class SignalingTmaEpilogue
       } else if (flush_pending) {
         flush_signal(thread_idx);
       }
-      const int band = p.peer_bands > 0 ? m_phys / p.band_tiles : -1;
-      if (use_tma && band >= 0 && band != p.own_band) {
-        // Peer store: the tile goes to its band's destination (another GPU's memory).
+      if (use_tma) {
+        // Peer stores: a tile of another band goes to that band's destination (another GPU's
+        // memory) through its descriptor, at its row within the band. One store call site for
+        // both (a second inlined copy of the store spilled registers in the ping-pong kernel).
+        // Each band's descriptor spans all rows of D with its base moved so that the band's
+        // rows land in its destination (to_underlying_arguments): shape and coordinate stay
+        // D's, only the descriptor differs (fewer live registers than selecting them too).
+        const int band = p.peer_bands > 0 ? m_phys / p.band_tiles : p.own_band;
         const int j = (band - p.own_band - 1 + p.peer_bands) % p.peer_bands;
-        Inner remote(remote_[j], shared);
-        auto band_coord = make_coord(m_phys - band * p.band_tiles, n_idx, get<2>(tile_coord), 0);
-        auto band_shape = make_shape(p.band_tiles * kTileM, int(get<1>(problem_shape)),
-                                     int(get<2>(problem_shape)), 1);
-        result = remote.store(load_pipeline, load_state, store_pipeline, store_state, band_shape,
-                              tile_shape, band_coord, accumulators, tiled_mma, thread_idx, shared,
-                              rest...);
-      } else if (use_tma) {
+        Inner target(band != p.own_band ? remote_[j] : *inner_, shared);
         auto flat_coord = make_coord(int(dst_row0 / kTileM), n_idx, get<2>(tile_coord), 0);
-        result = Inner::store(load_pipeline, load_state, store_pipeline, store_state,
+        result = target.store(load_pipeline, load_state, store_pipeline, store_state,
                               Flat(problem_shape), tile_shape, flat_coord, accumulators,
                               tiled_mma, thread_idx, shared, rest...);
       } else {
@@ -366,6 +368,7 @@ class SignalingTmaEpilogue
   static constexpr int kSubtiles = Inner::get_store_pipe_increment(TileShape{});
 
   EpilogueParams const* p_;
+  typename Inner::Params const* inner_;
   typename Inner::Params const* remote_;
   int pending_group_ = -1;  // group of the tiles stored but not yet signalled
   uint32_t pending_count_ = 0;
