@@ -85,7 +85,6 @@ def _overlap_lowering(ctx, x, w, *, result_avals, axis_name, collective, plan, n
                 sm_budget=np.int32(plan.sm_budget), nccl_max_ctas=np.int32(nccl_max_ctas),
                 spin_wait=bool(spin_wait), transport=np.int32(TRANSPORT_CODES[transport]),
                 rounds=np.int32(plan.rounds), split_sum=bool(plan.split_sum),
-                peer_stores=bool(plan.peer_stores),
                 **mesh_attrs)
 
 

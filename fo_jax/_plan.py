@@ -97,9 +97,6 @@ class GemmPlan:
     sm_budget: int  # > 0: SMs; 0: all; < 0: all but that many (resolved on the device)
     rounds: int = 1  # copy-engine all-reduce: rounds of the reduce + all-gather (_transport)
     split_sum: bool = True  # copy engine: last round summed in two passes (_ce_model)
-    # copy engine, reduce-scatter: the GEMM stores the peers' bands into their memory itself
-    # (no copies; receive slots double-buffered; one sum pass). _transport.copy_engine_plan.
-    peer_stores: bool = False
 
     @property
     def num_groups(self) -> int:

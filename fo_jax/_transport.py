@@ -25,7 +25,6 @@ from fo_jax import _ce_model, _cuda, _hw_queues, _plan
 from fo_jax.config import OverlapConfig
 
 MAX_RANKS = 16  # kMaxPeerRanks in csrc/comm/peer_transport.h
-PEER_STORE_MAX_RANKS = 8  # kMaxPeerStoreBands in csrc/kernels/signaling_gemm.h
 
 
 @functools.lru_cache(maxsize=None)
@@ -211,16 +210,8 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     forced_split = _env_flag("FO_JAX_CE_SPLIT_SUM")
     if forced_split is not None:
         split_sum = forced_split
-    # Peer stores (FO_JAX_CE_PEER_STORES=1, a measurement override while they are measured):
-    # the GEMM writes each peer's band into that peer's memory, so there are no copies to
-    # pipeline: one group per band, and every band is there when the GEMM ends (one sum pass).
-    peer_stores = (_env_flag("FO_JAX_CE_PEER_STORES") is True and rounds == 1
-                   and collective == "reduce_scatter" and size <= PEER_STORE_MAX_RANKS)
-    if peer_stores:
-        bounds = tuple(range(0, size * tiles_chunk + 1, tiles_chunk))
-        split_sum = False
     sm_budget = _sm_budget(config)
     if rounds > 1 and (config is None or config.sm_budget is None):
         sm_budget = -(_env_int("FO_JAX_CE_SUM_SMS") or ROUND_SUM_SMS)
     return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm_budget, rounds,
-                          split_sum, peer_stores)
+                          split_sum)

@@ -225,23 +225,6 @@ def test_transport_choice(fake_cuda):
         t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048, ce)
 
 
-def test_copy_engine_peer_stores_plan(fake_cuda, monkeypatch):
-    """FO_JAX_CE_PEER_STORES=1: a reduce-scatter's GEMM stores the peers' bands into their memory
-    itself, so its plan has one group per band (nothing to pipeline) and one sum pass; an
-    all-reduce keeps copies; 0 turns it off."""
-    import jax.numpy as jnp
-
-    t = fake_cuda()
-    bf16 = jnp.dtype(jnp.bfloat16)
-    monkeypatch.setenv("FO_JAX_CE_PEER_STORES", "1")
-    plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-    assert plan.peer_stores and plan.group_begin == (0, 16, 32, 48, 64) and not plan.split_sum
-    assert not t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 4, None).peer_stores
-    monkeypatch.setenv("FO_JAX_CE_PEER_STORES", "0")
-    plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-    assert not plan.peer_stores and plan.group_begin == (0, 8, 16, 32, 48, 64)
-
-
 def test_copy_engine_timing_model():
     """fo_jax/_ce_model.py: partitions refine the chunks, the copy chain reproduces the timeline
     it was read from (8192x8192x2048 reduce-scatter on 4x H200: GEMM 361 us, the last copy

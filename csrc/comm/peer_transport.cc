@@ -240,29 +240,6 @@ std::string PreparePeerTransport(CommState& s, size_t recv_bytes) {
   return "";
 }
 
-// Receive slot j of call epoch e's parity (peer stores double-buffer the slots).
-size_t ParitySlot(uint32_t e, int P, int j) { return size_t(e & 1) * (P - 1) + j; }
-
-std::string PreparePeerStores(CommState& s, cudaStream_t xla_stream, size_t band_bytes,
-                              bool spin_wait, void** band_dst) {
-  if (!s.peer || s.peer->recv_bytes < 2 * (s.nranks - 1) * band_bytes) {
-    return "peer stores before PreparePeerTransport sized the receive slots";
-  }
-  PeerState& p = *s.peer;
-  const int P = s.nranks, me = s.rank;
-  const uint32_t e = p.epoch + 1;  // the call about to be enqueued
-  for (int j = 0; j + 1 < P; ++j) {
-    band_dst[j] = static_cast<char*>(p.peer_recv[(me + 1 + j) % P]) +
-                  ParitySlot(e, P, j) * band_bytes;
-  }
-  if (e <= 2) return "";  // no earlier call used this parity
-  std::string error;
-  if (WaitForPeers(p, xla_stream, kRecvAcked, P, me, e - 2, spin_wait, &error) != cudaSuccess) {
-    return error;
-  }
-  return "";
-}
-
 std::string SetPeerGroups(PeerCollectiveArgs& a, int P, const int* group_begin, int num_groups,
                           int tiles_chunk, size_t tile_row_elems) {
   const int chunks = a.rounds * P;
@@ -308,13 +285,12 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     return cudaErrorInvalidValue;
   }
   if (H < 1 || H * (P - 1) > kMaxReceiveSlots || H * P > a.num_groups ||
-      a.band_elems % H != 0 || (H > 1 && !a.all_reduce) ||
-      (a.peer_stores && (H > 1 || a.all_reduce))) {
+      a.band_elems % H != 0 || (H > 1 && !a.all_reduce)) {
     *error = "copy-engine transport: bad number of rounds";
     return cudaErrorInvalidValue;
   }
   const size_t band_bytes = a.band_elems * 2;
-  if (!s.peer || s.peer->recv_bytes < (a.peer_stores ? 2 : 1) * (P - 1) * band_bytes) {
+  if (!s.peer || s.peer->recv_bytes < (P - 1) * band_bytes) {
     *error = "copy-engine transport used before PreparePeerTransport";
     return cudaErrorInvalidValue;
   }
@@ -330,13 +306,9 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   const char* ws = static_cast<const char*>(a.workspace);
   char* recv = static_cast<char*>(p.recv);
   cudaStream_t cs = p.copy_stream;
-  // Logical chunk of round h, step j (j = P - 1: the own chunk); receive slot of round h, step j
-  // (its arrival flag), and where that slot's data is (peer stores: the call's parity).
+  // Logical chunk of round h, step j (j = P - 1: the own chunk); receive slot of round h, step j.
   auto logical = [&](int h, int j) { return h * P + j; };
   auto slot = [&](int h, int j) { return h * (P - 1) + j; };
-  auto slot_data = [&](int h, int j) {
-    return a.peer_stores ? ParitySlot(e, P, j) : size_t(slot(h, j));
-  };
   // Chunk (h, b) of the GEMM output (the workspace; the output itself for an all-reduce).
   auto chunk = [&](int h, int b) { return size_t(h * P + b) * chunk_bytes; };
 
@@ -349,25 +321,11 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     return err;
   }
   RecordTimelineMark(s, kCopyInputs, cs);
-  if (a.peer_stores) {
-    // The GEMM stores the peers' bands itself (PreparePeerStores waited for their slots): flag
-    // each band's arrival once its groups are done.
-    for (int j = 0; j + 1 < P; ++j) {
-      const int to = (me + 1 + j) % P;
-      for (int g = a.chunk_first_group[j]; g < a.chunk_first_group[j + 1]; ++g) {
-        err = EnqueueWaitGeq(cs, a.counters + g, a.expected[g], a.spin_wait, error);
-        if (err != cudaSuccess) return err;
-      }
-      err = EnqueueWriteValue(cs, Region(p.peer_sync[to], kArrived) + slot(0, j), e, error);
-      if (err != cudaSuccess) return err;
-      if (j < kTimelineMarks - kCopySent0) RecordTimelineMark(s, TimelineMark(kCopySent0 + j), cs);
-    }
-  }
   if (a.all_reduce) {
     err = SendOutputAddress(p, cs, a.out, P, me, e, error);
     if (err != cudaSuccess) return err;
   }
-  for (int h = 0; h < H && !a.peer_stores; ++h) {
+  for (int h = 0; h < H; ++h) {
     for (int j = 0; j + 1 < P; ++j) {
       const int to = (me + 1 + j) % P;
       const int L = logical(h, j);
@@ -464,9 +422,9 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   }
   const void* parts[kMaxPeerRanks];
   parts[0] = ws + chunk(h, me);
-  const bool split = a.split_sum && P > 2 && !a.peer_stores;
+  const bool split = a.split_sum && P > 2;
   const int early = split ? P - 2 : P - 1;  // received chunks summed in the first pass
-  for (int j = 0; j < early; ++j) parts[j + 1] = recv + slot_data(h, j) * chunk_bytes;
+  for (int j = 0; j < early; ++j) parts[j + 1] = recv + slot(h, j) * chunk_bytes;
   err = LaunchBandSum(xla_stream, a.dtype, parts, early + 1, own_out(h), chunk_elems, error, 0,
                       split ? RemoteOutputs{} : remote,
                       ArrivalWait{arrived + slot(h, 0), early, e});
@@ -475,7 +433,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   if (split) {
     // out = out + last chunk, elementwise in place (each element read before it is written, by
     // the same thread).
-    const void* last[2] = {own_out(h), recv + slot_data(h, P - 2) * chunk_bytes};
+    const void* last[2] = {own_out(h), recv + slot(h, P - 2) * chunk_bytes};
     err = LaunchBandSum(xla_stream, a.dtype, last, 2, own_out(h), chunk_elems, error, 0, remote,
                         ArrivalWait{arrived + slot(h, P - 2), 1, e});
     if (err != cudaSuccess) return err;

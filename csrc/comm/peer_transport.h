@@ -133,12 +133,6 @@ struct PeerCollectiveArgs {
   // memory traffic, but off the critical path when the last copy outlasts the GEMM). The caller
   // decides from a timing model (fo_jax/_transport.py).
   bool split_sum = true;
-  // Peer stores (reduce-scatter, one round; benchmarks/NOTES.md §17): the GEMM itself stored the
-  // bands for the peers straight into their receive slots (SignalingGemmArgs::peer_bands, with
-  // the destinations from PeerStoreTargets), so the copy stream only flags each band's arrival
-  // once its groups' counters are full, and the receive slots are double-buffered by call
-  // parity. One sum pass.
-  bool peer_stores = false;
 };
 
 // Sets args' groups from the GEMM's (group_begin[0 .. num_groups]) and its chunk -> first group
@@ -153,15 +147,6 @@ std::string SetPeerGroups(PeerCollectiveArgs& args, int P, const int* group_begi
 // arrives (all ranks make the same calls in the same order, so they grow their buffers in the
 // same calls). "" or why it failed.
 std::string PreparePeerTransport(CommState& state, size_t recv_bytes);
-
-// Peer stores: the destinations of the next call's bands for the peers (band_dst[j] for the peer
-// (rank + 1 + j) % P: its receive slot j of the call's parity), and, enqueued on `xla_stream`
-// (before the GEMM), a wait until every peer has finished reading that parity's slots (its
-// acknowledgement of the call before the previous one: almost always already there, so the
-// GPUs do not wait for each other at the start of a call). PreparePeerTransport must have sized
-// the receive buffer for 2 * (P - 1) bands of band_bytes. "" or why it failed.
-std::string PreparePeerStores(CommState& state, cudaStream_t xla_stream, size_t band_bytes,
-                              bool spin_wait, void** band_dst);
 
 // Precondition (caller, on `xla_stream`): PreparePeerTransport for (P - 1) * band bytes,
 // counters zeroed, state.inputs_ready recorded, then the GEMM launched with rotate_tile_rows =

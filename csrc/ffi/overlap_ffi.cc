@@ -55,8 +55,7 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
                        ffi::Result<ffi::Buffer<ffi::U32>> counters, int32_t collective,
                        int32_t config, ffi::Span<const int32_t> group_begin, int32_t sm_budget,
                        int32_t nccl_max_ctas, bool spin_wait, int32_t transport,
-                       int32_t rounds, bool split_sum, bool peer_stores, int32_t nranks,
-                       int32_t process,
+                       int32_t rounds, bool split_sum, int32_t nranks, int32_t process,
                        ffi::Span<const int32_t> mesh_process, ffi::Span<const int32_t> mesh_local,
                        ffi::Span<const int32_t> mesh_rank, ffi::Span<const int32_t> mesh_group,
                        ffi::Span<const uint8_t> unique_ids) {
@@ -185,22 +184,9 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     if (!msg.empty()) return ffi::Error::InvalidArgument("fo_jax: copy-engine transport: " + msg);
     peer.spin_wait = spin_wait;
     peer.split_sum = split_sum;
-    peer.peer_stores = peer_stores;
-    if (peer_stores && (!rs || H != 1 || nranks > kMaxPeerStoreBands)) {
-      return ffi::Error::InvalidArgument(
-          "fo_jax: peer stores: reduce-scatter in one round over at most " +
-          std::to_string(kMaxPeerStoreBands) + " ranks");
-    }
     const size_t band_bytes = peer.band_elems * 2;
-    msg = PreparePeerTransport(*state, (peer_stores ? 2 : 1) * (nranks - 1) * band_bytes);
+    msg = PreparePeerTransport(*state, (nranks - 1) * band_bytes);
     if (!msg.empty()) return ffi::Error::Internal("fo_jax: " + msg);
-    if (peer_stores) {
-      // Before the GEMM on XLA's stream: the peers' slots of this call's parity are free.
-      args.peer_bands = nranks;
-      args.own_band = me.rank;
-      msg = PreparePeerStores(*state, stream, band_bytes, spin_wait, args.band_dst);
-      if (!msg.empty()) return ffi::Error::Internal("fo_jax: peer stores: " + msg);
-    }
   }
 
   // Stream order on XLA's stream: zero counters -> inputs_ready -> GEMM, the first two issued by
@@ -251,7 +237,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int32_t>("transport")                      // 0 NCCL, 1 copy engine
         .Attr<int32_t>("rounds")                         // copy-engine all-reduce rounds
         .Attr<bool>("split_sum")                         // copy engine: sum in two passes
-        .Attr<bool>("peer_stores")                       // copy engine: GEMM stores to peers
         .Attr<int32_t>("nranks")                         // axis size
         .Attr<int32_t>("process")                        // this process's index
         .Attr<ffi::Span<const int32_t>>("mesh_process")  // per mesh device: process index

@@ -133,19 +133,6 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
                   "rotation < period (config " + std::string(c.name) + ")");
     }
   }
-  if (args.peer_bands != 0) {
-    const int P = args.peer_bands;
-    bool ok = P >= 2 && P <= kMaxPeerStoreBands && args.batch == 1 && args.own_band >= 0 &&
-              args.own_band < P && args.m % (P * c.tile_m) == 0;
-    for (int j = 0; ok && j + 1 < P; ++j) ok = args.band_dst[j] && Aligned16(args.band_dst[j]);
-    if (!ok) {
-      return Fail(error, kBad,
-                  "peer stores need 2 to " + std::to_string(kMaxPeerStoreBands) +
-                      " bands of whole tile-rows (config " + std::string(c.name) +
-                      "), batch 1, own_band < peer_bands and a 16-byte aligned destination per "
-                      "other band");
-    }
-  }
   const long long units = static_cast<long long>(args.batch) * tiles_m *
                           ((args.n + c.tile_n - 1) / c.tile_n);
   if (units >= (1LL << 30)) return Fail(error, kBad, "problem has too many tiles");

@@ -15,8 +15,6 @@ enum class GemmDtype : int { kBF16 = 0, kF16 = 1 };
 
 // Most groups one launch accepts (the group table travels in the kernel parameters).
 inline constexpr int kMaxGemmGroups = 64;
-// Most bands of a launch with peer stores (SignalingGemmArgs::peer_bands).
-inline constexpr int kMaxPeerStoreBands = 8;
 
 // One compiled tile configuration (rows of csrc/kernels/gemm_configs.py).
 struct GemmTileConfig {
@@ -90,16 +88,6 @@ struct SignalingGemmArgs {
   // that waits on it sees zeroed counters and inputs ready, and does not wait for the kernel).
   bool zero_counters_on_launch = false;
   cudaEvent_t after_zero_event = nullptr;
-  // Peer stores (batch 1; benchmarks/NOTES.md §17): the output is peer_bands bands of
-  // m / peer_bands rows (whole tile-rows of the config). Only band own_band goes to D (at its
-  // own rows); band b != own_band is stored by TMA into
-  // band_dst[(b - own_band - 1 + peer_bands) % peer_bands], a [m / peer_bands, n] row-major
-  // buffer: typically a peer GPU's receive slot, written over NVLink while the GEMM runs. The
-  // signals then release at system scope (the peer reads what the counter announces).
-  // 0: off (every band goes to D).
-  int peer_bands = 0;
-  int own_band = 0;
-  void* band_dst[kMaxPeerStoreBands - 1] = {};
 };
 
 // Tiles whose completion counters[g] counts, for the configuration args.config (resolved with

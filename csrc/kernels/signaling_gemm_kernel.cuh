@@ -41,11 +41,6 @@ struct EpilogueParams {
   //    own store; 2: each tile at the start of the next tile's epilogue; 3: as 0, but issued
   //    after the next tile's TMA stores (TMA epilogue only; otherwise as 0).
   int signal_mode = 0;
-  // Peer stores (SignalingGemmArgs::peer_bands): bands of band_tiles tile-rows; the tiles of band
-  // b != own_band are stored through the epilogue's remote[(b - own_band - 1 + P) % P].
-  int peer_bands = 0;
-  int own_band = 0;
-  int band_tiles = 0;
   int group_begin[kMaxGemmGroups + 1] = {};
 };
 
@@ -105,10 +100,6 @@ CUTLASS_DEVICE void StoreDirect(EpilogueParams const& p, int64_t dst_row0, int v
 //    visible at GPU scope before the counter update is. A consumer that observes the value with
 //    an acquire load (spin kernel) or with cuStreamWaitValue32 followed by stream-ordered work
 //    therefore sees the complete tiles. (The same shape as cutlass/barrier.h's arrive_inc.)
-//  * Peer stores (EpilogueParams::peer_bands): tiles of other bands are TMA-stored into another
-//    GPU's memory; the add then releases at system scope (red.release.sys), so a stream that
-//    observes the counter and then writes a flag into that GPU's memory (comm/peer_transport.cc)
-//    orders the tile's remote writes before the flag.
 //
 // When (EpilogueParams::signal_mode): a signal costs a fence on the tensor-core warps' critical
 // path (the cooperative kernel does not overlap its epilogue with MMA), so by default (mode 0) a
@@ -142,19 +133,14 @@ class SignalingTmaEpilogue
   using typename Inner::StorePipelineState;
   using typename Inner::TensorStorage;
 
-  static constexpr int kMaxRemote = kMaxPeerStoreBands - 1;
   struct Arguments {
     typename Inner::Arguments inner;
     EpilogueParams signal;
-    void* band_dst[kMaxRemote] = {};  // peer stores: destination of each other band
   };
   struct Params {
     typename Inner::Params inner;
     EpilogueParams signal;
     uint32_t tma_transaction_bytes = 0;  // read by the kernel (epilogue load pipeline)
-    // Peer stores: the same epilogue over each other band's destination ([band rows, n]); a
-    // tile of such a band is stored through its TMA descriptor.
-    typename Inner::Params remote[kMaxRemote];
   };
 
   static constexpr int kTileM = cute::size<0>(TileShape{});
@@ -176,22 +162,6 @@ class SignalingTmaEpilogue
     p.inner = Inner::to_underlying_arguments(Flat(ps), args.inner, workspace);
     p.signal = args.signal;
     p.tma_transaction_bytes = p.inner.tma_transaction_bytes;
-    // Peer stores: band b != own goes to band_dst[j]. Its descriptor views D's full [rows, n]
-    // shape from a base b * band_rows rows before band_dst[j], so the band's own rows (the only
-    // ones its tiles store) are exactly band_dst[j]'s; no other row is ever addressed.
-    const EpilogueParams& sig = args.signal;
-    if (sig.peer_bands > 0) {
-      const int64_t band_elems = int64_t(sig.band_tiles) * kTileM * sig.n;
-      for (int j = 0; j + 1 < sig.peer_bands; ++j) {
-        const int band = (sig.own_band + 1 + j) % sig.peer_bands;
-        typename Inner::Arguments a = args.inner;
-        // Pointer arithmetic on the integer value: the base may lie before the allocation.
-        a.ptr_D = reinterpret_cast<decltype(a.ptr_D)>(
-            reinterpret_cast<uintptr_t>(args.band_dst[j]) -
-            uintptr_t(band * band_elems) * sizeof(*a.ptr_D));
-        p.remote[j] = Inner::to_underlying_arguments(Flat(ps), a, workspace);
-      }
-    }
     return p;
   }
   template <class ProblemShape>
@@ -213,12 +183,7 @@ class SignalingTmaEpilogue
   }
 
   CUTLASS_HOST_DEVICE SignalingTmaEpilogue(Params const& params, TensorStorage& shared)
-      : Inner(params.inner, shared), p_(&params.signal), inner_(&params.inner),
-        remote_(params.remote) {}
-  // A temporary epilogue over another band's destination shares this one's shared memory and
-  // pipelines (passed to store); its only state, a store count, matters only when C reuses D's
-  // shared memory (ReuseSmemC), which the builder turns off for this epilogue (no C: the
-  // dispatch policy Sm90TmaWarpSpecialized<..., ReuseSmemC = false, ...>).
+      : Inner(params.inner, shared), p_(&params.signal) {}
 
   template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class AccEngine,
             class AccLayout, class TiledMma, class... Ts>
@@ -269,17 +234,8 @@ class SignalingTmaEpilogue
         flush_signal(thread_idx);
       }
       if (use_tma) {
-        // Peer stores: a tile of another band goes to that band's destination (another GPU's
-        // memory) through its descriptor, at its row within the band. One store call site for
-        // both (a second inlined copy of the store spilled registers in the ping-pong kernel).
-        // Each band's descriptor spans all rows of D with its base moved so that the band's
-        // rows land in its destination (to_underlying_arguments): shape and coordinate stay
-        // D's, only the descriptor differs (fewer live registers than selecting them too).
-        const int band = p.peer_bands > 0 ? m_phys / p.band_tiles : p.own_band;
-        const int j = (band - p.own_band - 1 + p.peer_bands) % p.peer_bands;
-        Inner target(band != p.own_band ? remote_[j] : *inner_, shared);
         auto flat_coord = make_coord(int(dst_row0 / kTileM), n_idx, get<2>(tile_coord), 0);
-        result = target.store(load_pipeline, load_state, store_pipeline, store_state,
+        result = Inner::store(load_pipeline, load_state, store_pipeline, store_state,
                               Flat(problem_shape), tile_shape, flat_coord, accumulators,
                               tiled_mma, thread_idx, shared, rest...);
       } else {
@@ -326,18 +282,11 @@ class SignalingTmaEpilogue
       asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kKeepGroups) : "memory");
       asm volatile("fence.proxy.async.global;" ::: "memory");
       __syncwarp();
-      if (set_thread == 0) release_add(p_->counters + group, count);
-    }
-  }
-
-  // counter += count, releasing what this thread's writes and those ordered before them made:
-  // at GPU scope, or at system scope with peer stores (another GPU reads those bands once the
-  // counter is full).
-  CUTLASS_DEVICE void release_add(uint32_t* ctr, uint32_t count) const {
-    if (p_->peer_bands > 0) {
-      asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(ctr), "r"(count) : "memory");
-    } else {
-      asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ctr), "r"(count) : "memory");
+      if (set_thread == 0) {
+        uint32_t* ctr = p_->counters + group;
+        asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ctr), "r"(count)
+                     : "memory");
+      }
     }
   }
 
@@ -355,7 +304,11 @@ class SignalingTmaEpilogue
       const int barrier_id =
           kPingpong ? kFirstBarrier + cutlass::canonical_warp_group_idx() : kFirstBarrier;
       asm volatile("bar.sync %0, %1;" ::"r"(barrier_id), "r"(kTileThreads) : "memory");
-      if (set_thread == 0) release_add(p_->counters + pending_group_, pending_count_);
+      if (set_thread == 0) {
+        uint32_t* ctr = p_->counters + pending_group_;
+        asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ctr), "r"(pending_count_)
+                     : "memory");
+      }
     } else {
       signal_from_store_warp<0>(set_thread, pending_group_, pending_count_);
     }
@@ -368,8 +321,6 @@ class SignalingTmaEpilogue
   static constexpr int kSubtiles = Inner::get_store_pipe_increment(TileShape{});
 
   EpilogueParams const* p_;
-  typename Inner::Params const* inner_;
-  typename Inner::Params const* remote_;
   int pending_group_ = -1;  // group of the tiles stored but not yet signalled
   uint32_t pending_count_ = 0;
   bool pending_direct_ = false;  // some pending tile was stored by the direct path
@@ -514,11 +465,6 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   epi.num_groups = a.num_groups;
   epi.signal_mode = a.signal_mode;
   for (int g = 0; g <= a.num_groups; ++g) epi.group_begin[g] = a.group_begin[g];
-  if (a.peer_bands > 0) {
-    epi.peer_bands = a.peer_bands;
-    epi.own_band = a.own_band;
-    epi.band_tiles = tiles_m / a.peer_bands;
-  }
 
   int budget = a.sm_budget > 0 && a.sm_budget < run.device_sms ? a.sm_budget : run.device_sms;
   int clusters = budget / kCM;
@@ -543,7 +489,6 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
       cute::make_stride(int64_t(a.n), cute::Int<1>{}, int64_t(a.m) * a.batch * a.n);
   args.epilogue.inner.dC = args.epilogue.inner.dD;
   args.epilogue.signal = epi;
-  for (int j = 0; j + 1 < a.peer_bands; ++j) args.epilogue.band_dst[j] = a.band_dst[j];
   args.hw_info.device_id = run.device;
   args.hw_info.sm_count = clusters * kCM;
   args.scheduler.table = &table;
