@@ -39,7 +39,8 @@ def phases(rows, marks):
     for dev, _rank, call, us in rows:
         by_gpu.setdefault(dev, {})[call] = us
     out = {k: [] for k in ("period", "gemm", "tail", "idle_before", "host_lead", "ack_wait",
-                           "last_copy_after_gemm", "sum1", "sum2")}
+                           "last_copy_after_gemm", "sum1", "sum2", "host_interval", "handler",
+                           "h_prep", "h_gemm", "h_copies", "h_sums")}
     starts = {}  # call -> [xla_start of each GPU]
     for calls in by_gpu.values():
         for c, us in sorted(calls.items()):
@@ -51,6 +52,13 @@ def phases(rows, marks):
             if prev is not None:
                 out["period"].append(get("xla_start") - prev[col["xla_start"]])
                 out["idle_before"].append(get("xla_start") - prev[col["call_end"]])
+                out["host_interval"].append(get("host_enter") - prev[col["host_enter"]])
+            # Where the handler's host time goes (between its host marks).
+            out["handler"].append(get("host_exit") - get("host_enter"))
+            out["h_prep"].append(get("host_prepared") - get("host_enter"))
+            out["h_gemm"].append(get("host_gemm_launched") - get("host_prepared"))
+            out["h_copies"].append(get("host_copies_enqueued") - get("host_gemm_launched"))
+            out["h_sums"].append(get("host_exit") - get("host_copies_enqueued"))
             out["gemm"].append(get("gemm_end") - get("xla_start"))
             out["tail"].append(get("call_end") - get("gemm_end"))
             out["host_lead"].append(get("xla_start") - get("host_exit"))
@@ -74,7 +82,8 @@ def phases(rows, marks):
 def fmt(s):
     keys = ("period", "gemm", "tail", "sum1", "sum2", "idle_before", "ack_wait",
             "last_copy_after_gemm", "start_skew", "host_lead", "host_lead_min",
-            "first_start_spread")
+            "first_start_spread", "host_interval", "handler", "h_prep", "h_gemm", "h_copies",
+            "h_sums")
     return " ".join(f"{k} {s[k]:.0f}" for k in keys if k in s)
 
 

@@ -1,6 +1,7 @@
 // See call_timeline.h.
 #include "comm/call_timeline.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <mutex>
@@ -19,7 +20,11 @@ int64_t TimelineNowNs() {
 bool BeginTimelineCall(CommState& s, int64_t host_enter_ns) {
   CallTimeline& t = s.timeline;
   t.recording = t.capacity > 0 && t.count < t.capacity;
-  if (t.recording) t.host_ns[2 * t.count] = host_enter_ns;
+  if (t.recording) {
+    int64_t* h = &t.host_ns[size_t(t.count) * kTimelineHostMarks];
+    std::fill(h, h + kTimelineHostMarks, 0);
+    h[kHostEnter] = host_enter_ns;
+  }
   return t.recording;
 }
 
@@ -32,10 +37,15 @@ void RecordTimelineMark(CommState& s, TimelineMark m, cudaStream_t stream) {
   }
 }
 
+void RecordTimelineHost(CommState& s, TimelineHostMark m) {
+  CallTimeline& t = s.timeline;
+  if (t.recording) t.host_ns[size_t(t.count) * kTimelineHostMarks + m] = TimelineNowNs();
+}
+
 void EndTimelineCall(CommState& s) {
   CallTimeline& t = s.timeline;
   if (!t.recording) return;
-  t.host_ns[2 * t.count + 1] = TimelineNowNs();
+  t.host_ns[size_t(t.count) * kTimelineHostMarks + kHostExit] = TimelineNowNs();
   ++t.count;
   t.recording = false;
 }
@@ -53,7 +63,7 @@ std::string StartCallTimelines(int calls) {
     for (cudaEvent_t& e : t.events) {
       if (cudaEventCreate(&e) != cudaSuccess) return "creating timeline events";
     }
-    t.host_ns.assign(size_t(calls) * 2, 0);
+    t.host_ns.assign(size_t(calls) * kTimelineHostMarks, 0);
     if (!t.base && cudaEventCreate(&t.base) != cudaSuccess) return "creating the base event";
     t.capacity = calls;
     t.count = 0;
@@ -76,16 +86,19 @@ std::vector<TimelineRow> ReadCallTimelines(int64_t origin_ns, std::string* error
     }
     const double base_us = (t.base_host_ns - origin_ns) * 1e-3;
     for (int c = 0; c < t.count; ++c) {
-      TimelineRow r{s->device, s->rank, c, std::vector<double>(2 + kTimelineMarks, NAN)};
-      r.us[0] = (t.host_ns[2 * c] - origin_ns) * 1e-3;
-      r.us[1] = (t.host_ns[2 * c + 1] - origin_ns) * 1e-3;
+      constexpr int H = kTimelineHostMarks;
+      TimelineRow r{s->device, s->rank, c, std::vector<double>(H + kTimelineMarks, NAN)};
+      for (int m = 0; m < H; ++m) {
+        const int64_t ns = t.host_ns[size_t(c) * H + m];
+        if (ns != 0) r.us[m] = (ns - origin_ns) * 1e-3;
+      }
       for (int m = 0; m < kTimelineMarks; ++m) {
         cudaEvent_t e = t.events[size_t(c) * kTimelineMarks + m];
         float ms = 0;
         // Never-recorded events fail here (cudaErrorInvalidResourceHandle): a missing mark.
         if (cudaEventSynchronize(e) == cudaSuccess &&
             cudaEventElapsedTime(&ms, t.base, e) == cudaSuccess) {
-          r.us[2 + m] = base_us + ms * 1e3;
+          r.us[H + m] = base_us + ms * 1e3;
         } else {
           (void)cudaGetLastError();
         }

@@ -29,12 +29,22 @@ enum TimelineMark {
   kTimelineMarks = kCopySent0 + 8,
 };
 
+// Host times of a call (steady clock), where its handler spends its time.
+enum TimelineHostMark {
+  kHostEnter = 0,        // the FFI handler starts
+  kHostPrepared,         // communicator, checks and plan done (before the GEMM's launch)
+  kHostGemmLaunched,     // the GEMM enqueued
+  kHostCopiesEnqueued,   // the copy stream's work enqueued (before the sums)
+  kHostExit,             // the handler returns
+  kTimelineHostMarks,
+};
+
 struct CallTimeline {
   int capacity = 0;  // calls to record (0: off)
   int count = 0;     // calls recorded since the last start
   bool recording = false;  // the current call records (set by BeginTimelineCall)
   std::vector<cudaEvent_t> events;  // capacity * kTimelineMarks, created by StartCallTimelines
-  std::vector<int64_t> host_ns;     // capacity * 2: handler entry, handler exit (steady clock)
+  std::vector<int64_t> host_ns;     // capacity * kTimelineHostMarks (steady clock)
   cudaEvent_t base = nullptr;       // recorded on an idle stream at start ...
   int64_t base_host_ns = 0;         // ... at this host time
 };
@@ -47,6 +57,8 @@ int64_t TimelineNowNs();
 bool BeginTimelineCall(CommState& state, int64_t host_enter_ns);
 // Records mark `m` of the current call on `stream` when it records; else does nothing.
 void RecordTimelineMark(CommState& state, TimelineMark m, cudaStream_t stream);
+// Notes the host time of `m` for the current call when it records.
+void RecordTimelineHost(CommState& state, TimelineHostMark m);
 // At the end of a call (after its last enqueue).
 void EndTimelineCall(CommState& state);
 
@@ -56,13 +68,13 @@ void EndTimelineCall(CommState& state);
 std::string StartCallTimelines(int calls);
 
 // One row per recorded call of every armed communicator: device, rank, call index, then the
-// handler's entry and exit and each mark's time, in microseconds on the steady clock relative to
-// `origin_ns` (NaN for a mark the call did not record). The GPUs must be idle.
+// host marks (TimelineHostMark order) and each GPU mark's time, in microseconds on the steady
+// clock relative to `origin_ns` (NaN for a mark the call did not record). The GPUs must be idle.
 struct TimelineRow {
   int device = 0;
   int rank = 0;
   int call = 0;
-  std::vector<double> us;  // 2 + kTimelineMarks
+  std::vector<double> us;  // kTimelineHostMarks + kTimelineMarks
 };
 std::vector<TimelineRow> ReadCallTimelines(int64_t origin_ns, std::string* error);
 

@@ -357,6 +357,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     *error = "recording the copies' completion";
     return err;
   }
+  RecordTimelineHost(s, kHostCopiesEnqueued);
 
   // An all-reduce's sums also store the summed chunk into the same rows of every peer's output.
   RemoteOutputs remote;

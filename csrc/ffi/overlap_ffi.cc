@@ -196,10 +196,12 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   args.zero_counters_on_launch = true;
   args.after_zero_event = state->inputs_ready;
   if (copy_engine && BeginTimelineCall(*state, host_enter_ns)) {
+    RecordTimelineHost(*state, kHostPrepared);
     RecordTimelineMark(*state, kXlaStart, stream);
   }
   cudaError_t err = LaunchSignalingGemm(stream, args, &msg);
   if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: GEMM launch: " + msg);
+  if (copy_engine) RecordTimelineHost(*state, kHostGemmLaunched);
   if (copy_engine) {
     err = EnqueuePeerCollective(*state, stream, peer, &msg);
     EndTimelineCall(*state);
