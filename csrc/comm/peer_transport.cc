@@ -426,9 +426,11 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   const bool split = a.split_sum && P > 2;
   const int early = split ? P - 2 : P - 1;  // received chunks summed in the first pass
   for (int j = 0; j < early; ++j) parts[j + 1] = recv + slot(h, j) * chunk_bytes;
+  // The first pass sweeps from the band's end: the GEMM wrote the own chunk's last rows last, so
+  // they are the likeliest still in L2; the second pass then starts where the first ended.
   err = LaunchBandSum(xla_stream, a.dtype, parts, early + 1, own_out(h), chunk_elems, error, 0,
                       split ? RemoteOutputs{} : remote,
-                      ArrivalWait{arrived + slot(h, 0), early, e});
+                      ArrivalWait{arrived + slot(h, 0), early, e}, /*from_end=*/true);
   if (err != cudaSuccess) return err;
   RecordTimelineMark(s, kFirstSumEnd, xla_stream);
   if (split) {

@@ -41,7 +41,7 @@ __device__ __forceinline__ void Accumulate(float2 (&acc)[4], const uint4& v) {
 // in order, so the result does not depend on kParts.
 template <class T2, int kParts>
 __global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs remote,
-                              ArrivalWait wait, size_t vectors) {
+                              ArrivalWait wait, size_t vectors, bool from_end) {
   __shared__ uint4* remote_out[kMaxBandSumParts];
   if (threadIdx.x == 0) {
     // One thread per block polls; the barrier below orders the block's part loads after it.
@@ -64,8 +64,9 @@ __global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs 
         remote.offset_bytes);
   }
   __syncthreads();
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < vectors;
-       i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t k = blockIdx.x * size_t(blockDim.x) + threadIdx.x; k < vectors;
+       k += size_t(gridDim.x) * blockDim.x) {
+    const size_t i = from_end ? vectors - 1 - k : k;
     float2 acc[4] = {};
     if constexpr (kParts > 0) {
       uint4 v[kParts];
@@ -124,7 +125,8 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* const* parts,
                           int nparts, void* out, size_t count, std::string* error,
-                          int max_blocks, RemoteOutputs remote, ArrivalWait wait) {
+                          int max_blocks, RemoteOutputs remote, ArrivalWait wait,
+                          bool from_end) {
   if (nparts < 1 || nparts > kMaxBandSumParts || count % 8 != 0 || !Aligned16(out) ||
       remote.count < 0 || remote.count >= kMaxBandSumParts ||
       (remote.count > 0 && (remote.table == nullptr || remote.offset_bytes % 16 != 0)) ||
@@ -154,10 +156,10 @@ cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* cons
   const int blocks = static_cast<int>(want < cap ? (want > 0 ? want : 1) : cap);
   if (dtype == GemmDtype::kBF16) {
     SelectKernel<__nv_bfloat162>(nparts)<<<blocks, 512, 0, stream>>>(in, nparts, out, remote,
-                                                                     wait, vectors);
+                                                                     wait, vectors, from_end);
   } else {
     SelectKernel<__half2>(nparts)<<<blocks, 512, 0, stream>>>(in, nparts, out, remote, wait,
-                                                              vectors);
+                                                              vectors, from_end);
   }
   e = cudaGetLastError();
   if (e != cudaSuccess && error) *error = std::string("band sum launch: ") + cudaGetErrorString(e);

@@ -40,10 +40,13 @@ struct ArrivalWait {
   int count = 0;
   uint32_t value = 0;
 };
+// `from_end`: the blocks sweep the band from its last vector to its first (else first to last),
+// so that a pass reads first what is most likely still in L2: the rows the GEMM or the previous
+// pass wrote last.
 cudaError_t LaunchBandSum(cudaStream_t stream, GemmDtype dtype, const void* const* parts,
                           int nparts, void* out, size_t count, std::string* error,
                           int max_blocks = 0, RemoteOutputs remote = {},
-                          ArrivalWait wait = {});
+                          ArrivalWait wait = {}, bool from_end = false);
 
 // Loads both instantiations into the current device's context (lazy loading would otherwise
 // serialize their first launch behind the running GEMM: DESIGN.md). Idempotent.
