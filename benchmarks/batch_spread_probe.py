@@ -15,7 +15,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
 import fo_jax  # noqa: E402,F401  (before JAX uses a GPU: 32 hardware queues)
-import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from fo_jax import _benchcore  # noqa: E402
@@ -23,25 +22,10 @@ from fo_jax import _benchcore  # noqa: E402
 ROUNDS, BATCHES, CALLS = 4, 10, 20
 
 
-def build(mesh, variant, x, w):
-    """The variant's jitted function, traced and warmed up with its settings in the environment."""
-    method, *settings = variant.split(":")
-    saved = dict(os.environ)
-    os.environ.update(s.split("=", 1) for s in settings)
-    try:
-        f = _benchcore.build(mesh, "reduce_scatter", method)
-        for _ in range(5):
-            jax.block_until_ready(f(x, w))
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    return f
-
-
 variants = sys.argv[1:] or ["fo_jax", "baseline"]
 mesh = benchlib.tp_mesh_or_exit("batch_spread_probe.py")
 x, w = _benchcore.random_operands(mesh, 8192, 8192, 2048, jnp.bfloat16)
-fns = {v: build(mesh, v, x, w) for v in variants}
+fns = {v: benchlib.build_rs_variant(mesh, v, x, w) for v in variants}
 for pause in (0.0, 0.02):
     walls = {v: [] for v in variants}
     for _ in range(ROUNDS):

@@ -21,6 +21,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 import fo_jax
+from fo_jax import _benchcore
 from fo_jax._benchcore import (  # noqa: F401 (re-exports)
     DESIGN_SHAPES,
     Results,
@@ -45,6 +46,23 @@ def cuda_gpus_or_exit(script: str, minimum: int = 1) -> list:
 def tp_mesh_or_exit(script: str) -> Mesh:
     """A one-axis ("tp") mesh over every CUDA GPU, or exit as cuda_gpus_or_exit (2+ GPUs)."""
     return Mesh(np.array(cuda_gpus_or_exit(script, minimum=2)), ("tp",))
+
+
+def build_rs_variant(mesh: Mesh, variant: str, x, w):
+    """A reduce-scatter variant's jitted function, traced and warmed up (5 calls) with its
+    settings in the environment: "METHOD[:ENV=VALUE...]", e.g. "fo_jax:FO_JAX_CE_SPLIT_SUM=0"
+    (the probes compare such variants interleaved in one process)."""
+    method, *settings = variant.split(":")
+    saved = dict(os.environ)
+    os.environ.update(s.split("=", 1) for s in settings)
+    try:
+        f = _benchcore.build(mesh, "reduce_scatter", method)
+        for _ in range(5):
+            jax.block_until_ready(f(x, w))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return f
 
 
 def gemm_operands(m: int, n: int, k: int, dtype, device, seed: int) -> tuple:

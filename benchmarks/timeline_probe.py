@@ -24,7 +24,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
 import fo_jax  # noqa: E402,F401  (before JAX uses a GPU: 32 hardware queues)
-import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from fo_jax import _benchcore, _cuda  # noqa: E402
@@ -87,21 +86,6 @@ def fmt(s):
     return " ".join(f"{k} {s[k]:.0f}" for k in keys if k in s)
 
 
-def build(mesh, variant, x, w):
-    """The variant's jitted function, traced and warmed up with its settings in the environment."""
-    method, *settings = variant.split(":")
-    saved = dict(os.environ)
-    os.environ.update(s.split("=", 1) for s in settings)
-    try:
-        f = _benchcore.build(mesh, "reduce_scatter", method)
-        for _ in range(5):
-            jax.block_until_ready(f(x, w))
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    return f
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
@@ -111,7 +95,7 @@ def main():
     a = ap.parse_args()
     mesh = benchlib.tp_mesh_or_exit("timeline_probe.py")
     x, w = _benchcore.random_operands(mesh, 8192, 8192, 2048, jnp.bfloat16)
-    fns = {v: build(mesh, v, x, w) for v in a.variants}
+    fns = {v: benchlib.build_rs_variant(mesh, v, x, w) for v in a.variants}
     mod = _cuda.module()
     marks = mod.timeline_marks()
     path = os.path.join(a.out, "timeline_probe.jsonl")

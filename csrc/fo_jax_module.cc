@@ -125,16 +125,7 @@ NB_MODULE(_fo_jax_cuda, m) {
   // the GPUs idle; then read one row per recorded call, times in us relative to `origin_ns` on
   // the steady clock that timeline_now_ns reads.
   m.def("timeline_now_ns", []() { return fo_jax::TimelineNowNs(); });
-  m.def("timeline_marks", []() {
-    std::vector<std::string> names = {"host_enter", "host_prepared", "host_gemm_launched",
-                                      "host_copies_enqueued", "host_exit", "xla_start", "gemm_end",
-                                      "first_sum_end", "second_sum_end", "call_end",
-                                      "copy_inputs", "copy_acked"};
-    for (int j = fo_jax::kCopySent0; j < fo_jax::kTimelineMarks; ++j) {
-      names.push_back("copy_sent" + std::to_string(j - fo_jax::kCopySent0));
-    }
-    return names;
-  });
+  m.def("timeline_marks", []() { return fo_jax::TimelineColumnNames(); });
   m.def(
       "timeline_start",
       [](int calls) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <mutex>
 
 #include "comm/comm_registry.h"
@@ -15,6 +16,22 @@ int64_t TimelineNowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+std::vector<std::string> TimelineColumnNames() {
+  // In enum order: every TimelineHostMark, then the TimelineMarks before the copy steps'.
+  static constexpr const char* kHostNames[] = {"host_enter", "host_prepared", "host_gemm_launched",
+                                               "host_copies_enqueued", "host_exit"};
+  static constexpr const char* kMarkNames[] = {"xla_start",   "gemm_end",    "first_sum_end",
+                                               "second_sum_end", "call_end", "copy_inputs",
+                                               "copy_acked"};
+  static_assert(std::size(kHostNames) == kTimelineHostMarks && std::size(kMarkNames) == kCopySent0);
+  std::vector<std::string> names(std::begin(kHostNames), std::end(kHostNames));
+  names.insert(names.end(), std::begin(kMarkNames), std::end(kMarkNames));
+  for (int j = kCopySent0; j < kTimelineMarks; ++j) {
+    names.push_back("copy_sent" + std::to_string(j - kCopySent0));
+  }
+  return names;
 }
 
 bool BeginTimelineCall(CommState& s, int64_t host_enter_ns) {

@@ -1,9 +1,9 @@
 // Diagnostics: an untraced per-call timeline of the copy-engine transport (benchmarks/NOTES.md
 // §17). While armed (StartCallTimelines, from Python between batches), each call records CUDA
-// events at fixed points on XLA's stream and on the copy stream, plus the host times at which
-// the FFI handler started and finished enqueuing; ReadCallTimelines turns them into times on the
-// host's steady clock. Off by default, and then a call pays one branch per mark. Unlike a
-// profiler this keeps the harness as it is (no CUPTI callbacks on the host threads).
+// events at fixed points on XLA's stream and on the copy stream, plus host times at fixed points
+// of the FFI handler; ReadCallTimelines turns them into times on the host's steady clock. Off by
+// default, and then a call pays one clock read and one branch per mark. Unlike a profiler this
+// keeps the harness as it is (no CUPTI callbacks on the host threads).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,7 +24,7 @@ enum TimelineMark {
   kSecondSumEnd,   // the second pass ended (split sums only)
   kCallEnd,        // XLA's stream passed the call's last wait (its own copies done)
   kCopyInputs,     // copy stream: XLA's inputs ready
-  kCopyAcked,      // copy stream: every receiver acknowledged the previous call
+  kCopyAcked,      // copy stream: the first step's receiver acknowledged the previous call
   kCopySent0,      // copy stream: step j's chunk sent and flagged is kCopySent0 + j
   kTimelineMarks = kCopySent0 + 8,
 };
@@ -51,6 +51,9 @@ struct CallTimeline {
 
 // Steady-clock nanoseconds (the clock of every host time here).
 int64_t TimelineNowNs();
+
+// The names of a row's columns (ReadCallTimelines): the host marks, then the GPU marks.
+std::vector<std::string> TimelineColumnNames();
 
 // Under state.mu, at the start of a call: whether this call records (armed and not yet full).
 // Clears every mark of the call's slot so that marks a call does not reach read as missing.
