@@ -8,8 +8,9 @@ GEMM by visiting the output in rounds (`copy_engine_rounds`). It needs: every ra
 axis in this process (JAX's one-process-per-host mode); peer access between every pair of this
 process's GPUs (NVLink / NVSwitch machines); 2 to 16 ranks; rows of the output band of each rank
 (M / P) a multiple of the GEMM tile's rows times its cluster; fo_jax's own group partition (no
-user partition: fo_jax/_ce_model.py chooses how many groups each band is). `OverlapConfig.transport` forces either; unset, the copy engine is used
-where it can be, NCCL elsewhere.
+user partition: fo_jax/_ce_model.py chooses how many groups each band is).
+`OverlapConfig.transport` forces either; unset, the copy engine is used where it can be, NCCL
+elsewhere.
 """
 
 from __future__ import annotations
