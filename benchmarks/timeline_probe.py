@@ -4,9 +4,9 @@
 (csrc/comm/call_timeline.h) and the host times of its entry and exit; no profiler runs. Batches
 with the timeline off are interleaved with batches with it on, to show what the recording costs.
 
-Prints one line per recorded batch (wall per call and the per-call means of each phase) and then
-the same means over the fastest and the slowest third of the batches; writes every row to
-OUT/timeline_probe.jsonl.
+Prints one line per recorded batch (wall per call, the per-call means of each phase, and each
+copy's start and length) and then the same means over the fastest and the slowest third of the
+batches; writes every row to OUT/timeline_probe.jsonl.
 
 Usage: python benchmarks/timeline_probe.py [--out DIR] [--batches N] [--tag NAME] [VARIANT ...]
 A variant is "fo_jax" with optional environment settings applied while its function is traced,
@@ -66,6 +66,13 @@ def phases(rows, marks):
                     not math.isnan(us[col[m]])]
             if sent:
                 out["last_copy_after_gemm"].append(max(sent) - get("gemm_end"))
+            # Each copy: when it could start (its group done, the stream free) and how long it
+            # ran, from the call's start.
+            for i in range(8):
+                go, done = f"copy_go{i}", f"copy_done{i}"
+                if go in col and not math.isnan(get(go)) and not math.isnan(get(done)):
+                    out.setdefault(f"c{i}_go", []).append(get(go) - get("xla_start"))
+                    out.setdefault(f"c{i}_dur", []).append(get(done) - get(go))
             out["sum1"].append(get("first_sum_end") - get("gemm_end"))
             if not math.isnan(get("second_sum_end")):
                 out["sum2"].append(get("second_sum_end") - get("first_sum_end"))
@@ -83,7 +90,9 @@ def fmt(s):
             "last_copy_after_gemm", "start_skew", "host_lead", "host_lead_min",
             "first_start_spread", "host_interval", "handler", "h_prep", "h_gemm", "h_copies",
             "h_sums")
-    return " ".join(f"{k} {s[k]:.0f}" for k in keys if k in s)
+    copies = [f"{s[f'c{i}_go']:.0f}+{s[f'c{i}_dur']:.0f}" for i in range(8) if f"c{i}_go" in s]
+    return " ".join(f"{k} {s[k]:.0f}" for k in keys if k in s) + (
+        " | copies start+us " + " ".join(copies) if copies else "")
 
 
 def main():

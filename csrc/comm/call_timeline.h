@@ -26,7 +26,9 @@ enum TimelineMark {
   kCopyInputs,     // copy stream: XLA's inputs ready
   kCopyAcked,      // copy stream: the first step's receiver acknowledged the previous call
   kCopySent0,      // copy stream: step j's chunk sent and flagged is kCopySent0 + j
-  kTimelineMarks = kCopySent0 + 8,
+  kCopyGo0 = kCopySent0 + 8,  // copy stream: the call's copy i may start (its group is done) ...
+  kCopyDone0 = kCopyGo0 + 8,  // ... and has ended: kCopyGo0 + i, kCopyDone0 + i (i < 8)
+  kTimelineMarks = kCopyDone0 + 8,
 };
 
 // Host times of a call (steady clock), where its handler spends its time.

@@ -150,11 +150,15 @@ cudaError_t CreateCopyGraph(PeerState& p, int q, int k, void* dst, const void* s
 // whose update accepts these operands makes the copy; if none does (another kind of memory),
 // a new graph takes the first free slot, or replaces the last one: once per kind of memory,
 // not per call.
-cudaError_t GatedCopy(PeerState& p, const PeerCollectiveArgs& a, int g, int to, char* dst,
-                      const char* src, size_t bytes, std::string* error) {
+// `index`: the copy's place in the call (timeline marks).
+cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int g, int index, int to,
+                      char* dst, const char* src, size_t bytes, std::string* error) {
+  PeerState& p = *s.peer;
   cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + g, a.expected[g], a.spin_wait,
                                    error);
   if (err != cudaSuccess) return err;
+  const bool marked = index < kCopyDone0 - kCopyGo0;
+  if (marked) RecordTimelineMark(s, TimelineMark(kCopyGo0 + index), p.copy_stream);
   ++p.copies;
   int k = 0;
   for (; k < PeerState::kCopyGraphs && p.copy_exec[to][k]; ++k) {
@@ -173,7 +177,9 @@ cudaError_t GatedCopy(PeerState& p, const PeerCollectiveArgs& a, int g, int to, 
     }
   }
   err = cudaGraphLaunch(p.copy_exec[to][k], p.copy_stream);
-  return err == cudaSuccess ? err : CopyError(err, error);
+  if (err != cudaSuccess) return CopyError(err, error);
+  if (marked) RecordTimelineMark(s, TimelineMark(kCopyDone0 + index), p.copy_stream);
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -325,6 +331,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     err = SendOutputAddress(p, cs, a.out, P, me, e, error);
     if (err != cudaSuccess) return err;
   }
+  int copy_index = 0;
   for (int h = 0; h < H; ++h) {
     for (int j = 0; j + 1 < P; ++j) {
       const int to = (me + 1 + j) % P;
@@ -342,12 +349,12 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
       for (int g = a.chunk_first_group[L]; g < a.chunk_first_group[L + 1]; ++g) {
         const size_t at = size_t(a.group_begin[g] - L * a.tiles_chunk) * tile_row_bytes;
         const size_t bytes = size_t(a.group_begin[g + 1] - a.group_begin[g]) * tile_row_bytes;
-        err = GatedCopy(p, a, g, to, dst + at, src + at, bytes, error);
+        err = GatedCopy(s, a, g, copy_index++, to, dst + at, src + at, bytes, error);
         if (err != cudaSuccess) return err;
       }
       err = EnqueueWriteValue(cs, Region(p.peer_sync[to], kArrived) + slot(h, j), e, error);
       if (err != cudaSuccess) return err;
-      if (h == H - 1 && j < kTimelineMarks - kCopySent0) {
+      if (h == H - 1 && j < kCopyGo0 - kCopySent0) {
         RecordTimelineMark(s, TimelineMark(kCopySent0 + j), cs);
       }
     }
