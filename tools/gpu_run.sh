@@ -4,7 +4,7 @@
 # steps. Logs and result files go to $OUT. NVLink multicast stays off.
 # Steps: info smoke test-gemm test-overlap test-autodiff train bench-gemm bench-overlap
 #        bench-overlap-quick bench-overlap-sweep bench-cli tune diag-overlap selftest probe ce-probe
-#        p2p-probe ctx-lock-probe queue-probe
+#        p2p-probe nvlink-probe ctx-lock-probe queue-probe
 #        profile-gemm profile-overlap overlap-configs smi-start smi-stop (GPU clock/power sampling).
 # Knobs (env): FO_JAX_COMMIT (required), SHAPES, COLLS, CONFIGS (G:SM:C[:GEMM_CONFIG] ...), TAG,
 #        GEMM_SHAPES, CE_SHAPES (MxNxK ... for ce-probe and p2p-probe), CONNS and PROBE_ARGS
@@ -98,6 +98,9 @@ for step in "$@"; do
             | sed -E 's/^[^ ]+ [^ ]+ //' | sort | uniq -c | sort -rn | head -40 > "$OUT/ce_rs_probe_nccl.txt"
           for shape in ${CE_SHAPES:-8192x8192x2048}; do
             /tmp/ce_rs_probe ${shape//x/ } 2>&1 | tee -a "$OUT/ce_rs_probe.log" || rc=1; done;;
+    nvlink-probe) build_probe nvlink_rate_probe  # NOTES §18: push vs pull vs SM stores over NVLink
+          for args in "32 20 16" "32 20 32" "32 20 66" "32 20 132" "8 40 32"; do
+            timeout 60 /tmp/nvlink_rate_probe $args 2>&1 | tee -a "$OUT/nvlink_rate_probe.log" || rc=1; done;;
     p2p-probe) build_probe p2p_rs_probe
           for shape in ${CE_SHAPES:-8192x8192x2048}; do
             timeout 300 /tmp/p2p_rs_probe ${shape//x/ } 2>&1 | tee -a "$OUT/p2p_rs_probe.log" || rc=1; done;;
