@@ -146,13 +146,15 @@ cudaError_t CreateCopyGraph(PeerState& p, int q, int k, void* dst, const void* s
 
 // On the copy stream: once counters[g] is full, copy `bytes` from src to peer `to`'s dst.
 // (Two halves on two copy streams measured no faster: benchmarks/NOTES.md §8.) An update only
-// affects later launches, so earlier ones may still be queued. The first graph of the peer
-// whose update accepts these operands makes the copy; if none does (another kind of memory),
-// a new graph takes the first free slot, or replaces the last one: once per kind of memory,
-// not per call.
-// `index`: the copy's place in the call (timeline marks).
-cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int g, int index, int to,
-                      char* dst, const char* src, size_t bytes, std::string* error) {
+// affects later launches, so earlier ones may still be queued. The call's `ordinal`-th copy to a
+// peer prefers graph slot `ordinal` (clamped), so that each group keeps a graph of its own and,
+// when XLA hands the call the same workspace as the previous one, launches it without an update
+// (PeerState::copy_set; an update costs host time per copy). Otherwise the first graph of the
+// peer whose update accepts these operands makes the copy; if none does (another kind of memory),
+// a new graph takes the first free slot, or replaces the last one: once per kind of memory and
+// slot, not per call. `index`: the copy's place in the call (timeline marks).
+cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int g, int index, int ordinal,
+                      int to, char* dst, const char* src, size_t bytes, std::string* error) {
   PeerState& p = *s.peer;
   cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + g, a.expected[g], a.spin_wait,
                                    error);
@@ -160,17 +162,46 @@ cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int g, int inde
   const bool marked = index < kCopyDone0 - kCopyGo0;
   if (marked) RecordTimelineMark(s, TimelineMark(kCopyGo0 + index), p.copy_stream);
   ++p.copies;
-  int k = 0;
-  for (; k < PeerState::kCopyGraphs && p.copy_exec[to][k]; ++k) {
-    err = cudaGraphExecMemcpyNodeSetParams1D(p.copy_exec[to][k], p.copy_node[to][k], dst, src,
+  constexpr int kSlots = PeerState::kCopyGraphs;
+  const int preferred = std::min(ordinal, kSlots - 1);
+  int k = -1;
+  for (int t = 0; t < kSlots && k < 0; ++t) {  // the preferred slot first, then the others
+    const int i = (preferred + t) % kSlots;
+    if (!p.copy_exec[to][i]) {
+      if (t == 0) break;  // the preferred slot is free: its graph is built below
+      continue;
+    }
+    PeerState::CopyOperands& set = p.copy_set[to][i];
+    if (set.dst == dst && set.src == src && set.bytes == bytes) {
+      k = i;
+      break;
+    }
+    err = cudaGraphExecMemcpyNodeSetParams1D(p.copy_exec[to][i], p.copy_node[to][i], dst, src,
                                              bytes, cudaMemcpyDeviceToDevice);
-    if (err == cudaSuccess) break;
-    if (err != cudaErrorInvalidValue) return CopyError(err, error);
-    (void)cudaGetLastError();
+    if (err == cudaSuccess) {
+      set = {dst, src, bytes};
+      k = i;
+    } else if (err == cudaErrorInvalidValue) {
+      (void)cudaGetLastError();  // memory of another kind: try the next graph
+    } else {
+      return CopyError(err, error);
+    }
   }
-  if (k == PeerState::kCopyGraphs || !p.copy_exec[to][k]) {
-    k = std::min(k, PeerState::kCopyGraphs - 1);
+  if (k < 0) {
+    // The preferred slot if free, else the first free one, else the last (replaced).
+    k = preferred;
+    if (p.copy_exec[to][k]) {
+      k = kSlots - 1;
+      for (int i = 0; i < kSlots; ++i) {
+        if (!p.copy_exec[to][i]) {
+          k = i;
+          break;
+        }
+      }
+    }
     err = CreateCopyGraph(p, to, k, dst, src, bytes);
+    p.copy_set[to][k] = err == cudaSuccess ? PeerState::CopyOperands{dst, src, bytes}
+                                           : PeerState::CopyOperands{};
     if (err != cudaSuccess) {
       *error = Cuda("creating the graph of a copy between GPUs", err);
       return err;
@@ -331,7 +362,8 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     err = SendOutputAddress(p, cs, a.out, P, me, e, error);
     if (err != cudaSuccess) return err;
   }
-  int copy_index = 0;
+  int copy_index = 0;                  // copies so far in this call, and
+  int sent_to[kMaxPeerRanks] = {};     // to each peer
   for (int h = 0; h < H; ++h) {
     for (int j = 0; j + 1 < P; ++j) {
       const int to = (me + 1 + j) % P;
@@ -349,7 +381,8 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
       for (int g = a.chunk_first_group[L]; g < a.chunk_first_group[L + 1]; ++g) {
         const size_t at = size_t(a.group_begin[g] - L * a.tiles_chunk) * tile_row_bytes;
         const size_t bytes = size_t(a.group_begin[g + 1] - a.group_begin[g]) * tile_row_bytes;
-        err = GatedCopy(s, a, g, copy_index++, to, dst + at, src + at, bytes, error);
+        err = GatedCopy(s, a, g, copy_index++, sent_to[to]++, to, dst + at, src + at, bytes,
+                        error);
         if (err != cudaSuccess) return err;
       }
       err = EnqueueWriteValue(cs, Region(p.peer_sync[to], kArrived) + slot(h, j), e, error);

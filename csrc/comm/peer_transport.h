@@ -78,12 +78,21 @@ struct PeerState {
   // csrc/tools/ctx_lock_probe.cu). The graph stays alive as long as its exec: an update names
   // the node of the graph the exec was instantiated from (with that graph destroyed every update
   // failed, and each copy built a new graph: NOTES §14). An update must name memory of the
-  // node's original contexts (CUDA's documentation), so a few graphs are kept per peer for other
-  // kinds of memory (GatedCopy); on 4x H200 one graph per peer served every test.
+  // node's original contexts (CUDA's documentation), so a few graphs are kept per peer: one per
+  // copy of a call to that peer (each group keeps its operands, and a launch with unchanged
+  // operands skips the update), which also serve other kinds of memory (GatedCopy).
   static constexpr int kCopyGraphs = 4;
   cudaGraph_t copy_graph[kMaxPeerRanks][kCopyGraphs] = {};
   cudaGraphExec_t copy_exec[kMaxPeerRanks][kCopyGraphs] = {};
   cudaGraphNode_t copy_node[kMaxPeerRanks][kCopyGraphs] = {};
+  // What each exec's node copies now: a launch with the same operands skips the update (XLA
+  // hands the same workspace to call after call, and the update costs host time per copy).
+  struct CopyOperands {
+    void* dst = nullptr;
+    const void* src = nullptr;
+    size_t bytes = 0;
+  };
+  CopyOperands copy_set[kMaxPeerRanks][kCopyGraphs] = {};
   uint64_t copies = 0;       // copies enqueued, and
   uint64_t graphs_built = 0; // copy graphs built for them (diagnostics: PeerCopyCounts)
   // Diagnostics only (DescribePeerStateForDebug): the latest call's GEMM counters (XLA's
