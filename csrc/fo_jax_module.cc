@@ -109,13 +109,14 @@ NB_MODULE(_fo_jax_cuda, m) {
       },
       nb::arg("index"), nb::call_guard<nb::gil_scoped_release>());
 
-  // Per fo_jax communicator of this process: (device, rank, copies enqueued, copy graphs built)
-  // by the copy-engine transport (tests: the graphs are reused, not rebuilt per copy).
+  // Per fo_jax communicator of this process: (device, rank, copies enqueued, copy graphs built,
+  // graph updates made) by the copy-engine transport (tests: the graphs are reused, not rebuilt
+  // per copy; an update is skipped when a copy's operands are those of its graph already).
   m.def("peer_copy_counts", []() {
-    std::vector<std::tuple<int, int, uint64_t, uint64_t>> rows;
+    std::vector<std::tuple<int, int, uint64_t, uint64_t, uint64_t>> rows;
     for (fo_jax::CommState* s : fo_jax::AllCommStatesForDebug()) {
       const fo_jax::PeerCopyCounts c = fo_jax::CountPeerCopies(*s);
-      rows.emplace_back(s->device, s->rank, c.copies, c.graphs_built);
+      rows.emplace_back(s->device, s->rank, c.copies, c.graphs_built, c.updates);
     }
     return rows;
   });

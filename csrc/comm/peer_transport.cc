@@ -180,6 +180,7 @@ cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int g, int inde
                                              bytes, cudaMemcpyDeviceToDevice);
     if (err == cudaSuccess) {
       set = {dst, src, bytes};
+      ++p.updates;
       k = i;
     } else if (err == cudaErrorInvalidValue) {
       (void)cudaGetLastError();  // memory of another kind: try the next graph
@@ -515,7 +516,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
 PeerCopyCounts CountPeerCopies(CommState& s) {
   std::lock_guard<std::timed_mutex> lock(s.mu);
   if (!s.peer) return {};
-  return {s.peer->copies, s.peer->graphs_built};
+  return {s.peer->copies, s.peer->graphs_built, s.peer->updates};
 }
 
 std::string DescribePeerStateForDebug(CommState& s) {

@@ -94,7 +94,8 @@ struct PeerState {
   };
   CopyOperands copy_set[kMaxPeerRanks][kCopyGraphs] = {};
   uint64_t copies = 0;       // copies enqueued, and
-  uint64_t graphs_built = 0; // copy graphs built for them (diagnostics: PeerCopyCounts)
+  uint64_t graphs_built = 0; // copy graphs built for them, and
+  uint64_t updates = 0;      // graph updates made (the rest launched as set) (PeerCopyCounts)
   // Diagnostics only (DescribePeerStateForDebug): the latest call's GEMM counters (XLA's
   // memory: valid while that call runs), what they count to, and a pinned buffer and stream to
   // read flags and counters on a hung machine without any call that waits for a GPU to drain.
@@ -173,11 +174,13 @@ cudaError_t EnqueuePeerCollective(CommState& state, cudaStream_t xla_stream,
 // second: a stuck GPU may not serve it).
 std::string DescribePeerStateForDebug(CommState& state);
 
-// Copies enqueued and copy graphs built so far by this communicator's copy-engine transport
-// ({0, 0} before its first call). Once every kind of memory has its graph, only copies grow.
+// Copies enqueued, copy graphs built and graph updates made so far by this communicator's
+// copy-engine transport (all 0 before its first call). Once every kind of memory has its graph,
+// graphs_built stops growing; updates grow only while a copy's operands change between calls.
 struct PeerCopyCounts {
   uint64_t copies = 0;
   uint64_t graphs_built = 0;
+  uint64_t updates = 0;
 };
 PeerCopyCounts CountPeerCopies(CommState& state);
 
