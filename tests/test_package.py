@@ -29,6 +29,7 @@ def test_timeline_bindings_when_built():
     assert marks[:5] == ["host_enter", "host_prepared", "host_gemm_launched",
                          "host_copies_enqueued", "host_exit"]
     assert "gemm_end" in marks and "copy_sent0" in marks and len(set(marks)) == len(marks)
+    assert "copy_go0" in marks and "copy_done7" in marks  # each copy's start and end
     with pytest.raises(ValueError):
         mod.timeline_start(-1)
     mod.timeline_start(4)
