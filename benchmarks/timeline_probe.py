@@ -68,9 +68,9 @@ def phases(rows, marks):
                 out["last_copy_after_gemm"].append(max(sent) - get("gemm_end"))
             # Each copy: when it could start (its group done, the stream free) and how long it
             # ran, from the call's start.
-            for i in range(8):
+            for i in range(sum(m.startswith("copy_go") for m in marks)):
                 go, done = f"copy_go{i}", f"copy_done{i}"
-                if go in col and not math.isnan(get(go)) and not math.isnan(get(done)):
+                if not math.isnan(get(go)) and not math.isnan(get(done)):
                     out.setdefault(f"c{i}_go", []).append(get(go) - get("xla_start"))
                     out.setdefault(f"c{i}_dur", []).append(get(done) - get(go))
             out["sum1"].append(get("first_sum_end") - get("gemm_end"))
@@ -90,7 +90,7 @@ def fmt(s):
             "last_copy_after_gemm", "start_skew", "host_lead", "host_lead_min",
             "first_start_spread", "host_interval", "handler", "h_prep", "h_gemm", "h_copies",
             "h_sums")
-    copies = [f"{s[f'c{i}_go']:.0f}+{s[f'c{i}_dur']:.0f}" for i in range(8) if f"c{i}_go" in s]
+    copies = [f"{s[k]:.0f}+{s[k[:-2] + 'dur']:.0f}" for k in s if k.endswith("_go")]
     return " ".join(f"{k} {s[k]:.0f}" for k in keys if k in s) + (
         " | copies start+us " + " ".join(copies) if copies else "")
 

@@ -28,14 +28,8 @@ std::vector<std::string> TimelineColumnNames() {
   static_assert(std::size(kHostNames) == kTimelineHostMarks && std::size(kMarkNames) == kCopySent0);
   std::vector<std::string> names(std::begin(kHostNames), std::end(kHostNames));
   names.insert(names.end(), std::begin(kMarkNames), std::end(kMarkNames));
-  for (int j = kCopySent0; j < kCopyGo0; ++j) {
-    names.push_back("copy_sent" + std::to_string(j - kCopySent0));
-  }
-  for (int j = kCopyGo0; j < kCopyDone0; ++j) {
-    names.push_back("copy_go" + std::to_string(j - kCopyGo0));
-  }
-  for (int j = kCopyDone0; j < kTimelineMarks; ++j) {
-    names.push_back("copy_done" + std::to_string(j - kCopyDone0));
+  for (const char* kind : {"copy_sent", "copy_go", "copy_done"}) {  // the enum's order
+    for (int i = 0; i < kTimelineCopySlots; ++i) names.push_back(kind + std::to_string(i));
   }
   return names;
 }

@@ -16,6 +16,9 @@ namespace fo_jax {
 
 struct CommState;  // comm/comm_registry.h
 
+// Copy steps, and copies, of a call whose marks are recorded (later ones are not).
+constexpr int kTimelineCopySlots = 8;
+
 // Where a call records its events.
 enum TimelineMark {
   kXlaStart = 0,   // XLA's stream reached the call (before the counters' zeroing and the GEMM)
@@ -26,9 +29,10 @@ enum TimelineMark {
   kCopyInputs,     // copy stream: XLA's inputs ready
   kCopyAcked,      // copy stream: the first step's receiver acknowledged the previous call
   kCopySent0,      // copy stream: step j's chunk sent and flagged is kCopySent0 + j
-  kCopyGo0 = kCopySent0 + 8,  // copy stream: the call's copy i may start (its group is done) ...
-  kCopyDone0 = kCopyGo0 + 8,  // ... and has ended: kCopyGo0 + i, kCopyDone0 + i (i < 8)
-  kTimelineMarks = kCopyDone0 + 8,
+  kCopyGo0 = kCopySent0 + kTimelineCopySlots,  // copy stream: the call's copy i may start (its
+                                               // group is done): kCopyGo0 + i, ...
+  kCopyDone0 = kCopyGo0 + kTimelineCopySlots,  // ... and has ended: kCopyDone0 + i
+  kTimelineMarks = kCopyDone0 + kTimelineCopySlots,
 };
 
 // Host times of a call (steady clock), where its handler spends its time.

@@ -159,7 +159,7 @@ cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int g, int inde
   cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + g, a.expected[g], a.spin_wait,
                                    error);
   if (err != cudaSuccess) return err;
-  const bool marked = index < kCopyDone0 - kCopyGo0;
+  const bool marked = index < kTimelineCopySlots;
   if (marked) RecordTimelineMark(s, TimelineMark(kCopyGo0 + index), p.copy_stream);
   ++p.copies;
   constexpr int kSlots = PeerState::kCopyGraphs;
@@ -189,24 +189,21 @@ cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int g, int inde
     }
   }
   if (k < 0) {
-    // The preferred slot if free, else the first free one, else the last (replaced).
-    k = preferred;
-    if (p.copy_exec[to][k]) {
-      k = kSlots - 1;
-      for (int i = 0; i < kSlots; ++i) {
-        if (!p.copy_exec[to][i]) {
-          k = i;
-          break;
-        }
+    // A new graph: in the preferred slot if free, else the next free one, else the last.
+    k = kSlots - 1;
+    for (int t = 0; t < kSlots; ++t) {
+      const int i = (preferred + t) % kSlots;
+      if (!p.copy_exec[to][i]) {
+        k = i;
+        break;
       }
     }
     err = CreateCopyGraph(p, to, k, dst, src, bytes);
-    p.copy_set[to][k] = err == cudaSuccess ? PeerState::CopyOperands{dst, src, bytes}
-                                           : PeerState::CopyOperands{};
     if (err != cudaSuccess) {
       *error = Cuda("creating the graph of a copy between GPUs", err);
       return err;
     }
+    p.copy_set[to][k] = {dst, src, bytes};
   }
   err = cudaGraphLaunch(p.copy_exec[to][k], p.copy_stream);
   if (err != cudaSuccess) return CopyError(err, error);
@@ -388,7 +385,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
       }
       err = EnqueueWriteValue(cs, Region(p.peer_sync[to], kArrived) + slot(h, j), e, error);
       if (err != cudaSuccess) return err;
-      if (h == H - 1 && j < kCopyGo0 - kCopySent0) {
+      if (h == H - 1 && j < kTimelineCopySlots) {
         RecordTimelineMark(s, TimelineMark(kCopySent0 + j), cs);
       }
     }

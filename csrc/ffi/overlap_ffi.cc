@@ -201,8 +201,8 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   }
   cudaError_t err = LaunchSignalingGemm(stream, args, &msg);
   if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: GEMM launch: " + msg);
-  if (copy_engine) RecordTimelineHost(*state, kHostGemmLaunched);
   if (copy_engine) {
+    RecordTimelineHost(*state, kHostGemmLaunched);
     err = EnqueuePeerCollective(*state, stream, peer, &msg);
     EndTimelineCall(*state);
     if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: copy-engine transport: " + msg);
