@@ -1,14 +1,16 @@
 """Where a slow batch's time goes: untraced per-call, per-GPU timelines of fo_jax's reduce-scatter
-8192x8192x2048 on all GPUs, batches of 20 back-to-back calls as bench_overlap.py times them
-(benchmarks/NOTES.md §17). The FFI handler records CUDA events at fixed points of each call
-(csrc/comm/call_timeline.h) and the host times of its entry and exit; no profiler runs. Batches
-with the timeline off are interleaved with batches with it on, to show what the recording costs.
+(8192x8192x2048 unless --shape says otherwise) on all GPUs, batches of 20 back-to-back calls as
+bench_overlap.py times them (benchmarks/NOTES.md §17). The FFI handler records CUDA events at
+fixed points of each call (csrc/comm/call_timeline.h) and the host times of its entry and exit
+(and the copy thread's end of enqueueing); no profiler runs. Batches with the timeline off are
+interleaved with batches with it on, to show what the recording costs.
 
 Prints one line per recorded batch (wall per call, the per-call means of each phase, and each
 copy's start and length) and then the same means over the fastest and the slowest third of the
 batches; writes every row to OUT/timeline_probe.jsonl.
 
-Usage: python benchmarks/timeline_probe.py [--out DIR] [--batches N] [--tag NAME] [VARIANT ...]
+Usage: python benchmarks/timeline_probe.py [--out DIR] [--batches N] [--tag NAME] [--shape MxNxK]
+       [VARIANT ...]
 A variant is "fo_jax" with optional environment settings applied while its function is traced,
 e.g. fo_jax:FO_JAX_CE_PEER_STORES=1 (default: fo_jax); variants run interleaved, batch by batch.
 --tag names the build in the output, e.g. a commit, for comparing two processes.
@@ -58,6 +60,10 @@ def phases(rows, marks):
             out["h_gemm"].append(get("host_gemm_launched") - get("host_prepared"))
             out["h_copies"].append(get("host_copies_enqueued") - get("host_gemm_launched"))
             out["h_sums"].append(get("host_exit") - get("host_copies_enqueued"))
+            if "host_copies_issued" in col and not math.isnan(get("host_copies_issued")):
+                # The copy thread: from the GEMM's launch to its last copy enqueued.
+                out.setdefault("h_thread", []).append(get("host_copies_issued") -
+                                                      get("host_gemm_launched"))
             out["gemm"].append(get("gemm_end") - get("xla_start"))
             out["tail"].append(get("call_end") - get("gemm_end"))
             out["host_lead"].append(get("xla_start") - get("host_exit"))
@@ -89,7 +95,7 @@ def fmt(s):
     keys = ("period", "gemm", "tail", "sum1", "sum2", "idle_before", "ack_wait",
             "last_copy_after_gemm", "start_skew", "host_lead", "host_lead_min",
             "first_start_spread", "host_interval", "handler", "h_prep", "h_gemm", "h_copies",
-            "h_sums")
+            "h_sums", "h_thread")
     copies = [f"{s[k]:.0f}+{s[k[:-2] + 'dur']:.0f}" for k in s if k.endswith("_go")]
     return " ".join(f"{k} {s[k]:.0f}" for k in keys if k in s) + (
         " | copies start+us " + " ".join(copies) if copies else "")
@@ -100,10 +106,12 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--batches", type=int, default=30, help="recorded batches per pause setting")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--shape", default="8192x8192x2048", help="per-GPU MxNxK")
     ap.add_argument("variants", nargs="*", default=["fo_jax"])
     a = ap.parse_args()
     mesh = benchlib.tp_mesh_or_exit("timeline_probe.py")
-    x, w = _benchcore.random_operands(mesh, 8192, 8192, 2048, jnp.bfloat16)
+    m, n, k = (int(v) for v in a.shape.split("x"))
+    x, w = _benchcore.random_operands(mesh, m, n, k, jnp.bfloat16)
     fns = {v: benchlib.build_rs_variant(mesh, v, x, w) for v in a.variants}
     mod = _cuda.module()
     marks = mod.timeline_marks()

@@ -30,6 +30,7 @@ def test_timeline_bindings_when_built():
                          "host_copies_enqueued", "host_exit"]
     assert "gemm_end" in marks and "copy_sent0" in marks and len(set(marks)) == len(marks)
     assert "copy_go0" in marks and "copy_done7" in marks  # each copy's start and end
+    assert "host_copies_issued" in marks  # the copy thread's end of enqueueing
     with pytest.raises(ValueError):
         mod.timeline_start(-1)
     mod.timeline_start(4)

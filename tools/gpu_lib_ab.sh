@@ -27,7 +27,8 @@ for i in $(seq "${ROUNDS:-2}"); do
     echo "== round $i: $side ($tag)" | tee -a "$log"
     mkdir -p "$OUT/probe_${side}_$i" "$OUT/bench_${side}_$i"
     PYTHONPATH=/tmp/site_$side timeout 200 python3 "$R/benchmarks/timeline_probe.py" \
-      --out "$OUT/probe_${side}_$i" --batches "${BATCHES:-8}" --tag "$tag" >> "$log" 2>&1
+      --out "$OUT/probe_${side}_$i" --batches "${BATCHES:-8}" --tag "$tag" \
+      --shape "${PROBE_SHAPE:-8192x8192x2048}" >> "$log" 2>&1
     PYTHONPATH=/tmp/site_$side timeout 200 python3 "$R/benchmarks/bench_overlap.py" \
       --out "$OUT/bench_${side}_$i" ${COLLS:+--collectives $COLLS} ${SHAPES:+--shapes $SHAPES} \
       >> "$log" 2>&1

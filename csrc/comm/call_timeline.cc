@@ -20,8 +20,9 @@ int64_t TimelineNowNs() {
 
 std::vector<std::string> TimelineColumnNames() {
   // In enum order: every TimelineHostMark, then the TimelineMarks before the copy steps'.
-  static constexpr const char* kHostNames[] = {"host_enter", "host_prepared", "host_gemm_launched",
-                                               "host_copies_enqueued", "host_exit"};
+  static constexpr const char* kHostNames[] = {"host_enter",           "host_prepared",
+                                               "host_gemm_launched",   "host_copies_enqueued",
+                                               "host_exit",            "host_copies_issued"};
   static constexpr const char* kMarkNames[] = {"xla_start",   "gemm_end",    "first_sum_end",
                                                "second_sum_end", "call_end", "copy_inputs",
                                                "copy_acked"};
@@ -46,17 +47,27 @@ bool BeginTimelineCall(CommState& s, int64_t host_enter_ns) {
 }
 
 void RecordTimelineMark(CommState& s, TimelineMark m, cudaStream_t stream) {
+  RecordTimelineMarkAt(s, TimelineRowOfCall(s), m, stream);
+}
+
+void RecordTimelineHost(CommState& s, TimelineHostMark m) {
+  RecordTimelineHostAt(s, TimelineRowOfCall(s), m);
+}
+
+int TimelineRowOfCall(CommState& s) { return s.timeline.recording ? s.timeline.count : -1; }
+
+void RecordTimelineMarkAt(CommState& s, int row, TimelineMark m, cudaStream_t stream) {
   CallTimeline& t = s.timeline;
-  if (!t.recording) return;
+  if (row < 0 || row >= t.capacity) return;
   // A failed record leaves the mark missing (NaN when read); diagnostics never fail a call.
-  if (cudaEventRecord(t.events[size_t(t.count) * kTimelineMarks + m], stream) != cudaSuccess) {
+  if (cudaEventRecord(t.events[size_t(row) * kTimelineMarks + m], stream) != cudaSuccess) {
     (void)cudaGetLastError();
   }
 }
 
-void RecordTimelineHost(CommState& s, TimelineHostMark m) {
+void RecordTimelineHostAt(CommState& s, int row, TimelineHostMark m) {
   CallTimeline& t = s.timeline;
-  if (t.recording) t.host_ns[size_t(t.count) * kTimelineHostMarks + m] = TimelineNowNs();
+  if (row >= 0 && row < t.capacity) t.host_ns[size_t(row) * kTimelineHostMarks + m] = TimelineNowNs();
 }
 
 void EndTimelineCall(CommState& s) {
@@ -71,6 +82,7 @@ std::string StartCallTimelines(int calls) {
   for (CommState* s : AllCommStatesForDebug()) {
     std::lock_guard<std::timed_mutex> lock(s->mu);
     if (!s->peer) continue;  // copy-engine communicators only
+    DrainPeerCopyThread(*s);  // it may still record into the rows replaced here
     if (cudaSetDevice(s->device) != cudaSuccess) return "cudaSetDevice";
     CallTimeline& t = s->timeline;
     // Every event a call may record was recorded before, or never (then reading it fails and it
@@ -97,6 +109,7 @@ std::vector<TimelineRow> ReadCallTimelines(int64_t origin_ns, std::string* error
     std::lock_guard<std::timed_mutex> lock(s->mu);
     CallTimeline& t = s->timeline;
     if (t.capacity == 0) continue;
+    DrainPeerCopyThread(*s);  // its marks of the recorded calls are enqueued
     if (cudaSetDevice(s->device) != cudaSuccess || cudaEventSynchronize(t.base) != cudaSuccess) {
       *error = "synchronizing the base event";
       return {};

@@ -40,8 +40,9 @@ enum TimelineHostMark {
   kHostEnter = 0,        // the FFI handler starts
   kHostPrepared,         // communicator, checks and plan done (before the GEMM's launch)
   kHostGemmLaunched,     // the GEMM enqueued
-  kHostCopiesEnqueued,   // the copy stream's work enqueued (before the sums)
+  kHostCopiesEnqueued,   // the copy stream's work enqueued or handed to the copy thread
   kHostExit,             // the handler returns
+  kHostCopiesIssued,     // the copy thread finished enqueueing the call's copies (else missing)
   kTimelineHostMarks,
 };
 
@@ -70,6 +71,12 @@ void RecordTimelineMark(CommState& state, TimelineMark m, cudaStream_t stream);
 void RecordTimelineHost(CommState& state, TimelineHostMark m);
 // At the end of a call (after its last enqueue).
 void EndTimelineCall(CommState& state);
+// The current call's row (between BeginTimelineCall and EndTimelineCall), -1 when it does not
+// record; work of the call done later by another thread records into that row (under no lock:
+// StartCallTimelines and ReadCallTimelines first wait for that thread's work to finish).
+int TimelineRowOfCall(CommState& state);
+void RecordTimelineMarkAt(CommState& state, int row, TimelineMark m, cudaStream_t stream);
+void RecordTimelineHostAt(CommState& state, int row, TimelineHostMark m);
 
 // Arms every copy-engine communicator of the process for `calls` calls (0 disarms). Call it with
 // the GPUs idle (after jax.block_until_ready): the base event then runs at once, so its GPU time

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -27,6 +28,15 @@ std::string Cuda(const char* what, cudaError_t e) {
   return std::string(what) + ": " + cudaGetErrorString(e);
 }
 
+// FO_JAX_CE_COPY_THREAD=0 enqueues the copy stream's work on XLA's thread (PeerState).
+bool CopyThreadEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("FO_JAX_CE_COPY_THREAD");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
+}
+
 std::string CreatePeerState(CommState& s) {
   auto p = std::make_shared<PeerState>();
   int least = 0, greatest = 0;
@@ -37,10 +47,10 @@ std::string CreatePeerState(CommState& s) {
   if (e == cudaSuccess) {
     e = cudaStreamCreateWithPriority(&p->sum_stream, cudaStreamNonBlocking, greatest);
   }
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->copies_done, cudaEventDisableTiming);
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->sums_done, cudaEventDisableTiming);
-  if (e == cudaSuccess) {
-    e = cudaEventCreateWithFlags(&p->last_sum_done, cudaEventDisableTiming);
+  for (int i = 0; i < PeerState::kCallEvents && e == cudaSuccess; ++i) {
+    e = cudaEventCreateWithFlags(&p->inputs_ready[i], cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->sums_ended[i], cudaEventDisableTiming);
   }
   if (e != cudaSuccess) return Cuda("creating the copy and sum streams and their events", e);
   constexpr size_t sync_bytes = kSyncRegions * kMaxPeerRanks * sizeof(uint32_t);
@@ -51,6 +61,21 @@ std::string CreatePeerState(CommState& s) {
   if (e != cudaSuccess) return Cuda("zeroing the copy-engine flags", e);
   std::string err;
   if (LoadBandSumKernels(&err) != cudaSuccess) return err;
+  if (CopyThreadEnabled()) {
+    // At exit, before the CUDA runtime's own teardown (registered earlier, so run later): let
+    // the copy threads finish enqueueing (they may still be sending a last call's acks).
+    static std::once_flag at_exit_once;
+    std::call_once(at_exit_once, [] {
+      std::atexit([] {
+        for (CommState* state : AllCommStatesForDebug()) {
+          if (state->peer && state->peer->copy_thread) {
+            (void)state->peer->copy_thread->DrainFor(std::chrono::seconds(1));
+          }
+        }
+      });
+    });
+    p->copy_thread = std::make_unique<HostWorker>(s.device);
+  }
   s.peer = std::move(p);
   return "";
 }
@@ -59,11 +84,11 @@ uint32_t* Region(uint32_t* sync, PeerSyncRegion r) { return sync + r * kMaxPeerR
 
 // Enqueues *Region(peer q's sync, region)[me] = e for every peer q (after the stream's earlier
 // work: stream_wait.h).
-cudaError_t TellPeers(PeerState& p, cudaStream_t stream, PeerSyncRegion region, int P, int me,
-                      uint32_t e, std::string* error) {
+cudaError_t TellPeers(uint32_t* const* peer_sync, cudaStream_t stream, PeerSyncRegion region,
+                      int P, int me, uint32_t e, std::string* error) {
   for (int q = 0; q < P; ++q) {
     if (q == me) continue;
-    cudaError_t err = EnqueueWriteValue(stream, Region(p.peer_sync[q], region) + me, e, error);
+    cudaError_t err = EnqueueWriteValue(stream, Region(peer_sync[q], region) + me, e, error);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -88,19 +113,19 @@ uint64_t* OutTable(uint32_t* sync) {
 // holds the address of rank (q + 1 + j) % P) and flags it with the epoch. The peer's band sum
 // reads it on the GPU; the address stays valid until this rank's call ends, which waits for the
 // peer's kStored flag (written after that sum).
-cudaError_t SendOutputAddress(PeerState& p, cudaStream_t stream, void* out, int P, int me,
-                              uint32_t e, std::string* error) {
+cudaError_t SendOutputAddress(uint32_t* const* peer_sync, cudaStream_t stream, void* out, int P,
+                              int me, uint32_t e, std::string* error) {
   const uint64_t address = reinterpret_cast<uint64_t>(out);
   for (int q = 0; q < P; ++q) {
     if (q == me) continue;
     const int slot = (me - q - 1 + P) % P;
-    auto* words = reinterpret_cast<uint32_t*>(OutTable(p.peer_sync[q]) + slot);
+    auto* words = reinterpret_cast<uint32_t*>(OutTable(peer_sync[q]) + slot);
     cudaError_t err = EnqueueWriteValue(stream, words, uint32_t(address), error);
     if (err == cudaSuccess) {
       err = EnqueueWriteValue(stream, words + 1, uint32_t(address >> 32), error);
     }
     if (err == cudaSuccess) {
-      err = EnqueueWriteValue(stream, Region(p.peer_sync[q], kOutReady) + me, e, error);
+      err = EnqueueWriteValue(stream, Region(peer_sync[q], kOutReady) + me, e, error);
     }
     if (err != cudaSuccess) return err;
   }
@@ -153,14 +178,15 @@ cudaError_t CreateCopyGraph(PeerState& p, int q, int k, void* dst, const void* s
 // peer whose update accepts these operands makes the copy; if none does (another kind of memory),
 // a new graph takes the first free slot, or replaces the last one: once per kind of memory and
 // slot, not per call. `index`: the copy's place in the call (timeline marks).
-cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int g, int index, int ordinal,
-                      int to, char* dst, const char* src, size_t bytes, std::string* error) {
+cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int row, int g, int index,
+                      int ordinal, int to, char* dst, const char* src, size_t bytes,
+                      std::string* error) {
   PeerState& p = *s.peer;
   cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + g, a.expected[g], a.spin_wait,
                                    error);
   if (err != cudaSuccess) return err;
   const bool marked = index < kTimelineCopySlots;
-  if (marked) RecordTimelineMark(s, TimelineMark(kCopyGo0 + index), p.copy_stream);
+  if (marked) RecordTimelineMarkAt(s, row, TimelineMark(kCopyGo0 + index), p.copy_stream);
   ++p.copies;
   constexpr int kSlots = PeerState::kCopyGraphs;
   const int preferred = std::min(ordinal, kSlots - 1);
@@ -207,7 +233,7 @@ cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int g, int inde
   }
   err = cudaGraphLaunch(p.copy_exec[to][k], p.copy_stream);
   if (err != cudaSuccess) return CopyError(err, error);
-  if (marked) RecordTimelineMark(s, TimelineMark(kCopyDone0 + index), p.copy_stream);
+  if (marked) RecordTimelineMarkAt(s, row, TimelineMark(kCopyDone0 + index), p.copy_stream);
   return cudaSuccess;
 }
 
@@ -312,6 +338,150 @@ std::string PeerAccessProblem(const std::vector<int>& ordinals) {
   return "";
 }
 
+namespace {
+
+// The copy stream's part of one call, as the handler hands it over (by value: the copy thread
+// may enqueue it after the handler returned, and after a later call grew the receive buffers).
+struct CopyJob {
+  PeerCollectiveArgs a;
+  uint32_t epoch = 0;
+  int row = -1;  // timeline row of the call (-1: not recorded)
+  cudaEvent_t inputs_ready = nullptr, sums_ended = nullptr;  // ring slots of the call
+  void* peer_recv[kMaxPeerRanks] = {};
+  uint32_t* peer_sync[kMaxPeerRanks] = {};
+};
+
+// Receive slot of round h, step j (j = P - 1 would be the own chunk, which is not sent).
+int Slot(int P, int h, int j) { return h * (P - 1) + j; }
+
+// On the copy stream: after XLA's inputs are ready, round h step j sends chunk (h, (me + 1 + j)
+// % P) to its owner's slot once that owner has finished the previous call, group by group as the
+// GEMM finishes them, then flags its arrival; at the end, flags this rank's own copies done (the
+// call's last band sum waits for that: the copies read XLA's workspace).
+cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, std::string* error) {
+  PeerState& p = *s.peer;
+  const PeerCollectiveArgs& a = job.a;
+  const int P = s.nranks, me = s.rank, H = a.rounds;
+  const uint32_t e = job.epoch;
+  const size_t chunk_bytes = a.band_elems / H * 2;
+  const size_t tile_row_bytes = a.tile_row_elems * 2;
+  const char* ws = static_cast<const char*>(a.workspace);
+  cudaStream_t cs = p.copy_stream;
+  cudaError_t err = cudaStreamWaitEvent(cs, job.inputs_ready, 0);
+  if (err != cudaSuccess) {
+    *error = "copy stream waiting for XLA's inputs";
+    return err;
+  }
+  RecordTimelineMarkAt(s, job.row, kCopyInputs, cs);
+  if (a.all_reduce) {
+    err = SendOutputAddress(job.peer_sync, cs, a.out, P, me, e, error);
+    if (err != cudaSuccess) return err;
+  }
+  int copy_index = 0;                  // copies so far in this call, and
+  int sent_to[kMaxPeerRanks] = {};     // to each peer
+  for (int h = 0; h < H; ++h) {
+    for (int j = 0; j + 1 < P; ++j) {
+      const int to = (me + 1 + j) % P;
+      const int L = h * P + j;  // logical chunk
+      if (h == 0) {
+        // Only the receiver of this step must have finished reading the previous call's slots:
+        // waiting for every peer before the first copy would hold the whole chain for the
+        // slowest one.
+        err = EnqueueWaitGeq(cs, Region(p.sync, kRecvAcked) + to, e - 1, a.spin_wait, error);
+        if (err != cudaSuccess) return err;
+        if (j == 0) RecordTimelineMarkAt(s, job.row, kCopyAcked, cs);
+      }
+      char* dst = static_cast<char*>(job.peer_recv[to]) + Slot(P, h, j) * chunk_bytes;
+      const char* src = ws + size_t(h * P + to) * chunk_bytes;  // chunk (h, to)
+      for (int g = a.chunk_first_group[L]; g < a.chunk_first_group[L + 1]; ++g) {
+        const size_t at = size_t(a.group_begin[g] - L * a.tiles_chunk) * tile_row_bytes;
+        const size_t bytes = size_t(a.group_begin[g + 1] - a.group_begin[g]) * tile_row_bytes;
+        err = GatedCopy(s, a, job.row, g, copy_index++, sent_to[to]++, to, dst + at, src + at,
+                        bytes, error);
+        if (err != cudaSuccess) return err;
+      }
+      err = EnqueueWriteValue(cs, Region(job.peer_sync[to], kArrived) + Slot(P, h, j), e, error);
+      if (err != cudaSuccess) return err;
+      if (h == H - 1 && j < kTimelineCopySlots) {
+        RecordTimelineMarkAt(s, job.row, TimelineMark(kCopySent0 + j), cs);
+      }
+    }
+  }
+  return EnqueueWriteValue(cs, Region(p.sync, kOwnCopies), e, error);
+}
+
+// On the copy stream, once XLA's stream has read the receive slots (the call's last band sum):
+// acknowledge to every sender that they are free again. (On the copy stream, idle by then, not
+// on XLA's: results/overlap_profile_tp4_2026-11-21_fe573db.log, 11 us between the sum and the
+// next call's GEMM.)
+cudaError_t EnqueueAcks(CommState& s, const CopyJob& job, std::string* error) {
+  PeerState& p = *s.peer;
+  cudaError_t err = cudaStreamWaitEvent(p.copy_stream, job.sums_ended, 0);
+  if (err != cudaSuccess) {
+    *error = "copy stream waiting for the band sums";
+    return err;
+  }
+  return TellPeers(job.peer_sync, p.copy_stream, kRecvAcked, s.nranks, s.rank, job.epoch, error);
+}
+
+// After a failure while enqueueing a call's copy-stream work: what its partners and its own
+// band sum wait for, so that nobody hangs (the call's data is undefined; the failure is
+// reported by every later call). Not the output addresses of an all-reduce: a peer that went on
+// without this rank's address would store into memory it does not own, so it waits instead.
+void ReleaseAfterFailure(CommState& s, const CopyJob& job) {
+  PeerState& p = *s.peer;
+  const int P = s.nranks, me = s.rank;
+  std::string ignored;
+  for (int h = 0; h < job.a.rounds; ++h) {
+    for (int j = 0; j + 1 < P; ++j) {
+      const int to = (me + 1 + j) % P;
+      (void)EnqueueWriteValue(p.copy_stream, Region(job.peer_sync[to], kArrived) + Slot(P, h, j),
+                              job.epoch, &ignored);
+    }
+  }
+  (void)EnqueueWriteValue(p.copy_stream, Region(p.sync, kOwnCopies), job.epoch, &ignored);
+  (void)cudaStreamWaitEvent(p.copy_stream, job.sums_ended, 0);
+  (void)TellPeers(job.peer_sync, p.copy_stream, kRecvAcked, P, me, job.epoch, &ignored);
+  (void)cudaGetLastError();
+}
+
+void NoteCopyFailure(PeerState& p, const std::string& what) {
+  std::lock_guard<std::mutex> lock(p.failure_mu);
+  if (p.copy_failure.empty()) p.copy_failure = "copy-engine transport (copy thread): " + what;
+}
+
+// The copy thread's job for one call.
+void RunCopyJob(CommState& s, const CopyJob& job) {
+  PeerState& p = *s.peer;
+  std::string error;
+  cudaError_t err = EnqueueCopies(s, job, &error);
+  RecordTimelineHostAt(s, job.row, kHostCopiesIssued);
+  p.copy_thread->AwaitSignal(job.epoch);  // the handler recorded job.sums_ended (or failed)
+  if (err == cudaSuccess) err = EnqueueAcks(s, job, &error);
+  if (err != cudaSuccess) {
+    NoteCopyFailure(p, error);
+    ReleaseAfterFailure(s, job);
+  }
+}
+
+}  // namespace
+
+cudaEvent_t NextPeerInputsEvent(CommState& s) {
+  PeerState& p = *s.peer;
+  if (p.copy_thread) p.copy_thread->WaitPending(PeerState::kCallEvents - 1);
+  return p.inputs_ready[(p.epoch + 1) % PeerState::kCallEvents];
+}
+
+void DrainPeerCopyThread(CommState& s) {
+  if (s.peer && s.peer->copy_thread) s.peer->copy_thread->Drain();
+}
+
+std::string PeerCopyFailure(CommState& s) {
+  if (!s.peer) return "";
+  std::lock_guard<std::mutex> lock(s.peer->failure_mu);
+  return s.peer->copy_failure;
+}
+
 cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
                                   const PeerCollectiveArgs& a, std::string* error) {
   const int P = s.nranks, me = s.rank, H = a.rounds;
@@ -337,63 +507,34 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   uint32_t* arrived = Region(p.sync, kArrived);
   const size_t chunk_elems = a.band_elems / H;
   const size_t chunk_bytes = chunk_elems * 2;
-  const size_t tile_row_bytes = a.tile_row_elems * 2;
   const char* ws = static_cast<const char*>(a.workspace);
   char* recv = static_cast<char*>(p.recv);
-  cudaStream_t cs = p.copy_stream;
-  // Logical chunk of round h, step j (j = P - 1: the own chunk); receive slot of round h, step j.
-  auto logical = [&](int h, int j) { return h * P + j; };
-  auto slot = [&](int h, int j) { return h * (P - 1) + j; };
   // Chunk (h, b) of the GEMM output (the workspace; the output itself for an all-reduce).
   auto chunk = [&](int h, int b) { return size_t(h * P + b) * chunk_bytes; };
 
-  // Copy stream: after XLA's inputs are ready, round h step j sends chunk (h, (me + 1 + j) % P)
-  // to its owner's slot once that owner has finished the previous call, group by group as the
-  // GEMM finishes them, then flags its arrival.
-  cudaError_t err = cudaStreamWaitEvent(cs, s.inputs_ready, 0);
-  if (err != cudaSuccess) {
-    *error = "copy stream waiting for XLA's inputs";
-    return err;
-  }
-  RecordTimelineMark(s, kCopyInputs, cs);
-  if (a.all_reduce) {
-    err = SendOutputAddress(p, cs, a.out, P, me, e, error);
-    if (err != cudaSuccess) return err;
-  }
-  int copy_index = 0;                  // copies so far in this call, and
-  int sent_to[kMaxPeerRanks] = {};     // to each peer
-  for (int h = 0; h < H; ++h) {
-    for (int j = 0; j + 1 < P; ++j) {
-      const int to = (me + 1 + j) % P;
-      const int L = logical(h, j);
-      if (h == 0) {
-        // Only the receiver of this step must have finished reading the previous call's slots:
-        // waiting for every peer before the first copy would hold the whole chain for the
-        // slowest one.
-        err = EnqueueWaitGeq(cs, Region(p.sync, kRecvAcked) + to, e - 1, a.spin_wait, error);
-        if (err != cudaSuccess) return err;
-        if (j == 0) RecordTimelineMark(s, kCopyAcked, cs);
-      }
-      char* dst = static_cast<char*>(p.peer_recv[to]) + slot(h, j) * chunk_bytes;
-      const char* src = ws + chunk(h, to);
-      for (int g = a.chunk_first_group[L]; g < a.chunk_first_group[L + 1]; ++g) {
-        const size_t at = size_t(a.group_begin[g] - L * a.tiles_chunk) * tile_row_bytes;
-        const size_t bytes = size_t(a.group_begin[g + 1] - a.group_begin[g]) * tile_row_bytes;
-        err = GatedCopy(s, a, g, copy_index++, sent_to[to]++, to, dst + at, src + at, bytes,
-                        error);
-        if (err != cudaSuccess) return err;
-      }
-      err = EnqueueWriteValue(cs, Region(p.peer_sync[to], kArrived) + slot(h, j), e, error);
-      if (err != cudaSuccess) return err;
-      if (h == H - 1 && j < kTimelineCopySlots) {
-        RecordTimelineMark(s, TimelineMark(kCopySent0 + j), cs);
-      }
+  CopyJob job;
+  job.a = a;
+  job.epoch = e;
+  job.row = TimelineRowOfCall(s);
+  job.inputs_ready = p.inputs_ready[e % PeerState::kCallEvents];
+  job.sums_ended = p.sums_ended[e % PeerState::kCallEvents];
+  std::copy(p.peer_recv, p.peer_recv + kMaxPeerRanks, job.peer_recv);
+  std::copy(p.peer_sync, p.peer_sync + kMaxPeerRanks, job.peer_sync);
+  cudaError_t err = cudaSuccess;
+  // The copy thread waits for this call's signal before its acknowledgements (after the
+  // sums_ended record below); every way out of this function gives it.
+  struct SignalOnExit {
+    HostWorker* worker;
+    uint32_t epoch;
+    ~SignalOnExit() {
+      if (worker) worker->Signal(epoch);
     }
-  }
-  err = cudaEventRecord(p.copies_done, cs);
-  if (err != cudaSuccess) {
-    *error = "recording the copies' completion";
-    return err;
+  } signal_on_exit{p.copy_thread.get(), e};
+  if (p.copy_thread) {
+    p.copy_thread->Push([&s, job] { RunCopyJob(s, job); });
+  } else {
+    err = EnqueueCopies(s, job, error);
+    if (err != cudaSuccess) return err;
   }
   RecordTimelineHost(s, kHostCopiesEnqueued);
 
@@ -411,7 +552,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   // received ones are there, one pass sums them and stores the result here and at the peers.
   if (H > 1) {
     cudaStream_t ss = p.sum_stream;
-    err = cudaStreamWaitEvent(ss, s.inputs_ready, 0);
+    err = cudaStreamWaitEvent(ss, job.inputs_ready, 0);
     if (err != cudaSuccess) {
       *error = "sum stream waiting for XLA's inputs";
       return err;
@@ -419,7 +560,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     err = WaitForPeers(p, ss, kOutReady, P, me, e, a.spin_wait, error);
     if (err != cudaSuccess) return err;
     for (int h = 0; h + 1 < H; ++h) {
-      const int own = logical(h, P - 1);
+      const int own = h * P + P - 1;  // logical chunk (h, step P - 1)
       for (int g = a.chunk_first_group[own]; g < a.chunk_first_group[own + 1]; ++g) {
         err = EnqueueWaitGeq(ss, a.counters + g, a.expected[g], a.spin_wait, error);
         if (err != cudaSuccess) return err;
@@ -427,9 +568,9 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
       const void* parts[kMaxPeerRanks];
       parts[0] = ws + chunk(h, me);
       for (int j = 0; j + 1 < P; ++j) {
-        err = EnqueueWaitGeq(ss, arrived + slot(h, j), e, a.spin_wait, error);
+        err = EnqueueWaitGeq(ss, arrived + Slot(P, h, j), e, a.spin_wait, error);
         if (err != cudaSuccess) return err;
-        parts[j + 1] = recv + slot(h, j) * chunk_bytes;
+        parts[j + 1] = recv + Slot(P, h, j) * chunk_bytes;
       }
       remote.offset_bytes = chunk(h, me);
       // A full grid, not one sized to the free SMs: blocks wait for SMs, so the sum speeds up
@@ -447,11 +588,10 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
 
   // The last round on XLA's stream, after the GEMM (whose last chunk is this rank's own): sum
   // the own chunk and the P - 1 received ones (the kernels wait for their arrival flags
-  // themselves: band_sum.h), then let the copy stream acknowledge to every sender, and wait for
-  // this rank's own copies (they read the workspace, which XLA may reuse after the call). With
-  // split_sum the chunks already there are summed while the last one is in flight, and only
-  // out += last chunk remains after it (two passes, more bytes): at 8192x8192x2048 the last copy
-  // ended ~30 us after the GEMM. When the copies end with the GEMM one pass moves fewer bytes.
+  // themselves, and the last one also for this rank's own copies: band_sum.h). With split_sum
+  // the chunks already there are summed while the last one is in flight, and only out += last
+  // chunk remains after it (two passes, more bytes): at 8192x8192x2048 the last copy ended ~30
+  // us after the GEMM. When the copies end with the GEMM one pass moves fewer bytes.
   const int h = H - 1;
   RecordTimelineMark(s, kGemmEnd, xla_stream);
   if (a.all_reduce) {
@@ -463,20 +603,22 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   parts[0] = ws + chunk(h, me);
   const bool split = a.split_sum && P > 2;
   const int early = split ? P - 2 : P - 1;  // received chunks summed in the first pass
-  for (int j = 0; j < early; ++j) parts[j + 1] = recv + slot(h, j) * chunk_bytes;
+  for (int j = 0; j < early; ++j) parts[j + 1] = recv + Slot(P, h, j) * chunk_bytes;
+  const uint32_t* own_copies = Region(p.sync, kOwnCopies);
   // The first pass sweeps from the band's end: the GEMM wrote the own chunk's last rows last, so
   // they are the likeliest still in L2; the second pass then starts where the first ended.
   err = LaunchBandSum(xla_stream, a.dtype, parts, early + 1, own_out(h), chunk_elems, error, 0,
                       split ? RemoteOutputs{} : remote,
-                      ArrivalWait{arrived + slot(h, 0), early, e}, /*from_end=*/true);
+                      ArrivalWait{arrived + Slot(P, h, 0), early, e, split ? nullptr : own_copies},
+                      /*from_end=*/true);
   if (err != cudaSuccess) return err;
   RecordTimelineMark(s, kFirstSumEnd, xla_stream);
   if (split) {
     // out = out + last chunk, elementwise in place (each element read before it is written, by
     // the same thread).
-    const void* last[2] = {own_out(h), recv + slot(h, P - 2) * chunk_bytes};
+    const void* last[2] = {own_out(h), recv + Slot(P, h, P - 2) * chunk_bytes};
     err = LaunchBandSum(xla_stream, a.dtype, last, 2, own_out(h), chunk_elems, error, 0, remote,
-                        ArrivalWait{arrived + slot(h, P - 2), 1, e});
+                        ArrivalWait{arrived + Slot(P, h, P - 2), 1, e, own_copies});
     if (err != cudaSuccess) return err;
     RecordTimelineMark(s, kSecondSumEnd, xla_stream);
   }
@@ -484,36 +626,32 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     err = Join(xla_stream, p.sums_done, error);
     if (err != cudaSuccess) return err;
   }
-  // The receive slots are free again: the copy stream (idle by now) acknowledges to every
-  // sender, keeping those remote writes off XLA's stream (results/
-  // overlap_profile_tp4_2026-11-21_fe573db.log: 11 us between the sum and the next call's GEMM).
-  err = cudaEventRecord(p.last_sum_done, xla_stream);
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(cs, p.last_sum_done, 0);
+  // The receive slots are free again once this is reached: the copy stream acknowledges.
+  err = cudaEventRecord(job.sums_ended, xla_stream);
   if (err != cudaSuccess) {
-    *error = "handing the acknowledgements to the copy stream";
+    *error = "recording the band sums' end for the acknowledgements";
     return err;
   }
-  err = TellPeers(p, cs, kRecvAcked, P, me, e, error);
-  if (err != cudaSuccess) return err;
-  if (a.all_reduce) {
-    err = TellPeers(p, xla_stream, kStored, P, me, e, error);
+  if (!p.copy_thread) {
+    err = EnqueueAcks(s, job, error);
     if (err != cudaSuccess) return err;
   }
-  // XLA's stream waits for this rank's pushes (they read the workspace, which XLA may reuse
-  // after the call).
-  err = Join(xla_stream, p.copies_done, error);
-  // An all-reduce is done when every peer's summed band has landed in this rank's output.
-  if (err == cudaSuccess && a.all_reduce) {
+  if (a.all_reduce) {
+    err = TellPeers(job.peer_sync, xla_stream, kStored, P, me, e, error);
+    if (err != cudaSuccess) return err;
+    // An all-reduce is done when every peer's summed band has landed in this rank's output.
     err = WaitForPeers(p, xla_stream, kStored, P, me, e, a.spin_wait, error);
+    if (err != cudaSuccess) return err;
   }
-  if (err == cudaSuccess) RecordTimelineMark(s, kCallEnd, xla_stream);
-  return err;
+  RecordTimelineMark(s, kCallEnd, xla_stream);
+  return cudaSuccess;
 }
 
 PeerCopyCounts CountPeerCopies(CommState& s) {
   std::lock_guard<std::timed_mutex> lock(s.mu);
   if (!s.peer) return {};
-  return {s.peer->copies, s.peer->graphs_built, s.peer->updates};
+  DrainPeerCopyThread(s);  // the calls made so far have enqueued their copies
+  return {s.peer->copies.load(), s.peer->graphs_built.load(), s.peer->updates.load()};
 }
 
 std::string DescribePeerStateForDebug(CommState& s) {
@@ -523,8 +661,12 @@ std::string DescribePeerStateForDebug(CommState& s) {
   if (!lock.try_lock_for(std::chrono::milliseconds(200))) text += " [a call holds mu]";
   if (!s.peer) return text + " (no copy-engine state)";
   PeerState& p = *s.peer;
-  text += " epoch " + std::to_string(p.epoch) + ", " + std::to_string(p.copies) + " copies, " +
-          std::to_string(p.graphs_built) + " copy graphs built";
+  text += " epoch " + std::to_string(p.epoch) + ", " + std::to_string(p.copies.load()) +
+          " copies, " + std::to_string(p.graphs_built.load()) + " copy graphs built";
+  {
+    std::lock_guard<std::mutex> failure_lock(p.failure_mu);
+    if (!p.copy_failure.empty()) text += " [" + p.copy_failure + "]";
+  }
   // Read on a stream of its own into pinned memory kept for this (never freed: cudaFreeHost
   // and cudaStreamDestroy wait for the GPU to drain, which a hung GPU never does). The reads
   // are cudaMemcpyAsync calls, which block while another thread waits for this GPU to drain
@@ -569,6 +711,7 @@ std::string DescribePeerStateForDebug(CommState& s) {
   list("acked", host + kRecvAcked * kMaxPeerRanks, P);
   list("stored", host + kStored * kMaxPeerRanks, P);
   list("out_ready", host + kOutReady * kMaxPeerRanks, P);
+  list("own_copies", host + kOwnCopies * kMaxPeerRanks, 1);
   if (groups > 0) {  // the latest call's GEMM progress (XLA may have reused the memory since)
     list("last_call_counters", host + words, groups);
     list("of", p.last_expected, groups);

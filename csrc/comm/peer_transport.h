@@ -33,12 +33,16 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "comm/comm_registry.h"
+#include "comm/host_worker.h"
 #include "kernels/signaling_gemm.h"
 
 namespace fo_jax {
@@ -52,17 +56,29 @@ enum PeerSyncRegion {
   kStored = 5,     // [q]: epoch in which rank q stored its summed band here (all-reduce)
   kOutReady = 6,   // [q]: epoch of the output address rank q wrote into the out table
   kOutTable = 7,   // 2 regions: [j] (64-bit): output address of rank (this + 1 + j) % P
-  kSyncRegions = 9,
+  kOwnCopies = 9,  // [0]: epoch of this rank's latest call whose pushes have all completed
+  kSyncRegions = 10,
 };
 constexpr int kMaxReceiveSlots = 4 * kMaxPeerRanks;  // rounds * (P - 1)
 
 // Per communicator (CommState::peer): buffers, flags, the peers' addresses, copy streams.
 struct PeerState {
   cudaStream_t copy_stream = nullptr;  // highest priority
-  cudaEvent_t copies_done = nullptr;
   cudaStream_t sum_stream = nullptr;  // all-reduce rounds before the last (highest priority)
   cudaEvent_t sums_done = nullptr;
-  cudaEvent_t last_sum_done = nullptr;  // XLA stream: the receive slots are read (acks follow)
+  // The copy stream's part of a call (copies, flags, acknowledgements: ~20 stream operations)
+  // is enqueued by this thread, so that XLA's thread leaves the handler sooner (NOTES §19);
+  // FO_JAX_CE_COPY_THREAD=0 (read once) enqueues it inline. XLA's stream never waits on the
+  // copy stream's events (the thread records them later); the last band sum waits for the
+  // kOwnCopies flag instead. Events that XLA's stream records for the copy stream are a ring
+  // per call (slot epoch % kCallEvents): a slot is re-recorded only once the thread has
+  // enqueued the waits on it of the call kCallEvents earlier (the handler waits for that).
+  std::unique_ptr<HostWorker> copy_thread;
+  static constexpr int kCallEvents = 8;
+  cudaEvent_t inputs_ready[kCallEvents] = {};  // XLA stream: counters zeroed, inputs ready
+  cudaEvent_t sums_ended[kCallEvents] = {};    // XLA stream: receive slots read (acks follow)
+  std::mutex failure_mu;
+  std::string copy_failure;  // the copy thread's first failure ("" while none; failure_mu)
   uint32_t* sync = nullptr;  // kSyncRegions * kMaxPeerRanks words, see PeerSyncRegion
   void* recv = nullptr;      // P - 1 receive slots of one band each
   size_t recv_bytes = 0;
@@ -93,9 +109,9 @@ struct PeerState {
     size_t bytes = 0;
   };
   CopyOperands copy_set[kMaxPeerRanks][kCopyGraphs] = {};
-  uint64_t copies = 0;       // copies enqueued, and
-  uint64_t graphs_built = 0; // copy graphs built for them, and
-  uint64_t updates = 0;      // graph updates made (the rest launched as set) (PeerCopyCounts)
+  std::atomic<uint64_t> copies{0};       // copies enqueued, and
+  std::atomic<uint64_t> graphs_built{0}; // copy graphs built for them, and
+  std::atomic<uint64_t> updates{0};  // graph updates made (the rest launched as set) (PeerCopyCounts)
   // Diagnostics only (DescribePeerStateForDebug): the latest call's GEMM counters (XLA's
   // memory: valid while that call runs), what they count to, and a pinned buffer and stream to
   // read flags and counters on a hung machine without any call that waits for a GPU to drain.
@@ -158,14 +174,29 @@ std::string SetPeerGroups(PeerCollectiveArgs& args, int P, const int* group_begi
 // same calls). "" or why it failed.
 std::string PreparePeerTransport(CommState& state, size_t recv_bytes);
 
+// After PreparePeerTransport, before the call's GEMM launch: the event the call must record on
+// XLA's stream once its counters are zeroed and its inputs ready (the GEMM launcher's
+// after_zero_event). Blocks while the copy thread is too far behind to reuse the event's slot.
+cudaEvent_t NextPeerInputsEvent(CommState& state);
+
 // Precondition (caller, on `xla_stream`): PreparePeerTransport for (P - 1) * band bytes,
-// counters zeroed, state.inputs_ready recorded, then the GEMM launched with rotate_tile_rows =
-// ((rank + 1) % P) * chunk tile-rows and the groups given to SetPeerGroups. Enqueues the copies and
-// the acknowledgements on the copy stream, the band sums (with the stores of an all-reduce) on
-// `xla_stream` (the rounds before the last on the sum stream), and makes `xla_stream` wait for
-// the copy stream's copies (and for the peers' stores).
+// counters zeroed, NextPeerInputsEvent's event recorded, then the GEMM launched with
+// rotate_tile_rows = ((rank + 1) % P) * chunk tile-rows and the groups given to SetPeerGroups.
+// Enqueues (or has the copy thread enqueue) the copies and the acknowledgements on the copy
+// stream, the band sums (with the stores of an all-reduce) on `xla_stream` (the rounds before
+// the last on the sum stream); the last sum also waits for this rank's own copies (they read the
+// workspace), and an all-reduce's end for the peers' stores.
 cudaError_t EnqueuePeerCollective(CommState& state, cudaStream_t xla_stream,
                                   const PeerCollectiveArgs& args, std::string* error);
+
+// Waits until the copy thread has enqueued every call handed to it (none without the thread).
+// Under state.mu (so that no call hands it more).
+void DrainPeerCopyThread(CommState& state);
+
+// The copy thread's first failure, "" while none. After one, the thread still releases the flags
+// that the call's partners and its own band sum wait for (its data is then undefined), and every
+// later call reports the failure.
+std::string PeerCopyFailure(CommState& state);
 
 // Diagnostics for a hang (fo_jax/_diagnostics.py), as one line of text: the rank, whether a call
 // holds state.mu now (a host thread stuck inside the handler), the number of calls enqueued

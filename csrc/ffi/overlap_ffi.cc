@@ -194,7 +194,7 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
   // left the GPU idle ~20 us while the host built the GEMM's parameters). The gated waits are
   // enqueued after the GEMM launch (never before the producer: DESIGN.md).
   args.zero_counters_on_launch = true;
-  args.after_zero_event = state->inputs_ready;
+  args.after_zero_event = copy_engine ? NextPeerInputsEvent(*state) : state->inputs_ready;
   if (copy_engine && BeginTimelineCall(*state, host_enter_ns)) {
     RecordTimelineHost(*state, kHostPrepared);
     RecordTimelineMark(*state, kXlaStart, stream);
@@ -206,6 +206,12 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     err = EnqueuePeerCollective(*state, stream, peer, &msg);
     EndTimelineCall(*state);
     if (err != cudaSuccess) return ffi::Error::Internal("fo_jax: copy-engine transport: " + msg);
+    const std::string copy_failure = PeerCopyFailure(*state);
+    if (!copy_failure.empty()) {
+      return ffi::Error::Internal("fo_jax: " + copy_failure + " (this call ran so that the "
+                                  "group's other ranks do not wait for this one; its result and "
+                                  "every later call's are undefined: restart the process)");
+    }
     return finish();
   }
   const ncclDataType_t nccl_dt = dt == ffi::DataType::BF16 ? ncclBfloat16 : ncclFloat16;

@@ -45,13 +45,12 @@ __global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs 
   __shared__ uint4* remote_out[kMaxBandSumParts];
   if (threadIdx.x == 0) {
     // One thread per block polls; the barrier below orders the block's part loads after it.
-    for (int f = 0; f < wait.count; ++f) {
+    for (int f = 0; f <= wait.count; ++f) {
+      const uint32_t* flag = f < wait.count ? wait.flags + f : wait.also;
+      if (flag == nullptr) break;
       uint32_t seen;
       while (true) {
-        asm volatile("ld.acquire.sys.global.u32 %0, [%1];"
-                     : "=r"(seen)
-                     : "l"(wait.flags + f)
-                     : "memory");
+        asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
         if (seen >= wait.value) break;
         __nanosleep(100);
       }

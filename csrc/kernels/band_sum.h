@@ -39,6 +39,9 @@ struct ArrivalWait {
   const uint32_t* flags = nullptr;
   int count = 0;
   uint32_t value = 0;
+  // One more flag to wait for (*also >= value) that need not follow `flags`: the copy-engine
+  // transport's "this GPU's own pushes are done", so XLA's stream needs no wait of its own.
+  const uint32_t* also = nullptr;
 };
 // `from_end`: the blocks sweep the band from its last vector to its first (else first to last),
 // so that a pass reads first what is most likely still in L2: the rows the GEMM or the previous

@@ -1,0 +1,50 @@
+// A host thread that runs jobs one at a time in the order they were pushed, with the CUDA
+// device set. The copy-engine transport hands it the copy stream's part of each call, so that
+// XLA's thread returns from the FFI handler without enqueueing those ~20 stream operations
+// (benchmarks/NOTES.md §19). Jobs are numbered 1, 2, ... in push order.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace fo_jax {
+
+class HostWorker {
+ public:
+  explicit HostWorker(int device);
+  ~HostWorker();  // finishes the pushed jobs, then joins the thread
+  HostWorker(const HostWorker&) = delete;
+  HostWorker& operator=(const HostWorker&) = delete;
+
+  // Blocks until at most `max_pending` pushed jobs are unfinished.
+  void WaitPending(uint64_t max_pending);
+  // Queues `job`; returns its number.
+  uint64_t Push(std::function<void()> job);
+  // Blocks until every pushed job has finished.
+  void Drain() { WaitPending(0); }
+  // The same, giving up after `timeout`; whether it drained.
+  bool DrainFor(std::chrono::milliseconds timeout);
+
+  // For a job: blocks until Signal(n) was called with n >= `value` (the pusher's later progress
+  // on something the job must follow, e.g. an event recorded after the push).
+  void AwaitSignal(uint64_t value);
+  void Signal(uint64_t value);
+
+ private:
+  void Run();
+
+  std::mutex mu_;
+  std::condition_variable cv_;  // every change of the fields below
+  std::deque<std::function<void()>> queue_;  // pushed, not yet started
+  uint64_t pushed_ = 0, finished_ = 0, signal_ = 0;
+  bool stop_ = false;
+  int device_;
+  std::thread thread_;
+};
+
+}  // namespace fo_jax
