@@ -143,30 +143,42 @@ cudaError_t CopyError(cudaError_t e, std::string* error) {
   return e;
 }
 
-// A one-node graph copying `bytes` from src (this GPU) to dst (peer memory), in slot k of peer
-// q (PeerState::copy_exec says why copies are graph launches). Replaces the slot's graph; an
-// exec destroyed while launches of it are queued is freed when they complete.
-cudaError_t CreateCopyGraph(PeerState& p, int q, int k, void* dst, const void* src,
-                            size_t bytes) {
-  if (p.copy_exec[q][k]) (void)cudaGraphExecDestroy(p.copy_exec[q][k]);
-  if (p.copy_graph[q][k]) (void)cudaGraphDestroy(p.copy_graph[q][k]);
-  p.copy_exec[q][k] = nullptr;
-  p.copy_graph[q][k] = nullptr;
-  p.copy_node[q][k] = nullptr;
-  ++p.graphs_built;
+// A one-node graph copying `bytes` from src (this GPU) to dst (peer memory) (PeerState::copy_exec
+// says why copies are graph launches), built without touching PeerState. Only on XLA's thread:
+// building one may wait for this GPU to drain (the copy thread must never wait for that, since
+// XLA's stream may be waiting for the copy thread's copies: NOTES §19).
+struct CopyGraph {
   cudaGraph_t graph = nullptr;
-  cudaError_t e = cudaGraphCreate(&graph, 0);
+  cudaGraphExec_t exec = nullptr;
+  cudaGraphNode_t node = nullptr;
+};
+cudaError_t BuildCopyGraph(void* dst, const void* src, size_t bytes, CopyGraph* out) {
+  CopyGraph g;
+  cudaError_t e = cudaGraphCreate(&g.graph, 0);
   if (e == cudaSuccess) {
-    e = cudaGraphAddMemcpyNode1D(&p.copy_node[q][k], graph, nullptr, 0, dst, src, bytes,
+    e = cudaGraphAddMemcpyNode1D(&g.node, g.graph, nullptr, 0, dst, src, bytes,
                                  cudaMemcpyDeviceToDevice);
   }
-  if (e == cudaSuccess) e = cudaGraphInstantiate(&p.copy_exec[q][k], graph, 0);
-  if (e == cudaSuccess) {
-    p.copy_graph[q][k] = graph;  // kept: updates name its node
-  } else if (graph) {
-    (void)cudaGraphDestroy(graph);
+  if (e == cudaSuccess) e = cudaGraphInstantiate(&g.exec, g.graph, 0);
+  if (e != cudaSuccess) {
+    if (g.graph) (void)cudaGraphDestroy(g.graph);
+    return e;
   }
-  return e;
+  *out = g;  // the graph is kept with its exec: updates name its node
+  return cudaSuccess;
+}
+
+// Puts a built graph into slot k of peer q (under p.graph_mu), replacing the slot's graph; an
+// exec destroyed while launches of it are queued is freed when they complete.
+void PublishCopyGraph(PeerState& p, int q, int k, const CopyGraph& g, void* dst, const void* src,
+                      size_t bytes) {
+  if (p.copy_exec[q][k]) (void)cudaGraphExecDestroy(p.copy_exec[q][k]);
+  if (p.copy_graph[q][k]) (void)cudaGraphDestroy(p.copy_graph[q][k]);
+  p.copy_graph[q][k] = g.graph;
+  p.copy_exec[q][k] = g.exec;
+  p.copy_node[q][k] = g.node;
+  p.copy_set[q][k] = {dst, src, bytes};
+  ++p.graphs_built;
 }
 
 // On the copy stream: once counters[g] is full, copy `bytes` from src to peer `to`'s dst.
@@ -178,9 +190,12 @@ cudaError_t CreateCopyGraph(PeerState& p, int q, int k, void* dst, const void* s
 // peer whose update accepts these operands makes the copy; if none does (another kind of memory),
 // a new graph takes the first free slot, or replaces the last one: once per kind of memory and
 // slot, not per call. `index`: the copy's place in the call (timeline marks).
+// `may_build`: a new graph may be built here (XLA's thread only: BuildCopyGraph); else a copy that
+// no graph accepts fails (the handler builds every slot a call prefers before the copy thread
+// runs it: EnsureCopyGraphs).
 cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int row, int g, int index,
                       int ordinal, int to, char* dst, const char* src, size_t bytes,
-                      std::string* error) {
+                      bool may_build, std::string* error) {
   PeerState& p = *s.peer;
   cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + g, a.expected[g], a.spin_wait,
                                    error);
@@ -188,6 +203,7 @@ cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int row, int g,
   const bool marked = index < kTimelineCopySlots;
   if (marked) RecordTimelineMarkAt(s, row, TimelineMark(kCopyGo0 + index), p.copy_stream);
   ++p.copies;
+  std::lock_guard<std::mutex> graphs(p.graph_mu);
   constexpr int kSlots = PeerState::kCopyGraphs;
   const int preferred = std::min(ordinal, kSlots - 1);
   int k = -1;
@@ -215,6 +231,11 @@ cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int row, int g,
     }
   }
   if (k < 0) {
+    if (!may_build) {
+      *error = "no copy graph accepts the buffers of a copy between GPUs (memory of a kind the "
+               "graphs were not built for); FO_JAX_CE_COPY_THREAD=0 builds graphs as needed";
+      return cudaErrorInvalidValue;
+    }
     // A new graph: in the preferred slot if free, else the next free one, else the last.
     k = kSlots - 1;
     for (int t = 0; t < kSlots; ++t) {
@@ -224,12 +245,13 @@ cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int row, int g,
         break;
       }
     }
-    err = CreateCopyGraph(p, to, k, dst, src, bytes);
+    CopyGraph built;
+    err = BuildCopyGraph(dst, src, bytes, &built);
     if (err != cudaSuccess) {
       *error = Cuda("creating the graph of a copy between GPUs", err);
       return err;
     }
-    p.copy_set[to][k] = {dst, src, bytes};
+    PublishCopyGraph(p, to, k, built, dst, src, bytes);
   }
   err = cudaGraphLaunch(p.copy_exec[to][k], p.copy_stream);
   if (err != cudaSuccess) return CopyError(err, error);
@@ -354,18 +376,73 @@ struct CopyJob {
 // Receive slot of round h, step j (j = P - 1 would be the own chunk, which is not sent).
 int Slot(int P, int h, int j) { return h * (P - 1) + j; }
 
-// On the copy stream: after XLA's inputs are ready, round h step j sends chunk (h, (me + 1 + j)
-// % P) to its owner's slot once that owner has finished the previous call, group by group as the
-// GEMM finishes them, then flags its arrival; at the end, flags this rank's own copies done (the
-// call's last band sum waits for that: the copies read XLA's workspace).
-cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, std::string* error) {
+// Visits a call's copies in order: round h, step j sends chunk (h, (me + 1 + j) % P) to its
+// owner's slot, group by group. Calls step(h, j, to, true) before a step's copies, copy(g, index,
+// ordinal, to, dst, src, bytes) for each (index: its place in the call, ordinal: its place among
+// the call's copies to that peer) and step(h, j, to, false) after them; stops at the first error.
+template <class Step, class Copy>
+cudaError_t ForEachCopy(const CopyJob& job, int P, int me, Step&& step, Copy&& copy) {
+  const PeerCollectiveArgs& a = job.a;
+  const size_t chunk_bytes = a.band_elems / a.rounds * 2;
+  const size_t tile_row_bytes = a.tile_row_elems * 2;
+  const char* ws = static_cast<const char*>(a.workspace);
+  int index = 0;                   // copies so far in this call, and
+  int sent_to[kMaxPeerRanks] = {};  // to each peer
+  for (int h = 0; h < a.rounds; ++h) {
+    for (int j = 0; j + 1 < P; ++j) {
+      const int to = (me + 1 + j) % P;
+      const int L = h * P + j;  // logical chunk
+      cudaError_t err = step(h, j, to, true);
+      if (err != cudaSuccess) return err;
+      char* dst = static_cast<char*>(job.peer_recv[to]) + Slot(P, h, j) * chunk_bytes;
+      const char* src = ws + size_t(h * P + to) * chunk_bytes;  // chunk (h, to)
+      for (int g = a.chunk_first_group[L]; g < a.chunk_first_group[L + 1]; ++g) {
+        const size_t at = size_t(a.group_begin[g] - L * a.tiles_chunk) * tile_row_bytes;
+        const size_t bytes = size_t(a.group_begin[g + 1] - a.group_begin[g]) * tile_row_bytes;
+        err = copy(g, index++, sent_to[to]++, to, dst + at, src + at, bytes);
+        if (err != cudaSuccess) return err;
+      }
+      err = step(h, j, to, false);
+      if (err != cudaSuccess) return err;
+    }
+  }
+  return cudaSuccess;
+}
+
+// On XLA's thread, before the copy thread gets the call: builds the graph of every slot that one
+// of the call's copies prefers (GatedCopy) and that has none yet, from that copy's operands, so
+// that the copy thread never builds one (BuildCopyGraph says why).
+cudaError_t EnsureCopyGraphs(CommState& s, const CopyJob& job, std::string* error) {
+  PeerState& p = *s.peer;
+  auto step = [](int, int, int, bool) { return cudaSuccess; };
+  auto copy = [&](int, int, int ordinal, int to, char* dst, const char* src, size_t bytes) {
+    const int k = std::min(ordinal, PeerState::kCopyGraphs - 1);
+    {
+      std::lock_guard<std::mutex> graphs(p.graph_mu);
+      if (p.copy_exec[to][k]) return cudaSuccess;
+    }
+    CopyGraph built;  // outside the lock: building may wait for this GPU, the copy thread not
+    cudaError_t err = BuildCopyGraph(dst, src, bytes, &built);
+    if (err != cudaSuccess) {
+      *error = Cuda("creating the graph of a copy between GPUs", err);
+      return err;
+    }
+    std::lock_guard<std::mutex> graphs(p.graph_mu);
+    PublishCopyGraph(p, to, k, built, dst, src, bytes);  // only this thread fills empty slots
+    return cudaSuccess;
+  };
+  return ForEachCopy(job, s.nranks, s.rank, step, copy);
+}
+
+// On the copy stream: after XLA's inputs are ready, each step's copies once their receiver has
+// finished the previous call, each copy as soon as its group is done, then the step's arrival
+// flag; at the end, flags this rank's own copies done (the call's last band sum waits for that:
+// the copies read XLA's workspace). `may_build`: GatedCopy.
+cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, bool may_build, std::string* error) {
   PeerState& p = *s.peer;
   const PeerCollectiveArgs& a = job.a;
   const int P = s.nranks, me = s.rank, H = a.rounds;
   const uint32_t e = job.epoch;
-  const size_t chunk_bytes = a.band_elems / H * 2;
-  const size_t tile_row_bytes = a.tile_row_elems * 2;
-  const char* ws = static_cast<const char*>(a.workspace);
   cudaStream_t cs = p.copy_stream;
   cudaError_t err = cudaStreamWaitEvent(cs, job.inputs_ready, 0);
   if (err != cudaSuccess) {
@@ -377,36 +454,30 @@ cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, std::string* error) 
     err = SendOutputAddress(job.peer_sync, cs, a.out, P, me, e, error);
     if (err != cudaSuccess) return err;
   }
-  int copy_index = 0;                  // copies so far in this call, and
-  int sent_to[kMaxPeerRanks] = {};     // to each peer
-  for (int h = 0; h < H; ++h) {
-    for (int j = 0; j + 1 < P; ++j) {
-      const int to = (me + 1 + j) % P;
-      const int L = h * P + j;  // logical chunk
+  auto step = [&](int h, int j, int to, bool begin) {
+    cudaError_t r = cudaSuccess;
+    if (begin) {
       if (h == 0) {
         // Only the receiver of this step must have finished reading the previous call's slots:
         // waiting for every peer before the first copy would hold the whole chain for the
         // slowest one.
-        err = EnqueueWaitGeq(cs, Region(p.sync, kRecvAcked) + to, e - 1, a.spin_wait, error);
-        if (err != cudaSuccess) return err;
-        if (j == 0) RecordTimelineMarkAt(s, job.row, kCopyAcked, cs);
+        r = EnqueueWaitGeq(cs, Region(p.sync, kRecvAcked) + to, e - 1, a.spin_wait, error);
+        if (r == cudaSuccess && j == 0) RecordTimelineMarkAt(s, job.row, kCopyAcked, cs);
       }
-      char* dst = static_cast<char*>(job.peer_recv[to]) + Slot(P, h, j) * chunk_bytes;
-      const char* src = ws + size_t(h * P + to) * chunk_bytes;  // chunk (h, to)
-      for (int g = a.chunk_first_group[L]; g < a.chunk_first_group[L + 1]; ++g) {
-        const size_t at = size_t(a.group_begin[g] - L * a.tiles_chunk) * tile_row_bytes;
-        const size_t bytes = size_t(a.group_begin[g + 1] - a.group_begin[g]) * tile_row_bytes;
-        err = GatedCopy(s, a, job.row, g, copy_index++, sent_to[to]++, to, dst + at, src + at,
-                        bytes, error);
-        if (err != cudaSuccess) return err;
-      }
-      err = EnqueueWriteValue(cs, Region(job.peer_sync[to], kArrived) + Slot(P, h, j), e, error);
-      if (err != cudaSuccess) return err;
-      if (h == H - 1 && j < kTimelineCopySlots) {
-        RecordTimelineMarkAt(s, job.row, TimelineMark(kCopySent0 + j), cs);
-      }
+      return r;
     }
-  }
+    r = EnqueueWriteValue(cs, Region(job.peer_sync[to], kArrived) + Slot(P, h, j), e, error);
+    if (r == cudaSuccess && h == H - 1 && j < kTimelineCopySlots) {
+      RecordTimelineMarkAt(s, job.row, TimelineMark(kCopySent0 + j), cs);
+    }
+    return r;
+  };
+  auto copy = [&](int g, int index, int ordinal, int to, char* dst, const char* src,
+                  size_t bytes) {
+    return GatedCopy(s, a, job.row, g, index, ordinal, to, dst, src, bytes, may_build, error);
+  };
+  err = ForEachCopy(job, P, me, step, copy);
+  if (err != cudaSuccess) return err;
   return EnqueueWriteValue(cs, Region(p.sync, kOwnCopies), e, error);
 }
 
@@ -454,7 +525,7 @@ void NoteCopyFailure(PeerState& p, const std::string& what) {
 void RunCopyJob(CommState& s, const CopyJob& job) {
   PeerState& p = *s.peer;
   std::string error;
-  cudaError_t err = EnqueueCopies(s, job, &error);
+  cudaError_t err = EnqueueCopies(s, job, /*may_build=*/false, &error);
   RecordTimelineHostAt(s, job.row, kHostCopiesIssued);
   p.copy_thread->AwaitSignal(job.epoch);  // the handler recorded job.sums_ended (or failed)
   if (err == cudaSuccess) err = EnqueueAcks(s, job, &error);
@@ -531,9 +602,11 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     }
   } signal_on_exit{p.copy_thread.get(), e};
   if (p.copy_thread) {
+    err = EnsureCopyGraphs(s, job, error);
+    if (err != cudaSuccess) return err;
     p.copy_thread->Push([&s, job] { RunCopyJob(s, job); });
   } else {
-    err = EnqueueCopies(s, job, error);
+    err = EnqueueCopies(s, job, /*may_build=*/true, error);
     if (err != cudaSuccess) return err;
   }
   RecordTimelineHost(s, kHostCopiesEnqueued);

@@ -98,6 +98,7 @@ struct PeerState {
   // copy of a call to that peer (each group keeps its operands, and a launch with unchanged
   // operands skips the update), which also serve other kinds of memory (GatedCopy).
   static constexpr int kCopyGraphs = 4;
+  std::mutex graph_mu;  // the slots below: XLA's thread fills empty ones, the copy thread updates
   cudaGraph_t copy_graph[kMaxPeerRanks][kCopyGraphs] = {};
   cudaGraphExec_t copy_exec[kMaxPeerRanks][kCopyGraphs] = {};
   cudaGraphNode_t copy_node[kMaxPeerRanks][kCopyGraphs] = {};
