@@ -6,6 +6,25 @@
 #include <utility>
 
 namespace fo_jax {
+namespace {
+
+// How long the thread spins for a job, or a job for its signal, before it sleeps: longer than
+// the handler's time between a push and its signal (~20 us) and than a call's host interval in
+// a busy loop (~150-250 us), so that back-to-back calls never put it to sleep.
+constexpr auto kSpin = std::chrono::microseconds(300);
+
+// Spins until pred() or kSpin has passed; whether pred() held.
+template <class Pred>
+bool SpinFor(Pred pred) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+}  // namespace
 
 HostWorker::HostWorker(int device) : device_(device), thread_([this] { Run(); }) {}
 
@@ -20,12 +39,12 @@ HostWorker::~HostWorker() {
 
 void HostWorker::WaitPending(uint64_t max_pending) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return pushed_ - finished_ <= max_pending; });
+  cv_.wait(lock, [&] { return pushed_.load() - finished_.load() <= max_pending; });
 }
 
 bool HostWorker::DrainFor(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return pushed_ == finished_; });
+  return cv_.wait_for(lock, timeout, [&] { return pushed_.load() == finished_.load(); });
 }
 
 uint64_t HostWorker::Push(std::function<void()> job) {
@@ -40,14 +59,15 @@ uint64_t HostWorker::Push(std::function<void()> job) {
 }
 
 void HostWorker::AwaitSignal(uint64_t value) {
+  if (SpinFor([&] { return signal_.load() >= value; })) return;
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return signal_ >= value; });
+  cv_.wait(lock, [&] { return signal_.load() >= value; });
 }
 
 void HostWorker::Signal(uint64_t value) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (value > signal_) signal_ = value;
+    std::lock_guard<std::mutex> lock(mu_);  // a waiter between its check and its sleep sees it
+    if (value > signal_.load()) signal_.store(value);
   }
   cv_.notify_all();
 }
@@ -55,7 +75,9 @@ void HostWorker::Signal(uint64_t value) {
 void HostWorker::Run() {
   // A failure here surfaces in the jobs' own CUDA calls (they run on the wrong device).
   (void)cudaSetDevice(device_);
+  uint64_t taken = 0;
   while (true) {
+    SpinFor([&] { return pushed_.load() > taken; });
     std::function<void()> job;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -64,6 +86,7 @@ void HostWorker::Run() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
+    ++taken;
     job();
     {
       std::lock_guard<std::mutex> lock(mu_);

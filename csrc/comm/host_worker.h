@@ -1,9 +1,12 @@
 // A host thread that runs jobs one at a time in the order they were pushed, with the CUDA
 // device set. The copy-engine transport hands it the copy stream's part of each call, so that
 // XLA's thread returns from the FFI handler without enqueueing those ~20 stream operations
-// (benchmarks/NOTES.md §19). Jobs are numbered 1, 2, ... in push order.
+// (benchmarks/NOTES.md §19). Jobs are numbered 1, 2, ... in push order. The thread and a job
+// waiting for a signal spin for a while before they sleep: a sleeping thread took tens of us to
+// wake, longer than the copy stream may wait for its first copy.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -39,10 +42,10 @@ class HostWorker {
   void Run();
 
   std::mutex mu_;
-  std::condition_variable cv_;  // every change of the fields below
-  std::deque<std::function<void()>> queue_;  // pushed, not yet started
-  uint64_t pushed_ = 0, finished_ = 0, signal_ = 0;
-  bool stop_ = false;
+  std::condition_variable cv_;  // every change of the counters, and stop_
+  std::deque<std::function<void()>> queue_;  // pushed, not yet started (mu_)
+  std::atomic<uint64_t> pushed_{0}, finished_{0}, signal_{0};
+  bool stop_ = false;  // mu_
   int device_;
   std::thread thread_;
 };
