@@ -260,22 +260,24 @@ def test_copy_engine_reuses_its_copy_graphs():
         assert_close(outs[-1], x64 @ w64, jnp.bfloat16)
 
 
-def test_copy_engine_inline_enqueue():
-    """FO_JAX_CE_COPY_THREAD=0 (read once per process, so in a child process): the copy stream's
-    work enqueued on XLA's thread instead of fo_jax's copy thread; both collectives correct on
-    every call and every GPU's copy (tests/inline_copies_worker.py)."""
+@pytest.mark.parametrize("env", [{"FO_JAX_CE_COPY_THREAD": "0"}, {"FO_JAX_SPIN_WAIT": "1"}],
+                         ids=["inline_enqueue", "spin_wait"])
+def test_copy_engine_under_env(env):
+    """Settings read once per process, so in a child process (tests/copy_engine_env_worker.py):
+    the copy stream's work enqueued on XLA's thread instead of fo_jax's copy thread, and spin
+    kernels instead of stream waits (the copy thread's spin kernels must run next to the band
+    sums that wait for its copies); both collectives correct on every call and GPU copy."""
     tp = _ntp()
     gpu_devices_or_skip(tp)
-    env = dict(os.environ, FO_JAX_CE_COPY_THREAD="0", NCCL_NVLS_ENABLE="0",
-               XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    path = os.path.join(os.path.dirname(__file__), "inline_copies_worker.py")
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", XLA_PYTHON_CLIENT_PREALLOCATE="false", **env)
+    path = os.path.join(os.path.dirname(__file__), "copy_engine_env_worker.py")
     try:
         done = subprocess.run([sys.executable, path, str(tp)], env=env, capture_output=True,
                               text=True, timeout=200)
     except subprocess.TimeoutExpired:
-        pytest.fail("the inline-enqueue run hung (killed after 200 s)")
+        pytest.fail("the child process hung (killed after 200 s)")
     out = done.stdout + done.stderr
-    assert done.returncode == 0 and "INLINE OK" in out, out[-3000:]
+    assert done.returncode == 0 and "ENV WORKER OK" in out, out[-3000:]
 
 
 def test_copy_engine_refusals_at_trace_time():

@@ -21,7 +21,16 @@
 // Synchronization uses stream memory operations (no SM): cuStreamWaitValue32 on the GEMM's
 // counters and on arrival flags, cuStreamWriteValue32 to a peer's flag after the copy (the write
 // fences the copy: stream_wait.h); the band sums that follow the GEMM wait for their arrival flags
-// inside the kernel instead (band_sum.h). Flags carry a per-call epoch, so they are never reset.
+// inside the kernel instead (band_sum.h), the last of them also for this rank's own copies (a
+// local flag the copy stream writes after them: they read XLA's workspace). Flags carry a
+// per-call epoch, so they are never reset.
+//
+// The copy stream's work of a call is enqueued by a host thread of fo_jax's (PeerState::
+// copy_thread), not by XLA's: the handler's host time halves (NOTES §19). XLA's stream then
+// holds work (the last band sum) that waits for work another thread enqueues later, so that
+// thread makes only calls that never wait for the GPU to drain (graph launches and updates,
+// stream memory operations, events: csrc/tools/ctx_lock_probe.cu); graphs are built by XLA's
+// thread before it hands the call over.
 // An acknowledgement word per sender (written after the band sum) keeps a sender from overwriting a
 // receive slot that its owner still reads from the previous call. An all-reduce call ends only
 // when every peer's band has landed in its output, so an output address in a peer's table stays

@@ -1,7 +1,8 @@
-"""One process for all GPUs, run by test_overlap_gpu.test_copy_engine_inline_enqueue with
-FO_JAX_CE_COPY_THREAD=0: the copy-engine transport with the copy stream's work enqueued on XLA's
-thread instead of fo_jax's copy thread (peer_transport.h); both collectives, 20 back-to-back calls
-each, every call and every GPU's copy against float64."""
+"""One process for all GPUs, run by test_overlap_gpu.test_copy_engine_under_env with an environment
+that fo_jax reads once per process (FO_JAX_CE_COPY_THREAD=0: the copy stream's work enqueued on
+XLA's thread instead of fo_jax's copy thread, peer_transport.h; FO_JAX_SPIN_WAIT=1: spin kernels
+instead of stream waits): the copy-engine transport, both collectives, 20 back-to-back calls each,
+every call and every GPU's copy against float64."""
 
 import os
 import sys
@@ -15,7 +16,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fo_jax  # noqa: E402
 from numerics import REL_TOL, random_operands, rel_err  # noqa: E402
 
-assert os.environ.get("FO_JAX_CE_COPY_THREAD") == "0"
 tp = int(sys.argv[1])
 mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
 cfg = fo_jax.OverlapConfig(transport="copy_engine", allow_fallback=False)
@@ -35,4 +35,4 @@ for collective, out_spec in (("reduce_scatter", P("tp", None)), ("all_reduce", P
             err = rel_err(np.asarray(got.astype(jnp.float32)), expect)
             assert err <= REL_TOL[jnp.dtype(jnp.bfloat16)], (collective, i, err)
     print(f"{collective}: 20 calls OK", flush=True)
-print("INLINE OK", flush=True)
+print("ENV WORKER OK", flush=True)
