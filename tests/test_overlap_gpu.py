@@ -264,9 +264,10 @@ def test_copy_engine_reuses_its_copy_graphs():
                          ids=["inline_enqueue", "spin_wait"])
 def test_copy_engine_under_env(env):
     """Settings read once per process, so in a child process (tests/copy_engine_env_worker.py):
-    the copy stream's work enqueued on XLA's thread instead of fo_jax's copy thread, and spin
-    kernels instead of stream waits (the copy thread's spin kernels must run next to the band
-    sums that wait for its copies); both collectives correct on every call and GPU copy."""
+    the copy stream's work enqueued on XLA's thread instead of fo_jax's copy thread, and
+    FO_JAX_SPIN_WAIT=1, which the copy-engine transport ignores (its copy stream keeps stream
+    waits: a spin kernel there hung next to the band sums that wait for its copies, NOTES §19);
+    both collectives correct on every call and GPU copy, no hang."""
     tp = _ntp()
     gpu_devices_or_skip(tp)
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", XLA_PYTHON_CLIENT_PREALLOCATE="false", **env)

@@ -182,7 +182,11 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     msg = SetPeerGroups(peer, nranks, args.group_begin, args.num_groups, tiles_chunk,
                         static_cast<size_t>(c.tile_m) * static_cast<size_t>(N));
     if (!msg.empty()) return ffi::Error::InvalidArgument("fo_jax: copy-engine transport: " + msg);
-    peer.spin_wait = spin_wait;
+    // Always stream waits: a spin kernel on the copy stream needs an SM while the band sums
+    // that wait for its copies hold them (FO_JAX_SPIN_WAIT=1 with the copy thread hung at TP=4:
+    // benchmarks/NOTES.md §19); the transport needs cuStreamWriteValue32 anyway, and a driver
+    // with that has cuStreamWaitValue32.
+    peer.spin_wait = false;
     peer.split_sum = split_sum;
     const size_t band_bytes = peer.band_elems * 2;
     msg = PreparePeerTransport(*state, (nranks - 1) * band_bytes);
