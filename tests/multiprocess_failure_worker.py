@@ -7,6 +7,7 @@ exception, then leaves without jax.distributed.shutdown (the failed rank never r
 
 import os
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -42,4 +43,9 @@ try:
     print(f"process {proc}: NO EXCEPTION", flush=True)
 except Exception as e:  # noqa: BLE001 - the point is that it arrives as an exception
     print(f"process {proc}: RAISED {e}", flush=True)
+# Linger before leaving: JAX's coordination service terminates every process once one has left,
+# and the others raise only when their watchdog fires (~5 s after the failure). Without this the
+# failed process left first and a healthy one was terminated before it could raise (seen once at
+# TP=4, 2026-11-22).
+time.sleep(20 if proc == nproc - 1 else 3)
 os._exit(0)
