@@ -4,7 +4,8 @@
 # tools/build_cuda_lib.sh and carried, e.g. .devbuild/ab/lib_<commit>.a), then runs
 # benchmarks/timeline_probe.py (per-call handler and device phases) and bench_overlap.py for each,
 # alternating A B A B in separate processes. Knobs: LIB_A, LIB_B, TAG_A, TAG_B, FO_JAX_COMMIT,
-# SHAPES, COLLS (bench_overlap.py), BATCHES (timeline_probe.py), ROUNDS (pairs, default 2).
+# SHAPES, COLLS (bench_overlap.py), BATCHES, PROBE_SHAPE (timeline_probe.py), ROUNDS (pairs,
+# default 2).
 # Output: $OUT/lib_ab.log and the probes' files under $OUT/{probe,bench}_<side>_<round>.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -67,7 +67,8 @@ void RecordTimelineMarkAt(CommState& s, int row, TimelineMark m, cudaStream_t st
 
 void RecordTimelineHostAt(CommState& s, int row, TimelineHostMark m) {
   CallTimeline& t = s.timeline;
-  if (row >= 0 && row < t.capacity) t.host_ns[size_t(row) * kTimelineHostMarks + m] = TimelineNowNs();
+  if (row < 0 || row >= t.capacity) return;
+  t.host_ns[size_t(row) * kTimelineHostMarks + m] = TimelineNowNs();
 }
 
 void EndTimelineCall(CommState& s) {

@@ -96,10 +96,10 @@ cudaError_t TellPeers(uint32_t* const* peer_sync, cudaStream_t stream, PeerSyncR
 
 // Enqueues on `stream`: wait until every peer q has Region(this rank's sync, region)[q] >= e.
 cudaError_t WaitForPeers(PeerState& p, cudaStream_t stream, PeerSyncRegion region, int P, int me,
-                         uint32_t e, bool spin, std::string* error) {
+                         uint32_t e, std::string* error) {
   for (int q = 0; q < P; ++q) {
     if (q == me) continue;
-    cudaError_t err = EnqueueWaitGeq(stream, Region(p.sync, region) + q, e, spin, error);
+    cudaError_t err = EnqueueWaitGeq(stream, Region(p.sync, region) + q, e, false, error);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -187,18 +187,15 @@ void PublishCopyGraph(PeerState& p, int q, int k, const CopyGraph& g, void* dst,
 // peer prefers graph slot `ordinal` (clamped), so that each group keeps a graph of its own and,
 // when XLA hands the call the same workspace as the previous one, launches it without an update
 // (PeerState::copy_set; an update costs host time per copy). Otherwise the first graph of the
-// peer whose update accepts these operands makes the copy; if none does (another kind of memory),
-// a new graph takes the first free slot, or replaces the last one: once per kind of memory and
-// slot, not per call. `index`: the copy's place in the call (timeline marks).
-// `may_build`: a new graph may be built here (XLA's thread only: BuildCopyGraph); else a copy that
-// no graph accepts fails (the handler builds every slot a call prefers before the copy thread
-// runs it: EnsureCopyGraphs).
+// peer whose update accepts these operands makes the copy; if none does (memory of a kind no
+// graph was built for), the copy fails. Never builds a graph: EnsureCopyGraphs built the
+// preferred slot before the call was handed over. `index`: the copy's place in the call
+// (timeline marks).
 cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int row, int g, int index,
                       int ordinal, int to, char* dst, const char* src, size_t bytes,
-                      bool may_build, std::string* error) {
+                      std::string* error) {
   PeerState& p = *s.peer;
-  cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + g, a.expected[g], a.spin_wait,
-                                   error);
+  cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + g, a.expected[g], false, error);
   if (err != cudaSuccess) return err;
   const bool marked = index < kTimelineCopySlots;
   if (marked) RecordTimelineMarkAt(s, row, TimelineMark(kCopyGo0 + index), p.copy_stream);
@@ -209,10 +206,7 @@ cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int row, int g,
   int k = -1;
   for (int t = 0; t < kSlots && k < 0; ++t) {  // the preferred slot first, then the others
     const int i = (preferred + t) % kSlots;
-    if (!p.copy_exec[to][i]) {
-      if (t == 0) break;  // the preferred slot is free: its graph is built below
-      continue;
-    }
+    if (!p.copy_exec[to][i]) continue;
     PeerState::CopyOperands& set = p.copy_set[to][i];
     if (set.dst == dst && set.src == src && set.bytes == bytes) {
       k = i;
@@ -231,27 +225,9 @@ cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int row, int g,
     }
   }
   if (k < 0) {
-    if (!may_build) {
-      *error = "no copy graph accepts the buffers of a copy between GPUs (memory of a kind the "
-               "graphs were not built for); FO_JAX_CE_COPY_THREAD=0 builds graphs as needed";
-      return cudaErrorInvalidValue;
-    }
-    // A new graph: in the preferred slot if free, else the next free one, else the last.
-    k = kSlots - 1;
-    for (int t = 0; t < kSlots; ++t) {
-      const int i = (preferred + t) % kSlots;
-      if (!p.copy_exec[to][i]) {
-        k = i;
-        break;
-      }
-    }
-    CopyGraph built;
-    err = BuildCopyGraph(dst, src, bytes, &built);
-    if (err != cudaSuccess) {
-      *error = Cuda("creating the graph of a copy between GPUs", err);
-      return err;
-    }
-    PublishCopyGraph(p, to, k, built, dst, src, bytes);
+    *error = "no copy graph accepts the buffers of a copy between GPUs (memory of a kind the "
+             "graphs were not built for); use OverlapConfig(transport='nccl')";
+    return cudaErrorInvalidValue;
   }
   err = cudaGraphLaunch(p.copy_exec[to][k], p.copy_stream);
   if (err != cudaSuccess) return CopyError(err, error);
@@ -376,6 +352,12 @@ struct CopyJob {
 // Receive slot of round h, step j (j = P - 1 would be the own chunk, which is not sent).
 int Slot(int P, int h, int j) { return h * (P - 1) + j; }
 
+// Byte offset of chunk (round h, owner b) in the GEMM output (the workspace; the output itself
+// for an all-reduce).
+size_t ChunkOffset(int P, int h, int b, size_t chunk_bytes) {
+  return size_t(h * P + b) * chunk_bytes;
+}
+
 // Visits a call's copies in order: round h, step j sends chunk (h, (me + 1 + j) % P) to its
 // owner's slot, group by group. Calls step(h, j, to, true) before a step's copies, copy(g, index,
 // ordinal, to, dst, src, bytes) for each (index: its place in the call, ordinal: its place among
@@ -395,7 +377,7 @@ cudaError_t ForEachCopy(const CopyJob& job, int P, int me, Step&& step, Copy&& c
       cudaError_t err = step(h, j, to, true);
       if (err != cudaSuccess) return err;
       char* dst = static_cast<char*>(job.peer_recv[to]) + Slot(P, h, j) * chunk_bytes;
-      const char* src = ws + size_t(h * P + to) * chunk_bytes;  // chunk (h, to)
+      const char* src = ws + ChunkOffset(P, h, to, chunk_bytes);
       for (int g = a.chunk_first_group[L]; g < a.chunk_first_group[L + 1]; ++g) {
         const size_t at = size_t(a.group_begin[g] - L * a.tiles_chunk) * tile_row_bytes;
         const size_t bytes = size_t(a.group_begin[g + 1] - a.group_begin[g]) * tile_row_bytes;
@@ -409,9 +391,10 @@ cudaError_t ForEachCopy(const CopyJob& job, int P, int me, Step&& step, Copy&& c
   return cudaSuccess;
 }
 
-// On XLA's thread, before the copy thread gets the call: builds the graph of every slot that one
-// of the call's copies prefers (GatedCopy) and that has none yet, from that copy's operands, so
-// that the copy thread never builds one (BuildCopyGraph says why).
+// On XLA's thread, before the call's copies are enqueued (by the copy thread or inline): builds
+// the graph of every slot that one of the call's copies prefers (GatedCopy) and that has none
+// yet, from that copy's operands, so that the copy thread never builds one (BuildCopyGraph says
+// why).
 cudaError_t EnsureCopyGraphs(CommState& s, const CopyJob& job, std::string* error) {
   PeerState& p = *s.peer;
   auto step = [](int, int, int, bool) { return cudaSuccess; };
@@ -428,7 +411,7 @@ cudaError_t EnsureCopyGraphs(CommState& s, const CopyJob& job, std::string* erro
       return err;
     }
     std::lock_guard<std::mutex> graphs(p.graph_mu);
-    PublishCopyGraph(p, to, k, built, dst, src, bytes);  // only this thread fills empty slots
+    PublishCopyGraph(p, to, k, built, dst, src, bytes);  // only XLA's thread fills slots
     return cudaSuccess;
   };
   return ForEachCopy(job, s.nranks, s.rank, step, copy);
@@ -437,8 +420,8 @@ cudaError_t EnsureCopyGraphs(CommState& s, const CopyJob& job, std::string* erro
 // On the copy stream: after XLA's inputs are ready, each step's copies once their receiver has
 // finished the previous call, each copy as soon as its group is done, then the step's arrival
 // flag; at the end, flags this rank's own copies done (the call's last band sum waits for that:
-// the copies read XLA's workspace). `may_build`: GatedCopy.
-cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, bool may_build, std::string* error) {
+// the copies read XLA's workspace).
+cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, std::string* error) {
   PeerState& p = *s.peer;
   const PeerCollectiveArgs& a = job.a;
   const int P = s.nranks, me = s.rank, H = a.rounds;
@@ -461,7 +444,7 @@ cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, bool may_build, std:
         // Only the receiver of this step must have finished reading the previous call's slots:
         // waiting for every peer before the first copy would hold the whole chain for the
         // slowest one.
-        r = EnqueueWaitGeq(cs, Region(p.sync, kRecvAcked) + to, e - 1, a.spin_wait, error);
+        r = EnqueueWaitGeq(cs, Region(p.sync, kRecvAcked) + to, e - 1, false, error);
         if (r == cudaSuccess && j == 0) RecordTimelineMarkAt(s, job.row, kCopyAcked, cs);
       }
       return r;
@@ -474,7 +457,7 @@ cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, bool may_build, std:
   };
   auto copy = [&](int g, int index, int ordinal, int to, char* dst, const char* src,
                   size_t bytes) {
-    return GatedCopy(s, a, job.row, g, index, ordinal, to, dst, src, bytes, may_build, error);
+    return GatedCopy(s, a, job.row, g, index, ordinal, to, dst, src, bytes, error);
   };
   err = ForEachCopy(job, P, me, step, copy);
   if (err != cudaSuccess) return err;
@@ -503,13 +486,15 @@ void ReleaseAfterFailure(CommState& s, const CopyJob& job) {
   PeerState& p = *s.peer;
   const int P = s.nranks, me = s.rank;
   std::string ignored;
-  for (int h = 0; h < job.a.rounds; ++h) {
-    for (int j = 0; j + 1 < P; ++j) {
-      const int to = (me + 1 + j) % P;
+  auto flag = [&](int h, int j, int to, bool begin) {
+    if (!begin) {
       (void)EnqueueWriteValue(p.copy_stream, Region(job.peer_sync[to], kArrived) + Slot(P, h, j),
                               job.epoch, &ignored);
     }
-  }
+    return cudaSuccess;
+  };
+  auto no_copy = [](int, int, int, int, char*, const char*, size_t) { return cudaSuccess; };
+  (void)ForEachCopy(job, P, me, flag, no_copy);
   (void)EnqueueWriteValue(p.copy_stream, Region(p.sync, kOwnCopies), job.epoch, &ignored);
   (void)cudaStreamWaitEvent(p.copy_stream, job.sums_ended, 0);
   (void)TellPeers(job.peer_sync, p.copy_stream, kRecvAcked, P, me, job.epoch, &ignored);
@@ -525,7 +510,7 @@ void NoteCopyFailure(PeerState& p, const std::string& what) {
 void RunCopyJob(CommState& s, const CopyJob& job) {
   PeerState& p = *s.peer;
   std::string error;
-  cudaError_t err = EnqueueCopies(s, job, /*may_build=*/false, &error);
+  cudaError_t err = EnqueueCopies(s, job, &error);
   RecordTimelineHostAt(s, job.row, kHostCopiesIssued);
   p.copy_thread->AwaitSignal(job.epoch);  // the handler recorded job.sums_ended (or failed)
   if (err == cudaSuccess) err = EnqueueAcks(s, job, &error);
@@ -580,8 +565,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   const size_t chunk_bytes = chunk_elems * 2;
   const char* ws = static_cast<const char*>(a.workspace);
   char* recv = static_cast<char*>(p.recv);
-  // Chunk (h, b) of the GEMM output (the workspace; the output itself for an all-reduce).
-  auto chunk = [&](int h, int b) { return size_t(h * P + b) * chunk_bytes; };
+  auto chunk = [&](int h, int b) { return ChunkOffset(P, h, b, chunk_bytes); };
 
   CopyJob job;
   job.a = a;
@@ -601,12 +585,12 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
       if (worker) worker->Signal(epoch);
     }
   } signal_on_exit{p.copy_thread.get(), e};
+  err = EnsureCopyGraphs(s, job, error);
+  if (err != cudaSuccess) return err;
   if (p.copy_thread) {
-    err = EnsureCopyGraphs(s, job, error);
-    if (err != cudaSuccess) return err;
     p.copy_thread->Push([&s, job] { RunCopyJob(s, job); });
   } else {
-    err = EnqueueCopies(s, job, /*may_build=*/true, error);
+    err = EnqueueCopies(s, job, error);
     if (err != cudaSuccess) return err;
   }
   RecordTimelineHost(s, kHostCopiesEnqueued);
@@ -630,18 +614,18 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
       *error = "sum stream waiting for XLA's inputs";
       return err;
     }
-    err = WaitForPeers(p, ss, kOutReady, P, me, e, a.spin_wait, error);
+    err = WaitForPeers(p, ss, kOutReady, P, me, e, error);
     if (err != cudaSuccess) return err;
     for (int h = 0; h + 1 < H; ++h) {
       const int own = h * P + P - 1;  // logical chunk (h, step P - 1)
       for (int g = a.chunk_first_group[own]; g < a.chunk_first_group[own + 1]; ++g) {
-        err = EnqueueWaitGeq(ss, a.counters + g, a.expected[g], a.spin_wait, error);
+        err = EnqueueWaitGeq(ss, a.counters + g, a.expected[g], false, error);
         if (err != cudaSuccess) return err;
       }
       const void* parts[kMaxPeerRanks];
       parts[0] = ws + chunk(h, me);
       for (int j = 0; j + 1 < P; ++j) {
-        err = EnqueueWaitGeq(ss, arrived + Slot(P, h, j), e, a.spin_wait, error);
+        err = EnqueueWaitGeq(ss, arrived + Slot(P, h, j), e, false, error);
         if (err != cudaSuccess) return err;
         parts[j + 1] = recv + Slot(P, h, j) * chunk_bytes;
       }
@@ -668,7 +652,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   const int h = H - 1;
   RecordTimelineMark(s, kGemmEnd, xla_stream);
   if (a.all_reduce) {
-    err = WaitForPeers(p, xla_stream, kOutReady, P, me, e, a.spin_wait, error);
+    err = WaitForPeers(p, xla_stream, kOutReady, P, me, e, error);
     if (err != cudaSuccess) return err;
     remote.offset_bytes = chunk(h, me);
   }
@@ -713,7 +697,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     err = TellPeers(job.peer_sync, xla_stream, kStored, P, me, e, error);
     if (err != cudaSuccess) return err;
     // An all-reduce is done when every peer's summed band has landed in this rank's output.
-    err = WaitForPeers(p, xla_stream, kStored, P, me, e, a.spin_wait, error);
+    err = WaitForPeers(p, xla_stream, kStored, P, me, e, error);
     if (err != cudaSuccess) return err;
   }
   RecordTimelineMark(s, kCallEnd, xla_stream);

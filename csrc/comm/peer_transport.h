@@ -18,7 +18,9 @@
 // GEMM, an all-reduce may visit its output in rounds of P chunks (PeerCollectiveArgs::rounds):
 // the sums and stores of every round but the last run on a second stream during the GEMM.
 //
-// Synchronization uses stream memory operations (no SM): cuStreamWaitValue32 on the GEMM's
+// Synchronization uses stream memory operations (no SM), never spin kernels (a spin kernel on the
+// copy stream needs an SM while the band sums that wait for its copies hold them: with
+// FO_JAX_SPIN_WAIT=1 that hung at TP=4, NOTES §19): cuStreamWaitValue32 on the GEMM's
 // counters and on arrival flags, cuStreamWriteValue32 to a peer's flag after the copy (the write
 // fences the copy: stream_wait.h); the band sums that follow the GEMM wait for their arrival flags
 // inside the kernel instead (band_sum.h), the last of them also for this rank's own copies (a
@@ -119,9 +121,11 @@ struct PeerState {
     size_t bytes = 0;
   };
   CopyOperands copy_set[kMaxPeerRanks][kCopyGraphs] = {};
-  std::atomic<uint64_t> copies{0};       // copies enqueued, and
-  std::atomic<uint64_t> graphs_built{0}; // copy graphs built for them, and
-  std::atomic<uint64_t> updates{0};  // graph updates made (the rest launched as set) (PeerCopyCounts)
+  // Copies enqueued, copy graphs built for them and graph updates made (the rest launched as
+  // set): PeerCopyCounts.
+  std::atomic<uint64_t> copies{0};
+  std::atomic<uint64_t> graphs_built{0};
+  std::atomic<uint64_t> updates{0};
   // Diagnostics only (DescribePeerStateForDebug): the latest call's GEMM counters (XLA's
   // memory: valid while that call runs), what they count to, and a pinned buffer and stream to
   // read flags and counters on a hung machine without any call that waits for a GPU to drain.
@@ -164,7 +168,6 @@ struct PeerCollectiveArgs {
   int chunk_first_group[kMaxGemmGroups + 1] = {};  // first group of each chunk; [chunks] = groups
   int tiles_chunk = 0;
   size_t tile_row_elems = 0;  // tile_m * N
-  bool spin_wait = false;
   // Sum the bands already received while the last one is still in flight (two passes: more
   // memory traffic, but off the critical path when the last copy outlasts the GEMM). The caller
   // decides from a timing model (fo_jax/_transport.py).

@@ -182,11 +182,6 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     msg = SetPeerGroups(peer, nranks, args.group_begin, args.num_groups, tiles_chunk,
                         static_cast<size_t>(c.tile_m) * static_cast<size_t>(N));
     if (!msg.empty()) return ffi::Error::InvalidArgument("fo_jax: copy-engine transport: " + msg);
-    // Always stream waits: a spin kernel on the copy stream needs an SM while the band sums
-    // that wait for its copies hold them (FO_JAX_SPIN_WAIT=1 with the copy thread hung at TP=4:
-    // benchmarks/NOTES.md §19); the transport needs cuStreamWriteValue32 anyway, and a driver
-    // with that has cuStreamWaitValue32.
-    peer.spin_wait = false;
     peer.split_sum = split_sum;
     const size_t band_bytes = peer.band_elems * 2;
     msg = PreparePeerTransport(*state, (nranks - 1) * band_bytes);
@@ -245,7 +240,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<ffi::Span<const int32_t>>("group_begin")   // tile-row group boundaries
         .Attr<int32_t>("sm_budget")                      // GEMM SMs (0: all)
         .Attr<int32_t>("nccl_max_ctas")                  // NCCL CTA bound (0: default)
-        .Attr<bool>("spin_wait")                         // spin kernel instead of WaitValue32
+        .Attr<bool>("spin_wait")                         // NCCL transport: spin kernel gates
         .Attr<int32_t>("transport")                      // 0 NCCL, 1 copy engine
         .Attr<int32_t>("rounds")                         // copy-engine all-reduce rounds
         .Attr<bool>("split_sum")                         // copy engine: sum in two passes
