@@ -65,6 +65,7 @@ def _overlap_abstract_eval(x, w, *, result_avals, **_):
 
 
 TRANSPORT_CODES = {"nccl": 0, "copy_engine": 1}
+SUM_SPLIT_CODES = {"one": 0, "bands": 1, "rows": 2}  # PeerCollectiveArgs::SumSplit
 
 
 def _overlap_lowering(ctx, x, w, *, result_avals, axis_name, collective, plan, nccl_max_ctas,
@@ -84,7 +85,9 @@ def _overlap_lowering(ctx, x, w, *, result_avals, axis_name, collective, plan, n
                 group_begin=np.asarray(plan.group_begin, np.int32),
                 sm_budget=np.int32(plan.sm_budget), nccl_max_ctas=np.int32(nccl_max_ctas),
                 spin_wait=bool(spin_wait), transport=np.int32(TRANSPORT_CODES[transport]),
-                rounds=np.int32(plan.rounds), split_sum=bool(plan.split_sum),
+                rounds=np.int32(plan.rounds),
+                sum_split=np.int32(SUM_SPLIT_CODES[plan.sum_split]),
+                copy_options=np.int32(int(plan.flag_stream) | 2 * int(plan.acks_first)),
                 **mesh_attrs)
 
 

@@ -96,7 +96,13 @@ class GemmPlan:
     group_begin: tuple  # tile-row boundaries of the groups, within one batch
     sm_budget: int  # > 0: SMs; 0: all; < 0: all but that many (resolved on the device)
     rounds: int = 1  # copy-engine all-reduce: rounds of the reduce + all-gather (_transport)
-    split_sum: bool = True  # copy engine: last round summed in two passes (_ce_model)
+    # Copy engine: how the last round is summed ("one" pass, by "bands": the chunks already
+    # there, then the last one, or by "rows": one pass per piece of the last chunk;
+    # csrc/comm/peer_transport.h, SumSplit), whether the copy stream's flags go on a stream of
+    # their own and whether it waits for every receiver's acknowledgement before its first copy.
+    sum_split: str = "bands"
+    flag_stream: bool = False
+    acks_first: bool = False
 
     @property
     def num_groups(self) -> int:

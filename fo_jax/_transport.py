@@ -176,6 +176,24 @@ def _explicit_bounds(text: str, chunks: int, tiles_chunk: int, cluster_m: int,
     return b
 
 
+MAX_ROW_PIECES = 16  # sums by rows: groups of the last chunk sent (its flags: kMaxPeerRanks)
+
+
+def _forced_sum_split(text: str, bounds: tuple, rounds: int, size: int, tiles_chunk: int) -> str:
+    """FO_JAX_CE_SPLIT_SUM (a measurement override): "0" one pass, "1" by bands, "rows" one pass
+    per group of the last chunk sent (at most MAX_ROW_PIECES of them)."""
+    split = {"0": "one", "1": "bands", "rows": "rows"}.get(text)
+    if split is None:
+        raise ValueError(f"FO_JAX_CE_SPLIT_SUM={text!r}: need 0, 1 or rows")
+    if split == "rows":
+        first = ((rounds - 1) * size + size - 2) * tiles_chunk  # the last chunk sent
+        pieces = sum(1 for b in bounds if first <= b < first + tiles_chunk)
+        if pieces > MAX_ROW_PIECES:
+            raise ValueError(f"FO_JAX_CE_SPLIT_SUM=rows: {pieces} groups in the last chunk sent, "
+                             f"at most {MAX_ROW_PIECES}")
+    return split
+
+
 def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size: int,
                      config: Optional[OverlapConfig]) -> _plan.GemmPlan:
     """The GEMM plan of a copy-engine call: all M rows in one batch, visited by chunk (rounds x
@@ -183,8 +201,9 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     round's own chunk comes last. Each chunk sent to a peer is one or more groups (each copied
     as soon as it is done) and the last round is summed in one or two passes, as the timing
     model of fo_jax/_ce_model.py says finishes first (FO_JAX_CE_PARTS = pieces per chunk,
-    FO_JAX_CE_BOUNDS = explicit boundaries and FO_JAX_CE_SPLIT_SUM = 0 / 1 override it, for
-    measurements). Every SM for one round; with
+    FO_JAX_CE_BOUNDS = explicit boundaries and FO_JAX_CE_SPLIT_SUM = 0 / 1 / rows override it,
+    for measurements; FO_JAX_CE_FLAG_STREAM = 1 and FO_JAX_CE_ACKS_FIRST = 1 change the copy
+    stream's program: csrc/comm/peer_transport.h). Every SM for one round; with
     more, all but ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the
     GEMM, unless config.sm_budget says otherwise."""
     index = _config_index(dtype, m_total, n, k, config)
@@ -208,11 +227,13 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     explicit = os.environ.get("FO_JAX_CE_BOUNDS", "")
     if explicit:
         bounds = _explicit_bounds(explicit, rounds * size, tiles_chunk, c["cluster_m"], max_groups)
-    forced_split = _env_flag("FO_JAX_CE_SPLIT_SUM")
-    if forced_split is not None:
-        split_sum = forced_split
+    sum_split = "bands" if split_sum else "one"
+    forced_split = os.environ.get("FO_JAX_CE_SPLIT_SUM", "")
+    if forced_split:
+        sum_split = _forced_sum_split(forced_split, bounds, rounds, size, tiles_chunk)
     sm_budget = _sm_budget(config)
     if rounds > 1 and (config is None or config.sm_budget is None):
         sm_budget = -(_env_int("FO_JAX_CE_SUM_SMS") or ROUND_SUM_SMS)
     return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm_budget, rounds,
-                          split_sum)
+                          sum_split, flag_stream=bool(_env_flag("FO_JAX_CE_FLAG_STREAM")),
+                          acks_first=bool(_env_flag("FO_JAX_CE_ACKS_FIRST")))

@@ -178,16 +178,22 @@ def test_copy_engine_all_reduce_rounds(rounds):
     _assert_all_calls_close(outs, x64, w64, tp, "all_reduce")
 
 
-@pytest.mark.parametrize("parts,split_sum", [(1, "0"), (2, "1"), (3, "0"), (4, "1")])
+@pytest.mark.parametrize("parts,split_sum,flags", [
+    (1, "0", False), (2, "1", False), (3, "0", False), (4, "1", False),
+    (2, "rows", False), (3, "rows", True), (4, "1", True)])
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
-def test_copy_engine_group_partitions(collective, parts, split_sum, monkeypatch):
+def test_copy_engine_group_partitions(collective, parts, split_sum, flags, monkeypatch):
     """Each chunk copied in 1-4 pieces (one group each, copied as soon as it is done) and the
-    last round summed in one or two passes (the forms fo_jax/_ce_model.py chooses between),
-    against the float64 product on every GPU's copy, back to back; the all-reduce in 2 rounds."""
+    last round summed in one pass, by bands or by rows (one pass per piece of the last chunk),
+    with the copy stream's flags inline or (flags) on the flag stream and every
+    acknowledgement awaited first, against the float64 product on every GPU's copy, back to
+    back; the all-reduce in 2 rounds."""
     from fo_jax import _transport
 
     monkeypatch.setenv("FO_JAX_CE_PARTS", str(parts))
     monkeypatch.setenv("FO_JAX_CE_SPLIT_SUM", split_sum)
+    monkeypatch.setenv("FO_JAX_CE_FLAG_STREAM", "1" if flags else "0")
+    monkeypatch.setenv("FO_JAX_CE_ACKS_FIRST", "1" if flags else "0")
     tp = _ntp()
     mesh = _mesh(tp)
     rounds = 2 if collective == "all_reduce" else None
@@ -199,7 +205,8 @@ def test_copy_engine_group_partitions(collective, parts, split_sum, monkeypatch)
                                        1024 // tp, tp, cfg)  # per-rank x[M, K / tp]
     h = plan.rounds
     assert plan.num_groups == h * (parts * (tp - 1) + 1), plan
-    assert plan.split_sum == (split_sum == "1")
+    assert plan.sum_split == {"0": "one", "1": "bands", "rows": "rows"}[split_sum]
+    assert plan.flag_stream == flags and plan.acks_first == flags
     f = _tp_fn(mesh, collective, config=cfg)
     outs = [f(x, w) for _ in range(20)]
     jax.block_until_ready(outs)

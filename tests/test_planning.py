@@ -198,10 +198,11 @@ def test_transport_choice(fake_cuda):
     # two groups, then one group per band, summed in two passes (_ce_model).
     plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
     assert plan.group_begin == (0, 8, 16, 32, 48, 64) and plan.sm_budget == 0
-    assert plan.rounds == 1 and plan.split_sum
+    assert plan.rounds == 1 and plan.sum_split == "bands"
+    assert not plan.flag_stream and not plan.acks_first
     # Long K: the copies hide behind the GEMM; one group per band, one sum pass.
     plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 7168, 4, None)
-    assert plan.group_begin == (0, 16, 32, 48, 64) and not plan.split_sum
+    assert plan.group_begin == (0, 16, 32, 48, 64) and plan.sum_split == "one"
     # All-reduce rounds: 4 where the GEMM dominates (16 chunks of 4 tile-rows, the GEMM on all
     # SMs but the round sums'), 2 for 32 MiB bands, 1 for smaller ones.
     plan = t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 7168, 4, None)
@@ -267,3 +268,29 @@ def test_explicit_copy_engine_bounds():
             t._explicit_bounds(bad, 4, 16, 2, 64)
     with pytest.raises(ValueError, match="at most 2 groups"):
         t._explicit_bounds("0,16,32,48,64", 4, 16, 2, 2)
+
+
+def test_copy_engine_program_overrides(fake_cuda, monkeypatch):
+    """FO_JAX_CE_SPLIT_SUM=0|1|rows, FO_JAX_CE_FLAG_STREAM and FO_JAX_CE_ACKS_FIRST (measurement
+    overrides) reach the plan; anything else, or sums by rows over more pieces than the flags
+    hold, is refused at trace time with a message."""
+    import jax.numpy as jnp
+
+    t = fake_cuda()
+    bf16 = jnp.dtype(jnp.bfloat16)
+    monkeypatch.setenv("FO_JAX_CE_BOUNDS", "0,8,16,32,40,48,64")
+    for text, split in (("0", "one"), ("1", "bands"), ("rows", "rows")):
+        monkeypatch.setenv("FO_JAX_CE_SPLIT_SUM", text)
+        plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
+        assert plan.sum_split == split and plan.group_begin == (0, 8, 16, 32, 40, 48, 64)
+    monkeypatch.setenv("FO_JAX_CE_FLAG_STREAM", "1")
+    monkeypatch.setenv("FO_JAX_CE_ACKS_FIRST", "1")
+    plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
+    assert plan.flag_stream and plan.acks_first
+    monkeypatch.setenv("FO_JAX_CE_SPLIT_SUM", "2")
+    with pytest.raises(ValueError, match="FO_JAX_CE_SPLIT_SUM='2'"):
+        t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
+    # The last chunk sent is tile-rows 64-96 of 128: 16 pieces of 2 pass, 32 of 1 do not.
+    assert t._forced_sum_split("rows", tuple(range(0, 97, 2)) + (128,), 1, 4, 32) == "rows"
+    with pytest.raises(ValueError, match="32 groups in the last chunk"):
+        t._forced_sum_split("rows", tuple(range(0, 97)) + (128,), 1, 4, 32)

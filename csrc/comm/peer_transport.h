@@ -68,7 +68,9 @@ enum PeerSyncRegion {
   kOutReady = 6,   // [q]: epoch of the output address rank q wrote into the out table
   kOutTable = 7,   // 2 regions: [j] (64-bit): output address of rank (this + 1 + j) % P
   kOwnCopies = 9,  // [0]: epoch of this rank's latest call whose pushes have all completed
-  kSyncRegions = 10,
+  kLastPieces = 10,  // [k]: epoch in which piece k of the last received chunk arrived
+                     // (SumSplit::kByRows: the sender flags each group of its last step)
+  kSyncRegions = 11,
 };
 constexpr int kMaxReceiveSlots = 4 * kMaxPeerRanks;  // rounds * (P - 1)
 
@@ -76,6 +78,12 @@ constexpr int kMaxReceiveSlots = 4 * kMaxPeerRanks;  // rounds * (P - 1)
 struct PeerState {
   cudaStream_t copy_stream = nullptr;  // highest priority
   cudaStream_t sum_stream = nullptr;  // all-reduce rounds before the last (highest priority)
+  // PeerCollectiveArgs::flag_stream: the copy thread writes the arrival flags here, each after
+  // flag_event (recorded on the copy stream after the copies it covers), so that the copy
+  // stream goes straight on to its next copy. One event serves every flag: a stream wait
+  // follows the record it was enqueued after, whatever is recorded later.
+  cudaStream_t flag_stream = nullptr;
+  cudaEvent_t flag_event = nullptr;
   cudaEvent_t sums_done = nullptr;
   // The copy stream's part of a call (copies, flags, acknowledgements: ~20 stream operations)
   // is enqueued by this thread, so that XLA's thread leaves the handler sooner (NOTES §19);
@@ -168,10 +176,22 @@ struct PeerCollectiveArgs {
   int chunk_first_group[kMaxGemmGroups + 1] = {};  // first group of each chunk; [chunks] = groups
   int tiles_chunk = 0;
   size_t tile_row_elems = 0;  // tile_m * N
-  // Sum the bands already received while the last one is still in flight (two passes: more
-  // memory traffic, but off the critical path when the last copy outlasts the GEMM). The caller
-  // decides from a timing model (fo_jax/_transport.py).
-  bool split_sum = true;
+  // How the last round is summed after the GEMM (the caller decides from a timing model,
+  // fo_jax/_transport.py). kOnePass: every part at once, once the last chunk has landed.
+  // kByBands: the chunks already received first, while the last one is in flight, then
+  // out += last (more memory traffic, but off the critical path when the last copy outlasts the
+  // GEMM). kByRows: one pass of every part per group (piece) of the last chunk, each once its
+  // piece has landed: the traffic of one pass, and after the last copy only its rows remain
+  // (one pass when that chunk is one group).
+  enum class SumSplit { kOnePass = 0, kByBands = 1, kByRows = 2 };
+  SumSplit sum_split = SumSplit::kByBands;
+  // The copy stream's flags (arrivals, own copies done) written from PeerState::flag_stream
+  // instead of between the copies (the copy stream's step boundary took ~14 us against ~6
+  // between copies of one step: benchmarks/NOTES.md §18).
+  bool flag_stream = false;
+  // Wait for every step's receiver to acknowledge the previous call before the first copy,
+  // instead of before each step's copies (one wait fewer at each step boundary).
+  bool acks_first = false;
 };
 
 // Sets args' groups from the GEMM's (group_begin[0 .. num_groups]) and its chunk -> first group

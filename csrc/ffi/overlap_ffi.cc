@@ -55,7 +55,8 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
                        ffi::Result<ffi::Buffer<ffi::U32>> counters, int32_t collective,
                        int32_t config, ffi::Span<const int32_t> group_begin, int32_t sm_budget,
                        int32_t nccl_max_ctas, bool spin_wait, int32_t transport,
-                       int32_t rounds, bool split_sum, int32_t nranks, int32_t process,
+                       int32_t rounds, int32_t sum_split, int32_t copy_options,
+                       int32_t nranks, int32_t process,
                        ffi::Span<const int32_t> mesh_process, ffi::Span<const int32_t> mesh_local,
                        ffi::Span<const int32_t> mesh_rank, ffi::Span<const int32_t> mesh_group,
                        ffi::Span<const uint8_t> unique_ids) {
@@ -182,7 +183,13 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     msg = SetPeerGroups(peer, nranks, args.group_begin, args.num_groups, tiles_chunk,
                         static_cast<size_t>(c.tile_m) * static_cast<size_t>(N));
     if (!msg.empty()) return ffi::Error::InvalidArgument("fo_jax: copy-engine transport: " + msg);
-    peer.split_sum = split_sum;
+    if (sum_split < 0 || sum_split > 2 || copy_options < 0 || copy_options > 3) {
+      return ffi::Error::InvalidArgument(
+          "fo_jax: copy-engine transport: bad sum_split / copy_options");
+    }
+    peer.sum_split = static_cast<PeerCollectiveArgs::SumSplit>(sum_split);
+    peer.flag_stream = (copy_options & 1) != 0;
+    peer.acks_first = (copy_options & 2) != 0;
     const size_t band_bytes = peer.band_elems * 2;
     msg = PreparePeerTransport(*state, (nranks - 1) * band_bytes);
     if (!msg.empty()) return ffi::Error::Internal("fo_jax: " + msg);
@@ -243,7 +250,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<bool>("spin_wait")                         // NCCL transport: spin kernel gates
         .Attr<int32_t>("transport")                      // 0 NCCL, 1 copy engine
         .Attr<int32_t>("rounds")                         // copy-engine all-reduce rounds
-        .Attr<bool>("split_sum")                         // copy engine: sum in two passes
+        .Attr<int32_t>("sum_split")                      // copy engine: 0 one pass, 1 bands,
+                                                         //   2 rows (PeerCollectiveArgs)
+        .Attr<int32_t>("copy_options")                   // copy engine: 1 flag stream,
+                                                         //   2 acks first
         .Attr<int32_t>("nranks")                         // axis size
         .Attr<int32_t>("process")                        // this process's index
         .Attr<ffi::Span<const int32_t>>("mesh_process")  // per mesh device: process index
