@@ -4,11 +4,14 @@ partition and its sum passes before the call is lowered.
 The GEMM finishes its output in visit order at a steady rate; the copy engine sends the groups
 of every chunk but the own ones one after another, each starting when its group is done (plus a
 latency) and the previous copy has ended (plus a turnaround); after the GEMM, the band sum adds
-the received chunks to the own one, in one pass once the last copy has landed, or in two (the
-chunks already there first, the last one after it lands). Rates and delays were read off the
-device timeline of 8192x8192x2048 on 4x H200 (results/overlap_profile_tp4_2026-11-21_fe573db.log,
+the received chunks to the own one, in one pass once the last copy has landed, in two (the
+chunks already there first, the last one after it lands: "bands"), or in one pass per group of
+the last chunk sent, each once its group has landed ("rows": the traffic of one pass, and only
+the last group's rows after the last copy). Rates and delays were read off the device timeline
+of 8192x8192x2048 on 4x H200 (results/overlap_profile_tp4_2026-11-21_fe573db.log,
 benchmarks/NOTES.md §9): copies of 16-32 MiB at 347-377 GB/s, 15-22 us from a group's end to its
-copy's start, 8-11 us between back-to-back copies, band sums at 3.8-4.2 TB/s of traffic.
+copy's start, 8-11 us between back-to-back copies, band sums at 3.8-4.2 TB/s of traffic. The
+model predicted the rows form at -9 us against the bands form there, as measured (NOTES §20).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ MAX_PARTS = 4  # groups per chunk tried
 @dataclass(frozen=True)
 class Prediction:
     bounds: tuple  # group boundaries, logical tile rows
-    split_sum: bool
+    sum_split: str  # "one", "bands" or "rows" (GemmPlan.sum_split)
     last_copy_s: float  # when the last copy ends, from the GEMM's start
     finish_s: float  # when the last sum pass ends
 
@@ -61,12 +64,12 @@ def partition(rounds: int, size: int, tiles_chunk: int, cluster_m: int, parts: i
     return tuple(bounds)
 
 
-def last_copy_end(bounds: tuple, rounds: int, size: int, tiles_chunk: int, chunk_bytes: int,
-                  t_gemm: float) -> float:
-    """When the copy engine finishes the last copy (seconds from the GEMM's start)."""
+def copy_ends(bounds: tuple, rounds: int, size: int, tiles_chunk: int, chunk_bytes: int,
+              t_gemm: float) -> list:
+    """(group, end) of each copy in order, end in seconds from the GEMM's start."""
     total = bounds[-1]
     row_bytes = chunk_bytes / tiles_chunk
-    free = None
+    free, ends = None, []
     for g in range(len(bounds) - 1):
         step = (bounds[g] // tiles_chunk) % size
         if step == size - 1:
@@ -75,36 +78,64 @@ def last_copy_end(bounds: tuple, rounds: int, size: int, tiles_chunk: int, chunk
         start = ready + CE_LATENCY if free is None else max(ready + CE_LATENCY,
                                                             free + CE_TURNAROUND)
         free = start + (bounds[g + 1] - bounds[g]) * row_bytes / CE_RATE
-    return free if free is not None else 0.0
+        ends.append((g, free))
+    return ends
 
 
-def sum_finish(split: bool, last_copy: float, t_gemm: float, size: int, chunk_bytes: int,
-               all_reduce: bool) -> float:
-    """When the last round's sum ends. The pass that stores (all-reduce) also moves (P - 1)
-    chunks over NVLink."""
-    stores = (size - 1) * chunk_bytes / STORE_RATE if all_reduce else 0.0
-    if not split or size <= 2:
+def last_copy_end(bounds: tuple, rounds: int, size: int, tiles_chunk: int, chunk_bytes: int,
+                  t_gemm: float) -> float:
+    """When the copy engine finishes the last copy (seconds from the GEMM's start)."""
+    ends = copy_ends(bounds, rounds, size, tiles_chunk, chunk_bytes, t_gemm)
+    return ends[-1][1] if ends else 0.0
+
+
+def last_chunk_pieces(bounds: tuple, rounds: int, size: int, tiles_chunk: int) -> list:
+    """Group indices of the last chunk sent (the last round's step P - 2)."""
+    first = ((rounds - 1) * size + size - 2) * tiles_chunk
+    return [g for g in range(len(bounds) - 1) if first <= bounds[g] < first + tiles_chunk]
+
+
+def sum_finish(split: str, ends: list, bounds: tuple, t_gemm: float, size: int, tiles_chunk: int,
+               chunk_bytes: int, all_reduce: bool, rounds: int = 1) -> float:
+    """When the last round's sum ends (split: "one", "bands" or "rows"; ends: copy_ends). The
+    passes that store (all-reduce) also move (P - 1) times their rows over NVLink."""
+    last_copy = ends[-1][1] if ends else 0.0
+    store_rate = STORE_RATE / (size - 1) if all_reduce else float("inf")
+    if split == "rows":
+        landed = dict(ends)
+        done = t_gemm
+        for g in last_chunk_pieces(bounds, rounds, size, tiles_chunk):
+            piece = (bounds[g + 1] - bounds[g]) * chunk_bytes / tiles_chunk
+            start = max(done, landed.get(g, 0.0)) + SUM_GAP
+            done = start + max((size + 1) * piece / SUM_RATE, piece / store_rate)
+        return done
+    if split == "one" or size <= 2:
         start = max(t_gemm, last_copy) + SUM_GAP
-        return start + max((size + 1) * chunk_bytes / SUM_RATE, stores)
+        return start + max((size + 1) * chunk_bytes / SUM_RATE, chunk_bytes / store_rate)
     first = t_gemm + SUM_GAP + size * chunk_bytes / SUM_RATE
     start = max(first, last_copy) + SUM_GAP
-    return start + max(3 * chunk_bytes / SUM_RATE, stores)
+    return start + max(3 * chunk_bytes / SUM_RATE, chunk_bytes / store_rate)
 
 
 def best(rounds: int, size: int, tiles_chunk: int, cluster_m: int, chunk_bytes: int,
-         t_gemm: float, all_reduce: bool, max_groups: int) -> Prediction:
+         t_gemm: float, all_reduce: bool, max_groups: int, rows: bool = True) -> Prediction:
     """The partition (pieces per chunk, first chunk halved or not) and sum passes that the model
-    says finish first; ties go to fewer groups (each costs a copy turnaround the model may
-    underrate)."""
+    says finish first (sums by rows only if `rows`); ties go to fewer groups (each costs a copy
+    turnaround the model may underrate)."""
     found = None
     for parts in range(1, MAX_PARTS + 1):
         for first_half in ((False, True) if parts == 1 else (False,)):
             bounds = partition(rounds, size, tiles_chunk, cluster_m, parts, first_half)
             if bounds is None or len(bounds) - 1 > max_groups:
                 continue
-            last = last_copy_end(bounds, rounds, size, tiles_chunk, chunk_bytes, t_gemm)
-            for split in (False, True):
-                finish = sum_finish(split, last, t_gemm, size, chunk_bytes, all_reduce)
+            ends = copy_ends(bounds, rounds, size, tiles_chunk, chunk_bytes, t_gemm)
+            last = ends[-1][1] if ends else 0.0
+            splits = ["one", "bands"]
+            if rows and len(last_chunk_pieces(bounds, rounds, size, tiles_chunk)) > 1:
+                splits.append("rows")
+            for split in splits:
+                finish = sum_finish(split, ends, bounds, t_gemm, size, tiles_chunk, chunk_bytes,
+                                    all_reduce, rounds)
                 if found is None or finish < found.finish_s - 1e-6:
                     found = Prediction(bounds, split, last, finish)
     return found

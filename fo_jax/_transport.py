@@ -202,8 +202,9 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     as soon as it is done) and the last round is summed in one or two passes, as the timing
     model of fo_jax/_ce_model.py says finishes first (FO_JAX_CE_PARTS = pieces per chunk,
     FO_JAX_CE_BOUNDS = explicit boundaries and FO_JAX_CE_SPLIT_SUM = 0 / 1 / rows override it,
-    for measurements; FO_JAX_CE_FLAG_STREAM = 1 and FO_JAX_CE_ACKS_FIRST = 1 change the copy
-    stream's program: csrc/comm/peer_transport.h). Every SM for one round; with
+    for measurements; FO_JAX_CE_SUM_ROWS = 0 keeps the model from sums by rows, and
+    FO_JAX_CE_FLAG_STREAM = 0 and FO_JAX_CE_ACKS_FIRST = 0 restore the copy stream's former
+    program: csrc/comm/peer_transport.h). Every SM for one round; with
     more, all but ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the
     GEMM, unless config.sm_budget says otherwise."""
     index = _config_index(dtype, m_total, n, k, config)
@@ -217,8 +218,9 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     all_reduce = collective == "all_reduce"
     max_groups = int(_cuda.module().max_gemm_groups())
     pred = _ce_model.best(rounds, size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
-                          all_reduce, max_groups)
-    bounds, split_sum = pred.bounds, pred.split_sum
+                          all_reduce, max_groups,
+                          rows=_env_flag("FO_JAX_CE_SUM_ROWS") is not False)
+    bounds, sum_split = pred.bounds, pred.sum_split
     parts = _env_int("FO_JAX_CE_PARTS")
     if parts is not None:
         forced = _ce_model.partition(rounds, size, tiles_chunk, c["cluster_m"], parts, False)
@@ -227,7 +229,6 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     explicit = os.environ.get("FO_JAX_CE_BOUNDS", "")
     if explicit:
         bounds = _explicit_bounds(explicit, rounds * size, tiles_chunk, c["cluster_m"], max_groups)
-    sum_split = "bands" if split_sum else "one"
     forced_split = os.environ.get("FO_JAX_CE_SPLIT_SUM", "")
     if forced_split:
         sum_split = _forced_sum_split(forced_split, bounds, rounds, size, tiles_chunk)
@@ -235,5 +236,5 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     if rounds > 1 and (config is None or config.sm_budget is None):
         sm_budget = -(_env_int("FO_JAX_CE_SUM_SMS") or ROUND_SUM_SMS)
     return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm_budget, rounds,
-                          sum_split, flag_stream=bool(_env_flag("FO_JAX_CE_FLAG_STREAM")),
-                          acks_first=bool(_env_flag("FO_JAX_CE_ACKS_FIRST")))
+                          sum_split, flag_stream=_env_flag("FO_JAX_CE_FLAG_STREAM") is not False,
+                          acks_first=_env_flag("FO_JAX_CE_ACKS_FIRST") is not False)

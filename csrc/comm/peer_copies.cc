@@ -286,7 +286,7 @@ cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, std::string* error) 
     if (err != cudaSuccess) return err;
     RecordTimelineMarkAt(s, job.row, kCopyAcked, cs);
   }
-  FlagWriter flags{p, a.flag_stream, error};
+  FlagWriter flags{p, a.flag_stream, error}, inline_flags{p, false, error};
   const int last = LastSentChunk(P, H);
   const bool by_rows = a.sum_split == PeerCollectiveArgs::SumSplit::kByRows;
   auto step = [&](int h, int j, int to, bool begin) {
@@ -298,20 +298,22 @@ cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, std::string* error) 
       }
       return r;
     }
+    // The last step's flags stay on the copy stream, which has nothing left to do: the flag
+    // stream's event adds ~5 us between a copy's end and its flag (results/
+    // timeline_probe_tp4_2026-11-22_a349b20.log), and the call's last sums wait for these.
     const bool last_step = h * P + j == last;
-    r = flags.Fence();
+    FlagWriter& w = last_step ? inline_flags : flags;
+    r = w.Fence();
     if (r == cudaSuccess && last_step && by_rows) {  // the step's last piece (the others: copy)
       const int pieces = a.chunk_first_group[last + 1] - a.chunk_first_group[last];
-      r = flags.Write(Region(job.peer_sync[to], kLastPieces) + pieces - 1, e);
+      r = w.Write(Region(job.peer_sync[to], kLastPieces) + pieces - 1, e);
     }
-    if (r == cudaSuccess) {
-      r = flags.Write(Region(job.peer_sync[to], kArrived) + Slot(P, h, j), e);
-    }
+    if (r == cudaSuccess) r = w.Write(Region(job.peer_sync[to], kArrived) + Slot(P, h, j), e);
     if (r == cudaSuccess && h == H - 1 && j < kTimelineCopySlots) {
-      RecordTimelineMarkAt(s, job.row, TimelineMark(kCopySent0 + j), flags.stream());
+      RecordTimelineMarkAt(s, job.row, TimelineMark(kCopySent0 + j), w.stream());
     }
     // After the call's last copy: this rank's own copies are done (its last band sum waits).
-    if (r == cudaSuccess && last_step) r = flags.Write(Region(p.sync, kOwnCopies), e);
+    if (r == cudaSuccess && last_step) r = w.Write(Region(p.sync, kOwnCopies), e);
     return r;
   };
   auto copy = [&](int g, int index, int ordinal, int to, char* dst, const char* src,

@@ -502,6 +502,7 @@ std::string DescribePeerStateForDebug(CommState& s) {
   list("stored", host + kStored * kMaxPeerRanks, P);
   list("out_ready", host + kOutReady * kMaxPeerRanks, P);
   list("own_copies", host + kOwnCopies * kMaxPeerRanks, 1);
+  list("last_pieces", host + kLastPieces * kMaxPeerRanks, kMaxPeerRanks);
   if (groups > 0) {  // the latest call's GEMM progress (XLA may have reused the memory since)
     list("last_call_counters", host + words, groups);
     list("of", p.last_expected, groups);

@@ -185,9 +185,9 @@ struct PeerCollectiveArgs {
   // (one pass when that chunk is one group).
   enum class SumSplit { kOnePass = 0, kByBands = 1, kByRows = 2 };
   SumSplit sum_split = SumSplit::kByBands;
-  // The copy stream's flags (arrivals, own copies done) written from PeerState::flag_stream
-  // instead of between the copies (the copy stream's step boundary took ~14 us against ~6
-  // between copies of one step: benchmarks/NOTES.md §18).
+  // The copy stream's flags written from PeerState::flag_stream instead of between the copies
+  // (the copy stream's step boundary took ~14 us against ~6 between copies of one step:
+  // benchmarks/NOTES.md §18), except the last step's, which nothing follows.
   bool flag_stream = false;
   // Wait for every step's receiver to acknowledge the previous call before the first copy,
   // instead of before each step's copies (one wait fewer at each step boundary).
