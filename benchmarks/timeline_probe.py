@@ -115,6 +115,7 @@ def main():
     fns = {v: benchlib.build_rs_variant(mesh, v, x, w) for v in a.variants}
     mod = _cuda.module()
     marks = mod.timeline_marks()
+    os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "timeline_probe.jsonl")
     with open(path, "a") as log:
         for pause in (0.0, 0.02):

@@ -5,8 +5,9 @@
 // rank's receive slot j, group by group as the groups' counters fill (a band is one or more
 // groups); all ranks together form a permutation per step (each GPU sends to one peer and
 // receives from one). The own band needs no communication; band-sum kernels on XLA's stream add
-// the P - 1 received bands to it (in one pass, or those already there while the last one is in
-// flight, then the last). That is the reduce-scatter.
+// the P - 1 received bands to it (in one pass; or those already there while the last one is in
+// flight, then the last; or one pass of all of them per piece of the last band, as each piece
+// lands: PeerCollectiveArgs::sum_split). That is the reduce-scatter.
 //
 // All-reduce = that reduce-scatter with the GEMM writing straight into the output, then an
 // all-gather by the SMs (idle once the GEMM is done): the last band-sum pass stores the summed
