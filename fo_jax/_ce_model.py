@@ -10,8 +10,9 @@ the last chunk sent, each once its group has landed ("rows": the traffic of one 
 the last group's rows after the last copy). Rates and delays were read off the device timeline
 of 8192x8192x2048 on 4x H200 (results/overlap_profile_tp4_2026-11-21_fe573db.log,
 benchmarks/NOTES.md §9): copies of 16-32 MiB at 347-377 GB/s, 15-22 us from a group's end to its
-copy's start, 8-11 us between back-to-back copies, band sums at 3.8-4.2 TB/s of traffic. The
-model predicted the rows form at -9 us against the bands form there, as measured (NOTES §20).
+copy's start, 8-11 us between back-to-back copies, band sums at 3.8-4.2 TB/s of traffic. There
+the model puts the rows form 13 us ahead of the bands form; measured: 9-17 us of device period
+(NOTES §20; the row passes ran slower than SUM_RATE, ~2.7-3 TB/s right after the GEMM).
 """
 
 from __future__ import annotations

@@ -186,8 +186,7 @@ def _forced_sum_split(text: str, bounds: tuple, rounds: int, size: int, tiles_ch
     if split is None:
         raise ValueError(f"FO_JAX_CE_SPLIT_SUM={text!r}: need 0, 1 or rows")
     if split == "rows":
-        first = ((rounds - 1) * size + size - 2) * tiles_chunk  # the last chunk sent
-        pieces = sum(1 for b in bounds if first <= b < first + tiles_chunk)
+        pieces = len(_ce_model.last_chunk_pieces(bounds, rounds, size, tiles_chunk))
         if pieces > MAX_ROW_PIECES:
             raise ValueError(f"FO_JAX_CE_SPLIT_SUM=rows: {pieces} groups in the last chunk sent, "
                              f"at most {MAX_ROW_PIECES}")

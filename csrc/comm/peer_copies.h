@@ -38,6 +38,14 @@ inline size_t ChunkOffset(int P, int h, int b, size_t chunk_bytes) {
 // Logical chunk of the last round's last step: the chunk whose arrival the last sum waits for.
 inline int LastSentChunk(int P, int rounds) { return (rounds - 1) * P + P - 2; }
 
+// Group g's place among the groups (pieces) of that chunk, or -1 if it is not one of them:
+// SumSplit::kByRows flags each piece on landing (Region kLastPieces + piece).
+inline int LastChunkPiece(const PeerCollectiveArgs& a, int P, int g) {
+  const int first = a.chunk_first_group[LastSentChunk(P, a.rounds)];
+  const int end = a.chunk_first_group[LastSentChunk(P, a.rounds) + 1];
+  return g >= first && g < end ? g - first : -1;
+}
+
 // Enqueues *Region(peer q's sync, region)[me] = e for every peer q (after the stream's earlier
 // work: stream_wait.h).
 cudaError_t TellPeers(uint32_t* const* peer_sync, cudaStream_t stream, PeerSyncRegion region,

@@ -100,7 +100,6 @@ cudaError_t Join(cudaStream_t xla_stream, cudaEvent_t done, std::string* error) 
   return err;
 }
 
-
 // The last round's band sums on XLA's stream, after the GEMM (whose last chunk is this rank's
 // own): out = own chunk + the P - 1 received ones (slots, consecutive from `slots`), in the
 // passes a.sum_split asks for (PeerCollectiveArgs). Each pass waits for its arrival flags inside
@@ -142,7 +141,9 @@ cudaError_t EnqueueLastRoundSums(CommState& s, cudaStream_t stream, const PeerCo
       err = LaunchBandSum(stream, a.dtype, parts, P, out + off * 2, count, error, 0, rows, wait,
                           /*from_end=*/true);
       if (err != cudaSuccess) return err;
-      RecordTimelineMark(s, k == 0 ? kFirstSumEnd : kSecondSumEnd, stream);
+      if (k == 0 || k + 1 == pieces) {
+        RecordTimelineMark(s, k == 0 ? kFirstSumEnd : kSecondSumEnd, stream);
+      }
     }
     return cudaSuccess;
   }
@@ -171,6 +172,7 @@ cudaError_t EnqueueLastRoundSums(CommState& s, cudaStream_t stream, const PeerCo
   RecordTimelineMark(s, kSecondSumEnd, stream);
   return cudaSuccess;
 }
+
 }  // namespace
 
 std::string PreparePeerTransport(CommState& s, size_t recv_bytes) {

@@ -39,8 +39,9 @@ struct ArrivalWait {
   const uint32_t* flags = nullptr;
   int count = 0;
   uint32_t value = 0;
-  // One more flag to wait for (*also >= value) that need not follow `flags`: the copy-engine
-  // transport's "this GPU's own pushes are done", so XLA's stream needs no wait of its own.
+  // One more flag to wait for (*also >= value) that need not follow `flags`, e.g. the copy-engine
+  // transport's "this GPU's own pushes are done" (so XLA's stream needs no wait of its own) or
+  // a piece of the last band that landed.
   const uint32_t* also = nullptr;
 };
 // `from_end`: the blocks sweep the band from its last vector to its first (else first to last),
