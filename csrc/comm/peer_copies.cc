@@ -283,12 +283,8 @@ cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, std::string* error) 
     if (err != cudaSuccess) return err;
     RecordTimelineMarkAt(s, job.row, kCopyAcked, cs);
   }
-  // Flags written after the call's last copy stay on the copy stream, which has nothing left to
-  // do: the flag stream's event adds ~5 us between a copy's end and its flag (results/
-  // timeline_probe_tp4_2026-11-22_a349b20.log), and the call's last sums wait for these.
-  FlagWriter flags{p, a.flag_stream, error}, after_last_copy{p, false, error};
+  FlagWriter flags{p, a.flag_stream, error}, inline_flags{p, false, error};
   const int last = LastSentChunk(P, H);
-  const int last_group = a.chunk_first_group[last + 1] - 1;
   const bool by_rows = a.sum_split == PeerCollectiveArgs::SumSplit::kByRows;
   auto step = [&](int h, int j, int to, bool begin) {
     cudaError_t r = cudaSuccess;
@@ -299,9 +295,16 @@ cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, std::string* error) 
       }
       return r;
     }
+    // The last step's flags stay on the copy stream, which has nothing left to do: the flag
+    // stream's event adds ~5 us between a copy's end and its flag (results/
+    // timeline_probe_tp4_2026-11-22_a349b20.log), and the call's last sums wait for these.
     const bool last_step = h * P + j == last;
-    FlagWriter& w = last_step ? after_last_copy : flags;
+    FlagWriter& w = last_step ? inline_flags : flags;
     r = w.Fence();
+    if (r == cudaSuccess && last_step && by_rows) {  // the step's last piece (the others: copy)
+      const int pieces = a.chunk_first_group[last + 1] - a.chunk_first_group[last];
+      r = w.Write(Region(job.peer_sync[to], kLastPieces) + pieces - 1, e);
+    }
     if (r == cudaSuccess) r = w.Write(Region(job.peer_sync[to], kArrived) + Slot(P, h, j), e);
     if (r == cudaSuccess && h == H - 1 && j < kTimelineCopySlots) {
       RecordTimelineMarkAt(s, job.row, TimelineMark(kCopySent0 + j), w.stream());
@@ -313,11 +316,15 @@ cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, std::string* error) 
   auto copy = [&](int g, int index, int ordinal, int to, char* dst, const char* src,
                   size_t bytes) {
     cudaError_t r = GatedCopy(s, a, job.row, g, index, ordinal, to, dst, src, bytes, error);
-    const int k = by_rows ? LastChunkPiece(a, P, g) : -1;
-    if (r == cudaSuccess && k >= 0) {  // kByRows: each piece of the last chunk as it lands
-      FlagWriter& w = g == last_group ? after_last_copy : flags;
-      r = w.Fence();
-      if (r == cudaSuccess) r = w.Write(Region(job.peer_sync[to], kLastPieces) + k, e);
+    // kByRows: each piece of the last step but its last is flagged as soon as it lands (the
+    // last one with the step's flag).
+    if (r == cudaSuccess && by_rows && g >= a.chunk_first_group[last] &&
+        g + 1 < a.chunk_first_group[last + 1]) {
+      r = flags.Fence();
+      if (r == cudaSuccess) {
+        r = flags.Write(Region(job.peer_sync[to], kLastPieces) + g - a.chunk_first_group[last],
+                        e);
+      }
     }
     return r;
   };
