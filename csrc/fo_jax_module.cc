@@ -54,6 +54,7 @@ NB_MODULE(_fo_jax_cuda, m) {
       d["cluster_m"] = c.cluster_m;
       d["cluster_n"] = c.cluster_n;
       d["pingpong"] = c.pingpong;
+      d["takes_addends"] = fo_jax::GemmConfigTakesAddends(i);
       configs.append(d);
     }
     return configs;

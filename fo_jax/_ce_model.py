@@ -97,32 +97,37 @@ def last_chunk_pieces(bounds: tuple, rounds: int, size: int, tiles_chunk: int) -
 
 
 def sum_finish(split: str, ends: list, bounds: tuple, t_gemm: float, size: int, tiles_chunk: int,
-               chunk_bytes: int, all_reduce: bool, rounds: int = 1) -> float:
+               chunk_bytes: int, all_reduce: bool, rounds: int = 1,
+               epilogue_parts: int = 0) -> float:
     """When the last round's sum ends (split: "one", "bands" or "rows"; ends: copy_ends). The
-    passes that store (all-reduce) also move (P - 1) times their rows over NVLink."""
+    passes that store (all-reduce) also move (P - 1) times their rows over NVLink. The first
+    epilogue_parts received chunks are already in the own one (the GEMM's epilogue added them):
+    the passes read that many chunks less."""
     last_copy = ends[-1][1] if ends else 0.0
     store_rate = STORE_RATE / (size - 1) if all_reduce else float("inf")
+    reads = size - epilogue_parts  # chunks a pass reads: the own one and those not yet added
     if split == "rows":
         landed = dict(ends)
         done = t_gemm
         for g in last_chunk_pieces(bounds, rounds, size, tiles_chunk):
             piece = (bounds[g + 1] - bounds[g]) * chunk_bytes / tiles_chunk
             start = max(done, landed.get(g, 0.0)) + SUM_GAP
-            done = start + max((size + 1) * piece / SUM_RATE, piece / store_rate)
+            done = start + max((reads + 1) * piece / SUM_RATE, piece / store_rate)
         return done
-    if split == "one" or size <= 2:
+    if split == "one" or reads <= 2:
         start = max(t_gemm, last_copy) + SUM_GAP
-        return start + max((size + 1) * chunk_bytes / SUM_RATE, chunk_bytes / store_rate)
-    first = t_gemm + SUM_GAP + size * chunk_bytes / SUM_RATE
+        return start + max((reads + 1) * chunk_bytes / SUM_RATE, chunk_bytes / store_rate)
+    first = t_gemm + SUM_GAP + reads * chunk_bytes / SUM_RATE
     start = max(first, last_copy) + SUM_GAP
     return start + max(3 * chunk_bytes / SUM_RATE, chunk_bytes / store_rate)
 
 
 def best(rounds: int, size: int, tiles_chunk: int, cluster_m: int, chunk_bytes: int,
-         t_gemm: float, all_reduce: bool, max_groups: int, rows: bool = True) -> Prediction:
+         t_gemm: float, all_reduce: bool, max_groups: int, rows: bool = True,
+         epilogue_parts: int = 0) -> Prediction:
     """The partition (pieces per chunk, first chunk halved or not) and sum passes that the model
-    says finish first (sums by rows only if `rows`); ties go to fewer groups (each costs a copy
-    turnaround the model may underrate)."""
+    says finish first (sums by rows only if `rows`; epilogue_parts: sum_finish); ties go to fewer
+    groups (each costs a copy turnaround the model may underrate)."""
     found = None
     for parts in range(1, MAX_PARTS + 1):
         for first_half in ((False, True) if parts == 1 else (False,)):
@@ -136,7 +141,7 @@ def best(rounds: int, size: int, tiles_chunk: int, cluster_m: int, chunk_bytes: 
                 splits.append("rows")
             for split in splits:
                 finish = sum_finish(split, ends, bounds, t_gemm, size, tiles_chunk, chunk_bytes,
-                                    all_reduce, rounds)
+                                    all_reduce, rounds, epilogue_parts)
                 if found is None or finish < found.finish_s - 1e-6:
                     found = Prediction(bounds, split, last, finish)
     return found

@@ -103,6 +103,9 @@ class GemmPlan:
     sum_split: str = "bands"
     flag_stream: bool = False
     acks_first: bool = False
+    # Copy engine: received chunks (0 or 1: the one received first) that the GEMM's epilogue adds
+    # to the own chunk, so that the sums after the GEMM read one chunk less.
+    epilogue_parts: int = 0
 
     @property
     def num_groups(self) -> int:

@@ -193,6 +193,32 @@ def _forced_sum_split(text: str, bounds: tuple, rounds: int, size: int, tiles_ch
     return split
 
 
+# The first received chunk of the last round is added by the GEMM's epilogue only if the model
+# has it landing at least this long before the GEMM reaches the own chunk (the GEMM's epilogue
+# would wait for it otherwise; the GPUs start up to ~25 us apart: benchmarks/NOTES.md §20).
+EPILOGUE_PART_SLACK_S = 40e-6
+
+
+def _epilogue_parts(c: dict, size: int, rounds: int, tiles_chunk: int, chunk_bytes: int,
+                    t_gemm: float, bounds: tuple) -> int:
+    """1 if the GEMM's epilogue should add the chunk received first in the last round to the own
+    chunk (csrc/comm/peer_transport.h, epilogue_parts), else 0: it needs 3 or more ranks (with 2
+    the only received chunk is the last one), a GEMM config with an addend kernel, and the chunk
+    landing (fo_jax/_ce_model.py) EPILOGUE_PART_SLACK_S before the own chunk's first tile.
+    FO_JAX_CE_EPILOGUE_PARTS = 0 / 1 overrides the timing rule (a measurement override)."""
+    if size < 3 or not c.get("takes_addends", False):
+        return 0
+    forced = _env_flag("FO_JAX_CE_EPILOGUE_PARTS")
+    if forced is not None:
+        return int(forced)
+    first = ((rounds - 1) * size) * tiles_chunk  # the last round's step 0, logical tile rows
+    ends = _ce_model.copy_ends(bounds, rounds, size, tiles_chunk, chunk_bytes, t_gemm)
+    landed = max((end for g, end in ends if first <= bounds[g] < first + tiles_chunk),
+                 default=None)
+    own_start = t_gemm * (rounds * size - 1) / (rounds * size)
+    return int(landed is not None and landed + EPILOGUE_PART_SLACK_S <= own_start)
+
+
 def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size: int,
                      config: Optional[OverlapConfig]) -> _plan.GemmPlan:
     """The GEMM plan of a copy-engine call: all M rows in one batch, visited by chunk (rounds x
@@ -203,8 +229,9 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     FO_JAX_CE_BOUNDS = explicit boundaries and FO_JAX_CE_SPLIT_SUM = 0 / 1 / rows override it,
     for measurements; FO_JAX_CE_SUM_ROWS = 0 keeps the model from sums by rows, and
     FO_JAX_CE_FLAG_STREAM = 0 and FO_JAX_CE_ACKS_FIRST = 0 restore the copy stream's former
-    program: csrc/comm/peer_transport.h). Every SM for one round; with
-    more, all but ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the
+    program: csrc/comm/peer_transport.h; the GEMM's epilogue adds the first received chunk
+    where _epilogue_parts says so, FO_JAX_CE_EPILOGUE_PARTS = 0 / 1 overrides it). Every SM for
+    one round; with more, all but ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the
     GEMM, unless config.sm_budget says otherwise."""
     index = _config_index(dtype, m_total, n, k, config)
     c = _plan.gemm_configs()[index]
@@ -216,9 +243,14 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     t_gemm = _plan.estimate_seconds(collective, m_total, n, k)[0]
     all_reduce = collective == "all_reduce"
     max_groups = int(_cuda.module().max_gemm_groups())
+    rows = _env_flag("FO_JAX_CE_SUM_ROWS") is not False
     pred = _ce_model.best(rounds, size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
-                          all_reduce, max_groups,
-                          rows=_env_flag("FO_JAX_CE_SUM_ROWS") is not False)
+                          all_reduce, max_groups, rows=rows)
+    epilogue_parts = _epilogue_parts(c, size, rounds, tiles_chunk, chunk_bytes, t_gemm,
+                                     pred.bounds)
+    if epilogue_parts:
+        pred = _ce_model.best(rounds, size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
+                              all_reduce, max_groups, rows=rows, epilogue_parts=epilogue_parts)
     bounds, sum_split = pred.bounds, pred.sum_split
     parts = _env_int("FO_JAX_CE_PARTS")
     if parts is not None:
@@ -236,4 +268,5 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
         sm_budget = -(_env_int("FO_JAX_CE_SUM_SMS") or ROUND_SUM_SMS)
     return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm_budget, rounds,
                           sum_split, flag_stream=_env_flag("FO_JAX_CE_FLAG_STREAM") is not False,
-                          acks_first=_env_flag("FO_JAX_CE_ACKS_FIRST") is not False)
+                          acks_first=_env_flag("FO_JAX_CE_ACKS_FIRST") is not False,
+                          epilogue_parts=epilogue_parts)

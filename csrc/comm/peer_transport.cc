@@ -112,13 +112,17 @@ cudaError_t EnqueueLastRoundSums(CommState& s, cudaStream_t stream, const PeerCo
   const int P = s.nranks, h = a.rounds - 1;
   const size_t chunk_elems = a.band_elems / a.rounds;
   const size_t chunk_bytes = chunk_elems * 2;
-  const uint32_t* arrived = Region(p.sync, kArrived) + Slot(P, h, 0);  // slot j: arrived[j]
+  // The GEMM's epilogue added the first E received chunks to the own one: the sums read slots
+  // E .. P - 2 (and wait for their flags) only.
+  const int E = a.epilogue_parts;
+  slots += E * chunk_bytes;
+  const uint32_t* arrived = Region(p.sync, kArrived) + Slot(P, h, E);  // slot E + j: arrived[j]
   const uint32_t* own_copies = Region(p.sync, kOwnCopies);
   using Split = PeerCollectiveArgs::SumSplit;
   const int L = LastSentChunk(P, a.rounds);
   const int pieces = a.chunk_first_group[L + 1] - a.chunk_first_group[L];
   Split split = a.sum_split;
-  if ((split == Split::kByBands && P == 2) || (split == Split::kByRows && pieces == 1)) {
+  if ((split == Split::kByBands && P - E == 2) || (split == Split::kByRows && pieces == 1)) {
     split = Split::kOnePass;  // the same passes
   }
   const void* parts[kMaxPeerRanks];
@@ -132,14 +136,14 @@ cudaError_t EnqueueLastRoundSums(CommState& s, cudaStream_t stream, const PeerCo
       const size_t off = size_t(a.group_begin[g] - L * a.tiles_chunk) * a.tile_row_elems;
       const size_t count = size_t(a.group_begin[g + 1] - a.group_begin[g]) * a.tile_row_elems;
       parts[0] = own + off * 2;
-      for (int j = 0; j + 1 < P; ++j) parts[j + 1] = slots + j * chunk_bytes + off * 2;
+      for (int j = 0; j + 1 < P - E; ++j) parts[j + 1] = slots + j * chunk_bytes + off * 2;
       const ArrivalWait wait =
-          k == 0 ? ArrivalWait{arrived, P - 2, e, piece_flags}
+          k == 0 ? ArrivalWait{arrived, P - 2 - E, e, piece_flags}
                  : ArrivalWait{piece_flags + k, 1, e, k + 1 == pieces ? own_copies : nullptr};
       RemoteOutputs rows = remote;
       rows.offset_bytes += off * 2;
-      err = LaunchBandSum(stream, a.dtype, parts, P, out + off * 2, count, error, 0, rows, wait,
-                          /*from_end=*/true);
+      err = LaunchBandSum(stream, a.dtype, parts, P - E, out + off * 2, count, error, 0, rows,
+                          wait, /*from_end=*/true);
       if (err != cudaSuccess) return err;
       if (k == 0 || k + 1 == pieces) {
         RecordTimelineMark(s, k == 0 ? kFirstSumEnd : kSecondSumEnd, stream);
@@ -151,7 +155,7 @@ cudaError_t EnqueueLastRoundSums(CommState& s, cudaStream_t stream, const PeerCo
   // last one is in flight, then out += last chunk (at 8192x8192x2048 the last copy ended ~30 us
   // after the GEMM; when the copies end with the GEMM one pass moves fewer bytes).
   const bool bands = split == Split::kByBands;
-  const int early = bands ? P - 2 : P - 1;  // received chunks summed in the first pass
+  const int early = bands ? P - 2 - E : P - 1 - E;  // received chunks summed in the first pass
   parts[0] = own;
   for (int j = 0; j < early; ++j) parts[j + 1] = slots + j * chunk_bytes;
   // The first pass sweeps from the band's end: the GEMM wrote the own chunk's last rows last, so
@@ -165,9 +169,9 @@ cudaError_t EnqueueLastRoundSums(CommState& s, cudaStream_t stream, const PeerCo
   if (!bands) return cudaSuccess;
   // out = out + last chunk, elementwise in place (each element read before it is written, by
   // the same thread).
-  const void* last[2] = {out, slots + (P - 2) * chunk_bytes};
+  const void* last[2] = {out, slots + (P - 2 - E) * chunk_bytes};
   err = LaunchBandSum(stream, a.dtype, last, 2, out, chunk_elems, error, 0, remote,
-                      ArrivalWait{arrived + P - 2, 1, e, own_copies});
+                      ArrivalWait{arrived + P - 2 - E, 1, e, own_copies});
   if (err != cudaSuccess) return err;
   RecordTimelineMark(s, kSecondSumEnd, stream);
   return cudaSuccess;
@@ -274,6 +278,27 @@ std::string PeerAccessProblem(const std::vector<int>& ordinals) {
   return "";
 }
 
+std::string SetGemmAddends(CommState& s, const PeerCollectiveArgs& a, int tiles_chunk,
+                           SignalingGemmArgs& gemm) {
+  const int P = s.nranks, H = a.rounds;
+  if (a.epilogue_parts == 0) return "";
+  if (a.epilogue_parts != 1 || P < 3) return "epilogue_parts must be 0, or 1 with 3 or more ranks";
+  if (!s.peer || s.peer->recv == nullptr) return "epilogue addends before PreparePeerTransport";
+  if (!GemmConfigTakesAddends(gemm.config)) {
+    return std::string("GEMM config ") + GetGemmConfig(gemm.config).name +
+           " has no kernel with addends (epilogue_parts)";
+  }
+  PeerState& p = *s.peer;
+  const size_t chunk_bytes = a.band_elems / H * 2;
+  const int slot = Slot(P, H - 1, 0);
+  gemm.num_addends = 1;
+  gemm.addend_first_tile_row = (H * P - 1) * tiles_chunk;
+  gemm.addends[0] = static_cast<const char*>(p.recv) + slot * chunk_bytes;
+  gemm.addend_flags[0] = Region(p.sync, kArrived) + slot;
+  gemm.addend_flag_value = p.epoch + 1;  // EnqueuePeerCollective's ++p.epoch
+  return "";
+}
+
 cudaEvent_t NextPeerInputsEvent(CommState& s) {
   PeerState& p = *s.peer;
   if (p.copy_thread) p.copy_thread->WaitPending(PeerState::kCallEvents - 1);
@@ -303,6 +328,11 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     return cudaErrorInvalidValue;
   }
   const int L = LastSentChunk(P, H);
+  if (a.epilogue_parts < 0 || a.epilogue_parts > P - 2 ||
+      a.epilogue_parts > SignalingGemmArgs::kMaxAddends) {
+    *error = "copy-engine transport: epilogue_parts must be 0 or 1 and at most P - 2";
+    return cudaErrorInvalidValue;
+  }
   if (a.sum_split == PeerCollectiveArgs::SumSplit::kByRows &&
       a.chunk_first_group[L + 1] - a.chunk_first_group[L] > kMaxPeerRanks) {
     *error = "copy-engine transport: sums by rows take at most " +

@@ -193,7 +193,21 @@ struct PeerCollectiveArgs {
   // Wait for every step's receiver to acknowledge the previous call before the first copy,
   // instead of before each step's copies (one wait fewer at each step boundary).
   bool acks_first = false;
+  // Received chunks of the last round that the GEMM's epilogue has already added to the own
+  // chunk (0 or 1: the one received first, slot 0 of the last round; SetGemmAddends gives the
+  // GEMM its address and flag): the sums after the GEMM read one chunk less. It lands while
+  // the GEMM still computes the other chunks (at 8192x8192x2048 ~170 us before the own band).
+  int epilogue_parts = 0;
 };
+
+// For args.epilogue_parts == 1: sets the GEMM's addend to the last round's first receive slot
+// (the chunk received first) and its arrival flag, for the call that EnqueuePeerCollective
+// enqueues next (the next epoch: call it right before that GEMM, under the state's lock), and
+// addend_first_tile_row to the first logical tile-row of the last round's own chunk. Needs a
+// reduce-scatter or all-reduce of P >= 3 (with P = 2 the only received chunk is the last one),
+// PreparePeerTransport done and the GEMM config's addend kernel. "" or why not.
+std::string SetGemmAddends(CommState& state, const PeerCollectiveArgs& args, int tiles_chunk,
+                           SignalingGemmArgs& gemm);
 
 // Sets args' groups from the GEMM's (group_begin[0 .. num_groups]) and its chunk -> first group
 // map; args.rounds and band_elems must be set. "" or why the groups do not refine the rounds x P
@@ -217,7 +231,7 @@ cudaEvent_t NextPeerInputsEvent(CommState& state);
 // counters zeroed, NextPeerInputsEvent's event recorded, then the GEMM launched with
 // rotate_tile_rows = ((rank + 1) % P) * chunk tile-rows and the groups given to SetPeerGroups.
 // Enqueues (or has the copy thread enqueue) the copies and the acknowledgements on the copy
-// stream, the band sums (with the stores of an all-reduce) on `xla_stream` (the rounds before
+// stream, the band sums (without the chunks the GEMM's epilogue added: epilogue_parts) (with the stores of an all-reduce) on `xla_stream` (the rounds before
 // the last on the sum stream); the last sum also waits for this rank's own copies (they read the
 // workspace), and an all-reduce's end for the peers' stores.
 cudaError_t EnqueuePeerCollective(CommState& state, cudaStream_t xla_stream,

@@ -51,6 +51,11 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 int NumGemmConfigs() { return kNumConfigs; }
 
+bool GemmConfigTakesAddends(int config) {
+  return config >= 0 && config < kNumConfigs && detail::kRunGemmSource_bf16[config] != nullptr &&
+         detail::kRunGemmSource_f16[config] != nullptr;
+}
+
 const GemmTileConfig& GetGemmConfig(int index) {
   if (index < 0 || index >= kNumConfigs) index = 0;
   return detail::kGemmConfigs[index];
@@ -133,6 +138,27 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
                   "rotation < period (config " + std::string(c.name) + ")");
     }
   }
+  if (args.num_addends != 0) {
+    bool ok = args.num_addends > 0 && args.num_addends <= SignalingGemmArgs::kMaxAddends &&
+              args.batch == 1 && args.m % c.tile_m == 0 && args.addend_first_tile_row >= 0 &&
+              args.addend_first_tile_row < tiles_m &&
+              static_cast<long long>(tiles_m - args.addend_first_tile_row) * c.tile_m * args.n <
+                  (1LL << 31);
+    for (int i = 0; ok && i < args.num_addends; ++i) {
+      ok = args.addends[i] != nullptr && args.addend_flags[i] != nullptr &&
+           Aligned16(args.addends[i]);
+    }
+    if (!ok) {
+      return Fail(error, kBad,
+                  "addends need batch 1, m a multiple of tile_m, " +
+                      std::to_string(SignalingGemmArgs::kMaxAddends) +
+                      " 16-byte aligned part(s) with flags, a first tile-row inside the output and parts of "
+                      "fewer than 2^31 elements");
+    }
+    if (!GemmConfigTakesAddends(cfg)) {
+      return Fail(error, kBad, std::string("config ") + c.name + " has no kernel with addends");
+    }
+  }
   const long long units = static_cast<long long>(args.batch) * tiles_m *
                           ((args.n + c.tile_n - 1) / c.tile_n);
   if (units >= (1LL << 30)) return Fail(error, kBad, "problem has too many tiles");
@@ -145,8 +171,10 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
   if (e != cudaSuccess) {
     return Fail(error, e, std::string("device query: ") + cudaGetErrorString(e));
   }
+  const bool bf16 = args.dtype == GemmDtype::kBF16;
   const detail::RunGemmFn* table =
-      args.dtype == GemmDtype::kBF16 ? detail::kRunGemm_bf16 : detail::kRunGemm_f16;
+      args.num_addends > 0 ? (bf16 ? detail::kRunGemmSource_bf16 : detail::kRunGemmSource_f16)
+                           : (bf16 ? detail::kRunGemm_bf16 : detail::kRunGemm_f16);
   return table[cfg](run, stream, error);
 }
 
@@ -166,6 +194,12 @@ cudaError_t LoadAllGemmKernels(std::string* error) {
     if (e != cudaSuccess) return e;
     e = detail::kLoadGemm_f16[i](device, error);
     if (e != cudaSuccess) return e;
+    for (const detail::LoadGemmFn load : {detail::kLoadGemmSource_bf16[i],
+                                          detail::kLoadGemmSource_f16[i]}) {
+      if (load == nullptr) continue;
+      e = load(device, error);
+      if (e != cudaSuccess) return e;
+    }
   }
   return cudaSuccess;
 }

@@ -42,6 +42,14 @@ struct EpilogueParams {
   //    after the next tile's TMA stores (TMA epilogue only; otherwise as 0).
   int signal_mode = 0;
   int group_begin[kMaxGemmGroups + 1] = {};
+  // SignalingGemmArgs' addends (kernels with a source only): logical tile-rows >= addend_first
+  // add the source, rows from (tile-row - addend_first) * tile_m on; addend_tiles: tile-rows of
+  // the source (a coordinate there or beyond is outside it: TMA fills zeros, reads nothing).
+  int num_addends = 0;
+  int addend_first = 0;
+  int addend_tiles = 0;
+  uint32_t addend_flag_value = 0;
+  const uint32_t* addend_flags[SignalingGemmArgs::kMaxAddends] = {};
 };
 
 // Predicated register -> global store of one tile whose first destination row is dst_row0 and
@@ -111,22 +119,30 @@ CUTLASS_DEVICE void StoreDirect(EpilogueParams const& p, int64_t dst_row0, int v
 // (hidden behind the other warp group's MMA). Measured on H200 (benchmarks/results): mode 0 costs
 // 0.4-1.3% against counters == nullptr on the TP shapes with 8 groups; per-tile modes cost more.
 // ---------------------------------------------------------------------------------------------
-template <class Element, class TileShape, class ClusterShape, bool kPingpong>
+// kSource: CUTLASS's epilogue with a source C (D = acc + C, C loaded by TMA in the producer's
+// epilogue warp), for the addends (SignalingGemmArgs): the source is the one addend, a [rows, n]
+// matrix. Every tile loads it, at its own rows for the tiles that add it and outside it (TMA's
+// zero fill, no memory read) for the others; the epilogue warp waits for the addend's flag
+// before loading a tile that adds it. (Adding it from the consumer warps' registers instead
+// spilled registers in the ping-pong kernel, whose 192 accumulators per thread leave ~40.)
+template <class Element, class TileShape, class ClusterShape, bool kPingpong, bool kSource>
 struct TmaEpilogueInner {
   using Stride = cute::Stride<int64_t, cute::Int<1>, int64_t>;
   using Schedule = std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
                                       cutlass::epilogue::TmaWarpSpecializedCooperative>;
+  using ElementC = std::conditional_t<kSource, Element, void>;
   using type = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Stride, 8, Element,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, Stride, 8, Element,
       Stride, 8, Schedule>::CollectiveOp;
 };
 
-template <class Element, class TileShape, class ClusterShape, bool kPingpong>
+template <class Element, class TileShape, class ClusterShape, bool kPingpong, bool kSource>
 class SignalingTmaEpilogue
-    : public TmaEpilogueInner<Element, TileShape, ClusterShape, kPingpong>::type {
+    : public TmaEpilogueInner<Element, TileShape, ClusterShape, kPingpong, kSource>::type {
  public:
-  using Inner = typename TmaEpilogueInner<Element, TileShape, ClusterShape, kPingpong>::type;
+  using Inner =
+      typename TmaEpilogueInner<Element, TileShape, ClusterShape, kPingpong, kSource>::type;
   using typename Inner::LoadPipeline;
   using typename Inner::LoadPipelineState;
   using typename Inner::StorePipeline;
@@ -160,6 +176,13 @@ class SignalingTmaEpilogue
                                         void* workspace) {
     Params p;
     p.inner = Inner::to_underlying_arguments(Flat(ps), args.inner, workspace);
+    if constexpr (kSource) {
+      // The source's TMA descriptor covers the addend only ([addend rows, n]), not D.
+      auto source_shape = cute::make_shape(args.signal.addend_tiles * kTileM,
+                                           int(cute::get<1>(ps)), int(cute::get<2>(ps)), 1);
+      p.inner.tma_load_c =
+          Inner::to_underlying_arguments(source_shape, args.inner, workspace).tma_load_c;
+    }
     p.signal = args.signal;
     p.tma_transaction_bytes = p.inner.tma_transaction_bytes;
     return p;
@@ -185,6 +208,29 @@ class SignalingTmaEpilogue
   CUTLASS_HOST_DEVICE SignalingTmaEpilogue(Params const& params, TensorStorage& shared)
       : Inner(params.inner, shared), p_(&params.signal) {}
 
+  // The producer's epilogue warp (kSource only: without a source nothing calls it): the tile's
+  // source rows are the addend's rows of its tile-row if it adds it (after the addend's flag is
+  // set), else rows past the addend's end, which TMA fills with zeros without reading memory.
+  template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class TiledMma>
+  CUTLASS_DEVICE auto load(LoadPipeline load_pipeline, LoadPipelineState load_state,
+                           ProblemShapeMNKL problem_shape, TileShapeMNK tile_shape,
+                           TileCoordMNKL tile_coord, TiledMma tiled_mma, int thread_idx,
+                           TensorStorage& shared, int subtile_idx = -1) {
+    using namespace cute;
+    EpilogueParams const& p = *p_;
+    const int m_idx = logical_tile_row(int(get<0>(tile_coord)));
+    int source_row = p.addend_tiles;  // outside the addend: zeros
+    if (p.num_addends > 0 && m_idx >= p.addend_first && m_idx < p.tiles_m) {
+      source_row = m_idx - p.addend_first;
+      wait_for_addends();
+    }
+    auto source_coord = make_coord(source_row, get<1>(tile_coord), get<2>(tile_coord), 0);
+    auto source_shape = make_shape(p.addend_tiles * kTileM, int(get<1>(problem_shape)),
+                                   int(get<2>(problem_shape)), 1);
+    return Inner::load(load_pipeline, load_state, source_shape, tile_shape, source_coord,
+                       tiled_mma, thread_idx, shared, subtile_idx);
+  }
+
   template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class AccEngine,
             class AccLayout, class TiledMma, class... Ts>
   CUTLASS_DEVICE auto store(LoadPipeline load_pipeline, LoadPipelineState load_state,
@@ -198,11 +244,7 @@ class SignalingTmaEpilogue
     auto result = cute::make_tuple(load_state, store_state);
 
     const int m_phys = int(get<0>(tile_coord));
-    // Logical tile-row (what the group table counts); equal to the physical one unless rotated.
-    const int m_base = p.rotate == 0 ? 0 : m_phys / p.period * p.period;
-    const int m_idx = p.rotate == 0 ? m_phys
-                                    : (m_phys - m_base >= p.rotate ? m_phys - p.rotate
-                                                                   : m_phys + p.period - p.rotate);
+    const int m_idx = logical_tile_row(m_phys);
     const int n_idx = int(get<1>(tile_coord));
     const int l_idx = int(get<3>(tile_coord));
     const bool valid = m_idx < p.tiles_m;
@@ -218,8 +260,10 @@ class SignalingTmaEpilogue
       const int64_t dst_row0 =
           p.rotate != 0 ? int64_t(m_phys) * kTileM
                         : int64_t(p.batch) * r0 + int64_t(l_idx) * (r1 - r0) + (i0 - r0);
+      // With a source every tile is stored by TMA (the launcher requires batch 1 and whole
+      // tiles): the TMA store also consumes the tile's source loads.
       const bool use_tma =
-          (dst_row0 % kTileM) == 0 && (valid_rows == kTileM || p.batch == 1);
+          kSource || ((dst_row0 % kTileM) == 0 && (valid_rows == kTileM || p.batch == 1));
       // Mode 3: signal the earlier tiles after this tile's stores are issued, waiting only for
       // the bulk groups older than this tile's (exactly kSubtiles commits per TMA tile).
       const bool late = flush_pending && p.signal_mode == 3 && !pending_direct_ && use_tma;
@@ -262,6 +306,35 @@ class SignalingTmaEpilogue
   }
 
  private:
+  // Logical tile-row (what the group table counts) of a physical one; equal unless rotated.
+  CUTLASS_DEVICE int logical_tile_row(int m_phys) const {
+    EpilogueParams const& p = *p_;
+    if (p.rotate == 0) return m_phys;
+    const int m_base = m_phys / p.period * p.period;
+    return m_phys - m_base >= p.rotate ? m_phys - p.rotate : m_phys + p.period - p.rotate;
+  }
+
+  // Every lane of the epilogue warp waits until each addend's flag has reached the call's value
+  // (acquire at system scope: another GPU's stream memory operation wrote it after its copy),
+  // then orders the generic proxy's view before its async-proxy (TMA) loads. The flags are in
+  // this GPU's memory and almost always set long before (the addends land while the GEMM
+  // computes the other bands); once seen they stay set for the rest of the launch.
+  CUTLASS_DEVICE void wait_for_addends() {
+    if (addends_seen_) return;
+    EpilogueParams const& p = *p_;
+    for (int i = 0; i < p.num_addends; ++i) {
+      while (true) {
+        uint32_t seen;
+        asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(p.addend_flags[i])
+                     : "memory");
+        if (seen >= p.addend_flag_value) break;
+        __nanosleep(256);
+      }
+    }
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    addends_seen_ = true;
+  }
+
   CUTLASS_DEVICE int group_of(int m_idx) const {
     EpilogueParams const& p = *p_;
     int lo = 0, hi = p.num_groups - 1;
@@ -324,12 +397,14 @@ class SignalingTmaEpilogue
   int pending_group_ = -1;  // group of the tiles stored but not yet signalled
   uint32_t pending_count_ = 0;
   bool pending_direct_ = false;  // some pending tile was stored by the direct path
+  bool addends_seen_ = false;    // the epilogue warp has seen every addend's flag set
 };
 
 // ---------------------------------------------------------------------------------------------
 // Kernel type from a config row.
 // ---------------------------------------------------------------------------------------------
-template <class Element_, int kTM, int kTN, int kTK, int kCM, int kCN, bool kPingpong>
+template <class Element_, int kTM, int kTN, int kTK, int kCM, int kCN, bool kPingpong,
+          bool kSource = false>
 struct GemmKernelConfig {
   static_assert(kCN == 1, "clusters along N are not supported by the group scheduler");
   using Element = Element_;
@@ -337,7 +412,8 @@ struct GemmKernelConfig {
   using ClusterShape = cute::Shape<cute::Int<kCM>, cute::Int<kCN>, cute::_1>;
   using StrideA = cute::Stride<int64_t, cute::Int<1>, int64_t>;          // x[m,k], batch m*k
   using StrideB = cute::Stride<cute::Int<1>, int64_t, cute::Int<0>>;     // w[k,n], shared
-  using Epilogue = SignalingTmaEpilogue<Element, TileShape, ClusterShape, kPingpong>;
+  using Epilogue = SignalingTmaEpilogue<Element, TileShape, ClusterShape, kPingpong, kSource>;
+  static constexpr bool kHasSource = kSource;
   using Schedule = std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                       cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -465,6 +541,17 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   epi.num_groups = a.num_groups;
   epi.signal_mode = a.signal_mode;
   for (int g = 0; g <= a.num_groups; ++g) epi.group_begin[g] = a.group_begin[g];
+  if constexpr (Cfg::kHasSource) {
+    if (a.num_addends != 1 || a.addend_first_tile_row >= tiles_m) {
+      if (error) *error = "a GEMM kernel with a source needs one addend of at least one tile-row";
+      return cudaErrorInvalidValue;
+    }
+    epi.num_addends = a.num_addends;
+    epi.addend_first = a.addend_first_tile_row;
+    epi.addend_tiles = tiles_m - a.addend_first_tile_row;
+    epi.addend_flag_value = a.addend_flag_value;
+    epi.addend_flags[0] = a.addend_flags[0];
+  }
 
   int budget = a.sm_budget > 0 && a.sm_budget < run.device_sms ? a.sm_budget : run.device_sms;
   int clusters = budget / kCM;
@@ -483,6 +570,11 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   args.mainloop.ptr_B = reinterpret_cast<Element const*>(a.b);
   args.mainloop.dB = cute::make_stride(cute::Int<1>{}, int64_t(a.n), cute::Int<0>{});
   args.epilogue.inner.ptr_C = nullptr;
+  if constexpr (Cfg::kHasSource) {
+    args.epilogue.inner.ptr_C = reinterpret_cast<Element const*>(a.addends[0]);
+    args.epilogue.inner.thread.alpha = 1.0f;
+    args.epilogue.inner.thread.beta = 1.0f;
+  }
   args.epilogue.inner.ptr_D = reinterpret_cast<Element*>(a.d);
   // D as [batch * m, n]; L = 1 (its stride only needs to be a valid TMA stride).
   args.epilogue.inner.dD =
