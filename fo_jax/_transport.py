@@ -231,8 +231,8 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     FO_JAX_CE_FLAG_STREAM = 0 and FO_JAX_CE_ACKS_FIRST = 0 restore the copy stream's former
     program: csrc/comm/peer_transport.h; the GEMM's epilogue adds the first received chunk
     where _epilogue_parts says so, FO_JAX_CE_EPILOGUE_PARTS = 0 / 1 overrides it). Every SM for
-    one round; with more, all but ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the
-    GEMM, unless config.sm_budget says otherwise."""
+    one round; with more, all but ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums
+    next to the GEMM, unless config.sm_budget says otherwise."""
     index = _config_index(dtype, m_total, n, k, config)
     c = _plan.gemm_configs()[index]
     unit = c["tile_m"] * c["cluster_m"]
