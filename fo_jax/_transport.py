@@ -193,30 +193,20 @@ def _forced_sum_split(text: str, bounds: tuple, rounds: int, size: int, tiles_ch
     return split
 
 
-# The first received chunk of the last round is added by the GEMM's epilogue only if the model
-# has it landing at least this long before the GEMM reaches the own chunk (the GEMM's epilogue
-# would wait for it otherwise; the GPUs start up to ~25 us apart: benchmarks/NOTES.md §20).
-EPILOGUE_PART_SLACK_S = 40e-6
-
-
-def _epilogue_parts(c: dict, size: int, rounds: int, tiles_chunk: int, chunk_bytes: int,
-                    t_gemm: float, bounds: tuple) -> int:
+def _epilogue_parts(c: dict, size: int) -> int:
     """1 if the GEMM's epilogue should add the chunk received first in the last round to the own
-    chunk (csrc/comm/peer_transport.h, epilogue_parts), else 0: it needs 3 or more ranks (with 2
-    the only received chunk is the last one), a GEMM config with an addend kernel, and the chunk
-    landing (fo_jax/_ce_model.py) EPILOGUE_PART_SLACK_S before the own chunk's first tile.
-    FO_JAX_CE_EPILOGUE_PARTS = 0 / 1 overrides the timing rule (a measurement override)."""
-    if size < 3 or not c.get("takes_addends", False):
+    chunk (csrc/comm/peer_transport.h, epilogue_parts), else 0. Off unless
+    FO_JAX_CE_EPILOGUE_PARTS=1 (a measurement option): on one H200 the GEMM kernel with the
+    source ran ~9 us (2-3%) slower than the plain one at 8192x8192x2048 (every tile passes
+    through the source path; results/gemm_addend_probe_h200_2026-11-22_1ed0932.log), about what
+    the sums after the GEMM save by reading one chunk less (~11 us at their in-situ rate), so there
+    is no gain to claim (benchmarks/NOTES.md §21). It needs 3 or more ranks (with 2 the only
+    received chunk is the last one) and a GEMM config with an addend kernel; where the chunk has
+    not landed when the GEMM reaches the own chunk, the GEMM's epilogue waits for it."""
+    if (size < 3 or not c.get("takes_addends", False)
+            or _env_flag("FO_JAX_CE_EPILOGUE_PARTS") is not True):
         return 0
-    forced = _env_flag("FO_JAX_CE_EPILOGUE_PARTS")
-    if forced is not None:
-        return int(forced)
-    first = ((rounds - 1) * size) * tiles_chunk  # the last round's step 0, logical tile rows
-    ends = _ce_model.copy_ends(bounds, rounds, size, tiles_chunk, chunk_bytes, t_gemm)
-    landed = max((end for g, end in ends if first <= bounds[g] < first + tiles_chunk),
-                 default=None)
-    own_start = t_gemm * (rounds * size - 1) / (rounds * size)
-    return int(landed is not None and landed + EPILOGUE_PART_SLACK_S <= own_start)
+    return 1
 
 
 def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size: int,
@@ -229,8 +219,8 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     FO_JAX_CE_BOUNDS = explicit boundaries and FO_JAX_CE_SPLIT_SUM = 0 / 1 / rows override it,
     for measurements; FO_JAX_CE_SUM_ROWS = 0 keeps the model from sums by rows, and
     FO_JAX_CE_FLAG_STREAM = 0 and FO_JAX_CE_ACKS_FIRST = 0 restore the copy stream's former
-    program: csrc/comm/peer_transport.h; the GEMM's epilogue adds the first received chunk
-    where _epilogue_parts says so, FO_JAX_CE_EPILOGUE_PARTS = 0 / 1 overrides it). Every SM for
+    program: csrc/comm/peer_transport.h; FO_JAX_CE_EPILOGUE_PARTS = 1 has the GEMM's epilogue
+    add the first received chunk: _epilogue_parts). Every SM for
     one round; with more, all but ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums
     next to the GEMM, unless config.sm_budget says otherwise."""
     index = _config_index(dtype, m_total, n, k, config)
@@ -246,8 +236,7 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     rows = _env_flag("FO_JAX_CE_SUM_ROWS") is not False
     pred = _ce_model.best(rounds, size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
                           all_reduce, max_groups, rows=rows)
-    epilogue_parts = _epilogue_parts(c, size, rounds, tiles_chunk, chunk_bytes, t_gemm,
-                                     pred.bounds)
+    epilogue_parts = _epilogue_parts(c, size)
     if epilogue_parts:
         pred = _ce_model.best(rounds, size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
                               all_reduce, max_groups, rows=rows, epilogue_parts=epilogue_parts)

@@ -297,14 +297,13 @@ def test_copy_engine_program_overrides(fake_cuda, monkeypatch):
     monkeypatch.setenv("FO_JAX_CE_SPLIT_SUM", "2")
     with pytest.raises(ValueError, match="FO_JAX_CE_SPLIT_SUM='2'"):
         t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-    # The first received chunk added by the GEMM's epilogue: by the timing rule at this shape
-    # (it lands ~100 us before the own band), never with 2 ranks, forced either way by
-    # FO_JAX_CE_EPILOGUE_PARTS.
+    # The first received chunk added by the GEMM's epilogue: off by default, on with
+    # FO_JAX_CE_EPILOGUE_PARTS=1, never with 2 ranks.
     monkeypatch.delenv("FO_JAX_CE_SPLIT_SUM")
+    assert t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None).epilogue_parts == 0
+    monkeypatch.setenv("FO_JAX_CE_EPILOGUE_PARTS", "1")
     assert t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None).epilogue_parts == 1
     assert t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 2, None).epilogue_parts == 0
-    monkeypatch.setenv("FO_JAX_CE_EPILOGUE_PARTS", "0")
-    assert t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None).epilogue_parts == 0
     # The last chunk sent is tile-rows 64-96 of 128: 16 pieces of 2 pass, 32 of 1 do not.
     assert t._forced_sum_split("rows", tuple(range(0, 97, 2)) + (128,), 1, 4, 32) == "rows"
     with pytest.raises(ValueError, match="32 groups in the last chunk"):

@@ -196,7 +196,9 @@ struct PeerCollectiveArgs {
   // Received chunks of the last round that the GEMM's epilogue has already added to the own
   // chunk (0 or 1: the one received first, slot 0 of the last round; SetGemmAddends gives the
   // GEMM its address and flag): the sums after the GEMM read one chunk less. It lands while
-  // the GEMM still computes the other chunks (at 8192x8192x2048 ~170 us before the own band).
+  // the GEMM still computes the other chunks (at 8192x8192x2048 ~100 us before the own band).
+  // A measurement option (fo_jax/_transport.py, _epilogue_parts): the GEMM kernel with the
+  // source costs about what the sums save (benchmarks/NOTES.md §21).
   int epilogue_parts = 0;
 };
 
