@@ -140,7 +140,8 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
   }
   if (args.num_addends != 0) {
     bool ok = args.num_addends > 0 && args.num_addends <= SignalingGemmArgs::kMaxAddends &&
-              args.batch == 1 && args.m % c.tile_m == 0 && args.addend_first_tile_row >= 0 &&
+              args.batch == 1 && args.m % c.tile_m == 0 && tiles_m % c.cluster_m == 0 &&
+              args.addend_first_tile_row >= 0 &&
               args.addend_first_tile_row < tiles_m &&
               static_cast<long long>(tiles_m - args.addend_first_tile_row) * c.tile_m * args.n <
                   (1LL << 31);
@@ -150,10 +151,11 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
     }
     if (!ok) {
       return Fail(error, kBad,
-                  "addends need batch 1, m a multiple of tile_m, " +
+                  "addends need batch 1, m a multiple of tile_m * cluster_m (no padding tile "
+                  "that would load a source but store nothing), 1 to " +
                       std::to_string(SignalingGemmArgs::kMaxAddends) +
-                      " 16-byte aligned part(s) with flags, a first tile-row inside the output and parts of "
-                      "fewer than 2^31 elements");
+                      " 16-byte aligned addends with flags, a first tile-row inside the output "
+                      "and addends of fewer than 2^31 elements");
     }
     if (!GemmConfigTakesAddends(cfg)) {
       return Fail(error, kBad, std::string("config ") + c.name + " has no kernel with addends");
