@@ -203,10 +203,8 @@ def _epilogue_parts(c: dict, size: int) -> int:
     is no gain to claim (benchmarks/NOTES.md §21). It needs 3 or more ranks (with 2 the only
     received chunk is the last one) and a GEMM config with an addend kernel; where the chunk has
     not landed when the GEMM reaches the own chunk, the GEMM's epilogue waits for it."""
-    if (size < 3 or not c.get("takes_addends", False)
-            or _env_flag("FO_JAX_CE_EPILOGUE_PARTS") is not True):
-        return 0
-    return 1
+    return int(size >= 3 and c["takes_addends"]
+               and _env_flag("FO_JAX_CE_EPILOGUE_PARTS") is True)
 
 
 def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size: int,
@@ -220,9 +218,9 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     for measurements; FO_JAX_CE_SUM_ROWS = 0 keeps the model from sums by rows, and
     FO_JAX_CE_FLAG_STREAM = 0 and FO_JAX_CE_ACKS_FIRST = 0 restore the copy stream's former
     program: csrc/comm/peer_transport.h; FO_JAX_CE_EPILOGUE_PARTS = 1 has the GEMM's epilogue
-    add the first received chunk: _epilogue_parts). Every SM for
-    one round; with more, all but ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums
-    next to the GEMM, unless config.sm_budget says otherwise."""
+    add the first received chunk: _epilogue_parts). Every SM for one round; with more, all but
+    ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the GEMM, unless
+    config.sm_budget says otherwise."""
     index = _config_index(dtype, m_total, n, k, config)
     c = _plan.gemm_configs()[index]
     unit = c["tile_m"] * c["cluster_m"]
@@ -233,13 +231,11 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     t_gemm = _plan.estimate_seconds(collective, m_total, n, k)[0]
     all_reduce = collective == "all_reduce"
     max_groups = int(_cuda.module().max_gemm_groups())
-    rows = _env_flag("FO_JAX_CE_SUM_ROWS") is not False
-    pred = _ce_model.best(rounds, size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
-                          all_reduce, max_groups, rows=rows)
     epilogue_parts = _epilogue_parts(c, size)
-    if epilogue_parts:
-        pred = _ce_model.best(rounds, size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
-                              all_reduce, max_groups, rows=rows, epilogue_parts=epilogue_parts)
+    pred = _ce_model.best(rounds, size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
+                          all_reduce, max_groups,
+                          rows=_env_flag("FO_JAX_CE_SUM_ROWS") is not False,
+                          epilogue_parts=epilogue_parts)
     bounds, sum_split = pred.bounds, pred.sum_split
     parts = _env_int("FO_JAX_CE_PARTS")
     if parts is not None:

@@ -291,10 +291,9 @@ std::string SetGemmAddends(CommState& s, const PeerCollectiveArgs& a, int tiles_
   PeerState& p = *s.peer;
   const size_t chunk_bytes = a.band_elems / H * 2;
   const int slot = Slot(P, H - 1, 0);
-  gemm.num_addends = 1;
   gemm.addend_first_tile_row = (H * P - 1) * tiles_chunk;
-  gemm.addends[0] = static_cast<const char*>(p.recv) + slot * chunk_bytes;
-  gemm.addend_flags[0] = Region(p.sync, kArrived) + slot;
+  gemm.addend = static_cast<const char*>(p.recv) + slot * chunk_bytes;
+  gemm.addend_flag = Region(p.sync, kArrived) + slot;
   gemm.addend_flag_value = p.epoch + 1;  // EnqueuePeerCollective's ++p.epoch
   return "";
 }
@@ -328,8 +327,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     return cudaErrorInvalidValue;
   }
   const int L = LastSentChunk(P, H);
-  if (a.epilogue_parts < 0 || a.epilogue_parts > P - 2 ||
-      a.epilogue_parts > SignalingGemmArgs::kMaxAddends) {
+  if (a.epilogue_parts < 0 || a.epilogue_parts > 1 || a.epilogue_parts > P - 2) {
     *error = "copy-engine transport: epilogue_parts must be 0 or 1 and at most P - 2";
     return cudaErrorInvalidValue;
   }

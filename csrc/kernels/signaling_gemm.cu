@@ -138,27 +138,20 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
                   "rotation < period (config " + std::string(c.name) + ")");
     }
   }
-  if (args.num_addends != 0) {
-    bool ok = args.num_addends > 0 && args.num_addends <= SignalingGemmArgs::kMaxAddends &&
-              args.batch == 1 && args.m % c.tile_m == 0 && tiles_m % c.cluster_m == 0 &&
-              args.addend_first_tile_row >= 0 &&
-              args.addend_first_tile_row < tiles_m &&
-              static_cast<long long>(tiles_m - args.addend_first_tile_row) * c.tile_m * args.n <
-                  (1LL << 31);
-    for (int i = 0; ok && i < args.num_addends; ++i) {
-      ok = args.addends[i] != nullptr && args.addend_flags[i] != nullptr &&
-           Aligned16(args.addends[i]);
-    }
+  if (args.addend != nullptr) {
+    const bool ok = args.batch == 1 && args.m % c.tile_m == 0 && tiles_m % c.cluster_m == 0 &&
+                    args.addend_first_tile_row >= 0 && args.addend_first_tile_row < tiles_m &&
+                    static_cast<long long>(tiles_m - args.addend_first_tile_row) * c.tile_m *
+                            args.n < (1LL << 31) &&
+                    args.addend_flag != nullptr && Aligned16(args.addend);
     if (!ok) {
       return Fail(error, kBad,
-                  "addends need batch 1, m a multiple of tile_m * cluster_m (no padding tile "
-                  "that would load a source but store nothing), 1 to " +
-                      std::to_string(SignalingGemmArgs::kMaxAddends) +
-                      " 16-byte aligned addends with flags, a first tile-row inside the output "
-                      "and addends of fewer than 2^31 elements");
+                  "an addend needs batch 1, m a multiple of tile_m * cluster_m (no padding tile "
+                  "that would load a source but store nothing), a flag, 16-byte alignment, a "
+                  "first tile-row inside the output and fewer than 2^31 elements");
     }
     if (!GemmConfigTakesAddends(cfg)) {
-      return Fail(error, kBad, std::string("config ") + c.name + " has no kernel with addends");
+      return Fail(error, kBad, std::string("config ") + c.name + " has no kernel with an addend");
     }
   }
   const long long units = static_cast<long long>(args.batch) * tiles_m *
@@ -175,7 +168,7 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
   }
   const bool bf16 = args.dtype == GemmDtype::kBF16;
   const detail::RunGemmFn* table =
-      args.num_addends > 0 ? (bf16 ? detail::kRunGemmSource_bf16 : detail::kRunGemmSource_f16)
+      args.addend != nullptr ? (bf16 ? detail::kRunGemmSource_bf16 : detail::kRunGemmSource_f16)
                            : (bf16 ? detail::kRunGemm_bf16 : detail::kRunGemm_f16);
   return table[cfg](run, stream, error);
 }

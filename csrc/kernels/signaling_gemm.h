@@ -25,7 +25,7 @@ struct GemmTileConfig {
 };
 
 int NumGemmConfigs();
-// Whether the configuration (index) has a kernel that takes SignalingGemmArgs' addends.
+// Whether the configuration (index) has a kernel that takes SignalingGemmArgs' addend.
 bool GemmConfigTakesAddends(int config);
 const GemmTileConfig& GetGemmConfig(int index);
 
@@ -90,20 +90,19 @@ struct SignalingGemmArgs {
   // that waits on it sees zeroed counters and inputs ready, and does not wait for the kernel).
   bool zero_counters_on_launch = false;
   cudaEvent_t after_zero_event = nullptr;
-  // Addends (batch 1, whole tiles, configs with GemmConfigTakesAddends only): every tile of
-  // logical tile-row >= addend_first_tile_row adds addends[0][(row - addend_first_tile_row *
-  // tile_m) * n + col] (a row-major [rows, n] matrix of the GEMM's dtype, 16-byte aligned) in
-  // fp32 before its one rounding (a CUTLASS epilogue source, loaded by TMA). It is read only after
-  // *addend_flags[0] >= addend_flag_value (acquire loads at system scope: another GPU writes the
-  // flag with a stream memory operation after its copy into the addend). The copy-engine
+  // Addend (batch 1, whole tiles of whole clusters, configs with GemmConfigTakesAddends only;
+  // nullptr: none): every tile of logical tile-row >= addend_first_tile_row adds
+  // addend[(row - addend_first_tile_row * tile_m) * n + col] (a row-major [rows, n] matrix of the
+  // GEMM's dtype, 16-byte aligned) in fp32 before its one rounding (a CUTLASS epilogue source,
+  // loaded by TMA). It is read only after *addend_flag >= addend_flag_value (acquire loads at
+  // system scope: another GPU writes the flag with a stream memory operation after its copy into
+  // the addend). The copy-engine
   // reduce-scatter adds the band received first to its own band this way, so that the band sums
   // after the GEMM read one band less (comm/peer_transport.h). The wait is in the producer's
   // epilogue warp: it holds back only that CTA's epilogue, never a counter of another group.
-  static constexpr int kMaxAddends = 1;
-  int num_addends = 0;
+  const void* addend = nullptr;
   int addend_first_tile_row = 0;
-  const void* addends[kMaxAddends] = {};
-  const uint32_t* addend_flags[kMaxAddends] = {};
+  const uint32_t* addend_flag = nullptr;
   uint32_t addend_flag_value = 0;
 };
 

@@ -42,14 +42,13 @@ struct EpilogueParams {
   //    after the next tile's TMA stores (TMA epilogue only; otherwise as 0).
   int signal_mode = 0;
   int group_begin[kMaxGemmGroups + 1] = {};
-  // SignalingGemmArgs' addends (kernels with a source only): logical tile-rows >= addend_first
+  // SignalingGemmArgs' addend (kernels with a source only): logical tile-rows >= addend_first
   // add the source, rows from (tile-row - addend_first) * tile_m on; addend_tiles: tile-rows of
   // the source (a coordinate there or beyond is outside it: TMA fills zeros, reads nothing).
-  int num_addends = 0;
   int addend_first = 0;
   int addend_tiles = 0;
   uint32_t addend_flag_value = 0;
-  const uint32_t* addend_flags[SignalingGemmArgs::kMaxAddends] = {};
+  const uint32_t* addend_flag = nullptr;
 };
 
 // Predicated register -> global store of one tile whose first destination row is dst_row0 and
@@ -120,8 +119,7 @@ CUTLASS_DEVICE void StoreDirect(EpilogueParams const& p, int64_t dst_row0, int v
 // 0.4-1.3% against counters == nullptr on the TP shapes with 8 groups; per-tile modes cost more.
 // ---------------------------------------------------------------------------------------------
 // kSource: CUTLASS's epilogue with a source C (D = acc + C, C loaded by TMA in the producer's
-// epilogue warp), for the addends (SignalingGemmArgs): the source is the one addend, a [rows, n]
-// matrix. Every tile loads it, at its own rows for the tiles that add it and outside it (TMA's
+// epilogue warp), for SignalingGemmArgs' addend, a [rows, n] matrix. Every tile loads it, at its own rows for the tiles that add it and outside it (TMA's
 // zero fill, no memory read) for the others; the epilogue warp waits for the addend's flag
 // before loading a tile that adds it. (Adding it from the consumer warps' registers instead
 // spilled registers in the ping-pong kernel, whose 192 accumulators per thread leave ~40.)
@@ -220,9 +218,9 @@ class SignalingTmaEpilogue
     EpilogueParams const& p = *p_;
     const int m_idx = logical_tile_row(int(get<0>(tile_coord)));
     int source_row = p.addend_tiles;  // outside the addend: zeros
-    if (p.num_addends > 0 && m_idx >= p.addend_first && m_idx < p.tiles_m) {
+    if (m_idx >= p.addend_first) {  // (no padding tiles: the launcher requires whole clusters)
       source_row = m_idx - p.addend_first;
-      wait_for_addends();
+      wait_for_addend();
     }
     auto source_coord = make_coord(source_row, get<1>(tile_coord), get<2>(tile_coord), 0);
     auto source_shape = make_shape(p.addend_tiles * kTileM, int(get<1>(problem_shape)),
@@ -314,25 +312,23 @@ class SignalingTmaEpilogue
     return m_phys - m_base >= p.rotate ? m_phys - p.rotate : m_phys + p.period - p.rotate;
   }
 
-  // Every lane of the epilogue warp waits until each addend's flag has reached the call's value
+  // Every lane of the epilogue warp waits until the addend's flag has reached the call's value
   // (acquire at system scope: another GPU's stream memory operation wrote it after its copy),
-  // then orders the generic proxy's view before its async-proxy (TMA) loads. The flags are in
-  // this GPU's memory and almost always set long before (the addends land while the GEMM
-  // computes the other bands); once seen they stay set for the rest of the launch.
-  CUTLASS_DEVICE void wait_for_addends() {
-    if (addends_seen_) return;
+  // then orders the generic proxy's view before its async-proxy (TMA) loads. The flag is in
+  // this GPU's memory and almost always set long before (the addend lands while the GEMM
+  // computes the other bands); once seen it stays set for the rest of the launch.
+  CUTLASS_DEVICE void wait_for_addend() {
+    if (addend_seen_) return;
     EpilogueParams const& p = *p_;
-    for (int i = 0; i < p.num_addends; ++i) {
-      while (true) {
-        uint32_t seen;
-        asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(p.addend_flags[i])
-                     : "memory");
-        if (seen >= p.addend_flag_value) break;
-        __nanosleep(256);
-      }
+    while (true) {
+      uint32_t seen;
+      asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(p.addend_flag)
+                   : "memory");
+      if (seen >= p.addend_flag_value) break;
+      __nanosleep(256);
     }
     asm volatile("fence.proxy.async.global;" ::: "memory");
-    addends_seen_ = true;
+    addend_seen_ = true;
   }
 
   CUTLASS_DEVICE int group_of(int m_idx) const {
@@ -397,7 +393,7 @@ class SignalingTmaEpilogue
   int pending_group_ = -1;  // group of the tiles stored but not yet signalled
   uint32_t pending_count_ = 0;
   bool pending_direct_ = false;  // some pending tile was stored by the direct path
-  bool addends_seen_ = false;    // the epilogue warp has seen every addend's flag set
+  bool addend_seen_ = false;     // the epilogue warp has seen the addend's flag set
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -542,15 +538,10 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   epi.signal_mode = a.signal_mode;
   for (int g = 0; g <= a.num_groups; ++g) epi.group_begin[g] = a.group_begin[g];
   if constexpr (Cfg::kHasSource) {
-    if (a.num_addends != 1 || a.addend_first_tile_row >= tiles_m) {
-      if (error) *error = "a GEMM kernel with a source needs one addend of at least one tile-row";
-      return cudaErrorInvalidValue;
-    }
-    epi.num_addends = a.num_addends;
     epi.addend_first = a.addend_first_tile_row;
     epi.addend_tiles = tiles_m - a.addend_first_tile_row;
     epi.addend_flag_value = a.addend_flag_value;
-    epi.addend_flags[0] = a.addend_flags[0];
+    epi.addend_flag = a.addend_flag;
   }
 
   int budget = a.sm_budget > 0 && a.sm_budget < run.device_sms ? a.sm_budget : run.device_sms;
@@ -571,7 +562,7 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   args.mainloop.dB = cute::make_stride(cute::Int<1>{}, int64_t(a.n), cute::Int<0>{});
   args.epilogue.inner.ptr_C = nullptr;
   if constexpr (Cfg::kHasSource) {
-    args.epilogue.inner.ptr_C = reinterpret_cast<Element const*>(a.addends[0]);
+    args.epilogue.inner.ptr_C = reinterpret_cast<Element const*>(a.addend);
     args.epilogue.inner.thread.alpha = 1.0f;
     args.epilogue.inner.thread.beta = 1.0f;
   }

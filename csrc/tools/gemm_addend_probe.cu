@@ -102,10 +102,9 @@ int main() {
   SignalingGemmArgs plain = args, source = args;
   plain.d = d0;
   source.d = d1;
-  source.num_addends = 1;
   source.addend_first_tile_row = (P - 1) * tiles_chunk;
-  source.addends[0] = c;
-  source.addend_flags[0] = flag;
+  source.addend = c;
+  source.addend_flag = flag;
   source.addend_flag_value = 1;
   cudaStream_t s, s2;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -149,7 +148,7 @@ int main() {
     CK(cudaMemset(c_all, 0, size_t(M) * N * 2));
     SignalingGemmArgs all = source;
     all.addend_first_tile_row = 0;
-    all.addends[0] = c_all;
+    all.addend = c_all;
     CK(fo_jax::LaunchSignalingGemm(s, all, &err));
     Finish(s, "source kernel, every tile adding (zeros)");
   }
