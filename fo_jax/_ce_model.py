@@ -13,6 +13,10 @@ benchmarks/NOTES.md §9): copies of 16-32 MiB at 347-377 GB/s, 15-22 us from a g
 copy's start, 8-11 us between back-to-back copies, band sums at 3.8-4.2 TB/s of traffic. There
 the model puts the rows form 13 us ahead of the bands form; measured: 9-17 us of device period
 (NOTES §20; the row passes ran slower than SUM_RATE, ~2.7-3 TB/s right after the GEMM).
+
+The ring reduce-scatter (best_ring) sends the same chunks, all to one peer, and has no sums: its
+GEMM (with the epilogue source) ends once it has every partial sum it adds, the last one being
+the last copy's.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ CE_TURNAROUND = 9e-6  # between back-to-back copies on the copy stream
 SUM_RATE = 3.9e12  # bytes/s read + written by a band-sum pass
 SUM_GAP = 4e-6  # between the GEMM (or the previous pass, or a flag) and a sum pass
 STORE_RATE = 330e9  # bytes/s of the all-reduce's SM stores into the peers' outputs
+# The ring's GEMM kernel (epilogue with a source) against the plain one: ~9 us of ~420 at
+# 8192x8192x2048 on one H200 (results/gemm_addend_probe_h200_2026-11-22_1ed0932.log).
+RING_GEMM_EXTRA = 0.022
+RING_TAIL = 6e-6  # a group's flag landing -> the tiles that add it stored
 
 MAX_PARTS = 4  # groups per chunk tried
 
@@ -97,15 +105,12 @@ def last_chunk_pieces(bounds: tuple, rounds: int, size: int, tiles_chunk: int) -
 
 
 def sum_finish(split: str, ends: list, bounds: tuple, t_gemm: float, size: int, tiles_chunk: int,
-               chunk_bytes: int, all_reduce: bool, rounds: int = 1,
-               epilogue_parts: int = 0) -> float:
+               chunk_bytes: int, all_reduce: bool, rounds: int = 1) -> float:
     """When the last round's sum ends (split: "one", "bands" or "rows"; ends: copy_ends). The
-    passes that store (all-reduce) also move (P - 1) times their rows over NVLink. The first
-    epilogue_parts received chunks are already in the own one (the GEMM's epilogue added them):
-    the passes read that many chunks less."""
+    passes that store (all-reduce) also move (P - 1) times their rows over NVLink."""
     last_copy = ends[-1][1] if ends else 0.0
     store_rate = STORE_RATE / (size - 1) if all_reduce else float("inf")
-    reads = size - epilogue_parts  # chunks a pass reads: the own one and those not yet added
+    reads = size  # chunks a pass reads: the own one and the received ones
     if split == "rows":
         landed = dict(ends)
         done = t_gemm
@@ -123,11 +128,10 @@ def sum_finish(split: str, ends: list, bounds: tuple, t_gemm: float, size: int, 
 
 
 def best(rounds: int, size: int, tiles_chunk: int, cluster_m: int, chunk_bytes: int,
-         t_gemm: float, all_reduce: bool, max_groups: int, rows: bool = True,
-         epilogue_parts: int = 0) -> Prediction:
+         t_gemm: float, all_reduce: bool, max_groups: int, rows: bool = True) -> Prediction:
     """The partition (pieces per chunk, first chunk halved or not) and sum passes that the model
-    says finish first (sums by rows only if `rows`; epilogue_parts: sum_finish); ties go to fewer
-    groups (each costs a copy turnaround the model may underrate)."""
+    says finish first (sums by rows only if `rows`); ties go to fewer groups (each costs a copy
+    turnaround the model may underrate)."""
     found = None
     for parts in range(1, MAX_PARTS + 1):
         for first_half in ((False, True) if parts == 1 else (False,)):
@@ -141,7 +145,62 @@ def best(rounds: int, size: int, tiles_chunk: int, cluster_m: int, chunk_bytes: 
                 splits.append("rows")
             for split in splits:
                 finish = sum_finish(split, ends, bounds, t_gemm, size, tiles_chunk, chunk_bytes,
-                                    all_reduce, rounds, epilogue_parts)
+                                    all_reduce, rounds)
                 if found is None or finish < found.finish_s - 1e-6:
                     found = Prediction(bounds, split, last, finish)
+    return found
+
+
+def ring_partition(size: int, tiles_chunk: int, cluster_m: int, parts: int, lead: int) -> tuple:
+    """Boundaries of a ring call's groups: the first chunk starts with a group of `lead` clusters
+    (0: none) and splits the rest in `parts` pieces, the other chunks sent in `parts` pieces, the
+    own chunk one group. None if a piece would be empty."""
+    clusters = tiles_chunk // cluster_m
+    if lead >= clusters:
+        return None
+    bounds = []
+    for j in range(size):
+        base = j * tiles_chunk
+        if j == size - 1:
+            bounds.append(base)
+            continue
+        skip = lead if j == 0 else 0
+        if skip:
+            bounds.append(base)
+        rest = clusters - skip
+        if parts > rest:
+            return None
+        bounds.extend(base + (skip + i * rest // parts) * cluster_m for i in range(parts))
+    bounds.append(size * tiles_chunk)
+    return tuple(bounds)
+
+
+def ring_finish(bounds: tuple, size: int, tiles_chunk: int, chunk_bytes: int,
+                t_gemm: float) -> float:
+    """When a ring call's GEMM ends: its own pace, delayed by the latest partial sum (a copy
+    that lands later than the GEMM reaches the rows that add it, one chunk later in the visit
+    order, holds back everything after them)."""
+    total = bounds[-1]
+    t_ring = t_gemm * (1 + RING_GEMM_EXTRA)
+    late = 0.0
+    for g, end in copy_ends(bounds, 1, size, tiles_chunk, chunk_bytes, t_gemm):
+        wanted = t_ring * min(bounds[g + 1] + tiles_chunk, total) / total
+        late = max(late, end + RING_TAIL - wanted)
+    return t_ring + late
+
+
+def best_ring(size: int, tiles_chunk: int, cluster_m: int, chunk_bytes: int, t_gemm: float,
+              max_groups: int) -> Prediction:
+    """The ring partition (pieces per chunk, a short first group or not) that the model says
+    finishes first; ties go to fewer groups."""
+    found = None
+    for parts in range(1, MAX_PARTS + 1):
+        for lead in (0, 1, 2, 4):
+            bounds = ring_partition(size, tiles_chunk, cluster_m, parts, lead)
+            if bounds is None or len(bounds) - 1 > max_groups:
+                continue
+            ends = copy_ends(bounds, 1, size, tiles_chunk, chunk_bytes, t_gemm)
+            finish = ring_finish(bounds, size, tiles_chunk, chunk_bytes, t_gemm)
+            if found is None or finish < found.finish_s - 1e-6:
+                found = Prediction(bounds, "one", ends[-1][1] if ends else 0.0, finish)
     return found

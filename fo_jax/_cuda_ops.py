@@ -88,7 +88,7 @@ def _overlap_lowering(ctx, x, w, *, result_avals, axis_name, collective, plan, n
                 rounds=np.int32(plan.rounds),
                 sum_split=np.int32(SUM_SPLIT_CODES[plan.sum_split]),
                 copy_options=np.int32(int(plan.flag_stream) | 2 * int(plan.acks_first)),
-                epilogue_parts=np.int32(plan.epilogue_parts),
+                ring=np.int32(plan.ring),
                 **mesh_attrs)
 
 

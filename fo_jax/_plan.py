@@ -103,9 +103,9 @@ class GemmPlan:
     sum_split: str = "bands"
     flag_stream: bool = False
     acks_first: bool = False
-    # Copy engine: received chunks (0 or 1: the one received first) that the GEMM's epilogue adds
-    # to the own chunk, so that the sums after the GEMM read one chunk less.
-    epilogue_parts: int = 0
+    # Copy engine: the ring reduce-scatter (csrc/comm/peer_transport.h): each rank's GEMM adds
+    # the partial sums it receives in its epilogue, nothing is summed after it (sum_split unused).
+    ring: bool = False
 
     @property
     def num_groups(self) -> int:

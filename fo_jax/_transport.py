@@ -193,18 +193,14 @@ def _forced_sum_split(text: str, bounds: tuple, rounds: int, size: int, tiles_ch
     return split
 
 
-def _epilogue_parts(c: dict, size: int) -> int:
-    """1 if the GEMM's epilogue should add the chunk received first in the last round to the own
-    chunk (csrc/comm/peer_transport.h, epilogue_parts), else 0. Off unless
-    FO_JAX_CE_EPILOGUE_PARTS=1 (a measurement option): on one H200 the GEMM kernel with the
-    source ran ~9 us (2-3%) slower than the plain one at 8192x8192x2048 (every tile passes
-    through the source path; results/gemm_addend_probe_h200_2026-11-22_1ed0932.log), about what
-    the sums after the GEMM save by reading one chunk less (~11 us at their in-situ rate), so there
-    is no gain to claim (benchmarks/NOTES.md §21). It needs 3 or more ranks (with 2 the only
-    received chunk is the last one) and a GEMM config with an addend kernel; where the chunk has
-    not landed when the GEMM reaches the own chunk, the GEMM's epilogue waits for it."""
-    return int(size >= 3 and c["takes_addends"]
-               and _env_flag("FO_JAX_CE_EPILOGUE_PARTS") is True)
+def _ring(c: dict, collective: str, rounds: int) -> bool:
+    """Whether a copy-engine call runs as the ring reduce-scatter (csrc/comm/peer_transport.h):
+    a reduce-scatter (one round) whose GEMM config has a ping-pong kernel with an epilogue source
+    (gemm_configs' takes_addends), unless FO_JAX_CE_RING=0 (a measurement override) keeps the
+    direct form with its band sums after the GEMM (benchmarks/NOTES.md §22). copy_engine_plan
+    then takes it where the timing model says it finishes first (FO_JAX_CE_RING=1: always)."""
+    return (collective == "reduce_scatter" and rounds == 1 and bool(c["takes_addends"])
+            and bool(c["pingpong"]) and _env_flag("FO_JAX_CE_RING") is not False)
 
 
 def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size: int,
@@ -217,8 +213,9 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     FO_JAX_CE_BOUNDS = explicit boundaries and FO_JAX_CE_SPLIT_SUM = 0 / 1 / rows override it,
     for measurements; FO_JAX_CE_SUM_ROWS = 0 keeps the model from sums by rows, and
     FO_JAX_CE_FLAG_STREAM = 0 and FO_JAX_CE_ACKS_FIRST = 0 restore the copy stream's former
-    program: csrc/comm/peer_transport.h; FO_JAX_CE_EPILOGUE_PARTS = 1 has the GEMM's epilogue
-    add the first received chunk: _epilogue_parts). Every SM for one round; with more, all but
+    program: csrc/comm/peer_transport.h). A reduce-scatter whose config allows it runs as the
+    ring (_ring; its partition from _ce_model.best_ring, no sums). Every SM for one round; with
+    more, all but
     ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the GEMM, unless
     config.sm_budget says otherwise."""
     index = _config_index(dtype, m_total, n, k, config)
@@ -231,11 +228,15 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     t_gemm = _plan.estimate_seconds(collective, m_total, n, k)[0]
     all_reduce = collective == "all_reduce"
     max_groups = int(_cuda.module().max_gemm_groups())
-    epilogue_parts = _epilogue_parts(c, size)
     pred = _ce_model.best(rounds, size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
-                          all_reduce, max_groups,
-                          rows=_env_flag("FO_JAX_CE_SUM_ROWS") is not False,
-                          epilogue_parts=epilogue_parts)
+                          all_reduce, max_groups, rows=_env_flag("FO_JAX_CE_SUM_ROWS") is not False)
+    ring = False
+    if _ring(c, collective, rounds):  # the ring where the model says it finishes first
+        ring_pred = _ce_model.best_ring(size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
+                                        max_groups)
+        ring = ring_pred is not None and (ring_pred.finish_s < pred.finish_s
+                                          or _env_flag("FO_JAX_CE_RING") is True)
+        pred = ring_pred if ring else pred
     bounds, sum_split = pred.bounds, pred.sum_split
     parts = _env_int("FO_JAX_CE_PARTS")
     if parts is not None:
@@ -246,7 +247,7 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     if explicit:
         bounds = _explicit_bounds(explicit, rounds * size, tiles_chunk, c["cluster_m"], max_groups)
     forced_split = os.environ.get("FO_JAX_CE_SPLIT_SUM", "")
-    if forced_split:
+    if forced_split and not ring:
         sum_split = _forced_sum_split(forced_split, bounds, rounds, size, tiles_chunk)
     sm_budget = _sm_budget(config)
     if rounds > 1 and (config is None or config.sm_budget is None):
@@ -254,4 +255,4 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm_budget, rounds,
                           sum_split, flag_stream=_env_flag("FO_JAX_CE_FLAG_STREAM") is not False,
                           acks_first=_env_flag("FO_JAX_CE_ACKS_FIRST") is not False,
-                          epilogue_parts=epilogue_parts)
+                          ring=ring)

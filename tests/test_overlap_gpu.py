@@ -178,20 +178,21 @@ def test_copy_engine_all_reduce_rounds(rounds):
     _assert_all_calls_close(outs, x64, w64, tp, "all_reduce")
 
 
-@pytest.mark.parametrize("parts,split_sum,flags,epi", [
+@pytest.mark.parametrize("parts,split_sum,flags,ring", [
     (1, "0", False, 0), (2, "1", False, 0), (3, "0", False, 1), (4, "1", False, 0),
     (2, "rows", False, 1), (3, "rows", True, 0), (4, "1", True, 1), (2, "rows", True, 1)])
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
-def test_copy_engine_group_partitions(collective, parts, split_sum, flags, epi, monkeypatch):
+def test_copy_engine_group_partitions(collective, parts, split_sum, flags, ring, monkeypatch):
     """Each chunk copied in 1-4 pieces (one group each, copied as soon as it is done) and the
     last round summed in one pass, by bands or by rows (one pass per piece of the last chunk),
     with the copy stream's flags inline or (flags) on the flag stream and every
-    acknowledgement awaited first, and (epi) the first received chunk added by the GEMM's
-    epilogue (its addend kernel, waiting for the chunk's flag; 3 or more GPUs), against the
-    float64 product on every GPU's copy, back to back; the all-reduce in 2 rounds."""
+    acknowledgement awaited first; or (ring, reduce-scatter) the ring: every piece sent to the
+    previous rank, added by its GEMM's epilogue once its flag is in, the own band stored into
+    the output by the GEMM; against the float64 product on every GPU's copy, back to back; the
+    all-reduce in 2 rounds."""
     from fo_jax import _transport
 
-    monkeypatch.setenv("FO_JAX_CE_EPILOGUE_PARTS", str(epi))
+    monkeypatch.setenv("FO_JAX_CE_RING", str(ring))
     monkeypatch.setenv("FO_JAX_CE_PARTS", str(parts))
     monkeypatch.setenv("FO_JAX_CE_SPLIT_SUM", split_sum)
     monkeypatch.setenv("FO_JAX_CE_FLAG_STREAM", "1" if flags else "0")
@@ -201,16 +202,17 @@ def test_copy_engine_group_partitions(collective, parts, split_sum, flags, epi, 
     rounds = 2 if collective == "all_reduce" else None
     rng = np.random.default_rng(20 + parts)
     x, w, x64, w64 = random_operands(rng, 2048 * tp, 1024, 1536, jnp.bfloat16)
-    # The config with an addend kernel (the copy-engine shapes' own).
+    # The config with a ring kernel (the copy-engine shapes' own).
     cfg = fo_jax.OverlapConfig(transport="copy_engine", copy_engine_rounds=rounds,
                                allow_fallback=False, gemm_config="pp_128x192x64_c2")
     plan = _transport.copy_engine_plan(collective, jnp.dtype(jnp.bfloat16), 2048 * tp, 1536,
                                        1024 // tp, tp, cfg)  # per-rank x[M, K / tp]
     h = plan.rounds
     assert plan.num_groups == h * (parts * (tp - 1) + 1), plan
-    assert plan.sum_split == {"0": "one", "1": "bands", "rows": "rows"}[split_sum]
+    assert plan.ring == (ring == 1 and collective == "reduce_scatter"), plan
+    if not plan.ring:
+        assert plan.sum_split == {"0": "one", "1": "bands", "rows": "rows"}[split_sum]
     assert plan.flag_stream == flags and plan.acks_first == flags
-    assert plan.epilogue_parts == (epi if tp >= 3 else 0), plan
     f = _tp_fn(mesh, collective, config=cfg)
     outs = [f(x, w) for _ in range(20)]
     jax.block_until_ready(outs)

@@ -119,7 +119,7 @@ cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int row, int g,
 }
 
 // Visits a call's copies in order: round h, step j sends chunk (h, (me + 1 + j) % P) to its
-// owner's slot, group by group. Calls step(h, j, to, true) before a step's copies, copy(g, index,
+// owner's slot (the ring: to rank me - 1's slot j), group by group. Calls step(h, j, to, true) before a step's copies, copy(g, index,
 // ordinal, to, dst, src, bytes) for each (index: its place in the call, ordinal: its place among
 // the call's copies to that peer) and step(h, j, to, false) after them; stops at the first error.
 template <class Step, class Copy>
@@ -132,12 +132,12 @@ cudaError_t ForEachCopy(const CopyJob& job, int P, int me, Step&& step, Copy&& c
   int sent_to[kMaxPeerRanks] = {};  // to each peer
   for (int h = 0; h < a.rounds; ++h) {
     for (int j = 0; j + 1 < P; ++j) {
-      const int to = (me + 1 + j) % P;
+      const int to = a.ring ? (me + P - 1) % P : (me + 1 + j) % P;
       const int L = h * P + j;  // logical chunk
       cudaError_t err = step(h, j, to, true);
       if (err != cudaSuccess) return err;
       char* dst = static_cast<char*>(job.peer_recv[to]) + Slot(P, h, j) * chunk_bytes;
-      const char* src = ws + ChunkOffset(P, h, to, chunk_bytes);
+      const char* src = ws + ChunkOffset(P, h, (me + 1 + j) % P, chunk_bytes);
       for (int g = a.chunk_first_group[L]; g < a.chunk_first_group[L + 1]; ++g) {
         const size_t at = size_t(a.group_begin[g] - L * a.tiles_chunk) * tile_row_bytes;
         const size_t bytes = size_t(a.group_begin[g + 1] - a.group_begin[g]) * tile_row_bytes;
@@ -206,13 +206,18 @@ void ReleaseAfterFailure(CommState& s, const CopyJob& job) {
   const bool by_rows = job.a.sum_split == PeerCollectiveArgs::SumSplit::kByRows;
   std::string ignored;
   auto flag = [&](int h, int j, int to, bool begin) {
-    if (!begin) {
+    if (!begin && !job.a.ring) {
       (void)EnqueueWriteValue(p.copy_stream, Region(job.peer_sync[to], kArrived) + Slot(P, h, j),
                               job.epoch, &ignored);
     }
     return cudaSuccess;
   };
   auto piece = [&](int g, int, int, int to, char*, const char*, size_t) {
+    if (job.a.ring) {
+      (void)EnqueueWriteValue(p.copy_stream, Region(job.peer_sync[to], kRingArrived) + g,
+                              job.epoch, &ignored);
+      return cudaSuccess;
+    }
     const int k = LastChunkPiece(job.a, P, g);
     if (by_rows && k >= 0) {
       (void)EnqueueWriteValue(p.copy_stream, Region(job.peer_sync[to], kLastPieces) + k,
@@ -278,27 +283,34 @@ cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, std::string* error) 
   auto wait_ack = [&](int to) {
     return EnqueueWaitGeq(cs, Region(p.sync, kRecvAcked) + to, e - 1, false, error);
   };
-  if (a.acks_first) {
+  if (a.acks_first && !a.ring) {
     for (int j = 0; j + 1 < P && err == cudaSuccess; ++j) err = wait_ack((me + 1 + j) % P);
     if (err != cudaSuccess) return err;
     RecordTimelineMarkAt(s, job.row, kCopyAcked, cs);
   }
   FlagWriter flags{p, a.flag_stream, error}, inline_flags{p, false, error};
   const int last = LastSentChunk(P, H);
-  const bool by_rows = a.sum_split == PeerCollectiveArgs::SumSplit::kByRows;
+  const bool by_rows = !a.ring && a.sum_split == PeerCollectiveArgs::SumSplit::kByRows;
   auto step = [&](int h, int j, int to, bool begin) {
     cudaError_t r = cudaSuccess;
     if (begin) {
-      if (h == 0 && !a.acks_first) {
+      if (h == 0 && (a.ring ? j == 0 : !a.acks_first)) {  // the ring's one receiver: once
         r = wait_ack(to);
         if (r == cudaSuccess && j == 0) RecordTimelineMarkAt(s, job.row, kCopyAcked, cs);
+      }
+      return r;
+    }
+    const bool last_step = h * P + j == last;
+    if (a.ring) {  // its groups were flagged as they landed (copy below)
+      if (j < kTimelineCopySlots) {
+        RecordTimelineMarkAt(s, job.row, TimelineMark(kCopySent0 + j),
+                             last_step ? cs : flags.stream());
       }
       return r;
     }
     // The last step's flags stay on the copy stream, which has nothing left to do: the flag
     // stream's event adds ~5 us between a copy's end and its flag (results/
     // timeline_probe_tp4_2026-11-22_a349b20.log), and the call's last sums wait for these.
-    const bool last_step = h * P + j == last;
     FlagWriter& w = last_step ? inline_flags : flags;
     r = w.Fence();
     if (r == cudaSuccess && last_step && by_rows) {  // the step's last piece (the others: copy)
@@ -316,6 +328,17 @@ cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, std::string* error) 
   auto copy = [&](int g, int index, int ordinal, int to, char* dst, const char* src,
                   size_t bytes) {
     cudaError_t r = GatedCopy(s, a, job.row, g, index, ordinal, to, dst, src, bytes, error);
+    if (r == cudaSuccess && a.ring) {
+      // Each group's flag as soon as it lands (the receiver's GEMM waits for it); the last
+      // group's on the copy stream, which has nothing left to do, followed by this rank's own
+      // copies being done (XLA's stream waits for that: the copies read its workspace).
+      const bool last_group = g + 1 == a.chunk_first_group[last + 1];
+      FlagWriter& w = last_group ? inline_flags : flags;
+      r = w.Fence();
+      if (r == cudaSuccess) r = w.Write(Region(job.peer_sync[to], kRingArrived) + g, e);
+      if (r == cudaSuccess && last_group) r = w.Write(Region(p.sync, kOwnCopies), e);
+      return r;
+    }
     // kByRows: each piece of the last step but its last is flagged as soon as it lands (the
     // last one with the step's flag).
     if (r == cudaSuccess && by_rows && g >= a.chunk_first_group[last] &&

@@ -112,17 +112,13 @@ cudaError_t EnqueueLastRoundSums(CommState& s, cudaStream_t stream, const PeerCo
   const int P = s.nranks, h = a.rounds - 1;
   const size_t chunk_elems = a.band_elems / a.rounds;
   const size_t chunk_bytes = chunk_elems * 2;
-  // The GEMM's epilogue added the first E received chunks to the own one: the sums read slots
-  // E .. P - 2 (and wait for their flags) only.
-  const int E = a.epilogue_parts;
-  slots += E * chunk_bytes;
-  const uint32_t* arrived = Region(p.sync, kArrived) + Slot(P, h, E);  // slot E + j: arrived[j]
+  const uint32_t* arrived = Region(p.sync, kArrived) + Slot(P, h, 0);
   const uint32_t* own_copies = Region(p.sync, kOwnCopies);
   using Split = PeerCollectiveArgs::SumSplit;
   const int L = LastSentChunk(P, a.rounds);
   const int pieces = a.chunk_first_group[L + 1] - a.chunk_first_group[L];
   Split split = a.sum_split;
-  if ((split == Split::kByBands && P - E == 2) || (split == Split::kByRows && pieces == 1)) {
+  if ((split == Split::kByBands && P == 2) || (split == Split::kByRows && pieces == 1)) {
     split = Split::kOnePass;  // the same passes
   }
   const void* parts[kMaxPeerRanks];
@@ -136,13 +132,13 @@ cudaError_t EnqueueLastRoundSums(CommState& s, cudaStream_t stream, const PeerCo
       const size_t off = size_t(a.group_begin[g] - L * a.tiles_chunk) * a.tile_row_elems;
       const size_t count = size_t(a.group_begin[g + 1] - a.group_begin[g]) * a.tile_row_elems;
       parts[0] = own + off * 2;
-      for (int j = 0; j + 1 < P - E; ++j) parts[j + 1] = slots + j * chunk_bytes + off * 2;
+      for (int j = 0; j + 1 < P; ++j) parts[j + 1] = slots + j * chunk_bytes + off * 2;
       const ArrivalWait wait =
-          k == 0 ? ArrivalWait{arrived, P - 2 - E, e, piece_flags}
+          k == 0 ? ArrivalWait{arrived, P - 2, e, piece_flags}
                  : ArrivalWait{piece_flags + k, 1, e, k + 1 == pieces ? own_copies : nullptr};
       RemoteOutputs rows = remote;
       rows.offset_bytes += off * 2;
-      err = LaunchBandSum(stream, a.dtype, parts, P - E, out + off * 2, count, error, 0, rows,
+      err = LaunchBandSum(stream, a.dtype, parts, P, out + off * 2, count, error, 0, rows,
                           wait, /*from_end=*/true);
       if (err != cudaSuccess) return err;
       if (k == 0 || k + 1 == pieces) {
@@ -155,7 +151,7 @@ cudaError_t EnqueueLastRoundSums(CommState& s, cudaStream_t stream, const PeerCo
   // last one is in flight, then out += last chunk (at 8192x8192x2048 the last copy ended ~30 us
   // after the GEMM; when the copies end with the GEMM one pass moves fewer bytes).
   const bool bands = split == Split::kByBands;
-  const int early = bands ? P - 2 - E : P - 1 - E;  // received chunks summed in the first pass
+  const int early = bands ? P - 2 : P - 1;  // received chunks summed in the first pass
   parts[0] = own;
   for (int j = 0; j < early; ++j) parts[j + 1] = slots + j * chunk_bytes;
   // The first pass sweeps from the band's end: the GEMM wrote the own chunk's last rows last, so
@@ -169,9 +165,9 @@ cudaError_t EnqueueLastRoundSums(CommState& s, cudaStream_t stream, const PeerCo
   if (!bands) return cudaSuccess;
   // out = out + last chunk, elementwise in place (each element read before it is written, by
   // the same thread).
-  const void* last[2] = {out, slots + (P - 2 - E) * chunk_bytes};
+  const void* last[2] = {out, slots + (P - 2) * chunk_bytes};
   err = LaunchBandSum(stream, a.dtype, last, 2, out, chunk_elems, error, 0, remote,
-                      ArrivalWait{arrived + P - 2 - E, 1, e, own_copies});
+                      ArrivalWait{arrived + P - 2, 1, e, own_copies});
   if (err != cudaSuccess) return err;
   RecordTimelineMark(s, kSecondSumEnd, stream);
   return cudaSuccess;
@@ -278,23 +274,26 @@ std::string PeerAccessProblem(const std::vector<int>& ordinals) {
   return "";
 }
 
-std::string SetGemmAddends(CommState& s, const PeerCollectiveArgs& a, int tiles_chunk,
-                           SignalingGemmArgs& gemm) {
-  const int P = s.nranks, H = a.rounds;
-  if (a.epilogue_parts == 0) return "";
-  if (a.epilogue_parts != 1 || P < 3) return "epilogue_parts must be 0, or 1 with 3 or more ranks";
-  if (!s.peer || s.peer->recv == nullptr) return "epilogue addends before PreparePeerTransport";
-  if (!GemmConfigTakesAddends(gemm.config)) {
+std::string SetGemmRing(CommState& s, const PeerCollectiveArgs& a, int tiles_chunk,
+                        SignalingGemmArgs& gemm) {
+  if (!a.ring) return "";
+  const int P = s.nranks;
+  if (a.all_reduce || a.rounds != 1) return "the ring is a reduce-scatter of one round";
+  if (!s.peer || s.peer->recv == nullptr) return "the ring's addends before PreparePeerTransport";
+  if (!GemmConfigTakesAddends(gemm.config) || !GetGemmConfig(gemm.config).pingpong) {
     return std::string("GEMM config ") + GetGemmConfig(gemm.config).name +
-           " has no kernel with addends (epilogue_parts)";
+           " has no ping-pong kernel with addends (the ring needs one)";
   }
   PeerState& p = *s.peer;
-  const size_t chunk_bytes = a.band_elems / H * 2;
-  const int slot = Slot(P, H - 1, 0);
-  gemm.addend_first_tile_row = (H * P - 1) * tiles_chunk;
-  gemm.addend = static_cast<const char*>(p.recv) + slot * chunk_bytes;
-  gemm.addend_flag = Region(p.sync, kArrived) + slot;
+  // Receive slot j holds rank r + 1's step j, whose logical rows are this rank's step j + 1
+  // rows minus one chunk; its groups are flagged by the sender's group index, which is the
+  // group of the source rows in the shared group table (SignalingGemmArgs::addend_flags).
+  gemm.addend = p.recv;
+  gemm.addend_first_tile_row = tiles_chunk;
+  gemm.addend_flags = Region(p.sync, kRingArrived);
   gemm.addend_flag_value = p.epoch + 1;  // EnqueuePeerCollective's ++p.epoch
+  gemm.tail_out = a.out;
+  gemm.tail_first_tile_row = (P - 1) * tiles_chunk;
   return "";
 }
 
@@ -327,8 +326,8 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     return cudaErrorInvalidValue;
   }
   const int L = LastSentChunk(P, H);
-  if (a.epilogue_parts < 0 || a.epilogue_parts > 1 || a.epilogue_parts > P - 2) {
-    *error = "copy-engine transport: epilogue_parts must be 0 or 1 and at most P - 2";
+  if (a.ring && (a.all_reduce || H != 1)) {
+    *error = "copy-engine transport: the ring is a reduce-scatter of one round";
     return cudaErrorInvalidValue;
   }
   if (a.sum_split == PeerCollectiveArgs::SumSplit::kByRows &&
@@ -433,6 +432,22 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   // The last round on XLA's stream, after the GEMM.
   const int h = H - 1;
   RecordTimelineMark(s, kGemmEnd, xla_stream);
+  if (a.ring) {
+    // The GEMM summed and stored the own band; the call ends once this rank's copies, which
+    // read the workspace, are done (their last group lands about when the GEMM ends).
+    err = EnqueueWaitGeq(xla_stream, Region(p.sync, kOwnCopies), e, false, error);
+    if (err == cudaSuccess) err = cudaEventRecord(job.sums_ended, xla_stream);
+    if (err != cudaSuccess) {
+      if (error->empty()) *error = "recording the ring GEMM's end for the acknowledgements";
+      return err;
+    }
+    if (!p.copy_thread) {
+      err = EnqueueAcks(s, job, error);
+      if (err != cudaSuccess) return err;
+    }
+    RecordTimelineMark(s, kCallEnd, xla_stream);
+    return cudaSuccess;
+  }
   if (a.all_reduce) {
     err = WaitForPeers(p, xla_stream, kOutReady, P, me, e, error);
     if (err != cudaSuccess) return err;
@@ -533,6 +548,7 @@ std::string DescribePeerStateForDebug(CommState& s) {
   list("out_ready", host + kOutReady * kMaxPeerRanks, P);
   list("own_copies", host + kOwnCopies * kMaxPeerRanks, 1);
   list("last_pieces", host + kLastPieces * kMaxPeerRanks, kMaxPeerRanks);
+  list("ring_arrived", host + kRingArrived * kMaxPeerRanks, std::max(groups, 1));
   if (groups > 0) {  // the latest call's GEMM progress (XLA may have reused the memory since)
     list("last_call_counters", host + words, groups);
     list("of", p.last_expected, groups);

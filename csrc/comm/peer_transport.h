@@ -9,6 +9,16 @@
 // flight, then the last; or one pass of all of them per piece of the last band, as each piece
 // lands: PeerCollectiveArgs::sum_split). That is the reduce-scatter.
 //
+// The ring reduce-scatter (PeerCollectiveArgs::ring) needs no sums after the GEMM: band b is
+// computed by rank b + 1 at step 0, by rank b + 2 at step 1 (which adds what rank b + 1 computed,
+// in the GEMM's epilogue: SignalingGemmArgs' addend), ..., and by rank b itself last, whose
+// epilogue adds the partial sum of the other P - 1 ranks and stores the band straight into the
+// output (SignalingGemmArgs::tail_out). So every rank sends each of its first P - 1 steps to
+// rank r - 1, group by group (receive slot j, flag kRingArrived[g] after each group's copy),
+// and the GEMM's epilogue waits for each group's flag before it loads those rows. The bytes sent
+// are the same as the direct form's (P - 1 bands); what goes is the ~60 us of band sums after
+// the GEMM (benchmarks/NOTES.md §22).
+//
 // All-reduce = that reduce-scatter with the GEMM writing straight into the output, then an
 // all-gather by the SMs (idle once the GEMM is done): the last band-sum pass stores the summed
 // band into the same rows of every peer's output over NVLink, then flags it. An output is this
@@ -71,8 +81,10 @@ enum PeerSyncRegion {
   kOwnCopies = 9,  // [0]: epoch of this rank's latest call whose pushes have all completed
   kLastPieces = 10,  // [k]: epoch in which piece k of the last received chunk arrived
                      // (SumSplit::kByRows: the sender flags each group of its last step)
-  kSyncRegions = 11,
+  kRingArrived = 11,  // 4 regions: [g]: epoch in which the ring's sender's group g arrived
+  kSyncRegions = 15,
 };
+static_assert(4 * kMaxPeerRanks >= kMaxGemmGroups, "kRingArrived holds a flag per group");
 constexpr int kMaxReceiveSlots = 4 * kMaxPeerRanks;  // rounds * (P - 1)
 
 // Per communicator (CommState::peer): buffers, flags, the peers' addresses, copy streams.
@@ -117,7 +129,7 @@ struct PeerState {
   // node's original contexts (CUDA's documentation), so a few graphs are kept per peer: one per
   // copy of a call to that peer (each group keeps its operands, and a launch with unchanged
   // operands skips the update), which also serve other kinds of memory (GatedCopy).
-  static constexpr int kCopyGraphs = 4;
+  static constexpr int kCopyGraphs = 16;  // the ring sends every group to one peer
   std::mutex graph_mu;  // the slots below: XLA's thread fills empty ones, the copy thread updates
   cudaGraph_t copy_graph[kMaxPeerRanks][kCopyGraphs] = {};
   cudaGraphExec_t copy_exec[kMaxPeerRanks][kCopyGraphs] = {};
@@ -193,23 +205,21 @@ struct PeerCollectiveArgs {
   // Wait for every step's receiver to acknowledge the previous call before the first copy,
   // instead of before each step's copies (one wait fewer at each step boundary).
   bool acks_first = false;
-  // Received chunks of the last round that the GEMM's epilogue has already added to the own
-  // chunk (0 or 1: the one received first, slot 0 of the last round; SetGemmAddends gives the
-  // GEMM its address and flag): the sums after the GEMM read one chunk less. It lands while
-  // the GEMM still computes the other chunks (at 8192x8192x2048 ~100 us before the own band).
-  // A measurement option (fo_jax/_transport.py, _epilogue_parts): the GEMM kernel with the
-  // source costs about what the sums save (benchmarks/NOTES.md §21).
-  int epilogue_parts = 0;
+  // The ring reduce-scatter (see the top of this file; rounds 1): steps 0 .. P - 2 go to rank
+  // r - 1, each group flagged on landing, and the GEMM's epilogue adds the partial sums
+  // (SetGemmRing gives it their address, flags and the output); nothing is summed after the
+  // GEMM. sum_split is then unused.
+  bool ring = false;
 };
 
-// For args.epilogue_parts == 1: sets the GEMM's addend to the last round's first receive slot
-// (the chunk received first) and its arrival flag, for the call that EnqueuePeerCollective
-// enqueues next (the next epoch: call it right before that GEMM, under the state's lock), and
-// addend_first_tile_row to the first logical tile-row of the last round's own chunk. Needs a
-// reduce-scatter or all-reduce of P >= 3 (with P = 2 the only received chunk is the last one),
-// PreparePeerTransport done and the GEMM config's addend kernel. "" or why not.
-std::string SetGemmAddends(CommState& state, const PeerCollectiveArgs& args, int tiles_chunk,
-                           SignalingGemmArgs& gemm);
+// For args.ring: sets the GEMM's addend to the receive slots (the partial sums of rank r + 1's
+// steps 0 .. P - 2, added from logical tile-row tiles_chunk on), its flags to kRingArrived for
+// the call that EnqueuePeerCollective enqueues next (the next epoch: call it right before that
+// GEMM, under the state's lock), and its tail output (the own chunk, the last) to args.out.
+// Needs a reduce-scatter of one round, PreparePeerTransport done and the GEMM config's addend
+// kernel. "" or why not.
+std::string SetGemmRing(CommState& state, const PeerCollectiveArgs& args, int tiles_chunk,
+                        SignalingGemmArgs& gemm);
 
 // Sets args' groups from the GEMM's (group_begin[0 .. num_groups]) and its chunk -> first group
 // map; args.rounds and band_elems must be set. "" or why the groups do not refine the rounds x P
@@ -233,9 +243,10 @@ cudaEvent_t NextPeerInputsEvent(CommState& state);
 // counters zeroed, NextPeerInputsEvent's event recorded, then the GEMM launched with
 // rotate_tile_rows = ((rank + 1) % P) * chunk tile-rows and the groups given to SetPeerGroups.
 // Enqueues (or has the copy thread enqueue) the copies and the acknowledgements on the copy
-// stream, the band sums (without the chunks the GEMM's epilogue added: epilogue_parts) (with the stores of an all-reduce) on `xla_stream` (the rounds before
-// the last on the sum stream); the last sum also waits for this rank's own copies (they read the
-// workspace), and an all-reduce's end for the peers' stores.
+// stream, the band sums (with the stores of an all-reduce) on `xla_stream` (the rounds before
+// the last on the sum stream; none for the ring); the last sum (the ring: XLA's stream) also
+// waits for this rank's own copies (they read the workspace), and an all-reduce's end for the
+// peers' stores.
 cudaError_t EnqueuePeerCollective(CommState& state, cudaStream_t xla_stream,
                                   const PeerCollectiveArgs& args, std::string* error);
 

@@ -56,7 +56,7 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
                        int32_t config, ffi::Span<const int32_t> group_begin, int32_t sm_budget,
                        int32_t nccl_max_ctas, bool spin_wait, int32_t transport,
                        int32_t rounds, int32_t sum_split, int32_t copy_options,
-                       int32_t epilogue_parts, int32_t nranks, int32_t process,
+                       int32_t ring, int32_t nranks, int32_t process,
                        ffi::Span<const int32_t> mesh_process, ffi::Span<const int32_t> mesh_local,
                        ffi::Span<const int32_t> mesh_rank, ffi::Span<const int32_t> mesh_group,
                        ffi::Span<const uint8_t> unique_ids) {
@@ -183,20 +183,21 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     msg = SetPeerGroups(peer, nranks, args.group_begin, args.num_groups, tiles_chunk,
                         static_cast<size_t>(c.tile_m) * static_cast<size_t>(N));
     if (!msg.empty()) return ffi::Error::InvalidArgument("fo_jax: copy-engine transport: " + msg);
-    if (sum_split < 0 || sum_split > 2 || copy_options < 0 || copy_options > 3) {
+    if (sum_split < 0 || sum_split > 2 || copy_options < 0 || copy_options > 3 ||
+        (ring != 0 && ring != 1)) {
       return ffi::Error::InvalidArgument(
-          "fo_jax: copy-engine transport: bad sum_split / copy_options");
+          "fo_jax: copy-engine transport: bad sum_split / copy_options / ring");
     }
     peer.sum_split = static_cast<PeerCollectiveArgs::SumSplit>(sum_split);
     peer.flag_stream = (copy_options & 1) != 0;
     peer.acks_first = (copy_options & 2) != 0;
-    peer.epilogue_parts = epilogue_parts;
+    peer.ring = ring == 1;
     const size_t band_bytes = peer.band_elems * 2;
     msg = PreparePeerTransport(*state, (nranks - 1) * band_bytes);
     if (!msg.empty()) return ffi::Error::Internal("fo_jax: " + msg);
-    // The chunk received first, added by the GEMM's epilogue (its address and flag are known
-    // only now: the receive buffer may just have grown).
-    msg = SetGemmAddends(*state, peer, tiles_chunk, args);
+    // The ring's partial sums, added by the GEMM's epilogue (their address is known only now:
+    // the receive buffer may just have grown), and its own band, stored into the output.
+    msg = SetGemmRing(*state, peer, tiles_chunk, args);
     if (!msg.empty()) return ffi::Error::InvalidArgument("fo_jax: copy-engine transport: " + msg);
   }
 
@@ -259,8 +260,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
                                                          //   2 rows (PeerCollectiveArgs)
         .Attr<int32_t>("copy_options")                   // copy engine: 1 flag stream,
                                                          //   2 acks first
-        .Attr<int32_t>("epilogue_parts")                 // copy engine: received chunks the
-                                                         //   GEMM's epilogue adds (0 / 1)
+        .Attr<int32_t>("ring")                           // copy engine: 1 ring reduce-scatter
         .Attr<int32_t>("nranks")                         // axis size
         .Attr<int32_t>("process")                        // this process's index
         .Attr<ffi::Span<const int32_t>>("mesh_process")  // per mesh device: process index

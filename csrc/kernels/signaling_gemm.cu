@@ -143,15 +143,26 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
                     args.addend_first_tile_row >= 0 && args.addend_first_tile_row < tiles_m &&
                     static_cast<long long>(tiles_m - args.addend_first_tile_row) * c.tile_m *
                             args.n < (1LL << 31) &&
-                    args.addend_flag != nullptr && Aligned16(args.addend);
+                    args.addend_flags != nullptr && Aligned16(args.addend);
     if (!ok) {
       return Fail(error, kBad,
                   "an addend needs batch 1, m a multiple of tile_m * cluster_m (no padding tile "
-                  "that would load a source but store nothing), a flag, 16-byte alignment, a "
+                  "that would load a source but store nothing), flags, 16-byte alignment, a "
                   "first tile-row inside the output and fewer than 2^31 elements");
     }
     if (!GemmConfigTakesAddends(cfg)) {
       return Fail(error, kBad, std::string("config ") + c.name + " has no kernel with an addend");
+    }
+  }
+  if (args.tail_out != nullptr) {
+    // The tail's stores use a second CUTLASS epilogue object per tile, which relies on the
+    // ping-pong kernel ending every tile with store_tail (signaling_gemm_kernel.cuh).
+    const bool ok = args.addend != nullptr && c.pingpong && args.tail_first_tile_row > 0 &&
+                    args.tail_first_tile_row < tiles_m && Aligned16(args.tail_out);
+    if (!ok) {
+      return Fail(error, kBad,
+                  "a tail output needs an addend, a ping-pong config, 16-byte alignment and a "
+                  "first tile-row inside the output (not 0)");
     }
   }
   const long long units = static_cast<long long>(args.batch) * tiles_m *

@@ -91,19 +91,27 @@ struct SignalingGemmArgs {
   bool zero_counters_on_launch = false;
   cudaEvent_t after_zero_event = nullptr;
   // Addend (batch 1, whole tiles of whole clusters, configs with GemmConfigTakesAddends only;
-  // nullptr: none): every tile of logical tile-row >= addend_first_tile_row adds
-  // addend[(row - addend_first_tile_row * tile_m) * n + col] (a row-major [rows, n] matrix of the
-  // GEMM's dtype, 16-byte aligned) in fp32 before its one rounding (a CUTLASS epilogue source,
-  // loaded by TMA). It is read only after *addend_flag >= addend_flag_value (acquire loads at
-  // system scope: another GPU writes the flag with a stream memory operation after its copy into
-  // the addend). The copy-engine
-  // reduce-scatter adds the band received first to its own band this way, so that the band sums
-  // after the GEMM read one band less (comm/peer_transport.h). The wait is in the producer's
-  // epilogue warp: it holds back only that CTA's epilogue, never a counter of another group.
+  // nullptr: none): every tile of logical tile-row t >= addend_first_tile_row adds
+  // addend[((t - addend_first_tile_row) * tile_m + i) * n + col] (a row-major [rows, n] matrix of
+  // the GEMM's dtype, 16-byte aligned) in fp32 before its one rounding (a CUTLASS epilogue
+  // source, loaded by TMA). The addend's tile-row s = t - addend_first_tile_row is read only once
+  // addend_flags[g] >= addend_flag_value, g being the group of this launch's table that holds
+  // tile-row s (acquire loads at system scope): the addend is another GPU's output of the same
+  // group table, copied into this GPU group by group, each group's flag written by a stream
+  // memory operation after its copy. The copy-engine reduce-scatter's ring uses it: each rank
+  // adds the partial sum that the next rank computed one step earlier (comm/peer_transport.h).
+  // The wait is in the producer's epilogue warp: it holds back only that CTA's epilogue.
   const void* addend = nullptr;
   int addend_first_tile_row = 0;
-  const uint32_t* addend_flag = nullptr;
+  const uint32_t* addend_flags = nullptr;  // num_groups words of device memory
   uint32_t addend_flag_value = 0;
+  // Tail output (with an addend, ping-pong configs only; nullptr: none): the tiles of logical
+  // tile-rows t >= tail_first_tile_row are stored at rows (t - tail_first_tile_row) * tile_m of
+  // tail_out (a row-major [(tiles_m - tail_first_tile_row) * tile_m, n] matrix, 16-byte aligned)
+  // instead of into D; their counters still count them. The ring's own band goes straight into
+  // the reduce-scatter's output this way.
+  void* tail_out = nullptr;
+  int tail_first_tile_row = 0;
 };
 
 // Tiles whose completion counters[g] counts, for the configuration args.config (resolved with

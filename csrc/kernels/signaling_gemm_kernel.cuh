@@ -45,10 +45,16 @@ struct EpilogueParams {
   // SignalingGemmArgs' addend (kernels with a source only): logical tile-rows >= addend_first
   // add the source, rows from (tile-row - addend_first) * tile_m on; addend_tiles: tile-rows of
   // the source (a coordinate there or beyond is outside it: TMA fills zeros, reads nothing).
+  // The source's tile-row s is read once addend_flags[group of s] >= addend_flag_value.
   int addend_first = 0;
   int addend_tiles = 0;
   uint32_t addend_flag_value = 0;
-  const uint32_t* addend_flag = nullptr;
+  const uint32_t* addend_flags = nullptr;
+  // SignalingGemmArgs' tail output (kernels with a source only; nullptr: none): logical
+  // tile-rows >= tail_first are stored into tail_out (tail_tiles tile-rows) instead of D.
+  void* tail_out = nullptr;
+  int tail_first = 0;
+  int tail_tiles = 0;
 };
 
 // Predicated register -> global store of one tile whose first destination row is dst_row0 and
@@ -119,10 +125,15 @@ CUTLASS_DEVICE void StoreDirect(EpilogueParams const& p, int64_t dst_row0, int v
 // 0.4-1.3% against counters == nullptr on the TP shapes with 8 groups; per-tile modes cost more.
 // ---------------------------------------------------------------------------------------------
 // kSource: CUTLASS's epilogue with a source C (D = acc + C, C loaded by TMA in the producer's
-// epilogue warp), for SignalingGemmArgs' addend, a [rows, n] matrix. Every tile loads it, at its own rows for the tiles that add it and outside it (TMA's
-// zero fill, no memory read) for the others; the epilogue warp waits for the addend's flag
-// before loading a tile that adds it. (Adding it from the consumer warps' registers instead
-// spilled registers in the ping-pong kernel, whose 192 accumulators per thread leave ~40.)
+// epilogue warp), for SignalingGemmArgs' addend, a [rows, n] matrix. Every tile loads it, at its
+// own rows for the tiles that add it and outside it (TMA's zero fill, no memory read) for the
+// others; the epilogue warp waits for the flag of the addend rows' group before loading a tile
+// that adds them. (Adding it from the consumer warps' registers instead spilled registers in the
+// ping-pong kernel, whose 192 accumulators per thread leave ~40.) The tiles of the tail output
+// (SignalingGemmArgs::tail_out) are stored by a second CUTLASS epilogue object whose parameters
+// hold the tail's TMA store descriptor, made for each such tile: its only state across tiles,
+// the count of issued stores, starts at 0, as the kernel's own object's does after store_tail(),
+// which the ping-pong kernel calls after every tile (the launcher allows no other kernel).
 template <class Element, class TileShape, class ClusterShape, bool kPingpong, bool kSource>
 struct TmaEpilogueInner {
   using Stride = cute::Stride<int64_t, cute::Int<1>, int64_t>;
@@ -155,6 +166,7 @@ class SignalingTmaEpilogue
     typename Inner::Params inner;
     EpilogueParams signal;
     uint32_t tma_transaction_bytes = 0;  // read by the kernel (epilogue load pipeline)
+    typename Inner::Params tail;  // kSource with a tail output: its TMA store descriptor
   };
 
   static constexpr int kTileM = cute::size<0>(TileShape{});
@@ -180,6 +192,13 @@ class SignalingTmaEpilogue
                                            int(cute::get<1>(ps)), int(cute::get<2>(ps)), 1);
       p.inner.tma_load_c =
           Inner::to_underlying_arguments(source_shape, args.inner, workspace).tma_load_c;
+      if (args.signal.tail_out != nullptr) {  // the tail output as D: [tail rows, n]
+        typename Inner::Arguments tail_args = args.inner;
+        tail_args.ptr_D = static_cast<Element*>(args.signal.tail_out);
+        auto tail_shape = cute::make_shape(args.signal.tail_tiles * kTileM,
+                                           int(cute::get<1>(ps)), int(cute::get<2>(ps)), 1);
+        p.tail = Inner::to_underlying_arguments(tail_shape, tail_args, workspace);
+      }
     }
     p.signal = args.signal;
     p.tma_transaction_bytes = p.inner.tma_transaction_bytes;
@@ -204,7 +223,7 @@ class SignalingTmaEpilogue
   }
 
   CUTLASS_HOST_DEVICE SignalingTmaEpilogue(Params const& params, TensorStorage& shared)
-      : Inner(params.inner, shared), p_(&params.signal) {}
+      : Inner(params.inner, shared), p_(&params.signal), tail_params_(&params.tail) {}
 
   // The producer's epilogue warp (kSource only: without a source nothing calls it): the tile's
   // source rows are the addend's rows of its tile-row if it adds it (after the addend's flag is
@@ -220,7 +239,7 @@ class SignalingTmaEpilogue
     int source_row = p.addend_tiles;  // outside the addend: zeros
     if (m_idx >= p.addend_first) {  // (no padding tiles: the launcher requires whole clusters)
       source_row = m_idx - p.addend_first;
-      wait_for_addend();
+      wait_for_addend(group_of(source_row));
     }
     auto source_coord = make_coord(source_row, get<1>(tile_coord), get<2>(tile_coord), 0);
     auto source_shape = make_shape(p.addend_tiles * kTileM, int(get<1>(problem_shape)),
@@ -276,10 +295,25 @@ class SignalingTmaEpilogue
         flush_signal(thread_idx);
       }
       if (use_tma) {
+        auto flat_shape = Flat(problem_shape);
         auto flat_coord = make_coord(int(dst_row0 / kTileM), n_idx, get<2>(tile_coord), 0);
-        result = Inner::store(load_pipeline, load_state, store_pipeline, store_state,
-                              Flat(problem_shape), tile_shape, flat_coord, accumulators,
-                              tiled_mma, thread_idx, shared, rest...);
+        Inner* target = this;
+        if constexpr (kSource) {
+          // One inlined store either way: the tail tile only swaps the object, shape and row.
+          Inner tail(*tail_params_, shared);
+          if (p.tail_out != nullptr && m_idx >= p.tail_first) {
+            target = &tail;
+            get<0>(flat_shape) = p.tail_tiles * kTileM;
+            get<0>(flat_coord) = m_idx - p.tail_first;
+          }
+          result = target->store(load_pipeline, load_state, store_pipeline, store_state,
+                                 flat_shape, tile_shape, flat_coord, accumulators, tiled_mma,
+                                 thread_idx, shared, rest...);
+        } else {
+          result = Inner::store(load_pipeline, load_state, store_pipeline, store_state,
+                                flat_shape, tile_shape, flat_coord, accumulators, tiled_mma,
+                                thread_idx, shared, rest...);
+        }
       } else {
         StoreDirect<Element, kTileM, kTileN>(p, dst_row0, valid_rows, n_idx, accumulators,
                                              tiled_mma, thread_idx);
@@ -312,23 +346,24 @@ class SignalingTmaEpilogue
     return m_phys - m_base >= p.rotate ? m_phys - p.rotate : m_phys + p.period - p.rotate;
   }
 
-  // Every lane of the epilogue warp waits until the addend's flag has reached the call's value
-  // (acquire at system scope: another GPU's stream memory operation wrote it after its copy),
-  // then orders the generic proxy's view before its async-proxy (TMA) loads. The flag is in
-  // this GPU's memory and almost always set long before (the addend lands while the GEMM
-  // computes the other bands); once seen it stays set for the rest of the launch.
-  CUTLASS_DEVICE void wait_for_addend() {
-    if (addend_seen_) return;
+  // Every lane of the epilogue warp waits until the flag of group g of the addend has reached
+  // the call's value (acquire at system scope: another GPU's stream memory operation wrote it
+  // after its copy), then orders the generic proxy's view before its async-proxy (TMA) loads.
+  // The flag is in this GPU's memory and usually set long before (the ring's partial sums land
+  // about a band's time before this GPU reaches them); a CTA visits its tiles group by group,
+  // so it checks each group's flag once.
+  CUTLASS_DEVICE void wait_for_addend(int g) {
+    if (g == addend_seen_group_) return;
     EpilogueParams const& p = *p_;
     while (true) {
       uint32_t seen;
-      asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(p.addend_flag)
+      asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(p.addend_flags + g)
                    : "memory");
       if (seen >= p.addend_flag_value) break;
       __nanosleep(256);
     }
     asm volatile("fence.proxy.async.global;" ::: "memory");
-    addend_seen_ = true;
+    addend_seen_group_ = g;
   }
 
   CUTLASS_DEVICE int group_of(int m_idx) const {
@@ -390,10 +425,11 @@ class SignalingTmaEpilogue
   static constexpr int kSubtiles = Inner::get_store_pipe_increment(TileShape{});
 
   EpilogueParams const* p_;
+  typename Inner::Params const* tail_params_;
   int pending_group_ = -1;  // group of the tiles stored but not yet signalled
   uint32_t pending_count_ = 0;
   bool pending_direct_ = false;  // some pending tile was stored by the direct path
-  bool addend_seen_ = false;     // the epilogue warp has seen the addend's flag set
+  int addend_seen_group_ = -1;   // the addend group whose flag the epilogue warp saw set last
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -541,7 +577,10 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
     epi.addend_first = a.addend_first_tile_row;
     epi.addend_tiles = tiles_m - a.addend_first_tile_row;
     epi.addend_flag_value = a.addend_flag_value;
-    epi.addend_flag = a.addend_flag;
+    epi.addend_flags = a.addend_flags;
+    epi.tail_out = a.tail_out;
+    epi.tail_first = a.tail_out != nullptr ? a.tail_first_tile_row : tiles_m;
+    epi.tail_tiles = tiles_m - epi.tail_first;
   }
 
   int budget = a.sm_budget > 0 && a.sm_budget < run.device_sms ? a.sm_budget : run.device_sms;
