@@ -14,9 +14,10 @@ copy's start, 8-11 us between back-to-back copies, band sums at 3.8-4.2 TB/s of 
 the model puts the rows form 13 us ahead of the bands form; measured: 9-17 us of device period
 (NOTES §20; the row passes ran slower than SUM_RATE, ~2.7-3 TB/s right after the GEMM).
 
-The ring reduce-scatter (best_ring) sends the same chunks, all to one peer, and has no sums: its
-GEMM (with the epilogue source) ends once it has every partial sum it adds, the last one being
-the last copy's.
+The ring reduce-scatter (best_ring) sends the same chunks, all to one peer, and has no sums, but
+its GEMM (slower, with the epilogue source) stalls whenever it reaches rows whose partial sum has
+not landed: a group must be copied within one chunk's time of its own start, so the groups are
+small and the copy chain, which runs at about the GEMM's pace, binds (benchmarks/NOTES.md §22).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ CE_TURNAROUND = 9e-6  # between back-to-back copies on the copy stream
 SUM_RATE = 3.9e12  # bytes/s read + written by a band-sum pass
 SUM_GAP = 4e-6  # between the GEMM (or the previous pass, or a flag) and a sum pass
 STORE_RATE = 330e9  # bytes/s of the all-reduce's SM stores into the peers' outputs
-# The ring's GEMM kernel (epilogue with a source) against the plain one: ~9 us of ~420 at
-# 8192x8192x2048 on one H200 (results/gemm_addend_probe_h200_2026-11-22_1ed0932.log).
-RING_GEMM_EXTRA = 0.022
+# The ring's GEMM kernel (epilogue with a source, 3 of 4 bands reading it) against the plain
+# one: 450 against 410 us at 8192x8192x2048 on one H200
+# (results/gemm_ring_probe_h200_2026-11-22_49dfe48.log).
+RING_GEMM_EXTRA = 0.10
 RING_TAIL = 6e-6  # a group's flag landing -> the tiles that add it stored
 
 MAX_PARTS = 4  # groups per chunk tried
@@ -177,14 +179,14 @@ def ring_partition(size: int, tiles_chunk: int, cluster_m: int, parts: int, lead
 
 def ring_finish(bounds: tuple, size: int, tiles_chunk: int, chunk_bytes: int,
                 t_gemm: float) -> float:
-    """When a ring call's GEMM ends: its own pace, delayed by the latest partial sum (a copy
-    that lands later than the GEMM reaches the rows that add it, one chunk later in the visit
-    order, holds back everything after them)."""
+    """When a ring call's GEMM ends: its own pace, delayed by the latest partial sum (a group
+    that lands after the GEMM reaches its first rows, one chunk later in the visit order, holds
+    back every tile after them: the CTAs wait in their epilogues)."""
     total = bounds[-1]
     t_ring = t_gemm * (1 + RING_GEMM_EXTRA)
     late = 0.0
     for g, end in copy_ends(bounds, 1, size, tiles_chunk, chunk_bytes, t_gemm):
-        wanted = t_ring * min(bounds[g + 1] + tiles_chunk, total) / total
+        wanted = t_ring * (bounds[g] + tiles_chunk) / total
         late = max(late, end + RING_TAIL - wanted)
     return t_ring + late
 
@@ -194,7 +196,7 @@ def best_ring(size: int, tiles_chunk: int, cluster_m: int, chunk_bytes: int, t_g
     """The ring partition (pieces per chunk, a short first group or not) that the model says
     finishes first; ties go to fewer groups."""
     found = None
-    for parts in range(1, MAX_PARTS + 1):
+    for parts in range(1, 2 * MAX_PARTS + 1):
         for lead in (0, 1, 2, 4):
             bounds = ring_partition(size, tiles_chunk, cluster_m, parts, lead)
             if bounds is None or len(bounds) - 1 > max_groups:

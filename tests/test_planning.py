@@ -167,7 +167,7 @@ def fake_cuda(monkeypatch):
     _transport._peer_access_problem.cache_clear()
 
 
-def test_transport_choice(fake_cuda, monkeypatch):
+def test_transport_choice(fake_cuda):
     import jax.numpy as jnp
 
     from fo_jax import OverlapConfig
@@ -194,24 +194,20 @@ def test_transport_choice(fake_cuda, monkeypatch):
     with pytest.raises(ValueError, match="unknown gemm_config"):
         t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048,
                  OverlapConfig(transport="copy_engine", gemm_config="nope"))
-    # The plan: all rows in one batch, the ring (_ce_model.best_ring): at short K (the copies
-    # trail the GEMM) a short first group, then every band sent in pieces, the own band one
-    # group; the copy stream's flags on a stream of their own, every acknowledgement awaited
-    # first.
+    # The plan: all rows in one batch; at short K (the copies trail the GEMM) every band in two
+    # groups, summed by rows of the last one (_ce_model); the copy stream's flags on a stream of
+    # their own, every acknowledgement awaited first.
     plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-    assert plan.ring and plan.rounds == 1 and plan.sm_budget == 0
-    assert plan.group_begin[:2] == (0, 4) and plan.group_begin[-2:] == (48, 64), plan
-    assert set(range(0, 65, 16)) <= set(plan.group_begin)
+    assert plan.group_begin == (0, 8, 16, 24, 32, 40, 48, 64) and plan.sm_budget == 0
+    assert plan.rounds == 1 and plan.sum_split == "rows" and not plan.ring
     assert plan.flag_stream and plan.acks_first
-    # The direct form (FO_JAX_CE_RING=0): every band in two groups, summed by rows of the last.
-    monkeypatch.setenv("FO_JAX_CE_RING", "0")
-    plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-    assert plan.group_begin == (0, 8, 16, 24, 32, 40, 48, 64) and plan.sum_split == "rows"
-    assert not plan.ring
     # Long K: the copies hide behind the GEMM; one group per band, one sum pass.
     plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 7168, 4, None)
     assert plan.group_begin == (0, 16, 32, 48, 64) and plan.sum_split == "one"
-    monkeypatch.delenv("FO_JAX_CE_RING")
+    # The ring where the model puts it first (_ce_model.best_ring): 2 ranks at short K, a short
+    # first group, the own band one group.
+    plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 2, None)
+    assert plan.ring and plan.group_begin[1] <= 4 and plan.group_begin[-2:] == (32, 64), plan
     # All-reduce rounds: 4 where the GEMM dominates (16 chunks of 4 tile-rows, the GEMM on all
     # SMs but the round sums'), 2 for 32 MiB bands, 1 for smaller ones.
     plan = t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 7168, 4, None)
@@ -286,9 +282,9 @@ def test_explicit_copy_engine_bounds():
 
 
 def test_copy_engine_program_overrides(fake_cuda, monkeypatch):
-    """FO_JAX_CE_SPLIT_SUM=0|1|rows, FO_JAX_CE_FLAG_STREAM and FO_JAX_CE_ACKS_FIRST (measurement
-    overrides) reach the plan; anything else, or sums by rows over more pieces than the flags
-    hold, is refused at trace time with a message."""
+    """FO_JAX_CE_SPLIT_SUM=0|1|rows, FO_JAX_CE_FLAG_STREAM, FO_JAX_CE_ACKS_FIRST and
+    FO_JAX_CE_RING (measurement overrides) reach the plan; anything else, or sums by rows over
+    more pieces than the flags hold, is refused at trace time with a message."""
     import jax.numpy as jnp
 
     t = fake_cuda()
@@ -306,18 +302,19 @@ def test_copy_engine_program_overrides(fake_cuda, monkeypatch):
     monkeypatch.setenv("FO_JAX_CE_SPLIT_SUM", "2")
     with pytest.raises(ValueError, match="FO_JAX_CE_SPLIT_SUM='2'"):
         t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-    # The ring reduce-scatter: where the model says it finishes first (8192x8192x2048 on 4
-    # ranks), never for an all-reduce; FO_JAX_CE_RING=0 keeps the direct form, =1 forces it.
+    # The ring reduce-scatter: where the model says it finishes first (not 8192x8192x2048 on 4
+    # ranks, 8192x8192x2048 on 2), never for an all-reduce; FO_JAX_CE_RING=0 keeps the direct
+    # form, =1 forces the ring.
     monkeypatch.delenv("FO_JAX_CE_SPLIT_SUM")
     monkeypatch.delenv("FO_JAX_CE_BOUNDS")
     monkeypatch.delenv("FO_JAX_CE_RING")
-    ring = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-    assert ring.ring and ring.group_begin[-2:] == (48, 64), ring
-    assert not t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 4, None).ring
-    monkeypatch.setenv("FO_JAX_CE_RING", "0")
     assert not t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None).ring
-    monkeypatch.setenv("FO_JAX_CE_RING", "1")
     assert t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 2, None).ring
+    assert not t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 2, None).ring
+    monkeypatch.setenv("FO_JAX_CE_RING", "0")
+    assert not t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 2, None).ring
+    monkeypatch.setenv("FO_JAX_CE_RING", "1")
+    assert t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None).ring
     monkeypatch.delenv("FO_JAX_CE_RING")
     # The last chunk sent is tile-rows 64-96 of 128: 16 pieces of 2 pass, 32 of 1 do not.
     assert t._forced_sum_split("rows", tuple(range(0, 97, 2)) + (128,), 1, 4, 32) == "rows"
