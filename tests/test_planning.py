@@ -204,10 +204,6 @@ def test_transport_choice(fake_cuda):
     # Long K: the copies hide behind the GEMM; one group per band, one sum pass.
     plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 7168, 4, None)
     assert plan.group_begin == (0, 16, 32, 48, 64) and plan.sum_split == "one"
-    # The ring where the model puts it first (_ce_model.best_ring): 2 ranks at short K, a short
-    # first group, the own band one group.
-    plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 2, None)
-    assert plan.ring and plan.group_begin[1] <= 4 and plan.group_begin[-2:] == (32, 64), plan
     # All-reduce rounds: 4 where the GEMM dominates (16 chunks of 4 tile-rows, the GEMM on all
     # SMs but the round sums'), 2 for 32 MiB bands, 1 for smaller ones.
     plan = t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 7168, 4, None)
@@ -302,19 +298,18 @@ def test_copy_engine_program_overrides(fake_cuda, monkeypatch):
     monkeypatch.setenv("FO_JAX_CE_SPLIT_SUM", "2")
     with pytest.raises(ValueError, match="FO_JAX_CE_SPLIT_SUM='2'"):
         t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-    # The ring reduce-scatter: where the model says it finishes first (not 8192x8192x2048 on 4
-    # ranks, 8192x8192x2048 on 2), never for an all-reduce; FO_JAX_CE_RING=0 keeps the direct
-    # form, =1 forces the ring.
+    # The ring reduce-scatter: only with FO_JAX_CE_RING=1, never for an all-reduce; its
+    # partition (_ce_model.best_ring) starts with a short group and keeps the own band whole.
     monkeypatch.delenv("FO_JAX_CE_SPLIT_SUM")
     monkeypatch.delenv("FO_JAX_CE_BOUNDS")
     monkeypatch.delenv("FO_JAX_CE_RING")
-    assert not t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None).ring
-    assert t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 2, None).ring
-    assert not t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 2, None).ring
-    monkeypatch.setenv("FO_JAX_CE_RING", "0")
     assert not t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 2, None).ring
     monkeypatch.setenv("FO_JAX_CE_RING", "1")
-    assert t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None).ring
+    for size in (2, 4):
+        plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, size, None)
+        assert plan.ring and plan.group_begin[1] <= 4, plan
+        assert plan.group_begin[-2:] == ((size - 1) * 64 // size, 64), plan
+    assert not t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 4, None).ring
     monkeypatch.delenv("FO_JAX_CE_RING")
     # The last chunk sent is tile-rows 64-96 of 128: 16 pieces of 2 pass, 32 of 1 do not.
     assert t._forced_sum_split("rows", tuple(range(0, 97, 2)) + (128,), 1, 4, 32) == "rows"
