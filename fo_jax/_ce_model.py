@@ -31,9 +31,10 @@ SUM_RATE = 3.9e12  # bytes/s read + written by a band-sum pass
 SUM_GAP = 4e-6  # between the GEMM (or the previous pass, or a flag) and a sum pass
 STORE_RATE = 330e9  # bytes/s of the all-reduce's SM stores into the peers' outputs
 # The ring's GEMM kernel (epilogue with a source, 3 of 4 bands reading it) against the plain
-# one: 450 against 410 us at 8192x8192x2048 on one H200
-# (results/gemm_ring_probe_h200_2026-11-22_49dfe48.log).
-RING_GEMM_EXTRA = 0.10
+# one at 8192x8192x2048 on one H200: +4 to +11 us of ~415 with the source in shared memory of
+# its own (results/gemm_ring_probe_h200_2026-11-22_stages.log; +39 us with CUTLASS's builder's
+# epilogue, which shares it with the output: NOTES §22).
+RING_GEMM_EXTRA = 0.025
 RING_TAIL = 6e-6  # a group's flag landing -> the tiles that add it stored
 
 MAX_PARTS = 4  # groups per chunk tried

@@ -146,6 +146,34 @@ struct TmaEpilogueInner {
       Stride, 8, Schedule>::CollectiveOp;
 };
 
+// With a source, CUTLASS's builder shares C's shared memory with D (ReuseSmemC): a source
+// subtile's load then waits for the store that frees its buffer, and the load latency lands on
+// the ping-pong epilogue, which must fit in the other warp group's MMA. Measured on one H200 with
+// 3 of 4 tiles reading a source (results/gemm_ring_probe_h200_2026-11-22_stages.log):
+// +39 us per 8192x8192x2048 GEMM (~410 us) with the builder's epilogue, +14-18 us with C in 12
+// buffers of its own (a whole tile ahead, one mainloop stage fewer), +4-11 us with 4 of its own
+// (kSourceStagesC: the producer's epilogue warp loads up to 4 subtiles ahead of the consumer, as
+// soon as they are read, not stored; the mainloop keeps its 5 stages).
+inline constexpr int kSourceStagesC = 4;
+template <class Element, class TileShape, class ClusterShape>
+struct TmaEpilogueInner<Element, TileShape, ClusterShape, true, true> {
+  using Stride = cute::Stride<int64_t, cute::Int<1>, int64_t>;
+  using Schedule = cutlass::epilogue::TmaWarpSpecialized;
+  using EpilogueTile = decltype(cutlass::epilogue::collective::detail::
+                                    sm90_compute_tile_shape_or_override<
+                                        Element, cutlass::epilogue::collective::EpilogueTileAuto,
+                                        Schedule, TileShape>());
+  static constexpr int kEpiTiles =
+      cute::size(cute::shape_div(cute::take<0, 2>(TileShape{}), EpilogueTile{}));
+  using Policy = cutlass::epilogue::Sm90TmaWarpSpecialized<
+      (kSourceStagesC < kEpiTiles ? kSourceStagesC : kEpiTiles), (kEpiTiles < 2 ? kEpiTiles : 2),
+      cute::size(EpilogueTile{}) / 128, /*ReuseSmemC=*/false, /*DelayTmaStore=*/false>;
+  using type = typename cutlass::epilogue::collective::detail::Sm90TmaBuilderImpl<
+      TileShape, EpilogueTile, float, float, Element, Stride, 8, Element, Stride, 8,
+      cutlass::epilogue::fusion::LinearCombination<Element, float, Element, float>,
+      Policy>::CollectiveOp;
+};
+
 template <class Element, class TileShape, class ClusterShape, bool kPingpong, bool kSource>
 class SignalingTmaEpilogue
     : public TmaEpilogueInner<Element, TileShape, ClusterShape, kPingpong, kSource>::type {

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/stream_wait.h"
 #include "kernels/signaling_gemm.h"
 #include "tools/tool_common.cuh"
 
@@ -71,6 +72,7 @@ int main() {
   }
   std::string err;
   CK(fo_jax::LoadAllGemmKernels(&err));
+  CK(fo_jax::PrepareStreamWait(&err));
   const size_t band = size_t(M / P) * N;
   const size_t all = size_t(M) * N;
   uint16_t *a, *b, *d0, *d1, *c, *c_src, *out;
@@ -125,7 +127,8 @@ int main() {
     CK(cudaMemcpy(h1.data(), d1, all * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hc.data(), c_src, hc.size() * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(ho.data(), out, ho.size() * 2, cudaMemcpyDeviceToHost));
-    size_t first_diff = 0, bad_sum = 0, own_d_written = 0;
+    size_t first_diff = 0, bad_sum = 0, own_d_written = 0, bad_by_band[4] = {}, own_zero = 0;
+    int shown = 0;
     double worst = 0;
     for (size_t l = 0; l < size_t(M); ++l) {  // logical row (visit order)
       const size_t phys = (l + band_rows) % M;
@@ -142,37 +145,73 @@ int main() {
         const double got = Bf16ToFloat(own ? ho[(l - 3 * band_rows) * N + j] : h1[i]);
         const double e = std::fabs(got - want) / (std::fabs(want) + 1.0);
         worst = e > worst || std::isnan(e) ? e : worst;
-        bad_sum += !(e <= 3 * 0.0078125);  // three bf16 ulps of 1 (NaN counts)
+        const bool bad = !(e <= 3 * 0.0078125);  // three bf16 ulps of 1 (NaN counts)
+        if (bad && shown < 4) {
+          ++shown;
+          std::printf("  bad at logical row %zu col %zu: got %g, plain %g, addend %g\n", l, j, got,
+                      double(Bf16ToFloat(h0[i])), double(Bf16ToFloat(hc[(l - band_rows) * N + j])));
+        }
+        if (own && ho[(l - 3 * band_rows) * N + j] == 0) ++own_zero;
+        bad_sum += bad;
+        bad_by_band[l / band_rows] += bad;
       }
     }
     const bool ok = first_diff == 0 && bad_sum == 0 && own_d_written == 0;
     std::printf("%s: first band differing from plain %zu (want 0); plain + addend: worst rel err "
                 "%.4g, beyond 3 ulps %zu (want 0); own band's rows of D written %zu (want 0) "
                 "-> %s\n", what, first_diff, worst, bad_sum, own_d_written, ok ? "PASS" : "FAIL");
+    if (bad_sum) {
+      std::printf("  beyond 3 ulps by band of the visit order: step 1 %zu, step 2 %zu, own %zu; "
+                  "own band outputs still 0 (never stored?) %zu\n",
+                  bad_by_band[1], bad_by_band[2], bad_by_band[3], own_zero);
+      // Which tiles of the own band are wrong (tile-rows x column tiles of 128 x 192).
+      std::printf("  own band bad tiles (tile-row: count of 43 column tiles):");
+      for (size_t tr = 0; tr < band_rows / 128; ++tr) {
+        int bad_tiles = 0;
+        for (size_t tc = 0; tc * 192 < size_t(N); ++tc) {
+          bool any = false;
+          for (size_t r = tr * 128; r < tr * 128 + 128 && !any; r += 7) {
+            for (size_t c2 = tc * 192; c2 < std::min(size_t(N), tc * 192 + 192) && !any; c2 += 5) {
+              const size_t l2 = 3 * band_rows + r, ph = (l2 + band_rows) % M;
+              const double w2 = double(Bf16ToFloat(h0[ph * N + c2])) +
+                                Bf16ToFloat(hc[(l2 - band_rows) * N + c2]);
+              const double g2 = Bf16ToFloat(ho[r * N + c2]);
+              any = !(std::fabs(g2 - w2) / (std::fabs(w2) + 1.0) <= 3 * 0.0078125);
+            }
+          }
+          bad_tiles += any;
+        }
+        std::printf(" %zu:%d", tr, bad_tiles);
+      }
+      std::printf("\n");
+    }
     return ok;
   };
 
   CK(fo_jax::LaunchSignalingGemm(s, plain, &err));
   Finish(s, "plain kernel");
   CK(cudaMemset(d1, 0xff, all * 2));  // NaN in bf16: the own band's rows of D must keep it
+  CK(cudaDeviceSynchronize());
   CK(fo_jax::LaunchSignalingGemm(s, ring, &err));
   Finish(s, "ring kernel, flags set");
   bool ok = check("flags set");
 
   // The wait: flags 0 and the addend poisoned; 5 ms later a second stream writes the addend
-  // group by group, each followed by its flag (stream order: the copy completes first), from
-  // pinned host memory, i.e. by the copy engine as a peer's copy would be (a device-to-device
-  // copy on the same GPU runs as a kernel, which waits for SMs that the GEMM holds).
+  // group by group, each followed by its flag, as the transport does: the copy from pinned host
+  // memory (the copy engine, as a peer's copy; a device-to-device copy on the same GPU runs as a
+  // kernel, which waits for SMs that the GEMM holds), the flag by cuStreamWriteValue32, which
+  // fences the stream's earlier writes (comm/stream_wait.h).
   uint16_t* h_c;
-  uint32_t* h_one;
   CK(cudaMallocHost(&h_c, 3 * band * 2));
-  CK(cudaMallocHost(&h_one, 4));
-  *h_one = 1;
   CK(cudaMemcpy(h_c, c_src, 3 * band * 2, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(flags, zeros.data(), 64 * 4, cudaMemcpyHostToDevice));
   CK(cudaMemset(c, 0xff, 3 * band * 2));
   CK(cudaMemset(d1, 0xff, all * 2));
   CK(cudaMemset(out, 0, band * 2));
+  // cudaMemset of device memory does not wait on the host, and these streams do not wait for the
+  // legacy stream's memsets: without this, a memset could run after the kernel (once it frees
+  // its SMs) and overwrite its output.
+  CK(cudaDeviceSynchronize());
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
@@ -186,7 +225,7 @@ int main() {
     if (bounds[g] >= 3 * tiles_chunk) break;
     const size_t at = bounds[g] * row_elems, count = (bounds[g + 1] - bounds[g]) * row_elems;
     CK(cudaMemcpyAsync(c + at, h_c + at, count * 2, cudaMemcpyHostToDevice, s2));
-    CK(cudaMemcpyAsync(flags + g, h_one, 4, cudaMemcpyHostToDevice, s2));
+    CK(fo_jax::EnqueueWriteValue(s2, flags + g, 1, &err));
   }
   Finish(s2, "addend and flags written");
   Finish(s, "ring kernel waiting for the flags");
