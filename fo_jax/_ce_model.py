@@ -155,25 +155,18 @@ def best(rounds: int, size: int, tiles_chunk: int, cluster_m: int, chunk_bytes: 
 
 
 def ring_partition(size: int, tiles_chunk: int, cluster_m: int, parts: int, lead: int) -> tuple:
-    """Boundaries of a ring call's groups: the first chunk starts with a group of `lead` clusters
-    (0: none) and splits the rest in `parts` pieces, the other chunks sent in `parts` pieces, the
-    own chunk one group. None if a piece would be empty."""
+    """Boundaries of a ring call's groups: every chunk, the own one included, starts with a
+    group of `lead` clusters (0: none) and splits the rest in `parts` pieces. The same pieces in
+    every chunk, so that the GEMM visits each chunk's rows in the order (and the groups) in
+    which the partial sums it adds were sent: within a group it visits the tiles by columns of
+    up to 8 tile-rows, so a coarser group there would want a later piece sooner (NOTES §22).
+    None if a piece would be empty."""
     clusters = tiles_chunk // cluster_m
-    if lead >= clusters:
+    rest = clusters - lead
+    if lead >= clusters or parts > rest:
         return None
-    bounds = []
-    for j in range(size):
-        base = j * tiles_chunk
-        if j == size - 1:
-            bounds.append(base)
-            continue
-        skip = lead if j == 0 else 0
-        if skip:
-            bounds.append(base)
-        rest = clusters - skip
-        if parts > rest:
-            return None
-        bounds.extend(base + (skip + i * rest // parts) * cluster_m for i in range(parts))
+    inner = ([0] if lead else []) + [(lead + i * rest // parts) * cluster_m for i in range(parts)]
+    bounds = [j * tiles_chunk + b for j in range(size) for b in inner]
     bounds.append(size * tiles_chunk)
     return tuple(bounds)
 
