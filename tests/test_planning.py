@@ -299,8 +299,9 @@ def test_copy_engine_program_overrides(fake_cuda, monkeypatch):
     with pytest.raises(ValueError, match="FO_JAX_CE_SPLIT_SUM='2'"):
         t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
     # The ring reduce-scatter: only with FO_JAX_CE_RING=1, never for an all-reduce; its
-    # partition (_ce_model.best_ring) sends the first band in pieces (the first copy starts
-    # before the band is done) and keeps the own band whole.
+    # partition (_ce_model.best_ring) cuts every band, the own one too, into the same pieces
+    # (the first copy starts before the band is done; the GEMM visits each band's rows in the
+    # order their partial sums were sent).
     monkeypatch.delenv("FO_JAX_CE_SPLIT_SUM")
     monkeypatch.delenv("FO_JAX_CE_BOUNDS")
     monkeypatch.delenv("FO_JAX_CE_RING")
@@ -308,8 +309,10 @@ def test_copy_engine_program_overrides(fake_cuda, monkeypatch):
     monkeypatch.setenv("FO_JAX_CE_RING", "1")
     for size in (2, 4):
         plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, size, None)
-        assert plan.ring and plan.group_begin[1] < 64 // size, plan
-        assert plan.group_begin[-2:] == ((size - 1) * 64 // size, 64), plan
+        b, chunk = plan.group_begin, 64 // size
+        assert plan.ring and b[1] < chunk and b[-1] == 64, plan
+        inner = [x for x in b if x < chunk]
+        assert list(b[:-1]) == [j * chunk + x for j in range(size) for x in inner], plan
     assert not t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 4, None).ring
     monkeypatch.delenv("FO_JAX_CE_RING")
     # The last chunk sent is tile-rows 64-96 of 128: 16 pieces of 2 pass, 32 of 1 do not.
