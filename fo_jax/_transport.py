@@ -193,16 +193,20 @@ def _forced_sum_split(text: str, bounds: tuple, rounds: int, size: int, tiles_ch
     return split
 
 
-def _ring(c: dict, collective: str, rounds: int) -> bool:
-    """Whether a copy-engine call runs as the ring reduce-scatter (csrc/comm/peer_transport.h):
-    only with FO_JAX_CE_RING=1 (a measurement option), for a reduce-scatter (one round) whose
-    GEMM config has a ping-pong kernel with an epilogue source (gemm_configs' takes_addends).
-    Off by default: on 2x H200 it beat the direct form at 16384x8192x2048 (0.823-0.826 against
-    0.863-0.873 ms) but lost at 4096x8192x2048 (0.280-0.288 against 0.247-0.256), where the
-    timing model (_ce_model.best_ring) put it ahead, and its GEMM kernel runs ~10% slower than
-    the plain one (benchmarks/NOTES.md §22); it was not measured on 4 GPUs."""
+def _ring_allowed(c: dict, collective: str, rounds: int) -> bool:
+    """Whether a copy-engine call can run as the ring reduce-scatter (csrc/comm/peer_transport.h):
+    a reduce-scatter (one round) whose GEMM config has a ping-pong kernel with an epilogue
+    source (gemm_configs' takes_addends), unless FO_JAX_CE_RING=0 (a measurement override)."""
     return (collective == "reduce_scatter" and rounds == 1 and bool(c["takes_addends"])
-            and bool(c["pingpong"]) and _env_flag("FO_JAX_CE_RING") is True)
+            and bool(c["pingpong"]) and _env_flag("FO_JAX_CE_RING") is not False)
+
+
+# The ring is taken by default only on 2 GPUs, where the timing model puts it first: there it
+# won or tied on every reduce-scatter shape measured (results/ring_ab_tp2_2026-11-22_aa11274.log:
+# 4096x8192x2048 0.231-0.247 against 0.237-0.247 ms, 8192x8192x2048 0.423-0.438 against
+# 0.454-0.467, 16384x8192x2048 0.823-0.832 against 0.880-0.898, 8192x8192x7168 1.351-1.358 against
+# 1.371-1.413). On more GPUs it has not been measured yet: FO_JAX_CE_RING=1 forces it there.
+RING_DEFAULT_MAX_RANKS = 2
 
 
 def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size: int,
@@ -215,9 +219,10 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     FO_JAX_CE_BOUNDS = explicit boundaries and FO_JAX_CE_SPLIT_SUM = 0 / 1 / rows override it,
     for measurements; FO_JAX_CE_SUM_ROWS = 0 keeps the model from sums by rows, and
     FO_JAX_CE_FLAG_STREAM = 0 and FO_JAX_CE_ACKS_FIRST = 0 restore the copy stream's former
-    program: csrc/comm/peer_transport.h; FO_JAX_CE_RING=1 runs a reduce-scatter whose config
-    allows it as the ring: _ring, its partition from _ce_model.best_ring, no sums). Every SM
-    for one round; with more, all but
+    program: csrc/comm/peer_transport.h). A reduce-scatter runs as the ring (_ring_allowed; its
+    partition from _ce_model.best_ring, no sums) on 2 GPUs where the model puts it first
+    (RING_DEFAULT_MAX_RANKS), anywhere with FO_JAX_CE_RING=1, never with FO_JAX_CE_RING=0.
+    Every SM for one round; with more, all but
     ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the GEMM, unless
     config.sm_budget says otherwise."""
     index = _config_index(dtype, m_total, n, k, config)
@@ -232,10 +237,14 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     max_groups = int(_cuda.module().max_gemm_groups())
     pred = _ce_model.best(rounds, size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
                           all_reduce, max_groups, rows=_env_flag("FO_JAX_CE_SUM_ROWS") is not False)
-    ring = _ring(c, collective, rounds)
-    if ring:
-        pred = _ce_model.best_ring(size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
-                                   max_groups)
+    ring = False
+    if _ring_allowed(c, collective, rounds):
+        forced = _env_flag("FO_JAX_CE_RING") is True
+        ring_pred = _ce_model.best_ring(size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
+                                        max_groups)
+        ring = ring_pred is not None and (forced or (size <= RING_DEFAULT_MAX_RANKS
+                                                     and ring_pred.finish_s < pred.finish_s))
+        pred = ring_pred if ring else pred
     bounds, sum_split = pred.bounds, pred.sum_split
     parts = _env_int("FO_JAX_CE_PARTS")
     if parts is not None:
