@@ -169,8 +169,9 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
         max_ctas = d["nccl_max_ctas"]
         if config is not None and config.nccl_max_ctas is not None:
             max_ctas = config.nccl_max_ctas
-        log.debug("%s: %s transport, plan %s, groups %s, sm_budget %d, nccl_max_ctas %d", fn,
-                  choice.transport, plan.config_name, plan.group_begin, plan.sm_budget, max_ctas)
+        log.debug("%s: %s transport, plan %s, groups %s, sm_budget %d, nccl_max_ctas %d, ring %s",
+                  fn, choice.transport, plan.config_name, plan.group_begin, plan.sm_budget,
+                  max_ctas, plan.ring)
         cuda = functools.partial(overlapped_matmul_cuda, axis_name=axis_name,
                                  collective=collective, axis_size=size, plan=plan,
                                  nccl_max_ctas=max_ctas, transport=choice.transport,
