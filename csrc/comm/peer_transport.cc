@@ -297,6 +297,18 @@ std::string SetGemmRing(CommState& s, const PeerCollectiveArgs& a, int tiles_chu
   return "";
 }
 
+std::string EnsurePeerCopyGraphs(CommState& s, const PeerCollectiveArgs& a) {
+  if (!s.peer) return "copy graphs before PreparePeerTransport";
+  PeerState& p = *s.peer;
+  CopyJob job;
+  job.a = a;
+  std::copy(p.peer_recv, p.peer_recv + kMaxPeerRanks, job.peer_recv);
+  std::copy(p.peer_sync, p.peer_sync + kMaxPeerRanks, job.peer_sync);
+  std::string error;
+  if (EnsureCopyGraphs(s, job, &error) != cudaSuccess) return error;
+  return "";
+}
+
 cudaEvent_t NextPeerInputsEvent(CommState& s) {
   PeerState& p = *s.peer;
   if (p.copy_thread) p.copy_thread->WaitPending(PeerState::kCallEvents - 1);

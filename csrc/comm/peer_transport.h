@@ -234,6 +234,16 @@ std::string SetPeerGroups(PeerCollectiveArgs& args, int P, const int* group_begi
 // same calls). "" or why it failed.
 std::string PreparePeerTransport(CommState& state, size_t recv_bytes);
 
+// After PreparePeerTransport (and SetPeerGroups), before the call's GEMM launch: builds the
+// copy graphs this call's copies prefer that do not exist yet. Building one may wait for this
+// GPU to drain; the ring's GEMM waits for the peers' copies of the same call, which their copy
+// threads enqueue only after the peers' handlers got here, so a build after that GEMM's launch
+// could wait for a GPU that waits for a peer that waits in the same way (a cycle around the
+// ring; seen as a hang of the first 8192x8192x2048 ring call on 4x H200). Before the launch,
+// the GPU holds only earlier calls, whose copies every rank has already handed over.
+// EnqueuePeerCollective then finds them built. "" or why not.
+std::string EnsurePeerCopyGraphs(CommState& state, const PeerCollectiveArgs& args);
+
 // After PreparePeerTransport, before the call's GEMM launch: the event the call must record on
 // XLA's stream once its counters are zeroed and its inputs ready (the GEMM launcher's
 // after_zero_event). Blocks while the copy thread is too far behind to reuse the event's slot.
