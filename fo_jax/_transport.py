@@ -201,12 +201,15 @@ def _ring_allowed(c: dict, collective: str, rounds: int) -> bool:
             and bool(c["pingpong"]) and _env_flag("FO_JAX_CE_RING") is not False)
 
 
-# The ring is taken by default only on 2 GPUs, where the timing model puts it first: there it
-# won or tied on every reduce-scatter shape measured (results/ring_ab_tp2_2026-11-22_aa11274.log:
-# 4096x8192x2048 0.231-0.247 against 0.237-0.247 ms, 8192x8192x2048 0.423-0.438 against
-# 0.454-0.467, 16384x8192x2048 0.823-0.832 against 0.880-0.898, 8192x8192x7168 1.351-1.358 against
-# 1.371-1.413). On more GPUs it has not been measured yet: FO_JAX_CE_RING=1 forces it there.
-RING_DEFAULT_MAX_RANKS = 2
+# Ranks up to which the ring is taken by default where the timing model puts it first: none.
+# On 2 GPUs it won or tied on every reduce-scatter shape measured (results/ring_ab_tp2_2026-11-22_
+# aa11274.log: 8192x8192x2048 0.423-0.438 against 0.454-0.467 ms, 16384x8192x2048 0.823-0.832
+# against 0.880-0.898), but its first 4-GPU run did not finish its first 8192x8192x2048 call
+# (results/ring_ab_tp4_2026-11-22_deeeb21.log), most likely the copy-graph build after the GEMM's
+# launch waiting for a GPU that waits for its peers around the ring, a cycle that 2 GPUs can
+# close as well; the fix (EnsurePeerCopyGraphs before the launch) has not run on a GPU yet
+# (benchmarks/NOTES.md §22). FO_JAX_CE_RING=1 forces the ring.
+RING_DEFAULT_MAX_RANKS = 0
 
 
 def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size: int,
@@ -220,8 +223,8 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     for measurements; FO_JAX_CE_SUM_ROWS = 0 keeps the model from sums by rows, and
     FO_JAX_CE_FLAG_STREAM = 0 and FO_JAX_CE_ACKS_FIRST = 0 restore the copy stream's former
     program: csrc/comm/peer_transport.h). A reduce-scatter runs as the ring (_ring_allowed; its
-    partition from _ce_model.best_ring, no sums) on 2 GPUs where the model puts it first
-    (RING_DEFAULT_MAX_RANKS), anywhere with FO_JAX_CE_RING=1, never with FO_JAX_CE_RING=0.
+    partition from _ce_model.best_ring, no sums) with FO_JAX_CE_RING=1 (by default on up to
+    RING_DEFAULT_MAX_RANKS GPUs, now none, where the model puts it first).
     Every SM for one round; with more, all but
     ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the GEMM, unless
     config.sm_budget says otherwise."""

@@ -298,14 +298,17 @@ def test_copy_engine_program_overrides(fake_cuda, monkeypatch):
     monkeypatch.setenv("FO_JAX_CE_SPLIT_SUM", "2")
     with pytest.raises(ValueError, match="FO_JAX_CE_SPLIT_SUM='2'"):
         t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-    # The ring reduce-scatter: by default on 2 GPUs where the model puts it first, on more only
-    # with FO_JAX_CE_RING=1, never with FO_JAX_CE_RING=0 or for an all-reduce; its
+    # The ring reduce-scatter: only with FO_JAX_CE_RING=1 (RING_DEFAULT_MAX_RANKS = 0: no default
+    # until it has run on 4 GPUs), never for an all-reduce; on 2 GPUs with a default the model
+    # would put it first at 8192x8192x2048; its
     # partition (_ce_model.best_ring) cuts every band, the own one too, into the same pieces
     # (the first copy starts before the band is done; the GEMM visits each band's rows in the
     # order their partial sums were sent).
     monkeypatch.delenv("FO_JAX_CE_SPLIT_SUM")
     monkeypatch.delenv("FO_JAX_CE_BOUNDS")
     monkeypatch.delenv("FO_JAX_CE_RING")
+    assert not t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 2, None).ring
+    monkeypatch.setattr(t, "RING_DEFAULT_MAX_RANKS", 2)
     assert t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 2, None).ring
     assert not t.copy_engine_plan("reduce_scatter", bf16, 16384, 8192, 2048, 4, None).ring
     monkeypatch.setenv("FO_JAX_CE_RING", "0")
