@@ -171,15 +171,14 @@ def ring_partition(size: int, tiles_chunk: int, cluster_m: int, parts: int, lead
     return tuple(bounds)
 
 
-def ring_finish(bounds: tuple, size: int, tiles_chunk: int, chunk_bytes: int,
-                t_gemm: float) -> float:
-    """When a ring call's GEMM ends: its own pace, delayed by the latest partial sum (a group
-    that lands after the GEMM reaches its first rows, one chunk later in the visit order, holds
-    back every tile after them: the CTAs wait in their epilogues)."""
+def ring_finish(bounds: tuple, ends: list, tiles_chunk: int, t_gemm: float) -> float:
+    """When a ring call's GEMM ends (ends: copy_ends): its own pace, delayed by the latest
+    partial sum (a group that lands after the GEMM reaches its first rows, one chunk later in
+    the visit order, holds back every tile after them: the CTAs wait in their epilogues)."""
     total = bounds[-1]
     t_ring = t_gemm * (1 + RING_GEMM_EXTRA)
     late = 0.0
-    for g, end in copy_ends(bounds, 1, size, tiles_chunk, chunk_bytes, t_gemm):
+    for g, end in ends:
         wanted = t_ring * (bounds[g] + tiles_chunk) / total
         late = max(late, end + RING_TAIL - wanted)
     return t_ring + late
@@ -196,7 +195,7 @@ def best_ring(size: int, tiles_chunk: int, cluster_m: int, chunk_bytes: int, t_g
             if bounds is None or len(bounds) - 1 > max_groups:
                 continue
             ends = copy_ends(bounds, 1, size, tiles_chunk, chunk_bytes, t_gemm)
-            finish = ring_finish(bounds, size, tiles_chunk, chunk_bytes, t_gemm)
+            finish = ring_finish(bounds, ends, tiles_chunk, t_gemm)
             if found is None or finish < found.finish_s - 1e-6:
                 found = Prediction(bounds, "one", ends[-1][1] if ends else 0.0, finish)
     return found

@@ -193,11 +193,11 @@ def _forced_sum_split(text: str, bounds: tuple, rounds: int, size: int, tiles_ch
     return split
 
 
-def _ring_allowed(c: dict, collective: str, rounds: int) -> bool:
+def _ring_allowed(c: dict, collective: str) -> bool:
     """Whether a copy-engine call can run as the ring reduce-scatter (csrc/comm/peer_transport.h):
-    a reduce-scatter (one round) whose GEMM config has a ping-pong kernel with an epilogue
+    a reduce-scatter (always one round) whose GEMM config has a ping-pong kernel with an epilogue
     source (gemm_configs' takes_addends), unless FO_JAX_CE_RING=0 (a measurement override)."""
-    return (collective == "reduce_scatter" and rounds == 1 and bool(c["takes_addends"])
+    return (collective == "reduce_scatter" and bool(c["takes_addends"])
             and bool(c["pingpong"]) and _env_flag("FO_JAX_CE_RING") is not False)
 
 
@@ -207,7 +207,7 @@ def _ring_allowed(c: dict, collective: str, rounds: int) -> bool:
 # against 0.880-0.898), but its first 4-GPU run did not finish its first 8192x8192x2048 call
 # (results/ring_ab_tp4_2026-11-22_deeeb21.log), most likely the copy-graph build after the GEMM's
 # launch waiting for a GPU that waits for its peers around the ring, a cycle that 2 GPUs can
-# close as well; the fix (EnsurePeerCopyGraphs before the launch) has not run on a GPU yet
+# close as well; the fix (the graphs built before the launch) has not run on a GPU yet
 # (benchmarks/NOTES.md §22). FO_JAX_CE_RING=1 forces the ring.
 RING_DEFAULT_MAX_RANKS = 0
 
@@ -241,7 +241,7 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     pred = _ce_model.best(rounds, size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
                           all_reduce, max_groups, rows=_env_flag("FO_JAX_CE_SUM_ROWS") is not False)
     ring = False
-    if _ring_allowed(c, collective, rounds):
+    if _ring_allowed(c, collective):
         forced = _env_flag("FO_JAX_CE_RING") is True
         ring_pred = _ce_model.best_ring(size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
                                         max_groups)

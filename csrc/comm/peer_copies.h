@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -61,6 +62,16 @@ struct CopyJob {
   void* peer_recv[kMaxPeerRanks] = {};
   uint32_t* peer_sync[kMaxPeerRanks] = {};
 };
+
+// A call's copy job without its epoch, timeline row and events: its arguments and the peers'
+// addresses as they are now.
+inline CopyJob CopyJobFor(const PeerState& p, const PeerCollectiveArgs& a) {
+  CopyJob job;
+  job.a = a;
+  std::copy(p.peer_recv, p.peer_recv + kMaxPeerRanks, job.peer_recv);
+  std::copy(p.peer_sync, p.peer_sync + kMaxPeerRanks, job.peer_sync);
+  return job;
+}
 
 // On XLA's thread, before the call's copies are enqueued (by the copy thread or inline): builds
 // the graph of every slot that one of the call's copies prefers and that has none yet, so that

@@ -299,13 +299,8 @@ std::string SetGemmRing(CommState& s, const PeerCollectiveArgs& a, int tiles_chu
 
 std::string EnsurePeerCopyGraphs(CommState& s, const PeerCollectiveArgs& a) {
   if (!s.peer) return "copy graphs before PreparePeerTransport";
-  PeerState& p = *s.peer;
-  CopyJob job;
-  job.a = a;
-  std::copy(p.peer_recv, p.peer_recv + kMaxPeerRanks, job.peer_recv);
-  std::copy(p.peer_sync, p.peer_sync + kMaxPeerRanks, job.peer_sync);
   std::string error;
-  if (EnsureCopyGraphs(s, job, &error) != cudaSuccess) return error;
+  if (EnsureCopyGraphs(s, CopyJobFor(*s.peer, a), &error) != cudaSuccess) return error;
   return "";
 }
 
@@ -365,14 +360,11 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   char* recv = static_cast<char*>(p.recv);
   auto chunk = [&](int h, int b) { return ChunkOffset(P, h, b, chunk_bytes); };
 
-  CopyJob job;
-  job.a = a;
+  CopyJob job = CopyJobFor(p, a);
   job.epoch = e;
   job.row = TimelineRowOfCall(s);
   job.inputs_ready = p.inputs_ready[e % PeerState::kCallEvents];
   job.sums_ended = p.sums_ended[e % PeerState::kCallEvents];
-  std::copy(p.peer_recv, p.peer_recv + kMaxPeerRanks, job.peer_recv);
-  std::copy(p.peer_sync, p.peer_sync + kMaxPeerRanks, job.peer_sync);
   cudaError_t err = cudaSuccess;
   // The copy thread waits for this call's signal before its acknowledgements (after the
   // sums_ended record below); every way out of this function gives it.
@@ -383,8 +375,6 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
       if (worker) worker->Signal(epoch);
     }
   } signal_on_exit{p.copy_thread.get(), e};
-  err = EnsureCopyGraphs(s, job, error);
-  if (err != cudaSuccess) return err;
   if (p.copy_thread) {
     p.copy_thread->Push([&s, job] { RunCopyJob(s, job); });
   } else {
@@ -448,32 +438,24 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     // The GEMM summed and stored the own band; the call ends once this rank's copies, which
     // read the workspace, are done (their last group lands about when the GEMM ends).
     err = EnqueueWaitGeq(xla_stream, Region(p.sync, kOwnCopies), e, false, error);
-    if (err == cudaSuccess) err = cudaEventRecord(job.sums_ended, xla_stream);
-    if (err != cudaSuccess) {
-      if (error->empty()) *error = "recording the ring GEMM's end for the acknowledgements";
-      return err;
+    if (err != cudaSuccess) return err;
+  } else {
+    if (a.all_reduce) {
+      err = WaitForPeers(p, xla_stream, kOutReady, P, me, e, error);
+      if (err != cudaSuccess) return err;
+      remote.offset_bytes = chunk(h, me);
     }
-    if (!p.copy_thread) {
-      err = EnqueueAcks(s, job, error);
+    err = EnqueueLastRoundSums(s, xla_stream, a, e, ws + chunk(h, me),
+                               static_cast<char*>(own_out(h)),
+                               recv + Slot(P, h, 0) * chunk_bytes, remote, error);
+    if (err != cudaSuccess) return err;
+    if (H > 1) {
+      err = Join(xla_stream, p.sums_done, error);
       if (err != cudaSuccess) return err;
     }
-    RecordTimelineMark(s, kCallEnd, xla_stream);
-    return cudaSuccess;
   }
-  if (a.all_reduce) {
-    err = WaitForPeers(p, xla_stream, kOutReady, P, me, e, error);
-    if (err != cudaSuccess) return err;
-    remote.offset_bytes = chunk(h, me);
-  }
-  err = EnqueueLastRoundSums(s, xla_stream, a, e, ws + chunk(h, me),
-                             static_cast<char*>(own_out(h)),
-                             recv + Slot(P, h, 0) * chunk_bytes, remote, error);
-  if (err != cudaSuccess) return err;
-  if (H > 1) {
-    err = Join(xla_stream, p.sums_done, error);
-    if (err != cudaSuccess) return err;
-  }
-  // The receive slots are free again once this is reached: the copy stream acknowledges.
+  // The receive slots are free again once this is reached (the band sums, or the ring's GEMM,
+  // have read them): the copy stream acknowledges.
   err = cudaEventRecord(job.sums_ended, xla_stream);
   if (err != cudaSuccess) {
     *error = "recording the band sums' end for the acknowledgements";

@@ -234,14 +234,14 @@ std::string SetPeerGroups(PeerCollectiveArgs& args, int P, const int* group_begi
 // same calls). "" or why it failed.
 std::string PreparePeerTransport(CommState& state, size_t recv_bytes);
 
-// After PreparePeerTransport (and SetPeerGroups), before the call's GEMM launch: builds the
-// copy graphs this call's copies prefer that do not exist yet. Building one may wait for this
-// GPU to drain; the ring's GEMM waits for the peers' copies of the same call, which their copy
-// threads enqueue only after the peers' handlers got here, so a build after that GEMM's launch
-// could wait for a GPU that waits for a peer that waits in the same way (a cycle around the
-// ring; seen as a hang of the first 8192x8192x2048 ring call on 4x H200). Before the launch,
-// the GPU holds only earlier calls, whose copies every rank has already handed over.
-// EnqueuePeerCollective then finds them built. "" or why not.
+// After PreparePeerTransport (and SetPeerGroups), before the call's GEMM launch, on XLA's
+// thread: builds the copy graphs this call's copies prefer that do not exist yet (the copy
+// thread never builds one: PeerState::copy_exec). Building one may wait for this GPU to drain.
+// Before the launch the GPU holds only earlier calls, whose copies every rank has already handed
+// over; after it, the ring's GEMM would wait for the peers' copies of this same call, enqueued
+// only once the peers' handlers are past their own builds, which may wait for their GPUs in the
+// same way: a cycle around the ring (likely the hang of the first 8192x8192x2048 ring call on
+// 4x H200, benchmarks/NOTES.md §22). "" or why not.
 std::string EnsurePeerCopyGraphs(CommState& state, const PeerCollectiveArgs& args);
 
 // After PreparePeerTransport, before the call's GEMM launch: the event the call must record on
@@ -250,7 +250,8 @@ std::string EnsurePeerCopyGraphs(CommState& state, const PeerCollectiveArgs& arg
 cudaEvent_t NextPeerInputsEvent(CommState& state);
 
 // Precondition (caller, on `xla_stream`): PreparePeerTransport for (P - 1) * band bytes,
-// counters zeroed, NextPeerInputsEvent's event recorded, then the GEMM launched with
+// EnsurePeerCopyGraphs for these args, counters zeroed, NextPeerInputsEvent's event recorded,
+// then the GEMM launched with
 // rotate_tile_rows = ((rank + 1) % P) * chunk tile-rows and the groups given to SetPeerGroups.
 // Enqueues (or has the copy thread enqueue) the copies and the acknowledgements on the copy
 // stream, the band sums (with the stores of an all-reduce) on `xla_stream` (the rounds before

@@ -199,13 +199,9 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
     // the receive buffer may just have grown), and its own band, stored into the output.
     msg = SetGemmRing(*state, peer, tiles_chunk, args);
     if (!msg.empty()) return ffi::Error::InvalidArgument("fo_jax: copy-engine transport: " + msg);
-    // The ring: every copy graph the call needs, before its GEMM is launched (peer_transport.h
-    // says why). Not yet run on a GPU (benchmarks/NOTES.md §22), so the direct form, whose GEMM
-    // never waits for a peer, keeps building them after the launch, as it was measured.
-    if (peer.ring) {
-      msg = EnsurePeerCopyGraphs(*state, peer);
-      if (!msg.empty()) return ffi::Error::Internal("fo_jax: copy-engine transport: " + msg);
-    }
+    // Every copy graph the call needs, before its GEMM is launched (peer_transport.h says why).
+    msg = EnsurePeerCopyGraphs(*state, peer);
+    if (!msg.empty()) return ffi::Error::Internal("fo_jax: copy-engine transport: " + msg);
   }
 
   // Stream order on XLA's stream: zero counters -> inputs_ready -> GEMM, the first two issued by

@@ -43,18 +43,18 @@ struct EpilogueParams {
   int signal_mode = 0;
   int group_begin[kMaxGemmGroups + 1] = {};
   // SignalingGemmArgs' addend (kernels with a source only): logical tile-rows >= addend_first
-  // add the source, rows from (tile-row - addend_first) * tile_m on; addend_tiles: tile-rows of
-  // the source (a coordinate there or beyond is outside it: TMA fills zeros, reads nothing).
-  // The source's tile-row s is read once addend_flags[group of s] >= addend_flag_value.
+  // add the source, rows from (tile-row - addend_first) * tile_m on; the source has
+  // tiles_m - addend_first tile-rows (a coordinate there or beyond is outside it: TMA fills
+  // zeros, reads nothing). Its tile-row s is read once addend_flags[group of s] >=
+  // addend_flag_value.
   int addend_first = 0;
-  int addend_tiles = 0;
   uint32_t addend_flag_value = 0;
   const uint32_t* addend_flags = nullptr;
   // SignalingGemmArgs' tail output (kernels with a source only; nullptr: none): logical
-  // tile-rows >= tail_first are stored into tail_out (tail_tiles tile-rows) instead of D.
+  // tile-rows >= tail_first are stored into tail_out (tiles_m - tail_first tile-rows) instead
+  // of D.
   void* tail_out = nullptr;
   int tail_first = 0;
-  int tail_tiles = 0;
 };
 
 // Predicated register -> global store of one tile whose first destination row is dst_row0 and
@@ -190,11 +190,14 @@ class SignalingTmaEpilogue
     typename Inner::Arguments inner;
     EpilogueParams signal;
   };
+  struct NoTail {};
+  // kSource with a tail output: the tail's TMA store descriptor (as a second epilogue's params).
+  using TailParams = std::conditional_t<kSource, typename Inner::Params, NoTail>;
   struct Params {
     typename Inner::Params inner;
     EpilogueParams signal;
     uint32_t tma_transaction_bytes = 0;  // read by the kernel (epilogue load pipeline)
-    typename Inner::Params tail;  // kSource with a tail output: its TMA store descriptor
+    TailParams tail;
   };
 
   static constexpr int kTileM = cute::size<0>(TileShape{});
@@ -216,14 +219,15 @@ class SignalingTmaEpilogue
     p.inner = Inner::to_underlying_arguments(Flat(ps), args.inner, workspace);
     if constexpr (kSource) {
       // The source's TMA descriptor covers the addend only ([addend rows, n]), not D.
-      auto source_shape = cute::make_shape(args.signal.addend_tiles * kTileM,
+      const EpilogueParams& sig = args.signal;
+      auto source_shape = cute::make_shape((sig.tiles_m - sig.addend_first) * kTileM,
                                            int(cute::get<1>(ps)), int(cute::get<2>(ps)), 1);
       p.inner.tma_load_c =
           Inner::to_underlying_arguments(source_shape, args.inner, workspace).tma_load_c;
-      if (args.signal.tail_out != nullptr) {  // the tail output as D: [tail rows, n]
+      if (sig.tail_out != nullptr) {  // the tail output as D: [tail rows, n]
         typename Inner::Arguments tail_args = args.inner;
-        tail_args.ptr_D = static_cast<Element*>(args.signal.tail_out);
-        auto tail_shape = cute::make_shape(args.signal.tail_tiles * kTileM,
+        tail_args.ptr_D = static_cast<Element*>(sig.tail_out);
+        auto tail_shape = cute::make_shape((sig.tiles_m - sig.tail_first) * kTileM,
                                            int(cute::get<1>(ps)), int(cute::get<2>(ps)), 1);
         p.tail = Inner::to_underlying_arguments(tail_shape, tail_args, workspace);
       }
@@ -264,13 +268,14 @@ class SignalingTmaEpilogue
     using namespace cute;
     EpilogueParams const& p = *p_;
     const int m_idx = logical_tile_row(int(get<0>(tile_coord)));
-    int source_row = p.addend_tiles;  // outside the addend: zeros
+    const int addend_tiles = p.tiles_m - p.addend_first;
+    int source_row = addend_tiles;  // outside the addend: zeros
     if (m_idx >= p.addend_first) {  // (no padding tiles: the launcher requires whole clusters)
       source_row = m_idx - p.addend_first;
       wait_for_addend(group_of(source_row));
     }
     auto source_coord = make_coord(source_row, get<1>(tile_coord), get<2>(tile_coord), 0);
-    auto source_shape = make_shape(p.addend_tiles * kTileM, int(get<1>(problem_shape)),
+    auto source_shape = make_shape(addend_tiles * kTileM, int(get<1>(problem_shape)),
                                    int(get<2>(problem_shape)), 1);
     return Inner::load(load_pipeline, load_state, source_shape, tile_shape, source_coord,
                        tiled_mma, thread_idx, shared, subtile_idx);
@@ -331,7 +336,7 @@ class SignalingTmaEpilogue
           Inner tail(*tail_params_, shared);
           if (p.tail_out != nullptr && m_idx >= p.tail_first) {
             target = &tail;
-            get<0>(flat_shape) = p.tail_tiles * kTileM;
+            get<0>(flat_shape) = (p.tiles_m - p.tail_first) * kTileM;
             get<0>(flat_coord) = m_idx - p.tail_first;
           }
           result = target->store(load_pipeline, load_state, store_pipeline, store_state,
@@ -453,7 +458,7 @@ class SignalingTmaEpilogue
   static constexpr int kSubtiles = Inner::get_store_pipe_increment(TileShape{});
 
   EpilogueParams const* p_;
-  typename Inner::Params const* tail_params_;
+  TailParams const* tail_params_;
   int pending_group_ = -1;  // group of the tiles stored but not yet signalled
   uint32_t pending_count_ = 0;
   bool pending_direct_ = false;  // some pending tile was stored by the direct path
@@ -603,12 +608,10 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   for (int g = 0; g <= a.num_groups; ++g) epi.group_begin[g] = a.group_begin[g];
   if constexpr (Cfg::kHasSource) {
     epi.addend_first = a.addend_first_tile_row;
-    epi.addend_tiles = tiles_m - a.addend_first_tile_row;
     epi.addend_flag_value = a.addend_flag_value;
     epi.addend_flags = a.addend_flags;
     epi.tail_out = a.tail_out;
-    epi.tail_first = a.tail_out != nullptr ? a.tail_first_tile_row : tiles_m;
-    epi.tail_tiles = tiles_m - epi.tail_first;
+    epi.tail_first = a.tail_first_tile_row;
   }
 
   int budget = a.sm_budget > 0 && a.sm_budget < run.device_sms ? a.sm_budget : run.device_sms;
