@@ -219,6 +219,36 @@ def test_copy_engine_group_partitions(collective, parts, split_sum, flags, ring,
     _assert_all_calls_close(outs, x64, w64, tp, collective)
 
 
+@pytest.mark.parametrize("ring", [None, "1"], ids=["default", "ring"])
+@pytest.mark.parametrize("m", [4096, 8192])
+def test_benchmark_scale_reduce_scatter(m, ring, monkeypatch):
+    """The benchmark's short-K reduce-scatter shapes (per GPU x[m, 2048] @ w[2048, 8192]) with
+    the default plan, and with the ring forced (FO_JAX_CE_RING=1), against the float64 product,
+    three calls back to back: their plans (group partitions, sums by rows, the ring's pieces)
+    are not the small test shapes'."""
+    from fo_jax import _transport
+
+    if ring is None:
+        monkeypatch.delenv("FO_JAX_CE_RING", raising=False)
+    else:
+        monkeypatch.setenv("FO_JAX_CE_RING", ring)
+    tp = _ntp()
+    mesh = _mesh(tp)
+    n, k = 8192, 2048
+    rng = np.random.default_rng(m + tp)
+    x, w, x64, w64 = random_operands(rng, m, k * tp, n, jnp.bfloat16)
+    cfg = fo_jax.OverlapConfig()
+    plan = _transport.copy_engine_plan("reduce_scatter", jnp.dtype(jnp.bfloat16), m, n, k, tp,
+                                       cfg)
+    if ring == "1":
+        assert plan.ring, plan
+    f = _tp_fn(mesh, "reduce_scatter", config=cfg)
+    assert "fo_jax_overlapped_matmul_ffi" in f.lower(x, w).as_text()
+    outs = [f(x, w) for _ in range(3)]
+    jax.block_until_ready(outs)
+    _assert_all_calls_close(outs, x64, w64, tp, "reduce_scatter")
+
+
 def test_copy_engine_shapes_change_between_calls():
     """The receive and publish buffers grow when a larger call arrives (all ranks together) and
     smaller calls reuse them; calls of different sizes and both collectives interleave, back to
