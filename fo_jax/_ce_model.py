@@ -36,6 +36,13 @@ STORE_RATE = 330e9  # bytes/s of the all-reduce's SM stores into the peers' outp
 # epilogue, which shares it with the output: NOTES §22).
 RING_GEMM_EXTRA = 0.025
 RING_TAIL = 6e-6  # a group's flag landing -> the tiles that add it stored
+# The GEMM's pace under sustained load against _plan.estimate_seconds (one H200, unloaded):
+# gemm_only at 8192x8192x2048 reads 0.38-0.40 ms on 4x H200 against the estimate's 0.352 (the
+# clock steps down under back-to-back GEMMs, NOTES §21). The ring's copy chain runs at about
+# the GEMM's pace, so it decides the ring against the direct form (ring_first): at the
+# estimate's pace the model put the direct form first at 8192x8192x2048 on 4 GPUs, where the
+# ring measured 0.448 against 0.466-0.471 ms (results/ring_ab_tp4_2026-11-22_cc0cb05.log).
+GEMM_SUSTAINED = 1.13
 
 MAX_PARTS = 4  # groups per chunk tried
 
@@ -199,3 +206,28 @@ def best_ring(size: int, tiles_chunk: int, cluster_m: int, chunk_bytes: int, t_g
             if found is None or finish < found.finish_s - 1e-6:
                 found = Prediction(bounds, "one", ends[-1][1] if ends else 0.0, finish)
     return found
+
+
+def finish_at(pred: Prediction, ring: bool, size: int, tiles_chunk: int, chunk_bytes: int,
+              t_gemm: float) -> float:
+    """When a reduce-scatter plan of one round (best's or best_ring's) finishes if its GEMM
+    takes t_gemm."""
+    ends = copy_ends(pred.bounds, 1, size, tiles_chunk, chunk_bytes, t_gemm)
+    if ring:
+        return ring_finish(pred.bounds, ends, tiles_chunk, t_gemm)
+    return sum_finish(pred.sum_split, ends, pred.bounds, t_gemm, size, tiles_chunk, chunk_bytes,
+                      False)
+
+
+def ring_first(direct: Prediction, ring: Prediction, size: int, tiles_chunk: int,
+               chunk_bytes: int, t_gemm: float) -> bool:
+    """Whether the ring plan finishes before the direct one at the GEMM's sustained pace
+    (GEMM_SUSTAINED; each plan's partition as chosen at t_gemm). Measured on 4x H200
+    (results/ring_ab_tp4_2026-11-22_cc0cb05.log, ring against direct, ms): 4096x8192x2048
+    0.281 / 0.279 against 0.264 / 0.262 (the model: direct, by 20 us), 8192x8192x2048 0.448 /
+    0.448 against 0.471 / 0.466 (ring, by 9), 16384x8192x2048 0.858 / 0.867 against 0.874 /
+    0.890 (ring), the long-K shapes within 1% either way (ring); on 2x H200 the ring won or
+    tied on every shape (ring_ab_tp2_2026-11-22_aa11274.log; the model: ring everywhere)."""
+    t = t_gemm * GEMM_SUSTAINED
+    return (finish_at(ring, True, size, tiles_chunk, chunk_bytes, t)
+            < finish_at(direct, False, size, tiles_chunk, chunk_bytes, t))

@@ -201,15 +201,14 @@ def _ring_allowed(c: dict, collective: str) -> bool:
             and bool(c["pingpong"]) and _env_flag("FO_JAX_CE_RING") is not False)
 
 
-# Ranks up to which the ring is taken by default where the timing model puts it first: none.
-# On 2 GPUs it won or tied on every reduce-scatter shape measured (results/ring_ab_tp2_2026-11-22_
-# aa11274.log: 8192x8192x2048 0.423-0.438 against 0.454-0.467 ms, 16384x8192x2048 0.823-0.832
-# against 0.880-0.898), but its first 4-GPU run did not finish its first 8192x8192x2048 call
-# (results/ring_ab_tp4_2026-11-22_deeeb21.log), most likely the copy-graph build after the GEMM's
-# launch waiting for a GPU that waits for its peers around the ring, a cycle that 2 GPUs can
-# close as well; the fix (the graphs built before the launch) has not run on a GPU yet
-# (benchmarks/NOTES.md §22). FO_JAX_CE_RING=1 forces the ring.
-RING_DEFAULT_MAX_RANKS = 0
+# Ranks up to which the ring is taken by default where the timing model puts it first
+# (_ce_model.ring_first): the sizes it has run at. On 2x H200 it won or tied on every
+# reduce-scatter shape (results/ring_ab_tp2_2026-11-22_aa11274.log), on 4x H200 everywhere but
+# 4096x8192x2048, where the model keeps the direct form (results/ring_ab_tp4_2026-11-22_
+# cc0cb05.log: 8192x8192x2048 0.448 against 0.466-0.471 ms). Its first 4-GPU run had hung
+# (the copy graphs were built after the GEMM's launch; fixed in 0ebd3e8: benchmarks/NOTES.md
+# §22-23). FO_JAX_CE_RING=1 forces the ring, =0 keeps it off.
+RING_DEFAULT_MAX_RANKS = 4
 
 
 def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size: int,
@@ -223,8 +222,8 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     for measurements; FO_JAX_CE_SUM_ROWS = 0 keeps the model from sums by rows, and
     FO_JAX_CE_FLAG_STREAM = 0 and FO_JAX_CE_ACKS_FIRST = 0 restore the copy stream's former
     program: csrc/comm/peer_transport.h). A reduce-scatter runs as the ring (_ring_allowed; its
-    partition from _ce_model.best_ring, no sums) with FO_JAX_CE_RING=1 (by default on up to
-    RING_DEFAULT_MAX_RANKS GPUs, now none, where the model puts it first).
+    partition from _ce_model.best_ring, no sums) where the model puts it first
+    (_ce_model.ring_first) on up to RING_DEFAULT_MAX_RANKS GPUs, or with FO_JAX_CE_RING=1.
     Every SM for one round; with more, all but
     ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the GEMM, unless
     config.sm_budget says otherwise."""
@@ -245,8 +244,9 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
         forced = _env_flag("FO_JAX_CE_RING") is True
         ring_pred = _ce_model.best_ring(size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
                                         max_groups)
-        ring = ring_pred is not None and (forced or (size <= RING_DEFAULT_MAX_RANKS
-                                                     and ring_pred.finish_s < pred.finish_s))
+        ring = ring_pred is not None and (
+            forced or (size <= RING_DEFAULT_MAX_RANKS and _ce_model.ring_first(
+                pred, ring_pred, size, tiles_chunk, chunk_bytes, t_gemm)))
         pred = ring_pred if ring else pred
     bounds, sum_split = pred.bounds, pred.sum_split
     parts = _env_int("FO_JAX_CE_PARTS")

@@ -167,7 +167,7 @@ def fake_cuda(monkeypatch):
     _transport._peer_access_problem.cache_clear()
 
 
-def test_transport_choice(fake_cuda):
+def test_transport_choice(fake_cuda, monkeypatch):
     import jax.numpy as jnp
 
     from fo_jax import OverlapConfig
@@ -194,9 +194,17 @@ def test_transport_choice(fake_cuda):
     with pytest.raises(ValueError, match="unknown gemm_config"):
         t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048,
                  OverlapConfig(transport="copy_engine", gemm_config="nope"))
-    # The plan: all rows in one batch; at short K (the copies trail the GEMM) every band in two
-    # groups, summed by rows of the last one (_ce_model); the copy stream's flags on a stream of
-    # their own, every acknowledgement awaited first.
+    # The plan: all rows in one batch. A reduce-scatter at short K runs as the ring where the
+    # model puts it first at the GEMM's sustained pace (8192x8192x2048 on 4 GPUs, not
+    # 4096x8192x2048: both as measured, results/ring_ab_tp4_2026-11-22_cc0cb05.log), every band
+    # in the same three pieces after a short first one.
+    plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
+    assert plan.ring and plan.group_begin == (0, 4, 10, 16, 20, 26, 32, 36, 42, 48, 52, 58, 64)
+    assert not t.copy_engine_plan("reduce_scatter", bf16, 4096, 8192, 2048, 4, None).ring
+    # The direct form (FO_JAX_CE_RING=0): at short K (the copies trail the GEMM) every band in
+    # two groups, summed by rows of the last one (_ce_model); the copy stream's flags on a
+    # stream of their own, every acknowledgement awaited first.
+    monkeypatch.setenv("FO_JAX_CE_RING", "0")
     plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
     assert plan.group_begin == (0, 8, 16, 24, 32, 40, 48, 64) and plan.sm_budget == 0
     assert plan.rounds == 1 and plan.sum_split == "rows" and not plan.ring
@@ -260,6 +268,15 @@ def test_copy_engine_timing_model():
     # The group limit is respected.
     p = m.best(4, 4, 4, 2, chunk // 4, 361e-6, True, 16)
     assert len(p.bounds) - 1 <= 16
+    # The ring against the direct form at the GEMM's sustained pace: first at 8192x8192x2048
+    # (GEMM ~352 us unloaded) on 4 GPUs, not at 4096x8192x2048 (half the rows), as measured.
+    for rows, gemm, ring_wins in ((8192, 352e-6, True), (4096, 176e-6, False)):
+        tc, cb = rows // 4 // 128, rows // 4 * 8192 * 2
+        direct = m.best(1, 4, tc, 2, cb, gemm, False, 64)
+        ring = m.best_ring(4, tc, 2, cb, gemm, 64)
+        assert m.ring_first(direct, ring, 4, tc, cb, gemm) == ring_wins, rows
+        assert m.finish_at(direct, False, 4, tc, cb, gemm) == pytest.approx(direct.finish_s)
+        assert m.finish_at(ring, True, 4, tc, cb, gemm) == pytest.approx(ring.finish_s)
 
 
 def test_explicit_copy_engine_bounds():
@@ -298,18 +315,17 @@ def test_copy_engine_program_overrides(fake_cuda, monkeypatch):
     monkeypatch.setenv("FO_JAX_CE_SPLIT_SUM", "2")
     with pytest.raises(ValueError, match="FO_JAX_CE_SPLIT_SUM='2'"):
         t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-    # The ring reduce-scatter: only with FO_JAX_CE_RING=1 (RING_DEFAULT_MAX_RANKS = 0: no default
-    # until it has run on 4 GPUs), never for an all-reduce; on 2 GPUs with a default the model
-    # would put it first at 8192x8192x2048; its
-    # partition (_ce_model.best_ring) cuts every band, the own one too, into the same pieces
-    # (the first copy starts before the band is done; the GEMM visits each band's rows in the
-    # order their partial sums were sent).
+    # The ring reduce-scatter: by default where the model puts it first on up to
+    # RING_DEFAULT_MAX_RANKS GPUs, forced by FO_JAX_CE_RING=1, off with =0, never for an
+    # all-reduce; its partition (_ce_model.best_ring) cuts every band, the own one too, into
+    # the same pieces (the first copy starts before the band is done; the GEMM visits each
+    # band's rows in the order their partial sums were sent).
     monkeypatch.delenv("FO_JAX_CE_SPLIT_SUM")
     monkeypatch.delenv("FO_JAX_CE_BOUNDS")
     monkeypatch.delenv("FO_JAX_CE_RING")
-    assert not t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 2, None).ring
-    monkeypatch.setattr(t, "RING_DEFAULT_MAX_RANKS", 2)
     assert t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 2, None).ring
+    assert t.copy_engine_plan("reduce_scatter", bf16, 16384, 8192, 2048, 4, None).ring
+    monkeypatch.setattr(t, "RING_DEFAULT_MAX_RANKS", 2)
     assert not t.copy_engine_plan("reduce_scatter", bf16, 16384, 8192, 2048, 4, None).ring
     monkeypatch.setenv("FO_JAX_CE_RING", "0")
     assert not t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 2, None).ring
