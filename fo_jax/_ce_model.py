@@ -18,6 +18,8 @@ The ring reduce-scatter (best_ring) sends the same chunks, all to one peer, and 
 its GEMM (slower, with the epilogue source) stalls whenever it reaches rows whose partial sum has
 not landed: a group must be copied within one chunk's time of its own start, so the groups are
 small and the copy chain, which runs at about the GEMM's pace, binds (benchmarks/NOTES.md §22).
+So whether the ring or the direct form finishes first depends on the GEMM's real pace, slower
+under sustained load than the estimate (ring_first, GEMM_SUSTAINED; NOTES §23).
 """
 
 from __future__ import annotations
