@@ -40,10 +40,8 @@ RING_GEMM_EXTRA = 0.025
 RING_TAIL = 6e-6  # a group's flag landing -> the tiles that add it stored
 # The GEMM's pace under sustained load against _plan.estimate_seconds (one H200, unloaded):
 # gemm_only at 8192x8192x2048 reads 0.38-0.40 ms on 4x H200 against the estimate's 0.352 (the
-# clock steps down under back-to-back GEMMs, NOTES §21). The ring's copy chain runs at about
-# the GEMM's pace, so it decides the ring against the direct form (ring_first): at the
-# estimate's pace the model put the direct form first at 8192x8192x2048 on 4 GPUs, where the
-# ring measured 0.448 against 0.466-0.471 ms (results/ring_ab_tp4_2026-11-22_cc0cb05.log).
+# clock steps down under back-to-back GEMMs, NOTES §21). Used by ring_first only (which says
+# why and what it was checked against).
 GEMM_SUSTAINED = 1.13
 
 MAX_PARTS = 4  # groups per chunk tried
@@ -224,7 +222,10 @@ def finish_at(pred: Prediction, ring: bool, size: int, tiles_chunk: int, chunk_b
 def ring_first(direct: Prediction, ring: Prediction, size: int, tiles_chunk: int,
                chunk_bytes: int, t_gemm: float) -> bool:
     """Whether the ring plan finishes before the direct one at the GEMM's sustained pace
-    (GEMM_SUSTAINED; each plan's partition as chosen at t_gemm). Measured on 4x H200
+    (GEMM_SUSTAINED; each plan's partition as chosen at t_gemm). The ring's copy chain runs at
+    about the GEMM's pace, so that pace decides: at the estimate's the model put the direct form
+    first at 8192x8192x2048 on 4 GPUs, where the ring won. Lowering SUM_RATE instead would move
+    direct-form plans measured to be good (NOTES §23). Measured on 4x H200
     (results/ring_ab_tp4_2026-11-22_cc0cb05.log, ring against direct, ms): 4096x8192x2048
     0.281 / 0.279 against 0.264 / 0.262 (the model: direct, by 20 us), 8192x8192x2048 0.448 /
     0.448 against 0.471 / 0.466 (ring, by 9), 16384x8192x2048 0.858 / 0.867 against 0.874 /

@@ -202,12 +202,9 @@ def _ring_allowed(c: dict, collective: str) -> bool:
 
 
 # Ranks up to which the ring is taken by default where the timing model puts it first
-# (_ce_model.ring_first): the sizes it has run at. On 2x H200 it won or tied on every
-# reduce-scatter shape (results/ring_ab_tp2_2026-11-22_aa11274.log), on 4x H200 everywhere but
-# 4096x8192x2048, where the model keeps the direct form (results/ring_ab_tp4_2026-11-22_
-# cc0cb05.log: 8192x8192x2048 0.448 against 0.466-0.471 ms). Its first 4-GPU run had hung
-# (the copy graphs were built after the GEMM's launch; fixed in 0ebd3e8: benchmarks/NOTES.md
-# §22-23). FO_JAX_CE_RING=1 forces the ring, =0 keeps it off.
+# (_ce_model.ring_first, with the measurements it was checked against): the sizes it has run
+# at, 2 and 4 GPUs (benchmarks/NOTES.md §22-23). FO_JAX_CE_RING=1 forces the ring, =0 keeps it
+# off.
 RING_DEFAULT_MAX_RANKS = 4
 
 
