@@ -11,18 +11,22 @@ SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(j
 CUDA_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-def check_operands(fn: str, x, w) -> jnp.dtype:
-    """Checks ranks, contraction sizes and dtypes of x[M, K] @ w[K, N]; returns the dtype."""
+def check_operands(fn: str, x, w, min_x_rank: int = 1) -> jnp.dtype:
+    """Checks ranks, contraction sizes and dtypes of x[..., K] @ w[K, N]; returns the dtype."""
     for name, a in (("x", x), ("w", w)):
         if not hasattr(a, "shape") or not hasattr(a, "dtype"):
             raise TypeError(f"{fn}: {name} must be a JAX array, got {type(a).__name__}")
-        if len(a.shape) != 2:
-            raise ValueError(
-                f"{fn}: {name} must have rank 2, got shape {tuple(a.shape)} (rank {len(a.shape)})")
-    if x.shape[1] != w.shape[0]:
+    if len(w.shape) != 2:
+        raise ValueError(
+            f"{fn}: w must have rank 2 ([K, N]), got shape {tuple(w.shape)} (rank {len(w.shape)})")
+    if len(x.shape) < min_x_rank:
+        raise ValueError(
+            f"{fn}: x must have rank {min_x_rank} or more ([..., K]), got shape "
+            f"{tuple(x.shape)} (rank {len(x.shape)})")
+    if x.shape[-1] != w.shape[0]:
         raise ValueError(
             f"{fn}: contraction sizes differ: x is {tuple(x.shape)} and w is {tuple(w.shape)} "
-            f"(x.shape[1]={x.shape[1]} != w.shape[0]={w.shape[0]})")
+            f"(x.shape[-1]={x.shape[-1]} != w.shape[0]={w.shape[0]})")
     dx, dw = jnp.dtype(x.dtype), jnp.dtype(w.dtype)
     if dx != dw:
         raise TypeError(f"{fn}: x and w must have the same dtype, got {dx} and {dw}")
@@ -53,6 +57,23 @@ def axis_size(fn: str, axis_name) -> int:
 def check_scatter_rows(fn: str, m: int, size: int, axis_name: str) -> None:
     if m % size:
         raise ValueError(
-            f"{fn}: reduce_scatter needs x.shape[0] (M={m}) divisible by the size of axis "
-            f"{axis_name!r} ({size}); got remainder {m % size}")
+            f"{fn}: reduce_scatter scatters x's first dimension; it needs x.shape[0] ({m}) "
+            f"divisible by the size of axis {axis_name!r} ({size}); got remainder {m % size}")
+
+
+def check_config(fn: str, config) -> None:
+    from fo_jax.config import OverlapConfig  # noqa: PLC0415 (config imports nothing of ours)
+
+    if config is not None and not isinstance(config, OverlapConfig):
+        raise TypeError(f"{fn}: config must be a fo_jax.OverlapConfig or None, got "
+                        f"{type(config).__name__}")
+
+
+def trace_platform() -> str:
+    """The platform the code being traced will run on: that of the enclosing shard_map's mesh
+    (a CPU mesh on a GPU machine runs on CPU), else JAX's default backend."""
+    mesh = jax.sharding.get_abstract_mesh()
+    device = getattr(mesh, "abstract_device", None)
+    platform = getattr(device, "platform", None) if not mesh.empty else None
+    return platform or jax.default_backend()
 

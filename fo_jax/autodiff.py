@@ -60,7 +60,8 @@ def _overlapped(forward, axis_name, collective, x, w):
 
 
 def _overlapped_fwd(forward, axis_name, collective, x, w):
-    return forward(x, w), (x, w)
+    # Through _overlapped itself (forward has no derivative), so that grad of grad works.
+    return _overlapped(forward, axis_name, collective, x, w), (x, w)
 
 
 def _overlapped_bwd(forward, axis_name, collective, res, dy):
@@ -70,16 +71,16 @@ def _overlapped_bwd(forward, axis_name, collective, res, dy):
     # being reduced varies over axis_name, so x or w does.
     checked = bool(_vma.varying_axes(x) | _vma.varying_axes(w))
     if collective == "reduce_scatter":
-        g = jax.lax.all_gather(_vary(dy, {axis_name}) if checked else dy, axis_name, axis=0,
+        g = jax.lax.all_gather(vary(dy, {axis_name}) if checked else dy, axis_name, axis=0,
                                tiled=True)
     elif collective == "all_reduce":
         g = dy if checked else jax.lax.psum(dy, axis_name)
     else:
         raise ValueError(f"fo_jax.autodiff: unknown collective {collective!r}")
     # Operands of each GEMM share one varying type (JAX would insert these pvarys itself).
-    dx = _dot(*_common_vary(g, w), (1, 1))  # [M, N] x [K, N] -> [M, K]
-    dw = _dot(*_common_vary(x, g), (0, 0))  # [M, K] x [M, N] -> [K, N]
-    return _like(dx, x), _like(dw, w)
+    dx = _dot(*common_vary(g, w), (1, 1))  # [M, N] x [K, N] -> [M, K]
+    dw = _dot(*common_vary(x, g), (0, 0))  # [M, K] x [M, N] -> [K, N]
+    return like(dx, x), like(dw, w)
 
 
 _overlapped.defvjp(_overlapped_fwd, _overlapped_bwd)
@@ -97,7 +98,7 @@ def _axes(names) -> tuple:
     return tuple(sorted(names, key=str))  # deterministic order: stable jaxprs across runs
 
 
-def _vary(a, axes):
+def vary(a, axes):
     missing = set(axes) - _vma.varying_axes(a)
     if not missing:
         return a
@@ -106,15 +107,15 @@ def _vary(a, axes):
     return jax.lax.pvary(a, _axes(missing))
 
 
-def _common_vary(a, b):
+def common_vary(a, b):
     axes = _vma.varying_axes(a) | _vma.varying_axes(b)
-    return _vary(a, axes), _vary(b, axes)
+    return vary(a, axes), vary(b, axes)
 
 
-def _like(ct, primal):
-    """ct in primal's dtype and varying-axes type (a psum transposes an implicit pvary)."""
+def like(ct, primal):
+    """The cotangent ct in primal's dtype and varying-axes type (a psum transposes an implicit pvary)."""
     ct = ct.astype(primal.dtype)
     extra = _vma.varying_axes(ct) - _vma.varying_axes(primal)
     if extra:
         ct = jax.lax.psum(ct, _axes(extra))
-    return _vary(ct, _vma.varying_axes(primal))
+    return vary(ct, _vma.varying_axes(primal))

@@ -1,17 +1,24 @@
 """The public ops: `overlapped_matmul` (GEMM + collective inside shard_map) and `matmul`.
 
-Each call validates its input at trace time, picks a path (see `describe`), and logs the choice on
-the "fo_jax" logger at DEBUG level. Paths:
+Both take x[..., K] with any leading dimensions (their rows are flattened for the GEMM), validate
+their input at trace time, pick a path (see `describe`), and log that choice on the "fo_jax"
+logger at DEBUG level. Both are JAX ops: they run under jit, differentiate under jax.grad (their
+own reverse-mode rules, the CUDA forward being an opaque custom call), batch under jax.vmap (a
+batching rule that folds a batched x into the GEMM's rows) and work under lax.scan and
+jax.checkpoint. Forward-mode (jvp) is not supported: JAX says so when asked.
+
+Paths:
   - "reference": XLA dot (fp32 accumulation) then psum / psum_scatter; exact definition.
   - "xla": on CUDA, `x @ w` then the collective, as users write it (XLA's 16-bit GEMM accumulates
     in fp32 and rounds once, like the reference, without its extra conversion pass); taken by
     calls too small for the overlap to pay (see _plan.MIN_GEMM_SECONDS).
   - "cuda": fo_jax's own kernels through XLA FFI: the signaling GEMM, and for overlapped_matmul
-    the counter-gated transport: copy-engine writes into the peers' memory (plus, for an
-    all-reduce, SM stores of the summed bands into the peers' outputs) where possible, NCCL
-    collectives otherwise (fo_jax/_transport.py). Chosen per lowering
-    platform (jax.lax.platform_dependent): CUDA devices run it, other platforms run the
-    reference.
+    over an axis of more than one device the counter-gated transport: copy-engine writes into the
+    peers' memory where possible, NCCL collectives otherwise (fo_jax/_transport.py). Over an axis
+    of size 1 the collective is the identity and the call is fo_jax's GEMM alone.
+The path depends on the platform the call runs on (that of the enclosing shard_map's mesh, else
+JAX's default backend); the program carries the CUDA branch through jax.lax.platform_dependent,
+so CUDA devices run it and other platforms run the reference.
 """
 
 from __future__ import annotations
@@ -23,9 +30,10 @@ import os
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
+from jax.custom_batching import custom_vmap
 
-from fo_jax import _checks, _cuda, _plan, _transport, reference
-from fo_jax.autodiff import overlapped_matmul_vjp
+from fo_jax import _checks, _cuda, _plan, _transport, _vma, autodiff, reference
 from fo_jax.config import OverlapConfig
 
 log = logging.getLogger("fo_jax")
@@ -33,7 +41,7 @@ log = logging.getLogger("fo_jax")
 
 @dataclasses.dataclass(frozen=True)
 class PathChoice:
-    """Which implementation a call takes and why (returned by `describe`)."""
+    """Which implementation a call takes on the platform it runs on, and why (`describe`)."""
 
     op: str
     path: str  # "reference", "xla" (plain XLA ops, for calls too small to gain) or "cuda"
@@ -41,6 +49,10 @@ class PathChoice:
     collective: Optional[str] = None
     axis_size: Optional[int] = None
     transport: Optional[str] = None  # overlapped_matmul on the "cuda" path: "copy_engine" | "nccl"
+    platform: Optional[str] = None  # the platform the choice is for
+
+
+CUDA_PLATFORMS = ("gpu", "cuda")
 
 
 def _force_reference(config: Optional[OverlapConfig]) -> bool:
@@ -49,9 +61,11 @@ def _force_reference(config: Optional[OverlapConfig]) -> bool:
 
 
 def _cuda_blocker(dtype, m: int, n: int, k: int) -> Optional[str]:
-    """Why the CUDA kernels cannot take this call (m: GEMM rows per rank), or None."""
+    """Why the CUDA kernels cannot take this GEMM (m rows, per rank for reduce_scatter), or None."""
     if dtype not in _checks.CUDA_DTYPES:
         return f"{dtype} runs on the reference path (the CUDA kernels take bfloat16/float16)"
+    if m == 0 or n == 0 or k == 0:
+        return f"an empty GEMM (M={m}, N={n}, K={k}) runs on the reference path"
     if m % 8 or n % 8 or k % 8:
         return (f"the CUDA kernels need M (per rank for reduce_scatter), N and K multiples of 8; "
                 f"got M={m}, N={n}, K={k}")
@@ -60,60 +74,245 @@ def _cuda_blocker(dtype, m: int, n: int, k: int) -> Optional[str]:
     return None
 
 
-def _choose_path(op: str, dtype, config: Optional[OverlapConfig], m: int, n: int, k: int,
-                 platform: Optional[str] = None, **extra) -> PathChoice:
+def _choose_gemm(op: str, dtype, config, m: int, n: int, k: int, platform: str,
+                 **extra) -> PathChoice:
+    extra = dict(extra, platform=platform)
     if _force_reference(config):
         why = "forced (FO_JAX_FORCE_REFERENCE=1 or config.force_reference)"
         return PathChoice(op, "reference", why, **extra)
+    if platform not in CUDA_PLATFORMS:
+        return PathChoice(op, "reference", f"platform {platform!r}: the CUDA path runs only on "
+                          "CUDA devices", **extra)
     blocker = _cuda_blocker(dtype, m, n, k)
     if blocker is not None:
         return PathChoice(op, "reference", blocker, **extra)
-    if platform is not None and platform not in ("gpu", "cuda"):
-        return PathChoice(op, "reference", f"platform {platform!r}: the CUDA path runs only on "
-                          "CUDA devices", **extra)
-    how = ""
-    if op == "overlapped_matmul":
-        rows = m * extra["axis_size"] if extra["collective"] == "reduce_scatter" else m
-        transport, how = _transport.choose("fo_jax.overlapped_matmul", extra["collective"],
-                                           extra["axis_size"], dtype, rows, n, k, config)
-        extra = dict(extra, transport=transport)
-        how = f"; {how}"
-        floor = (_plan.MIN_GEMM_SECONDS_COPY_ENGINE if transport == "copy_engine"
-                 else _plan.MIN_GEMM_SECONDS)
-        t_gemm = _plan.estimate_seconds(extra["collective"], rows, n, k)[0]
-        if (config is None or config.allow_fallback) and t_gemm < floor:
-            return PathChoice(op, "xla", (
-                f"too small to gain from overlap (estimated GEMM {t_gemm * 1e6:.0f} us < "
-                f"{floor * 1e6:.0f} us): plain XLA dot + collective on CUDA "
-                "(reference elsewhere)"), **extra)
-    return PathChoice(op, "cuda", "fo_jax CUDA kernels on CUDA devices (reference elsewhere)"
-                      + how, **extra)
+    return PathChoice(op, "cuda", "fo_jax's GEMM on CUDA devices", **extra)
 
 
-def _gemm_rows(x, collective: str, size: int) -> int:
-    return x.shape[0] // size if collective == "reduce_scatter" else x.shape[0]
+def _choose_overlapped(dtype, config, m: int, n: int, k: int, platform: str, collective: str,
+                       size: int) -> PathChoice:
+    """The path of an overlapped call whose GEMM is x[m, k] @ w[k, n] (m: rows of x, all ranks'
+    rows for reduce_scatter)."""
+    op = "overlapped_matmul"
+    extra = dict(collective=collective, axis_size=size)
+    if size == 1:
+        c = _choose_gemm(op, dtype, config, m, n, k, platform, **extra)
+        return dataclasses.replace(c, reason=f"axis of size 1, the collective is the identity: "
+                                   f"{c.reason}")
+    rows = m // size if collective == "reduce_scatter" else m
+    c = _choose_gemm(op, dtype, config, rows, n, k, platform, **extra)
+    if c.path != "cuda":
+        return c
+    transport, how = _transport.choose("fo_jax.overlapped_matmul", collective, size, dtype, m, n,
+                                       k, config)
+    floor = (_plan.MIN_GEMM_SECONDS_COPY_ENGINE if transport == "copy_engine"
+             else _plan.MIN_GEMM_SECONDS)
+    t_gemm = _plan.estimate_seconds(collective, m, n, k)[0]
+    if (config is None or config.allow_fallback) and t_gemm < floor:
+        return PathChoice(op, "xla", (
+            f"too small to gain from overlap (estimated GEMM {t_gemm * 1e6:.0f} us < "
+            f"{floor * 1e6:.0f} us): plain XLA dot + collective"), transport=transport,
+            platform=platform, **extra)
+    return PathChoice(op, "cuda", f"fo_jax CUDA kernels on CUDA devices; {how}",
+                      transport=transport, platform=platform, **extra)
+
+
+def _log(fn: str, x, w, choice: PathChoice, what: str = "") -> None:
+    log.debug("%s x%s w%s%s: %s", fn, tuple(x.shape), tuple(w.shape), what, choice)
+
+
+# --------------------------------------------------------------------------------------------
+# fo_jax.matmul
+# --------------------------------------------------------------------------------------------
+def _gemm_unbatched(x, w, config):
+    """x[R, K] @ w[K, N]: fo_jax's GEMM on CUDA devices where it applies, else the reference."""
+    r, k, n = x.shape[0], x.shape[1], w.shape[1]
+    choice = _choose_gemm("matmul", jnp.dtype(x.dtype), config, r, n, k, "cuda")
+    if choice.path != "cuda":
+        return reference.matmul(x, w)
+    from fo_jax._cuda_ops import matmul_cuda  # noqa: PLC0415 (needs the module)
+
+    plan = _plan.plan_gemm("fo_jax.matmul", x.dtype, r, n, k, 1, config, 1, 0)
+
+    def cuda(x, w):
+        # The custom call's result carries no varying manual axes; give it the operands', as
+        # the reference's dot does, so that both branches (and check_vma) agree.
+        y = matmul_cuda(x, w, plan=plan)
+        return autodiff.vary(y, _vma.varying_axes(x) | _vma.varying_axes(w))
+
+    return jax.lax.platform_dependent(x, w, cuda=cuda, default=reference.matmul)
+
+
+def _gemm_batchable(x, w, config):
+    """_gemm_unbatched with a batching rule: a batched x joins the GEMM's rows; a batched w (one
+    GEMM per weight) maps over the batch."""
+
+    @custom_vmap
+    def gemm(x, w):
+        return _gemm_unbatched(x, w, config)
+
+    @gemm.def_vmap
+    def gemm_batched(axis_size, in_batched, x, w):
+        x_batched, w_batched = in_batched
+        if w_batched:
+            if x_batched:
+                return jax.lax.map(lambda a: _gemm_batchable(a[0], a[1], config), (x, w)), True
+            return jax.lax.map(lambda wi: _gemm_batchable(x, wi, config), w), True
+        rows = x.reshape(-1, x.shape[-1])
+        return _gemm_batchable(rows, w, config).reshape(axis_size, -1, w.shape[-1]), True
+
+    return gemm(x, w)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _gemm(x, w, config):
+    return _gemm_batchable(x, w, config)
+
+
+def _gemm_fwd(x, w, config):
+    # Through _gemm itself (not its batchable body, which has no derivative), so that the
+    # residuals' dependence on x and w differentiates again (grad of grad).
+    return _gemm(x, w, config), (x, w)
+
+
+def _gemm_bwd(config, res, dy):
+    """dx = dy @ w^T and dw = x^T @ dy, each through fo_jax's GEMM where it applies (the
+    transposed operands are materialized: the kernel takes row-major A[M, K] and B[K, N])."""
+    del config  # it names the forward's tile configuration, not the backward GEMMs'
+    x, w = res
+    dy_w, w_t = autodiff.common_vary(dy, w.T)
+    x_t, dy_x = autodiff.common_vary(x.T, dy)
+    dx = _gemm(dy_w, w_t, None)
+    dw = _gemm(x_t, dy_x, None)
+    return autodiff.like(dx, x), autodiff.like(dw, w)
+
+
+_gemm.defvjp(_gemm_fwd, _gemm_bwd)
+
+
+def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None) -> jax.Array:
+    """x @ w with float32 accumulation, in x's dtype: fo_jax's GEMM on CUDA devices (no
+    collective), the XLA reference elsewhere.
+
+    Args:
+      x: [..., K] (bfloat16 or float16 for the CUDA kernel; float32 runs the reference).
+      w: [K, N], same dtype as x.
+      config: optional `OverlapConfig` (its `gemm_config` names the forward's tile config).
+
+    Returns:
+      [..., N] in x's dtype. Differentiable (jax.grad; the backward GEMMs also run on fo_jax's
+      kernel), batchable (jax.vmap), usable under jit, lax.scan and jax.checkpoint.
+    """
+    fn = "fo_jax.matmul"
+    dtype = _checks.check_operands(fn, x, w)
+    _checks.check_config(fn, config)
+    k, n = w.shape
+    rows = 1
+    for d in x.shape[:-1]:
+        rows *= d
+    _log(fn, x, w, _choose_gemm("matmul", dtype, config, rows, n, k, _checks.trace_platform()))
+    y = _gemm(x.reshape(rows, k), w, config)
+    return y.reshape(*x.shape[:-1], n)
+
+
+# --------------------------------------------------------------------------------------------
+# fo_jax.overlapped_matmul
+# --------------------------------------------------------------------------------------------
+def _overlap_unbatched(x, w, axis_name: str, collective: str, config, size: int):
+    """The forward of one overlapped call on 2-D operands (never differentiated: the custom VJP
+    of autodiff.py wraps it)."""
+    fn = "fo_jax.overlapped_matmul"
+    dtype = jnp.dtype(x.dtype)
+    m, k, n = x.shape[0], x.shape[1], w.shape[1]
+    ref = functools.partial(reference.overlapped_matmul, axis_name=axis_name,
+                            collective=collective)
+    choice = _choose_overlapped(dtype, config, m, n, k, "cuda", collective, size)
+    if choice.path == "xla":
+        plain = functools.partial(reference.plain_overlapped_matmul, axis_name=axis_name,
+                                  collective=collective)
+        return jax.lax.platform_dependent(x, w, cuda=plain, default=ref)
+    if choice.path != "cuda":
+        return ref(x, w)
+    from fo_jax._cuda_ops import overlapped_matmul_cuda  # noqa: PLC0415 (needs the module)
+
+    batch = size if collective == "reduce_scatter" else 1
+    rows = m // batch
+    d = _plan.overlap_defaults(collective, m, n, k, dtype=dtype, tp=size)
+    if choice.transport == "copy_engine":
+        plan = _transport.copy_engine_plan(collective, dtype, m, n, k, size, config)
+    else:
+        plan = _plan.plan_gemm(fn, dtype, rows, n, k, batch, config, d["num_groups"],
+                               -d["sms_for_nccl"], d.get("group_weights"))
+    max_ctas = d["nccl_max_ctas"]
+    if config is not None and config.nccl_max_ctas is not None:
+        max_ctas = config.nccl_max_ctas
+    log.debug("%s: %s transport, plan %s, groups %s, sm_budget %d, nccl_max_ctas %d, ring %s",
+              fn, choice.transport, plan.config_name, plan.group_begin, plan.sm_budget,
+              max_ctas, plan.ring)
+    cuda = functools.partial(overlapped_matmul_cuda, axis_name=axis_name,
+                             collective=collective, axis_size=size, plan=plan,
+                             nccl_max_ctas=max_ctas, transport=choice.transport,
+                             spin_wait=os.environ.get("FO_JAX_SPIN_WAIT", "") == "1")
+    return jax.lax.platform_dependent(x, w, cuda=cuda, default=ref)
+
+
+def _overlap_batchable(axis_name: str, collective: str, config, size: int):
+    """The forward (x, w) -> y with a batching rule: a batched x joins the GEMM's rows (for
+    reduce_scatter reordered so that each rank still receives its rows of every batch element);
+    a batched w maps over the batch, one overlapped call each."""
+
+    @custom_vmap
+    def forward(x, w):
+        return _overlap_unbatched(x, w, axis_name, collective, config, size)
+
+    @forward.def_vmap
+    def forward_batched(axis_size, in_batched, x, w):
+        x_batched, w_batched = in_batched
+        inner = _overlap_batchable(axis_name, collective, config, size)
+        if w_batched:
+            if x_batched:
+                return jax.lax.map(lambda a: inner(a[0], a[1]), (x, w)), True
+            return jax.lax.map(lambda wi: inner(x, wi), w), True
+        b, r, k = x.shape
+        n = w.shape[1]
+        if collective == "all_reduce":
+            return inner(x.reshape(b * r, k), w).reshape(b, r, n), True
+        # Rank q receives rows [q * r / P, (q + 1) * r / P) of every element: put those blocks
+        # together, element-major within each rank's block, so that the scatter of the folded
+        # rows hands rank q exactly them.
+        rows = x.reshape(b, size, r // size, k).transpose(1, 0, 2, 3).reshape(b * r, k)
+        return inner(rows, w).reshape(b, r // size, n), True
+
+    return forward
 
 
 def _validate_overlapped(x, w, axis_name, collective, config) -> tuple:
     fn = "fo_jax.overlapped_matmul"
-    dtype = _checks.check_operands(fn, x, w)
     _checks.check_collective(fn, collective)
-    if config is not None and not isinstance(config, OverlapConfig):
-        raise TypeError(f"{fn}: config must be a fo_jax.OverlapConfig or None, got {type(config)}")
+    dtype = _checks.check_operands(fn, x, w,
+                                   min_x_rank=2 if collective == "reduce_scatter" else 1)
+    _checks.check_config(fn, config)
     size = _checks.axis_size(fn, axis_name)
     if collective == "reduce_scatter":
         _checks.check_scatter_rows(fn, x.shape[0], size, axis_name)
     return dtype, size
 
 
+def _rows(x) -> int:
+    rows = 1
+    for d in x.shape[:-1]:
+        rows *= d
+    return rows
+
+
 def describe(x, w, *, axis_name: str, collective: str = "reduce_scatter",
              config: Optional[OverlapConfig] = None) -> PathChoice:
-    """Says which path `overlapped_matmul` takes for these arguments (call it where you would
-    call `overlapped_matmul`, i.e. inside shard_map; it validates the same way)."""
+    """Says which path `overlapped_matmul` takes for these arguments on the platform it runs on,
+    and why (call it where you would call `overlapped_matmul`, i.e. inside shard_map; it
+    validates the same way). The DEBUG log of the call says the same."""
     dtype, size = _validate_overlapped(x, w, axis_name, collective, config)
-    return _choose_path("overlapped_matmul", dtype, config, _gemm_rows(x, collective, size),
-                        w.shape[1], x.shape[1], platform=jax.default_backend(),
-                        collective=collective, axis_size=size)
+    return _choose_overlapped(dtype, config, _rows(x), w.shape[1], w.shape[0],
+                              _checks.trace_platform(), collective, size)
 
 
 def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
@@ -122,81 +321,37 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
     """GEMM followed by a collective over `axis_name`, for use inside `jax.shard_map`.
 
     Args:
-      x: local shard [M, K_local] (bfloat16 or float16; float32 on the reference path).
+      x: local shard [..., K_local] (bfloat16 or float16; float32 on the reference path); any
+        leading dimensions, at least one for reduce_scatter.
       w: local shard [K_local, N], same dtype as x.
       axis_name: the mesh axis to reduce over (bound by an enclosing shard_map).
       collective: "reduce_scatter" returns
-        `psum_scatter(x @ w, axis_name, scatter_dimension=0, tiled=True)`, shape [M / P, N];
-        "all_reduce" returns `psum(x @ w, axis_name)`, shape [M, N].
+        `psum_scatter(x @ w, axis_name, scatter_dimension=0, tiled=True)`, shape
+        [x.shape[0] / P, ..., N]; "all_reduce" returns `psum(x @ w, axis_name)`, shape [..., N].
       config: optional `OverlapConfig`.
 
     Returns:
-      The reduced product in x's dtype, accumulated in float32.
+      The reduced product in x's dtype, accumulated in float32. Differentiable (jax.grad),
+      batchable (jax.vmap), usable under jit, lax.scan and jax.checkpoint.
 
     Raises:
-      TypeError / ValueError at trace time for bad input (rank, shapes, dtypes, collective, an
-      axis name not bound by shard_map, M not divisible by the axis size for reduce_scatter).
+      TypeError / ValueError at trace time for bad input (ranks, shapes, dtypes, collective, an
+      axis name not bound by shard_map, x.shape[0] not divisible by the axis size for
+      reduce_scatter).
     """
     fn = "fo_jax.overlapped_matmul"
     dtype, size = _validate_overlapped(x, w, axis_name, collective, config)
-    m = _gemm_rows(x, collective, size)
-    choice = _choose_path("overlapped_matmul", dtype, config, m, w.shape[1], x.shape[1],
-                          collective=collective, axis_size=size)
-    log.debug("%s x%s w%s %s over %r (size %d): path=%s (%s)", fn, tuple(x.shape),
-              tuple(w.shape), collective, axis_name, size, choice.path, choice.reason)
-    ref = functools.partial(reference.overlapped_matmul, axis_name=axis_name,
-                            collective=collective)
-    forward = ref
-    if choice.path == "xla":
-        plain = functools.partial(reference.plain_overlapped_matmul, axis_name=axis_name,
-                                  collective=collective)
-
-        def forward(x, w):
-            return jax.lax.platform_dependent(x, w, cuda=plain, default=ref)
-
-    if choice.path == "cuda":
-        from fo_jax._cuda_ops import overlapped_matmul_cuda  # noqa: PLC0415 (needs the module)
-
-        batch = size if collective == "reduce_scatter" else 1
-        d = _plan.overlap_defaults(collective, x.shape[0], w.shape[1], x.shape[1],
-                                   dtype=dtype, tp=size)
-        if choice.transport == "copy_engine":
-            plan = _transport.copy_engine_plan(collective, dtype, x.shape[0], w.shape[1],
-                                               x.shape[1], size, config)
-        else:
-            plan = _plan.plan_gemm(fn, dtype, m, w.shape[1], x.shape[1], batch, config,
-                                   d["num_groups"], -d["sms_for_nccl"], d.get("group_weights"))
-        max_ctas = d["nccl_max_ctas"]
-        if config is not None and config.nccl_max_ctas is not None:
-            max_ctas = config.nccl_max_ctas
-        log.debug("%s: %s transport, plan %s, groups %s, sm_budget %d, nccl_max_ctas %d, ring %s",
-                  fn, choice.transport, plan.config_name, plan.group_begin, plan.sm_budget,
-                  max_ctas, plan.ring)
-        cuda = functools.partial(overlapped_matmul_cuda, axis_name=axis_name,
-                                 collective=collective, axis_size=size, plan=plan,
-                                 nccl_max_ctas=max_ctas, transport=choice.transport,
-                                 spin_wait=os.environ.get("FO_JAX_SPIN_WAIT", "") == "1")
-
-        def forward(x, w):
-            return jax.lax.platform_dependent(x, w, cuda=cuda, default=ref)
-
-    return overlapped_matmul_vjp(forward, x, w, axis_name, collective)
-
-
-def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None) -> jax.Array:
-    """x @ w with float32 accumulation, in x's dtype (fo_jax's GEMM; no collective)."""
-    fn = "fo_jax.matmul"
-    dtype = _checks.check_operands(fn, x, w)
-    if config is not None and not isinstance(config, OverlapConfig):
-        raise TypeError(f"{fn}: config must be a fo_jax.OverlapConfig or None, got {type(config)}")
-    m, k, n = x.shape[0], x.shape[1], w.shape[1]
-    choice = _choose_path("matmul", dtype, config, m, n, k)
-    log.debug("%s x%s w%s: path=%s (%s)", fn, tuple(x.shape), tuple(w.shape), choice.path,
-              choice.reason)
-    if choice.path != "cuda":
-        return reference.matmul(x, w)
-    from fo_jax._cuda_ops import matmul_cuda  # noqa: PLC0415 (needs the module)
-
-    plan = _plan.plan_gemm(fn, dtype, m, n, k, 1, config, 1, 0)
-    return jax.lax.platform_dependent(
-        x, w, cuda=functools.partial(matmul_cuda, plan=plan), default=reference.matmul)
+    k, n = w.shape
+    rows = _rows(x)
+    _log(fn, x, w, _choose_overlapped(dtype, config, rows, n, k, _checks.trace_platform(),
+                                      collective, size), f" over {axis_name!r}")
+    x2 = x.reshape(rows, k)
+    if size == 1:  # the collective over one device is the identity: no counters, no communicator
+        y2 = reference.apply_collective(_gemm(x2, w, config), axis_name, collective)
+    else:
+        forward = _overlap_batchable(axis_name, collective, config, size)
+        y2 = autodiff.overlapped_matmul_vjp(forward, x2, w, axis_name, collective)
+    lead = x.shape[:-1]
+    if collective == "reduce_scatter":
+        lead = (lead[0] // size, *lead[1:])
+    return y2.reshape(*lead, n)

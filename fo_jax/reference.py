@@ -11,17 +11,23 @@ import jax.numpy as jnp
 
 
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x @ w accumulated in float32, returned in the input dtype."""
-    out = jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    """x[..., K] @ w[K, N] accumulated in float32, returned in the input dtype."""
+    out = jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())),
+                              preferred_element_type=jnp.float32)
     return out.astype(x.dtype)
+
+
+def apply_collective(y: jax.Array, axis_name: str, collective: str) -> jax.Array:
+    """psum(y) for "all_reduce", psum_scatter(y, scatter_dimension=0, tiled=True) for
+    "reduce_scatter", over `axis_name`."""
+    if collective == "all_reduce":
+        return jax.lax.psum(y, axis_name)
+    return jax.lax.psum_scatter(y, axis_name, scatter_dimension=0, tiled=True)
 
 
 def overlapped_matmul(x: jax.Array, w: jax.Array, axis_name: str, collective: str) -> jax.Array:
     """psum(x @ w) or psum_scatter(x @ w, scatter_dimension=0, tiled=True) over `axis_name`."""
-    partial = matmul(x, w)
-    if collective == "all_reduce":
-        return jax.lax.psum(partial, axis_name)
-    return jax.lax.psum_scatter(partial, axis_name, scatter_dimension=0, tiled=True)
+    return apply_collective(matmul(x, w), axis_name, collective)
 
 
 def plain_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -35,7 +41,4 @@ def plain_overlapped_matmul(x: jax.Array, w: jax.Array, axis_name: str,
     """The same result as `overlapped_matmul` written as users write it: `x @ w` in the input
     dtype (on GPU XLA accumulates 16-bit GEMMs in float32 and rounds once), then the collective.
     fo_jax takes this on CUDA for calls too small to gain from overlap."""
-    partial = plain_matmul(x, w)
-    if collective == "all_reduce":
-        return jax.lax.psum(partial, axis_name)
-    return jax.lax.psum_scatter(partial, axis_name, scatter_dimension=0, tiled=True)
+    return apply_collective(plain_matmul(x, w), axis_name, collective)

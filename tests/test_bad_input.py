@@ -24,11 +24,20 @@ X = jax.ShapeDtypeStruct((8, 16), jnp.bfloat16)
 W = jax.ShapeDtypeStruct((16, 8), jnp.bfloat16)
 
 
-def test_rank_other_than_two():
-    with pytest.raises(ValueError, match="x must have rank 2"):
-        run_tp(jax.ShapeDtypeStruct((2, 8, 16), jnp.bfloat16), W)
-    with pytest.raises(ValueError, match="w must have rank 2"):
+def test_bad_ranks():
+    with pytest.raises(ValueError, match=r"w must have rank 2 \(\[K, N\]\)"):
         run_tp(X, jax.ShapeDtypeStruct((16,), jnp.bfloat16))
+    with pytest.raises(ValueError, match=r"x must have rank 2 or more"):
+        run_tp(jax.ShapeDtypeStruct((16,), jnp.bfloat16), W, collective="reduce_scatter")
+    with pytest.raises(ValueError, match=r"x must have rank 1 or more"):
+        run_tp(jax.ShapeDtypeStruct((), jnp.bfloat16), W, collective="all_reduce")
+    with pytest.raises(ValueError, match=r"x must have rank 1 or more"):
+        fo_jax.matmul(jnp.ones((), jnp.bfloat16), jnp.ones((16, 8), jnp.bfloat16))
+
+
+def test_leading_dimensions_are_accepted():
+    run_tp(jax.ShapeDtypeStruct((2, 8, 16), jnp.bfloat16), W)
+    run_tp(jax.ShapeDtypeStruct((16,), jnp.bfloat16), W, collective="all_reduce")
 
 
 def test_mismatched_contraction():

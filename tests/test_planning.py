@@ -116,18 +116,18 @@ def test_small_calls_take_the_plain_xla_path_on_cuda():
     if not fo_jax.cuda_module_available():
         pytest.skip("CUDA module not built here: every call takes the reference path")
     bf16 = jnp.dtype(jnp.bfloat16)
-    small = overlap._choose_path("overlapped_matmul", bf16, None, 1024, 8192, 2048,
-                                 platform="gpu", collective="all_reduce", axis_size=4)
+    small = overlap._choose_overlapped(bf16, None, 1024, 8192, 2048, "gpu",
+                                        "all_reduce", 4)
     assert small.path == "xla" and "too small" in small.reason
-    big = overlap._choose_path("overlapped_matmul", bf16, None, 8192, 8192, 2048,
-                               platform="gpu", collective="all_reduce", axis_size=4)
+    big = overlap._choose_overlapped(bf16, None, 8192, 8192, 2048, "gpu",
+                                        "all_reduce", 4)
     assert big.path == "cuda"
-    forced = overlap._choose_path("overlapped_matmul", bf16,
-                                  fo_jax.OverlapConfig(allow_fallback=False), 1024, 8192, 2048,
-                                  platform="gpu", collective="all_reduce", axis_size=4)
+    forced = overlap._choose_overlapped(bf16, fo_jax.OverlapConfig(allow_fallback=False), 1024,
+                                        8192, 2048, "gpu",
+                                        "all_reduce", 4)
     assert forced.path == "cuda"
-    cpu = overlap._choose_path("overlapped_matmul", bf16, None, 1024, 8192, 2048,
-                               platform="cpu", collective="all_reduce", axis_size=4)
+    cpu = overlap._choose_overlapped(bf16, None, 1024, 8192, 2048, "cpu",
+                                        "all_reduce", 4)
     assert cpu.path == "reference"
 
 

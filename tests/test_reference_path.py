@@ -12,6 +12,14 @@ import fo_jax
 from conftest import cpu_mesh
 from numerics import assert_close, random_operands
 
+@pytest.fixture(autouse=True)
+def _on_cpu():
+    """Everything here, references included, runs on CPU devices: on a GPU machine the default
+    backend's float32 matmuls would use TF32 and miss float32 tolerances."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 SHAPES = [  # (M, K_total, N): M divisible by the TP sizes used, K_total by the TP size
     (64, 128, 96),
     (256, 64, 40),
