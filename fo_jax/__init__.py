@@ -13,7 +13,7 @@ _hw_queues.request_at_import()
 
 from fo_jax.config import OverlapConfig  # noqa: E402
 from fo_jax.overlap import PathChoice, describe, matmul, overlapped_matmul  # noqa: E402
-from fo_jax import ops, reference  # noqa: E402
+from fo_jax import reference  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -22,7 +22,6 @@ __all__ = [
     "PathChoice",
     "describe",
     "matmul",
-    "ops",
     "overlapped_matmul",
     "reference",
     "cuda_module_available",

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import fo_jax
+from fo_jax import _smoke
 from conftest import gpu_devices_or_skip
 
 pytestmark = pytest.mark.gpu
@@ -18,7 +19,7 @@ def test_scale_ffi_on_gpu(dtype):
     assert fo_jax.cuda_module_available(), "GPU present but the CUDA module is not built"
     rng = np.random.default_rng(0)
     x = jax.device_put(jnp.asarray(rng.standard_normal(100_003), dtype), dev)
-    f = jax.jit(lambda v: fo_jax.ops.scale(v, 1.75))
+    f = jax.jit(lambda v: _smoke.scale(v, 1.75))
     hlo = f.lower(x).as_text()
     assert "fo_jax_scale_ffi" in hlo, "the CUDA lowering did not use the FFI target"
     out = f(x)

@@ -1,4 +1,5 @@
-"""Small standalone device ops. `scale` is the smoke op that proves the FFI chain on a GPU."""
+"""The smoke op that proves the FFI chain on a GPU (csrc -> nanobind -> register_ffi_target ->
+ffi_call); not part of the public API."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def scale(x: jax.Array, alpha: float) -> jax.Array:
     x = jnp.asarray(x)
     if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
         raise TypeError(
-            f"fo_jax.ops.scale: dtype must be float32, bfloat16 or float16, got {x.dtype}")
+            f"fo_jax._smoke.scale: dtype must be float32, bfloat16 or float16, got {x.dtype}")
     alpha = float(alpha)
     if not _cuda.module_available():
         return _scale_reference(x, alpha)
