@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import fo_jax
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -22,7 +24,9 @@ def test_readme_quickstart_runs_as_is(tmp_path):
     script = tmp_path / "quickstart.py"
     script.write_text(quickstart_code())
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # as a user's shell would
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    # The fo_jax this test process imported (installed, or the source tree), not another one.
+    where = str(pathlib.Path(fo_jax.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (where, env.get("PYTHONPATH")) if p)
     p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
