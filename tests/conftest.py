@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
-import fo_jax  # noqa: E402,F401  (before any device use: it asks CUDA for 32 hardware queues)
+import fo_jax  # noqa: E402  (before any device use: it asks CUDA for 32 hardware queues)
 from fo_jax import _hw_queues  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
@@ -48,13 +48,22 @@ def gpus() -> list:
 
 
 def gpu_devices_or_skip(n: int = 1):
-    """The first n CUDA devices, or skip (fail under FO_JAX_REQUIRE_GPU=1) with the reason."""
+    """The first n CUDA devices, or skip with the reason. FO_JAX_REQUIRE_GPU=1 turns the skip
+    into a failure where GPUs are missing altogether (no GPU, or a GPU but no CUDA module); a
+    test that needs more GPUs than the machine has still skips (a 1-GPU machine runs the 1-GPU
+    tests and skips the multi-GPU ones)."""
     devs = gpus()
+    required = os.environ.get("FO_JAX_REQUIRE_GPU") == "1"
     if len(devs) < n:
         reason = f"needs {n} CUDA GPU(s), found {len(devs)}"
-        if os.environ.get("FO_JAX_REQUIRE_GPU") == "1":
+        if required and not devs:
             pytest.fail(f"FO_JAX_REQUIRE_GPU=1 but {reason}")
         pytest.skip(reason)
+    if required and not fo_jax.cuda_module_available():
+        from fo_jax import _cuda
+
+        pytest.fail(f"FO_JAX_REQUIRE_GPU=1: GPUs present but the CUDA module is not available: "
+                    f"{_cuda.unavailable_reason()}")
     return devs[:n]
 
 
