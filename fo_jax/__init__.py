@@ -12,7 +12,8 @@ from fo_jax import _hw_queues
 _hw_queues.request_at_import()
 
 from fo_jax.config import OverlapConfig  # noqa: E402
-from fo_jax.overlap import PathChoice, describe, matmul, overlapped_matmul  # noqa: E402
+from fo_jax.overlap import (  # noqa: E402
+    PathChoice, all_gather_matmul, describe, matmul, overlapped_matmul)
 from fo_jax import reference  # noqa: E402
 
 __version__ = "0.1.0"
@@ -20,6 +21,7 @@ __version__ = "0.1.0"
 __all__ = [
     "OverlapConfig",
     "PathChoice",
+    "all_gather_matmul",
     "describe",
     "matmul",
     "overlapped_matmul",

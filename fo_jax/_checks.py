@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-COLLECTIVES = ("reduce_scatter", "all_reduce")
+COLLECTIVES = ("reduce_scatter", "all_reduce", "all_gather")
 # Input dtypes accepted at all; the CUDA path takes the 16-bit ones (fp32: reference path only).
 SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 CUDA_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))

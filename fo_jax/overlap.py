@@ -91,18 +91,23 @@ def _choose_gemm(op: str, dtype, config, m: int, n: int, k: int, platform: str,
 
 def _choose_overlapped(dtype, config, m: int, n: int, k: int, platform: str, collective: str,
                        size: int) -> PathChoice:
-    """The path of an overlapped call whose GEMM is x[m, k] @ w[k, n] (m: rows of x, all ranks'
-    rows for reduce_scatter)."""
+    """The path of an overlapped call on x[m, k] and w[k, n] (m: rows of this rank's x; the GEMM
+    has m / size rows for reduce_scatter, m * size for all_gather)."""
     op = "overlapped_matmul"
     extra = dict(collective=collective, axis_size=size)
     if size == 1:
         c = _choose_gemm(op, dtype, config, m, n, k, platform, **extra)
         return dataclasses.replace(c, reason=f"axis of size 1, the collective is the identity: "
                                    f"{c.reason}")
-    rows = m // size if collective == "reduce_scatter" else m
+    rows = m // size if collective == "reduce_scatter" else m * size if \
+        collective == "all_gather" else m
     c = _choose_gemm(op, dtype, config, rows, n, k, platform, **extra)
     if c.path != "cuda":
         return c
+    if collective == "all_gather":
+        return PathChoice(op, "xla", "no overlapped all-gather transport yet: XLA's all_gather, "
+                          "then its dot (the pairing with the other ops' backward holds)",
+                          platform=platform, **extra)
     transport, how = _transport.choose("fo_jax.overlapped_matmul", collective, size, dtype, m, n,
                                        k, config)
     floor = (_plan.MIN_GEMM_SECONDS_COPY_ENGINE if transport == "copy_engine"
@@ -289,8 +294,7 @@ def _overlap_batchable(axis_name: str, collective: str, config, size: int):
 def _validate_overlapped(x, w, axis_name, collective, config) -> tuple:
     fn = "fo_jax.overlapped_matmul"
     _checks.check_collective(fn, collective)
-    dtype = _checks.check_operands(fn, x, w,
-                                   min_x_rank=2 if collective == "reduce_scatter" else 1)
+    dtype = _checks.check_operands(fn, x, w, min_x_rank=1 if collective == "all_reduce" else 2)
     _checks.check_config(fn, config)
     size = _checks.axis_size(fn, axis_name)
     if collective == "reduce_scatter":
@@ -315,43 +319,111 @@ def describe(x, w, *, axis_name: str, collective: str = "reduce_scatter",
                               _checks.trace_platform(), collective, size)
 
 
+def _overlapped_2d(x, w, axis_name: str, collective: str, config, size: int):
+    """psum / psum_scatter of x[M, K] @ w[K, N] (collective "all_reduce" / "reduce_scatter")
+    with its VJP (a reduce-scatter's dx through the all-gather + GEMM op)."""
+    if size == 1:  # the collective over one device is the identity: no counters, no communicator
+        return reference.apply_collective(_gemm(x, w, config), axis_name, collective)
+    forward = _overlap_batchable(axis_name, collective, config, size)
+    gather_matmul = None
+    if collective == "reduce_scatter":
+        gather_matmul = functools.partial(_all_gather_matmul_2d, axis_name=axis_name, config=None,
+                                          size=size, recompute=False)
+    return autodiff.overlapped_matmul_vjp(forward, x, w, axis_name, collective, gather_matmul)
+
+
+def _all_gather_forward(x, w, axis_name: str, config, size: int) -> tuple:
+    """(all_gather(x) @ w, all_gather(x)) on 2-D operands; never differentiated."""
+    choice = _choose_overlapped(jnp.dtype(x.dtype), config, x.shape[0], w.shape[1], w.shape[0],
+                                "cuda", "all_gather", size)
+    ref = functools.partial(reference.all_gather_matmul, axis_name=axis_name)
+    if choice.path == "xla":
+        plain = functools.partial(reference.plain_all_gather_matmul, axis_name=axis_name)
+        return jax.lax.platform_dependent(x, w, cuda=plain, default=ref)
+    return ref(x, w)
+
+
+def _all_gather_matmul_2d(x, w, axis_name: str, config, size: int, recompute: bool) -> tuple:
+    """(all_gather(x) @ w, all_gather(x)) for x[M, K], w[K, N], with its VJP (dx through the
+    GEMM + reduce-scatter op)."""
+    if size == 1:
+        return _gemm(x, w, config), x
+    forward = functools.partial(_all_gather_forward, axis_name=axis_name, config=config,
+                                size=size)
+    matmul_scatter = functools.partial(_overlapped_2d, axis_name=axis_name,
+                                       collective="reduce_scatter", config=None, size=size)
+    return autodiff.all_gather_matmul_vjp(forward, x, w, axis_name, matmul_scatter, recompute)
+
+
 def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
                       collective: str = "reduce_scatter",
                       config: Optional[OverlapConfig] = None) -> jax.Array:
-    """GEMM followed by a collective over `axis_name`, for use inside `jax.shard_map`.
+    """GEMM and a collective over `axis_name`, for use inside `jax.shard_map`.
 
     Args:
-      x: local shard [..., K_local] (bfloat16 or float16; float32 on the reference path); any
-        leading dimensions, at least one for reduce_scatter.
-      w: local shard [K_local, N], same dtype as x.
-      axis_name: the mesh axis to reduce over (bound by an enclosing shard_map).
+      x: local shard [..., K] (bfloat16 or float16; float32 on the reference path); any leading
+        dimensions, at least one for reduce_scatter and all_gather.
+      w: local shard [K, N], same dtype as x.
+      axis_name: the mesh axis of the collective (bound by an enclosing shard_map).
       collective: "reduce_scatter" returns
         `psum_scatter(x @ w, axis_name, scatter_dimension=0, tiled=True)`, shape
-        [x.shape[0] / P, ..., N]; "all_reduce" returns `psum(x @ w, axis_name)`, shape [..., N].
+        [x.shape[0] / P, ..., N] (row-parallel layer, sequence-parallel output);
+        "all_reduce" returns `psum(x @ w, axis_name)`, shape [..., N];
+        "all_gather" returns `all_gather(x, axis_name, axis=0, tiled=True) @ w`, shape
+        [P * x.shape[0], ..., N] (column-parallel layer on a sequence-parallel input; see
+        `all_gather_matmul` for the gathered x too).
       config: optional `OverlapConfig`.
 
     Returns:
-      The reduced product in x's dtype, accumulated in float32. Differentiable (jax.grad),
-      batchable (jax.vmap), usable under jit, lax.scan and jax.checkpoint.
+      The result in x's dtype, accumulated in float32. Differentiable (jax.grad; the backward
+      pairs the collectives: a reduce-scatter's dx is an all-gather + GEMM and an all-gather's
+      dx a GEMM + reduce-scatter), batchable (jax.vmap), usable under jit, lax.scan and
+      jax.checkpoint.
 
     Raises:
       TypeError / ValueError at trace time for bad input (ranks, shapes, dtypes, collective, an
       axis name not bound by shard_map, x.shape[0] not divisible by the axis size for
       reduce_scatter).
     """
+    if collective == "all_gather":
+        return all_gather_matmul(x, w, axis_name=axis_name, config=config)[0]
     fn = "fo_jax.overlapped_matmul"
     dtype, size = _validate_overlapped(x, w, axis_name, collective, config)
     k, n = w.shape
     rows = _rows(x)
     _log(fn, x, w, _choose_overlapped(dtype, config, rows, n, k, _checks.trace_platform(),
                                       collective, size), f" over {axis_name!r}")
-    x2 = x.reshape(rows, k)
-    if size == 1:  # the collective over one device is the identity: no counters, no communicator
-        y2 = reference.apply_collective(_gemm(x2, w, config), axis_name, collective)
-    else:
-        forward = _overlap_batchable(axis_name, collective, config, size)
-        y2 = autodiff.overlapped_matmul_vjp(forward, x2, w, axis_name, collective)
+    y2 = _overlapped_2d(x.reshape(rows, k), w, axis_name, collective, config, size)
     lead = x.shape[:-1]
     if collective == "reduce_scatter":
         lead = (lead[0] // size, *lead[1:])
     return y2.reshape(*lead, n)
+
+
+def all_gather_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
+                      config: Optional[OverlapConfig] = None, recompute: bool = False) -> tuple:
+    """(all_gather(x, axis_name, axis=0, tiled=True) @ w, the gathered x), for use inside
+    `jax.shard_map`: the column-parallel GEMM of a sequence-parallel layer, whose gathered input
+    other GEMMs on the same input (and the backward's dw) can reuse.
+
+    Args:
+      x: local shard [A, ..., K] (this rank's rows of the sequence-parallel input).
+      w: local shard [K, N] (this rank's columns).
+      axis_name: the mesh axis to gather over.
+      config: optional `OverlapConfig`.
+      recompute: keep x (not the gathered copy) for the backward and gather it again there.
+
+    Returns:
+      (y [P * A, ..., N], x_gathered [P * A, ..., K]) in x's dtype. Differentiable (dx through
+      the GEMM + reduce-scatter op, plus the scatter of the gathered x's own cotangent where it is
+      used), usable under jit, vmap, lax.scan and jax.checkpoint.
+    """
+    fn = "fo_jax.all_gather_matmul"
+    dtype, size = _validate_overlapped(x, w, axis_name, "all_gather", config)
+    k, n = w.shape
+    rows = _rows(x)
+    _log(fn, x, w, _choose_overlapped(dtype, config, rows, n, k, _checks.trace_platform(),
+                                      "all_gather", size), f" over {axis_name!r}")
+    y2, g2 = _all_gather_matmul_2d(x.reshape(rows, k), w, axis_name, config, size, recompute)
+    lead = (x.shape[0] * size, *x.shape[1:-1])
+    return y2.reshape(*lead, n), g2.reshape(*lead, k)

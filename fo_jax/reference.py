@@ -42,3 +42,16 @@ def plain_overlapped_matmul(x: jax.Array, w: jax.Array, axis_name: str,
     dtype (on GPU XLA accumulates 16-bit GEMMs in float32 and rounds once), then the collective.
     fo_jax takes this on CUDA for calls too small to gain from overlap."""
     return apply_collective(plain_matmul(x, w), axis_name, collective)
+
+
+def all_gather_matmul(x: jax.Array, w: jax.Array, axis_name: str) -> tuple:
+    """(all_gather(x, axis_name, axis=0, tiled=True) @ w, the gathered x); the product
+    accumulated in float32 and returned in the input dtype."""
+    g = jax.lax.all_gather(x, axis_name, axis=0, tiled=True)
+    return matmul(g, w), g
+
+
+def plain_all_gather_matmul(x: jax.Array, w: jax.Array, axis_name: str) -> tuple:
+    """all_gather_matmul as users write it: XLA's all_gather, then `g @ w` in the input dtype."""
+    g = jax.lax.all_gather(x, axis_name, axis=0, tiled=True)
+    return plain_matmul(g, w), g

@@ -67,8 +67,8 @@ def test_all_reduce_does_not_need_divisible_rows():
 
 
 def test_unknown_collective():
-    with pytest.raises(ValueError, match="unknown collective 'all_gather'"):
-        run_tp(X, W, collective="all_gather")
+    with pytest.raises(ValueError, match="unknown collective 'all_to_all'"):
+        run_tp(X, W, collective="all_to_all")
 
 
 def test_axis_not_bound_inside_shard_map():
