@@ -3,7 +3,7 @@
 # GPU machine only compiles the small nanobind module (its Python differs from this machine's):
 #   pip install --no-build-isolation -C cmake.define.FO_JAX_PREBUILT_CUDA_LIB=$PWD/.devbuild/libfo_jax_cuda.a .
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 cmake -S . -B .devbuild/cmake -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DPython_EXECUTABLE="$(command -v python3)" > .devbuild/cmake-configure.log
 # Ninja records no header dependencies for the .cu files here (nvcc's depfiles come back empty),

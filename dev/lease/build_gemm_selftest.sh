@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Builds the GEMM tools of csrc/tools against the kernels of csrc/kernels, with static cudart, for
-# running on the GPU machine: .devbuild/gemm_selftest (the signaling GEMM self-test) and
-# .devbuild/gemm_probe (fo_jax vs stock CUTLASS vs cuBLASLt timing). Both dlopen cuBLAS.
-# Usage: tools/build_gemm_selftest.sh [-j JOBS]   (CUTLASS_INCLUDE overrides the header path)
+# Builds the GEMM probes of dev/probes against the kernels of csrc/kernels only (no comm, no NCCL),
+# with static cudart, for running on the GPU machine: .devbuild/gemm_selftest (the signaling GEMM
+# self-test) and .devbuild/gemm_probe (fo_jax vs stock CUTLASS vs cuBLASLt timing). Both dlopen
+# cuBLAS. The same two are CMake targets with -DFO_JAX_BUILD_DEV=ON (dev/CMakeLists.txt); this
+# script compiles only the GEMM kernels they need, so it is faster from scratch.
+# Usage: dev/lease/build_gemm_selftest.sh [-j JOBS]   (CUTLASS_INCLUDE overrides the header path)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 JOBS=2
 if [[ "${1:-}" == "-j" ]]; then JOBS="$2"; fi
 NVCC=${NVCC:-nvcc}
@@ -16,7 +18,7 @@ CUBLAS_INCLUDE=${CUBLAS_INCLUDE:-$(python3 -c 'import nvidia, os
 p = [os.path.join(x, "cu13", "include") for x in nvidia.__path__]
 print(next(x for x in p if os.path.exists(os.path.join(x, "cublasLt.h"))))')}
 FLAGS=(-std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DNDEBUG -O3
-       -I"$CUTLASS_INCLUDE" -Xptxas=-warn-spills)
+       -Icsrc -I"$CUTLASS_INCLUDE" -Xptxas=-warn-spills)
 OBJ=.devbuild/obj
 mkdir -p "$OBJ"
 python3 csrc/kernels/gemm_configs.py
@@ -44,7 +46,7 @@ for src in "${SRCS[@]}"; do
 done
 for p in "${pids[@]}"; do wait "$p"; done
 for tool in gemm_selftest gemm_probe; do
-  "$NVCC" "${FLAGS[@]}" -I"$CUBLAS_INCLUDE" -c "csrc/tools/$tool.cu" -o "$OBJ/main_$tool.o"
+  "$NVCC" "${FLAGS[@]}" -I"$CUBLAS_INCLUDE" -c "dev/probes/$tool.cu" -o "$OBJ/main_$tool.o"
   "$NVCC" -gencode=arch=compute_90a,code=sm_90a -o ".devbuild/$tool" "$OBJ/main_$tool.o" \
     "$OBJ"/signaling_gemm.o "$OBJ"/gemm_*.o -cudart static -ldl
   echo "built .devbuild/$tool"

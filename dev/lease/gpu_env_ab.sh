@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs on a lent GPU machine, after tools/gpu_run.sh has installed this tree into /tmp/site (run
+# Runs on a lent GPU machine, after dev/lease/gpu_run.sh has installed this tree into /tmp/site (run
 # it first in the same command, e.g. with the `info` step): bench_overlap.py under two
 # environments of the same build, alternating A B A B, each in its own process, so a planning
-# override (FO_JAX_CE_STREAMS, FO_JAX_CE_PARTS, ...) can be compared with the default side by
+# override (FO_JAX_CE_PARTS, FO_JAX_CE_RING, ...) can be compared with the default side by
 # side. Knobs: ENV_A, ENV_B (space-separated NAME=VALUE, may be empty), FO_JAX_COMMIT, SHAPES,
 # COLLS, ROUNDS (pairs, default 2), LIMIT (seconds per run, default 150). Results: $OUT/envab_*.
 set -uo pipefail

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs on a lent GPU machine, from the repo root: two builds of the CUDA library side by side.
 # Installs this tree twice, against LIB_A and LIB_B (static libraries built here by
-# tools/build_cuda_lib.sh and carried, e.g. .devbuild/ab/lib_<commit>.a), then runs
-# benchmarks/timeline_probe.py (per-call handler and device phases) and bench_overlap.py for each,
+# dev/lease/build_cuda_lib.sh and carried, e.g. .devbuild/ab/lib_<commit>.a), then runs
+# dev/probes_py/timeline_probe.py (per-call handler and device phases) and bench_overlap.py for each,
 # alternating A B A B in separate processes. Knobs: LIB_A, LIB_B, TAG_A, TAG_B, FO_JAX_COMMIT,
 # SHAPES, COLLS (bench_overlap.py), BATCHES, PROBE_SHAPE (timeline_probe.py), ROUNDS (pairs,
 # default 2).
@@ -27,7 +27,7 @@ for i in $(seq "${ROUNDS:-2}"); do
     tag=${TAG_A:-a}; [[ $side == b ]] && tag=${TAG_B:-b}
     echo "== round $i: $side ($tag)" | tee -a "$log"
     mkdir -p "$OUT/probe_${side}_$i" "$OUT/bench_${side}_$i"
-    PYTHONPATH=/tmp/site_$side timeout 200 python3 "$R/benchmarks/timeline_probe.py" \
+    PYTHONPATH=/tmp/site_$side timeout 200 python3 "$R/dev/probes_py/timeline_probe.py" \
       --out "$OUT/probe_${side}_$i" --batches "${BATCHES:-8}" --tag "$tag" \
       --shape "${PROBE_SHAPE:-8192x8192x2048}" >> "$log" 2>&1
     PYTHONPATH=/tmp/site_$side timeout 200 python3 "$R/benchmarks/bench_overlap.py" \

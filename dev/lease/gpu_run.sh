@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on a lent GPU machine (device tool), from the repo root: installs fo_jax against the
-# carried .devbuild/libfo_jax_cuda.a (built here by tools/build_cuda_lib.sh), then the named
+# carried .devbuild/libfo_jax_cuda.a (built here by dev/lease/build_cuda_lib.sh), then the named
 # steps. Logs and result files go to $OUT. NVLink multicast stays off.
 # Steps: info smoke test-gemm test-overlap test-autodiff train bench-gemm bench-overlap
 #        bench-overlap-quick bench-overlap-sweep bench-cli tune diag-overlap selftest probe ce-probe
@@ -32,12 +32,12 @@ fi
 cd /tmp  # so that imports find the installed fo_jax, not the source tree (no .so there)
 R=$OLDPWD
 rc=0
-# A transport probe of csrc/tools (NAME.cu) -> /tmp/NAME, against the carried library and the
+# A probe of dev/probes (NAME.cu) -> /tmp/NAME, against the carried library and the
 # NCCL wheel's headers and library.
 build_probe() {
   local nccl
   nccl=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])")
-  nvcc -std=c++17 -arch=sm_90a -I"$R/csrc" -I"$nccl/include" "$R/csrc/tools/$1.cu" \
+  nvcc -std=c++17 -arch=sm_90a -I"$R/csrc" -I"$nccl/include" "$R/dev/probes/$1.cu" \
     "$R/.devbuild/libfo_jax_cuda.a" -L"$nccl/lib" -l:libnccl.so.2 -Xlinker -rpath,"$nccl/lib" \
     -o "/tmp/$1" 2>&1 | grep -v -i deprecat || true
 }
@@ -70,11 +70,11 @@ for step in "$@"; do
           --collectives ${COLLS:-reduce_scatter all_reduce} --configs ${CONFIGS:?} --out "$OUT" \
           --tag "${TAG:-_cfg}" 2>&1 | grep -E "^\| |Error|error" || rc=1;;
     profile-overlap) for shape in ${SHAPES:-8192x8192x2048}; do
-          python3 "$R/benchmarks/profile_overlap.py" --shape "$shape" --collectives ${COLLS:-reduce_scatter all_reduce} \
+          python3 "$R/dev/probes_py/profile_overlap.py" --shape "$shape" --collectives ${COLLS:-reduce_scatter all_reduce} \
             --configs ${CONFIGS:-} --out "$OUT" 2>&1 | tee -a "$OUT/profile_overlap.log" || rc=1
           mv "$OUT"/overlap_profile_tp*_????-??-??.jsonl "$OUT/overlap_profile_$shape.jsonl" 2>/dev/null; done;;
     bench-overlap-sweep) python3 "$R/benchmarks/bench_overlap.py" --sweep --out "$OUT" 2>&1 | tail -22 || rc=1;;
-    ctx-lock-probe) build_probe ctx_lock_probe  # NOTES §12-13: which enqueue calls can a GPU 0 drain block?
+    ctx-lock-probe) build_probe ctx_lock_probe  # which enqueue calls can a GPU 0 drain block?
           for blocker in ${BLOCKERS:-none free malloc free_host host_alloc first_launch load_globals unload_globals graph_destroy sync queue_full}; do
             for peer in ${PEERS:-memcpy dtod peer_ctx batch graph graph_create graph_update graph_update_src graph_update_dst local memset_local event_pair kernel_copy flag_only kernel_flag}; do
               timeout 20 /tmp/ctx_lock_probe $blocker $peer >> "$OUT/ctx_lock_probe.log" 2>&1
@@ -83,7 +83,7 @@ for step in "$@"; do
             CUDA_MODULE_LOADING=EAGER timeout 20 /tmp/ctx_lock_probe $blocker memcpy >> "$OUT/ctx_lock_probe.log" 2>&1
             echo "EAGER $blocker memcpy: $(tail -1 "$OUT/ctx_lock_probe.log")"; done
           timeout 60 /tmp/ctx_lock_probe bench 2>&1 | tee -a "$OUT/ctx_lock_probe.log";;
-    queue-probe) build_probe queue_sharing_probe  # NOTES §15: do waiting streams hold up others' copies?
+    queue-probe) build_probe queue_sharing_probe  # do waiting streams hold up others' copies?
           for conn in ${CONNS:-default 32 1}; do
             IFS=';' read -ra cases <<< "${PROBE_ARGS:-none 17;wait 17;spin 17;wait 17 prio;wait 40}"
             for args in "${cases[@]}"; do
@@ -98,7 +98,7 @@ for step in "$@"; do
             | sed -E 's/^[^ ]+ [^ ]+ //' | sort | uniq -c | sort -rn | head -40 > "$OUT/ce_rs_probe_nccl.txt"
           for shape in ${CE_SHAPES:-8192x8192x2048}; do
             /tmp/ce_rs_probe ${shape//x/ } 2>&1 | tee -a "$OUT/ce_rs_probe.log" || rc=1; done;;
-    nvlink-probe) build_probe nvlink_rate_probe  # NOTES §18: push vs pull vs SM stores over NVLink
+    nvlink-probe) build_probe nvlink_rate_probe  # push vs pull vs SM stores over NVLink
           for args in "32 20 16" "32 20 32" "32 20 66" "32 20 132" "8 40 32"; do
             timeout 60 /tmp/nvlink_rate_probe $args 2>&1 | tee -a "$OUT/nvlink_rate_probe.log" || rc=1; done;;
     p2p-probe) build_probe p2p_rs_probe
@@ -106,7 +106,7 @@ for step in "$@"; do
             timeout 300 /tmp/p2p_rs_probe ${shape//x/ } 2>&1 | tee -a "$OUT/p2p_rs_probe.log" || rc=1; done;;
     selftest) "$R/.devbuild/gemm_selftest" 2>&1 | tee "$OUT/selftest.log" | tail -40 || rc=1;;
     probe) "$R/.devbuild/gemm_probe" 2>&1 | tee "$OUT/gemm_probe.log" || rc=1;;
-    profile-gemm) python3 "$R/benchmarks/profile_gemm.py" --out "$OUT" ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} \
+    profile-gemm) python3 "$R/dev/probes_py/profile_gemm.py" --out "$OUT" ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} \
                     --configs coop_128x256x64_c2 pp_128x128x64_c1 coop_128x256x64_c1 2>&1 | tee "$OUT/profile_gemm.log" || rc=1;;
     smi-start) (nvidia-smi --query-gpu=index,clocks.sm,power.draw,temperature.gpu --format=csv \
                   -lms 250 > "$OUT/smi.csv" 2>&1 & echo $! > /tmp/smi.pid);;

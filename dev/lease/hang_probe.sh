@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Diagnostic (device machine): runs one tools/many_calls_probe.py command with its output in LOG;
+# Diagnostic (device machine): runs one dev/probes_py/many_calls_probe.py command with its output in LOG;
 # when the probe reports a stall ("STALLED <pid>", after its own dump), records the GPUs' load
 # (nvidia-smi) and every host thread's native stack (cuda-gdb attached: the device image has no
 # gdb) in LOG.stacks, then ends the probe. The whole command is killed after LIMIT_S seconds.
 # HANG_GDB=0: no debugger (the probe's own dump only).
-# Usage: tools/hang_probe.sh LOG LIMIT_S python3 tools/many_calls_probe.py ...
+# Usage: dev/lease/hang_probe.sh LOG LIMIT_S python3 dev/probes_py/many_calls_probe.py ...
 set -uo pipefail
 log=$1 limit=$2; shift 2
 gdb=${HANG_GDB:-1}

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Diagnostic (device machine, after `tools/gpu_run.sh info` installed fo_jax in /tmp/site): the
+# Diagnostic (device machine, after `dev/lease/gpu_run.sh info` installed fo_jax in /tmp/site): the
 # overlap test file up to and including the 1000-calls tests, RUNS times per environment
 # variant, each run in its own process with the stall watchdog armed (a stall prints the Python
 # stacks and each GPU's fo_jax state, then ends the process). One summary line per run; logs in
-# $OUT/stall_<variant>_<i>.log. benchmarks/NOTES.md §14-15: does the TP=4 stall need XLA's
-# per-call transfers (test_thousand_back_to_back_calls[placed] vs [resharded]) and does it go
-# away with more hardware queues (CUDA_DEVICE_MAX_CONNECTIONS=32: hypothesis A) or with the flag
-# waits in kernels (spin)? Since §15 `import fo_jax` sets 32 itself when unset (default);
-# conn8 is the CUDA default that stalled.
-# Usage: OUT=... [RUNS=3] [VARIANTS="default conn8"] bash tools/stall_matrix.sh (also conn32,
+# $OUT/stall_<variant>_<i>.log. It separates the causes of a multi-GPU stall (docs/troubleshooting.md,
+# 'Hardware queues'): does it need XLA's per-call transfers (test_thousand_back_to_back_calls
+# [placed] vs [resharded]), does it go away with more hardware queues
+# (CUDA_DEVICE_MAX_CONNECTIONS=32) or with the flag waits in kernels (spin)? `import fo_jax` sets
+# 32 itself when unset (default); conn8 is the CUDA default that stalled.
+# Usage: OUT=... [RUNS=3] [VARIANTS="default conn8"] bash dev/lease/stall_matrix.sh (also conn32,
 # conn1, spin)
 set -uo pipefail
-R=$(cd "$(dirname "$0")/.." && pwd)
+R=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 FO_JAX_REQUIRE_GPU=1
 export FO_JAX_TEST_STALL_S=${FO_JAX_TEST_STALL_S:-25}
 cd /tmp
@@ -21,7 +21,7 @@ declare -A envs=(
   [conn8]="CUDA_DEVICE_MAX_CONNECTIONS=8"
   [conn1]="CUDA_DEVICE_MAX_CONNECTIONS=1"
   # Every flag wait of fo_jax as a 1-thread spin kernel instead of cuStreamWaitValue32 (the
-  # queue probe of §15: the spinning kernel's stream successor holds a shared queue just the same).
+  # queue probe: the spinning kernel's stream successor holds a shared queue just the same).
   [spin]="FO_JAX_SPIN_WAIT=1"
 )
 # The tests before the 1000-calls ones (the stall needs them: never seen in the test alone).

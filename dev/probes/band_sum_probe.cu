@@ -3,9 +3,8 @@
 // the own band and 3 received ones, the split form's first pass (own + 2) and second pass
 // (out += last, in place). Prints us and GB/s of traffic (parts read + out written), median of
 // 50 event-timed launches, each after a 256 MiB write that evicts L2 (as a GEMM would).
-// Build (here, no GPU needed) and run on a 1-GPU machine (benchmarks/NOTES.md §16):
-//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -Icsrc \
-//     -o .devbuild/band_sum_probe csrc/tools/band_sum_probe.cu csrc/kernels/band_sum.cu -cudart static
+// Build: dev/README.md (target band_sum_probe); run on a 1-GPU machine. What it showed:
+// docs/performance.md, 'What bounds the numbers'.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/band_sum.h"
+#include "kernels/band_sum.h"
 #include "tool_common.cuh"
 
 int main() {

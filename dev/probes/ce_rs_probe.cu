@@ -5,9 +5,7 @@
 // fo_jax runs today? One process drives every visible GPU; times are host wall clock over
 // back-to-back iterations (all GPUs synchronized before and after), median of 5 x 20.
 //
-// Build on the GPU machine (its NCCL headers; no CUTLASS needed, the kernels come prebuilt):
-//   nvcc -std=c++17 -arch=sm_90a -Icsrc -I$NCCL/include csrc/tools/ce_rs_probe.cu \
-//     .devbuild/libfo_jax_cuda.a -L$NCCL/lib -l:libnccl.so.2 -Xlinker -rpath,$NCCL/lib -o probe
+// Build: dev/README.md (target ce_rs_probe, or dev/lease/gpu_run.sh ce-probe on a lent machine).
 // Run: probe [M N K [--check-only]]   (per-GPU x[M,K] @ w[K,N]; default 8192 8192 2048)
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -17,7 +15,7 @@
 #include <vector>
 
 #include "comm/stream_wait.h"
-#include "tools/rs_probe_common.cuh"
+#include "rs_probe_common.cuh"
 
 struct Dev {
   cudaStream_t gemm_s, comm_s, red_s;

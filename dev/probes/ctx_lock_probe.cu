@@ -1,5 +1,6 @@
 // Diagnostic (not part of the library): can the copy-engine transport's enqueue on one GPU be
-// blocked by another host thread that waits for a second GPU to drain? (benchmarks/NOTES.md §12.)
+// blocked by another host thread that waits for a second GPU to drain? (docs/performance.md,
+// 'Copies as graph launches'.)
 //
 // The suspected hang: GPU 0 holds work that waits for a peer's copy (a band sum waiting for its
 // arrival flag); another host thread makes a CUDA call that waits for GPU 0 to drain while it
@@ -21,7 +22,7 @@
 //     (cudaDeviceSynchronize)
 //   PEER (GPU 1's thread; every case ends by setting the flag in GPU 0's memory):
 //     memcpy (cudaMemcpyAsync GPU 1 -> GPU 0 on a GPU 1 stream, then cuStreamWriteValue32 of the
-//       flag: the transport's pattern until session 9) | dtod (cuMemcpyDtoDAsync) | peer_ctx
+//       flag: the transport's former pattern) | dtod (cuMemcpyDtoDAsync) | peer_ctx
 //       (cuMemcpyPeerAsync, explicit contexts) | batch (cudaMemcpyBatchAsync) | graph (launch of a
 //       graph instantiated beforehand whose memcpy node makes the same copy) | graph_update
 //       (cudaGraphExecMemcpyNodeSetParams1D on it, same buffers, then the launch) |
@@ -123,7 +124,7 @@ void EnablePeerAccess01() {
 // The copy-engine transport's copy primitive (PeerState::copy_exec): a one-node memcpy graph,
 // re-pointed before each launch.
 // The graph is never destroyed: an update names a node of the graph the exec was instantiated
-// from (destroying it made every update fail with "invalid argument": NOTES §14).
+// from (destroying it made every update fail with "invalid argument").
 struct CopyGraph {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
@@ -470,7 +471,7 @@ int main(int argc, char** argv) {
       CK(cudaGraphLaunch(copy.exec, s1));
     } else if (peer == "graph_create") {
       // What every copy of the library did from 7f0cd48 to edff03a (its updates always failed:
-      // NOTES §14): build, instantiate and launch a new graph, destroy the previous exec.
+      // as the library once did): build, instantiate and launch a new graph, destroy the previous exec.
       Step("peer: new copy graph (create, add memcpy node, instantiate), launch ...");
       CopyGraph fresh = MakeCopyGraph(dst0, src1, kBytes);
       CK(cudaGraphExecDestroy(copy.exec));

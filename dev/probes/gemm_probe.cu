@@ -3,7 +3,7 @@
 // the same tile shapes with CUTLASS's own persistent scheduler, both with w row-major as JAX stores
 // it ("NN": B is N-major) and with B K-major ("NT", the layout cuBLAS calls TN), and (3) every
 // algorithm cuBLASLt's heuristic offers (what XLA picks from). Not part of the library.
-// Build: tools/build_gemm_selftest.sh. Run: .devbuild/gemm_probe [MxNxK ...]
+// Build: dev/README.md (target gemm_probe). Run: gemm_probe [MxNxK ...]
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/signaling_gemm.h"
-#include "../kernels/signaling_gemm_kernel.cuh"
+#include "kernels/signaling_gemm.h"
+#include "kernels/signaling_gemm_kernel.cuh"
 #include "tool_common.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -316,8 +316,7 @@ int main(int argc, char** argv) {
       g.group_begin[0] = 0;
       const int tile_m = fo_jax::GetGemmConfig(cfg).tile_m;
       g.group_begin[1] = (m + tile_m - 1) / tile_m;
-      // Raster: chunks of 8 tile-rows (the default) and whole columns of the group ("along M");
-      // one group without counters (fo_jax.matmul) and 8 groups with counters (the overlap's
+      // One group without counters (fo_jax.matmul) and 8 groups with counters (the overlap's
       // producer; counters zeroed by the launcher).
       const int tiles_m = g.group_begin[1];
       for (int groups : {1, 8}) {
@@ -327,15 +326,12 @@ int main(int argc, char** argv) {
         for (int i = 0; i <= groups; ++i) gg.group_begin[i] = int(int64_t(tiles_m) * i / groups);
         gg.counters = groups > 1 ? counters : nullptr;
         gg.zero_counters_on_launch = groups > 1;
-        for (int swizzle : {8, 1 << 20}) {
-          gg.raster_swizzle = swizzle;
-          rs.push_back({std::string("fo_jax ") + fo_jax::GetGemmConfig(cfg).name +
-                            (swizzle == 8 ? "" : " alongM") + (groups > 1 ? " 8g+sig" : ""),
-                        [gg](cudaStream_t st) {
-                          std::string e;
-                          return fo_jax::LaunchSignalingGemm(st, gg, &e) == cudaSuccess;
-                        }, {}});
-        }
+        rs.push_back({std::string("fo_jax ") + fo_jax::GetGemmConfig(cfg).name +
+                          (groups > 1 ? " 8g+sig" : ""),
+                      [gg](cudaStream_t st) {
+                        std::string e;
+                        return fo_jax::LaunchSignalingGemm(st, gg, &e) == cudaSuccess;
+                      }, {}});
       }
     }
     const Problem prob{m, n, k, a, b, d, sms, ws, ws_bytes};

@@ -12,9 +12,7 @@
 //     5 ms, then ends with the right result;
 //  3. timing: plain vs ring kernel, back to back on one stream (CUDA events), us per call,
 //     in A B B A order.
-// Build (links the library's kernels; no NCCL/XLA code is pulled in):
-//   nvcc -std=c++17 -arch=sm_90a -O2 -Icsrc csrc/tools/gemm_ring_probe.cu \
-//        .devbuild/libfo_jax_cuda.a -o .devbuild/gemm_ring_probe
+// Build: dev/README.md (target gemm_ring_probe; links the library's kernels).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -29,7 +27,7 @@
 
 #include "comm/stream_wait.h"
 #include "kernels/signaling_gemm.h"
-#include "tools/tool_common.cuh"
+#include "tool_common.cuh"
 
 using fo_jax::SignalingGemmArgs;
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/signaling_gemm.h"
+#include "kernels/signaling_gemm.h"
 #include "tool_common.cuh"
 
 using fo_jax::GemmDtype;
@@ -105,7 +105,6 @@ struct Problem {
   GemmDtype dt;
   int m, n, k, batch;
   std::vector<int> gb;  // group_begin in tile-rows of the config
-  int signal_mode = 0;
 };
 
 static int TileM(int cfg) { return fo_jax::GetGemmConfig(cfg).tile_m; }
@@ -124,7 +123,6 @@ static SignalingGemmArgs MakeArgs(const Problem& p, int cfg, const void* a, cons
   s.num_groups = int(p.gb.size()) - 1;
   for (size_t i = 0; i < p.gb.size(); ++i) s.group_begin[i] = p.gb[i];
   s.counters = counters; s.sm_budget = budget; s.config = cfg;
-  s.signal_mode = p.signal_mode;
   return s;
 }
 
@@ -181,8 +179,8 @@ static void RunCase(Cublas& cb, const Problem& p, int cfg, cudaStream_t s, cudaS
 
   const char* name = fo_jax::GetGemmConfig(cfg).name;
   char label[256];
-  std::snprintf(label, sizeof(label), "%s %s m=%d n=%d k=%d batch=%d groups=%d mode=%d", name,
-                bf16 ? "bf16" : "f16", p.m, p.n, p.k, p.batch, G, p.signal_mode);
+  std::snprintf(label, sizeof(label), "%s %s m=%d n=%d k=%d batch=%d groups=%d", name,
+                bf16 ? "bf16" : "f16", p.m, p.n, p.k, p.batch, G);
 
   std::string err;
   SignalingGemmArgs args = MakeArgs(p, cfg, a, b, d, ctr, 0);
@@ -284,8 +282,9 @@ int main(int argc, char** argv) {
   Cublas cb;
   if (!cb.Load()) { std::printf("cuBLAS not available\n"); return 2; }
   cudaDriverEntryPointQueryResult q;
-  CK(cudaGetDriverEntryPoint("cuStreamWaitValue32", reinterpret_cast<void**>(&g_wait_value),
-                             cudaEnableDefault, &q));
+  CK(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32",
+                                      reinterpret_cast<void**>(&g_wait_value), 12000,
+                                      cudaEnableDefault, &q));
   std::string err;
   if (fo_jax::LoadAllGemmKernels(&err) != cudaSuccess) { std::printf("load: %s\n", err.c_str()); return 2; }
   cudaFuncAttributes fa;  // our own helper kernels, loaded before any overlapped launch too
@@ -321,7 +320,7 @@ int main(int argc, char** argv) {
       };
       for (size_t si = 0; si < shapes.size(); ++si) {
         const Shape& sh = shapes[si];
-        Problem p{dt, sh.m, sh.n, sh.k, sh.batch, {}, int(si % 4)};
+        Problem p{dt, sh.m, sh.n, sh.k, sh.batch, {}};
         int tiles_m = (sh.m + tm - 1) / tm;
         int groups = std::min(sh.groups, tiles_m);
         p.gb = EvenGroups(tiles_m, groups);
@@ -377,15 +376,8 @@ int main(int argc, char** argv) {
       vs.push_back({"sig", cfg, sig, false, {}});
       if (cfg == sel) {
         SignalingGemmArgs x = sig;
-        x.signal_mode = 1; vs.push_back({"sig_mode1", cfg, x, false, {}});
-        x.signal_mode = 2; vs.push_back({"sig_mode2", cfg, x, false, {}});
-        x.signal_mode = 3; vs.push_back({"sig_mode3", cfg, x, false, {}});
-        x = sig; x.sm_budget = prop.multiProcessorCount - 16;
+        x.sm_budget = prop.multiProcessorCount - 16;
         vs.push_back({"sig_budget" + std::to_string(x.sm_budget), cfg, x, false, {}});
-        for (int sw : {1, 2, 4, 16}) {
-          x = plain; x.raster_swizzle = sw;
-          vs.push_back({"plain_swizzle" + std::to_string(sw), cfg, x, false, {}});
-        }
       }
     }
     for (int r = 0; r < 5 + rounds; ++r) {

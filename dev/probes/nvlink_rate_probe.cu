@@ -1,9 +1,10 @@
 // Diagnostic (not part of the library): how fast can one GPU's output leave it over NVLink, and
-// does anything beat one copy-engine push? (benchmarks/NOTES.md §18.)
+// does anything beat one copy-engine push? (docs/performance.md,
+// 'What bounds the numbers'.)
 //
 // The copy-engine transport's chain of pushes runs at ~350 GB/s and is what ends a reduce-scatter
-// call (§18): the copies of the last band land 35-40 us after the GEMM. Two pushes from one GPU
-// run one after the other (§10), but a pull is executed by the receiver's copy engine, and SM
+// call: the copies of the last band land 35-40 us after the GEMM. Two pushes from one GPU
+// run one after the other, but a pull is executed by the receiver's copy engine, and SM
 // stores by SMs: if either adds to a push, a transport that splits each band between them would
 // finish its chain sooner.
 //

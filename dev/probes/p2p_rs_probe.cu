@@ -4,7 +4,7 @@
 // step of the transport needs an SM while the signaling GEMM holds them. Only the final sum of
 // the P received bands is a kernel. This is the transport of PyTorch's AsyncTP, rebuilt on
 // fo_jax's signaling GEMM; ce_rs_probe.cu measured NCCL's own copy-engine all-to-all, which does
-// not progress next to a GEMM on every SM (NOTES.md section 5).
+// not progress next to a GEMM on every SM (docs/performance.md, 'Copy engine instead of NCCL').
 //
 // Per call (epoch e = 1, 2, ...) on each GPU d:
 //   gemm_s:   zero counters, signaling GEMM in the reduce-scatter layout (batch = P bands).
@@ -20,8 +20,7 @@
 // One process drives every visible GPU (peer access enabled between all pairs). Times: host wall
 // clock over back-to-back calls, all GPUs synchronized before and after, median of 5 x 20.
 //
-// Build on the GPU machine (no CUTLASS needed, the kernels come prebuilt), run: see gpu_run.sh
-// step p2p-probe.   Run: probe [M N K [--check-only]]  (per GPU x[M,K] @ w[K,N], bf16)
+// Build: dev/README.md (target p2p_rs_probe, or dev/lease/gpu_run.sh p2p-probe on a lent machine).   Run: probe [M N K [--check-only]]  (per GPU x[M,K] @ w[K,N], bf16)
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -30,7 +29,7 @@
 #include <vector>
 
 #include "comm/stream_wait.h"
-#include "tools/rs_probe_common.cuh"
+#include "rs_probe_common.cuh"
 
 constexpr int kMaxP = 8;
 constexpr int kMaxGroups = 16;
@@ -397,8 +396,8 @@ int main(int argc, char** argv) {
   add("direct transport alone: 1 group, one copy stream", direct(1, 0, 2 * sms, false, true), true);
   add("direct transport alone: 4 groups, one copy stream", direct(4, 0, 2 * sms, false, true), false);
   add("direct transport alone: 16 groups, one copy stream", direct(16, 0, 2 * sms, false, true), false);
-  // One copy queue per GPU (peers in rotated order) moved the bytes faster than a stream per
-  // peer in the first run (results/p2p_rs_probe_tp4_2026-11-21_f67648e.log).
+  // One copy queue per GPU (peers in rotated order) moves the bytes faster than a stream per
+  // peer (docs/performance.md, 'One push stream, no pulls').
   for (int groups : {4, 8, 16}) {
     for (int budget : {0, 124}) {
       const int grid = budget ? 2 * (sms - budget) : 2 * sms;

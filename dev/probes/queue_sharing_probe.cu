@@ -1,6 +1,6 @@
 // Diagnostic (not part of the library): does a stream that waits hold up other streams' work
-// because CUDA maps them onto the same hardware queue? (benchmarks/NOTES.md §14-15,
-// hypothesis A of the TP=4 stall.)
+// because CUDA maps them onto the same hardware queue? (docs/troubleshooting.md,
+// 'Hardware queues'.)
 //
 // CUDA multiplexes a context's streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues
 // (default 8). If a queue executes in order, an operation whose dependency is not met blocks

@@ -22,7 +22,7 @@
 #include "comm/stream_wait.h"
 #include "kernels/band_sum.h"
 #include "kernels/signaling_gemm.h"
-#include "tools/tool_common.cuh"
+#include "tool_common.cuh"
 
 #define NK(x)                                                                           \
   do {                                                                                  \

@@ -1,4 +1,4 @@
-// Shared by the diagnostic tools of csrc/tools (not part of the library): the CUDA error check
+// Shared by the developer probes of dev/probes (not part of the library): the CUDA error check
 // that ends a tool, and the random 16-bit fill every tool uses for its operands.
 #pragma once
 

@@ -3,16 +3,18 @@ them), each batch's wall time per call printed in order, for several variants, r
 8192x8192x2048 on all GPUs; back to back and with a 20 ms pause before each batch (the GPUs idle,
 as between bench_overlap.py's methods). Variants are interleaved (rounds of 10 batches each).
 A variant is a method ("fo_jax" or "baseline") with optional environment settings applied while
-its function is traced, e.g. fo_jax:FO_JAX_CE_SPLIT_SUM=0. benchmarks/NOTES.md §16.
+its function is traced, e.g. fo_jax:FO_JAX_CE_SPLIT_SUM=0. Context: docs/performance.md,
+'What bounds the numbers'.
 
-Usage: python benchmarks/batch_spread_probe.py [VARIANT ...]   (default: fo_jax baseline)
+Usage: python dev/probes_py/batch_spread_probe.py [VARIANT ...]   (default: fo_jax baseline)
 """
 import os
 import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks")
+sys.path.insert(0, _BENCHMARKS)  # benchlib
 import benchlib  # noqa: E402
 import fo_jax  # noqa: E402,F401  (before JAX uses a GPU: 32 hardware queues)
 import jax.numpy as jnp  # noqa: E402

@@ -9,14 +9,15 @@ run a jitted function compiled beforehand but never run (its kernel's first laun
 load under CUDA_MODULE_LOADING=LAZY), or destroy an executable that ran before (a module unload),
 or run a new function with a constant array (its module has an initialised global: loading it
 waits for GPU 0 to drain while it holds a driver lock that peer memcpy calls need,
-csrc/tools/ctx_lock_probe.cu), ways a host thread can wait for a GPU to drain while other
-threads still have to enqueue the peers' parts of a call (benchmarks/NOTES.md §12-13);
+dev/probes/ctx_lock_probe.cu), ways a host thread can wait for a GPU to drain while other
+threads still have to enqueue the peers' parts of a call (docs/performance.md, 'Copies as
+graph launches');
 PROBE_DISRUPT=globals_thread: instead, a thread runs and drops, one after another on every GPU,
 PROBE_POOL (default 400) functions with constant arrays compiled beforehand (a module with
 globals loaded, then unloaded, on a busy GPU many times a second: the most direct attempt at the
-deadlock of NOTES §13); PROBE_STALL_S (default 20): with no new call
+driver-lock deadlock); PROBE_STALL_S (default 20): with no new call
 dispatched or batch completed for that long, fo_jax._diagnostics.watch_for_stall reports and
-ends the process (tools/hang_probe.sh attaches a debugger first)."""
+ends the process (dev/lease/hang_probe.sh attaches a debugger first)."""
 
 import logging
 import os
@@ -106,8 +107,8 @@ def _start_globals_thread():
     for i in range(int(os.environ.get("PROBE_POOL", "400"))):
         y = jax.device_put(jnp.zeros((4096,), jnp.float32), devs[i % len(devs)])
         pool.append((_function_with_constant(i + 1, y), y))
-        # Progress for the stall watchdog: 400 compilations outlast its 20 s (session 10's
-        # globals_thread run was reported as a stall while it was still compiling).
+        # Progress for the stall watchdog: 400 compilations outlast its 20 s (without it, a
+        # globals_thread run is reported as a stall while it is still compiling).
         progress["phase"] = f"start: {i + 1} functions with constants compiled"
     print(f"probe: {len(pool)} functions with constants compiled", flush=True)
 

@@ -1,15 +1,15 @@
 """Where a benchmark sample's wall time goes: one traced batch of back-to-back calls, per GPU.
 
 bench_overlap.py times batches of 20 back-to-back calls (wall clock, as the anchors). For
-8192x8192x2048 reduce-scatter the device period of one call read 433 us while a batch took ~513
-us per call (benchmarks/NOTES.md §9): this script splits a batch's wall time into the time until
-each GPU's first kernel (dispatch and launch), the GPUs' spans from first to last kernel, the
-idle time inside those spans (GPUs waiting for each other or for the host; the largest gaps of
-GPUs 0 and 1 by the events around them), and the time from the last kernel's end until the host
-sees the batch done. All from one JAX profiler trace (host and
-device events share its clock), the batch wrapped in a TraceAnnotation.
+8192x8192x2048 reduce-scatter the device period of one call read 433 us while a batch took ~513 us
+per call (docs/performance.md, 'How to measure'): this script splits a batch's wall time into the
+time until each GPU's first kernel (dispatch and launch), the GPUs' spans from first to last
+kernel, the idle time inside those spans (GPUs waiting for each other or for the host; the largest
+gaps of GPUs 0 and 1 by the events around them), and the time from the last kernel's end until the
+host sees the batch done. All from one JAX profiler trace (host and device events share its clock),
+the batch wrapped in a TraceAnnotation.
 
-Usage: python benchmarks/profile_batch.py [--shape MxNxK] [--collectives ...] [--calls 20]
+Usage: python dev/probes_py/profile_batch.py [--shape MxNxK] [--collectives ...] [--calls 20]
 Prints a summary per method and GPU (fo_jax, jax.baseline); writes nothing.
 """
 
@@ -24,7 +24,8 @@ import tempfile
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks")
+sys.path.insert(0, _BENCHMARKS)  # benchlib
 import benchlib  # noqa: E402
 
 from fo_jax import _benchcore  # noqa: E402

@@ -6,7 +6,7 @@ call launched with its median device duration, plus the custom call / fusion XLA
 dot (from the optimized HLO). Methods alternate (one short trace each, --rounds times, the order
 rotated every round) so clock and power drift hit all alike.
 
-Usage: python benchmarks/profile_gemm.py [--shapes MxNxK ...] [--configs NAME ...] [--out DIR]
+Usage: python dev/probes_py/profile_gemm.py [--shapes MxNxK ...] [--configs NAME ...] [--out DIR]
 Writes <out>/gemm_profile_<date>.jsonl (one row per method, shape and kernel).
 """
 
@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks")
+sys.path.insert(0, _BENCHMARKS)  # benchlib
 import benchlib  # noqa: E402
 
 import fo_jax  # noqa: E402
@@ -55,7 +56,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=24, help="profiled calls per method")
     ap.add_argument("--rounds", type=int, default=4,
                     help="traces per method (calls / rounds calls each), order rotated per round")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--out", default=os.path.join(_BENCHMARKS, "results"))
     args = ap.parse_args()
 
     gpus = benchlib.cuda_gpus_or_exit("profile_gemm.py")

@@ -9,7 +9,7 @@ timing has no host or dispatch effects; the host dispatch time per call is print
 Methods: fo_jax with the default configuration and each --configs G:SM:C[:GEMM_CONFIG], and
 jax.baseline (XLA dot + psum / psum_scatter). Per-GPU x[M,K] @ w[K,N], bf16, TP = all GPUs.
 
-Usage: python benchmarks/profile_overlap.py [--shape MxNxK] [--collectives ...] [--configs ...]
+Usage: python dev/probes_py/profile_overlap.py [--shape MxNxK] [--collectives ...] [--configs ...]
 Writes <out>/overlap_profile_tp{P}_<date>.jsonl (one row per method, GPU and kernel).
 """
 
@@ -23,7 +23,8 @@ import tempfile
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks")
+sys.path.insert(0, _BENCHMARKS)  # benchlib
 import benchlib  # noqa: E402
 
 import fo_jax  # noqa: E402
@@ -49,7 +50,7 @@ def main() -> None:
     ap.add_argument("--configs", nargs="*", default=[],
                     help="extra fo_jax configurations, each G:SM:C[:GEMM_CONFIG]")
     ap.add_argument("--calls", type=int, default=5)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--out", default=os.path.join(_BENCHMARKS, "results"))
     args = ap.parse_args()
 
     mesh = benchlib.tp_mesh_or_exit("profile_overlap.py")

@@ -1,15 +1,15 @@
 """Where a slow batch's time goes: untraced per-call, per-GPU timelines of fo_jax's reduce-scatter
 (8192x8192x2048 unless --shape says otherwise) on all GPUs, batches of 20 back-to-back calls as
-bench_overlap.py times them (benchmarks/NOTES.md §17). The FFI handler records CUDA events at
-fixed points of each call (csrc/comm/call_timeline.h) and the host times of its entry and exit
-(and the copy thread's end of enqueueing); no profiler runs. Batches with the timeline off are
-interleaved with batches with it on, to show what the recording costs.
+bench_overlap.py times them (docs/performance.md, 'What bounds the numbers'). The FFI handler
+records CUDA events at fixed points of each call (csrc/comm/call_timeline.h) and the host times of
+its entry and exit (and the copy thread's end of enqueueing); no profiler runs. Batches with the
+timeline off are interleaved with batches with it on, to show what the recording costs.
 
 Prints one line per recorded batch (wall per call, the per-call means of each phase, and each
 copy's start and length) and then the same means over the fastest and the slowest third of the
 batches; writes every row to OUT/timeline_probe.jsonl.
 
-Usage: python benchmarks/timeline_probe.py [--out DIR] [--batches N] [--tag NAME] [--shape MxNxK]
+Usage: python dev/probes_py/timeline_probe.py [--out DIR] [--batches N] [--tag NAME] [--shape MxNxK]
        [VARIANT ...]
 A variant is "fo_jax" with optional environment settings applied while its function is traced,
 e.g. fo_jax:FO_JAX_CE_PEER_STORES=1 (default: fo_jax); variants run interleaved, batch by batch.
@@ -23,7 +23,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks")
+sys.path.insert(0, _BENCHMARKS)  # benchlib
 import benchlib  # noqa: E402
 import fo_jax  # noqa: E402,F401  (before JAX uses a GPU: 32 hardware queues)
 import jax.numpy as jnp  # noqa: E402

@@ -1,16 +1,18 @@
 """How much of a benchmark sample is per-batch latency: wall time per call of n back-to-back calls,
 fitted as period + F / n (n = 20 and 100), fo_jax against jax.baseline, reduce-scatter
-8192x8192x2048 on all GPUs (benchmarks/NOTES.md §15). bench_overlap.py times n = 20 (as the
-anchors); F is the latency from the batch's first dispatch to its first kernel plus the end of the
-last kernel to the host's wake-up. n = 1 shows one call's latency. Prints one line per method.
+8192x8192x2048 on all GPUs (docs/performance.md, 'What bounds the numbers'). bench_overlap.py times
+n = 20 (as the anchors); F is the latency from the batch's first dispatch to its first kernel plus
+the end of the last kernel to the host's wake-up. n = 1 shows one call's latency. Prints one line
+per method.
 
-Usage: python benchmarks/wall_fit_probe.py
+Usage: python dev/probes_py/wall_fit_probe.py
 """
 import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks")
+sys.path.insert(0, _BENCHMARKS)  # benchlib
 import benchlib  # noqa: E402
 import fo_jax  # noqa: E402,F401  (before JAX uses a GPU: 32 hardware queues)
 import jax  # noqa: E402
