@@ -9,7 +9,7 @@ Methods (bf16, x[M,K] @ w[K,N] per GPU):
   fo_jax.matmul.sm116      signaling GEMM on 116 SMs (16 left to NCCL)
 Times: median of 11 x 20 back-to-back calls (benchlib; the anchors use 5 x 20), the methods'
 trials interleaved in rotated order so clock drift hits all alike. Kernel-level times (no host
-or harness effects): benchmarks/profile_gemm.py.
+or harness effects): dev/probes_py/profile_gemm.py.
 Also the GPU kernel time per call of every method (JAX profiler traces, benchlib.
 kernel_ms_interleaved): the overhead columns are within the wall clock's noise, not the kernel's.
 Writes JSON Lines + two markdown tables (wall clock, GPU kernel time).
