@@ -119,7 +119,8 @@ def test_axis_of_size_one():
     x, w = _rand(rng, (8, 16)), _rand(rng, (16, 4))
     y, g = _run(1, lambda x, w: fo_jax.all_gather_matmul(x, w, axis_name="tp"),
                 (P("tp", None), P(None, "tp")), (P(None, "tp"), P()), x, w, check_vma=False)
-    np.testing.assert_allclose(y, x @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, np.asarray(x, np.float64) @ np.asarray(w, np.float64),
+                               rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(g, x)
 
 
