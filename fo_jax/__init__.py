@@ -14,12 +14,12 @@ _hw_queues.request_at_import()
 from fo_jax.config import OverlapConfig  # noqa: E402
 from fo_jax.overlap import PathChoice, describe, matmul, overlapped_matmul  # noqa: E402
 from fo_jax import ops, reference  # noqa: E402
-
-__version__ = "0.1.0"
+from fo_jax._version import __version__, build_info  # noqa: E402,F401
 
 __all__ = [
     "OverlapConfig",
     "PathChoice",
+    "build_info",
     "describe",
     "matmul",
     "ops",
