@@ -178,6 +178,42 @@ def test_bench_cli_single_device_rows_and_dtype(tmp_path):
     assert "| none | 64x128x64 | fo_jax.matmul |" in md
 
 
+def _fake_gpus(monkeypatch, n):
+    """Host CPU devices posing as n CUDA GPUs, so that the bench's GPU flow runs on CPU (fo_jax's
+    ops still see CPU devices and take the reference path)."""
+    monkeypatch.setattr(_cuda, "gpu_devices", lambda: jax.devices("cpu")[:n])
+    monkeypatch.setattr(_cuda, "_warned_missing", True)  # no module here: no warning either
+
+
+def test_bench_run_with_one_gpu_times_the_single_gpu_rows(tmp_path, monkeypatch, capsys):
+    from fo_jax import bench
+
+    _fake_gpus(monkeypatch, 1)
+    rows = bench.run(["64x128x64"], ["reduce_scatter"], str(tmp_path), windowed=False,
+                     plots=False)
+    err = capsys.readouterr().err
+    assert "found 1 CUDA GPU: the overlap rows need 2+ GPUs" in err, err
+    assert {(r["platform"], r["tp"], r["num_devices"]) for r in rows} == {("gpu", 1, 1)}
+    assert {(r["collective"], r["method"]) for r in rows} == {
+        ("none", "xla.dot"), ("none", "fo_jax.matmul"), ("reduce_scatter", "jax.baseline"),
+        ("reduce_scatter", "fo_jax")}
+    assert all(r["ms"] is not None for r in rows)
+    if not fo_jax.cuda_module_available():
+        assert all("CUDA module is missing" in r["note"] for r in rows)
+
+
+def test_bench_run_with_two_gpus_times_the_overlap_rows(tmp_path, monkeypatch):
+    from fo_jax import bench
+
+    _fake_gpus(monkeypatch, 2)
+    rows = bench.run(["64x128x64"], ["all_reduce"], str(tmp_path), extended=False, plots=False)
+    assert {(r["platform"], r["tp"]) for r in rows} == {("gpu", 2)}
+    assert {r["method"] for r in rows} == {"fo_jax", "fo_jax.nccl", "fo_jax.sequential",
+                                           "jax.baseline", "gemm_only", "comm_only"}
+    with pytest.raises(bench.SelectionError, match="--tp 3: only 2 local CUDA GPUs"):
+        bench.run(["64x128x64"], ["all_reduce"], str(tmp_path), extended=False, tp=3)
+
+
 @pytest.mark.parametrize("args,message", [
     (["--require-gpu"], "--require-gpu, but JAX sees no CUDA GPU"),
     (["--tp", "9"], "--tp 9: no GPUs"),
