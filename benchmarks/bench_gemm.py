@@ -112,7 +112,7 @@ def main() -> None:
               "116 SMs"]
     gpu_header = ["M x N x K", "xla.dot GPU ms", "fo_jax.matmul GPU ms", "TFLOP/s",
                   "matmul vs xla", "8 groups + signals vs xla", "signal ovh", "remap+signal ovh"]
-    md = (f"{res.base['device']}, {res.base['date']}, commit {res.base['commit']}, bf16\n\n"
+    md = (f"{benchlib.provenance(res.base)}, bf16\n\n"
           f"Wall clock (median of {args.trials} x 20 back-to-back calls, host and queue "
           "included):\n\n" + benchlib.markdown_table(header, table) +
           "\nGPU kernel time per call (JAX profiler, median of 3 traces of 8 calls per method, "

@@ -1,8 +1,8 @@
 """Overlapped GEMM + collective on all local GPUs (TP = number of GPUs), against plain JAX.
 
-A thin wrapper: the measuring code is fo_jax/_benchcore.py + fo_jax/bench.py (inside the package,
-so that the installed `python -m fo_jax.bench` runs it too); this script keeps its CLI, methods
-and file names. Methods (bf16; per-GPU x[M,K] @ w[K,N]; collective over the "tp" axis):
+A thin wrapper: the measuring code is fo_jax/bench/ (inside the package, so that the installed
+`python -m fo_jax.bench` runs it too); this script keeps its CLI, methods and file names.
+Methods (bf16; per-GPU x[M,K] @ w[K,N]; collective over the "tp" axis):
   fo_jax             fo_jax.overlapped_matmul, default configuration (the copy-engine
                      transport where it can run, else NCCL)
   fo_jax.nccl        the same with transport="nccl"
@@ -16,9 +16,12 @@ Times: median of 5 x 20 back-to-back calls. Writes JSON Lines + a markdown table
 (overlap_tp{P}_{date}{tag}.*). The full comparison (chunked, XLA windowed einsum, plots) is
 `python -m fo_jax.bench`.
 
+Needs a GPU and fo_jax's CUDA module (no CPU fallback); with one GPU (or --tp 1) it times the
+single-GPU rows of `python -m fo_jax.bench` (fo_jax.matmul and overlapped_matmul at axis size 1).
+
 Usage: python benchmarks/bench_overlap.py [--collectives reduce_scatter all_reduce]
        [--shapes MxNxK ...] [--sweep] [--configs G:SM:C[:GEMM_CONFIG] ...]
-       [--out benchmarks/results]
+       [--dtype bfloat16|float16] [--tp N] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import sys
 
 from fo_jax import bench
-from fo_jax._benchcore import DESIGN_SHAPES
+from fo_jax.bench.core import DESIGN_SHAPES
 
 SWEEP = [dict(num_groups=g, sm_budget=sm, nccl_max_ctas=c)
          for g, sm, c in itertools.product((4, 8, 16), (116, 124), (8, 16))]
@@ -43,11 +47,17 @@ def main() -> None:
     ap.add_argument("--configs", nargs="*", default=[],
                     help="extra configurations to time, each "
                     "GROUPS:SM_BUDGET:NCCL_MAX_CTAS[:GEMM_CONFIG]")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    ap.add_argument("--tp", type=int, default=None, help="GPUs to use (default: all local GPUs)")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
     configs = (SWEEP if args.sweep else []) + bench.parse_configs(args.configs, sweep=False)
-    bench.run(args.shapes, args.collectives, args.out, stem_prefix="overlap", configs=configs,
-              extended=False, plots=False, tag=args.tag, require_gpu=True)
+    try:
+        bench.run(args.shapes, args.collectives, args.out, stem_prefix="overlap",
+                  configs=configs, extended=False, plots=False, tag=args.tag, require_gpu=True,
+                  tp=args.tp, dtype=args.dtype)
+    except bench.SelectionError as e:
+        sys.exit(str(e))
 
 
 if __name__ == "__main__":

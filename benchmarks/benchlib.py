@@ -1,6 +1,6 @@
 """Shared benchmark plumbing for the scripts here: timing, operands, result rows, profiler traces.
 
-Timing and result rows are re-exported from fo_jax/_benchcore.py (one copy of the timing code for
+Timing and result rows are re-exported from fo_jax/bench/core.py (one copy of the timing code for
 the scripts, the tuner and `python -m fo_jax.bench`). Timing: `reps` back-to-back calls of a
 jitted function, one block_until_ready at the end, time divided by `reps`; repeated `trials`
 times; the median is reported (the method of ../shared/anchors, median of 5 x 20 calls), so
@@ -21,13 +21,14 @@ import numpy as np
 from jax.sharding import Mesh
 
 import fo_jax
-from fo_jax import _benchcore
-from fo_jax._benchcore import (  # noqa: F401 (re-exports)
+from fo_jax.bench import core as bench_core
+from fo_jax.bench.core import (  # noqa: F401 (re-exports)
     DESIGN_SHAPES,
     Results,
     commit,
     device_info,
     markdown_table,
+    provenance,
     rotated,
     time_ms,
     time_ms_interleaved,
@@ -56,7 +57,7 @@ def build_rs_variant(mesh: Mesh, variant: str, x, w):
     saved = dict(os.environ)
     os.environ.update(s.split("=", 1) for s in settings)
     try:
-        f = _benchcore.build(mesh, "reduce_scatter", method)
+        f = bench_core.build(mesh, "reduce_scatter", method)
         for _ in range(5):
             jax.block_until_ready(f(x, w))
     finally:

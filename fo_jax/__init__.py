@@ -2,8 +2,9 @@
 
     y = fo_jax.overlapped_matmul(x, w, axis_name="tp", collective="reduce_scatter")
 
-returns exactly psum_scatter(x @ w, "tp", scatter_dimension=0, tiled=True) (or psum for
-collective="all_reduce"). See README.md for what runs where today.
+returns exactly psum_scatter(x @ w, "tp", scatter_dimension=0, tiled=True) (psum for
+collective="all_reduce", all_gather(x) @ w for collective="all_gather"). README.md says what runs
+where; docs/ how it works.
 """
 
 # First: CUDA reads CUDA_DEVICE_MAX_CONNECTIONS when JAX creates its GPU contexts (_hw_queues.py).
@@ -15,13 +16,13 @@ from fo_jax.config import OverlapConfig  # noqa: E402
 from fo_jax.overlap import (  # noqa: E402
     PathChoice, all_gather_matmul, describe, matmul, overlapped_matmul)
 from fo_jax import reference  # noqa: E402
-
-__version__ = "0.1.0"
+from fo_jax._version import __version__, build_info  # noqa: E402,F401
 
 __all__ = [
     "OverlapConfig",
     "PathChoice",
     "all_gather_matmul",
+    "build_info",
     "describe",
     "matmul",
     "overlapped_matmul",

@@ -1,7 +1,9 @@
 """Loading the CUDA extension and registering its FFI targets with XLA.
 
 fo_jax imports without the extension (CPU-only builds, machines without CUDA); only a call that
-needs CUDA asks for it, and then gets an actionable error if it is missing.
+needs CUDA asks for it, and then gets an actionable error if it is missing. On a machine with CUDA
+GPUs a missing extension is a mistake worth one warning (the first call that asks for it): every
+call would quietly take the reference path, correct but without overlap.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import functools
 import importlib.util
 import logging
 import os
+import warnings
 from typing import Optional
 
 import jax
@@ -38,20 +41,40 @@ def _preload_nccl() -> None:
 @functools.lru_cache(maxsize=None)
 def _load() -> tuple[Optional[object], str]:
     """Imports fo_jax._fo_jax_cuda once; returns (module or None, reason if None)."""
+    from fo_jax._version import build_info  # noqa: PLC0415
+
     try:
         _preload_nccl()
         from fo_jax import _fo_jax_cuda  # noqa: PLC0415 (optional compiled module)
     except ImportError as e:
+        if build_info()["cuda_built"] is False:
+            return None, (
+                "this fo_jax is a CPU-only build: it was built without its CUDA module (no nvcc "
+                "13.x found, or FO_JAX_CUDA=OFF). Fix: put nvcc 13.x on PATH and reinstall: "
+                "pip install --force-reinstall --no-deps . (README.md, 'Install')")
         return None, (
-            f"the CUDA module fo_jax._fo_jax_cuda could not be imported ({e}). Rebuild fo_jax on a "
-            "machine with nvcc 13.x on PATH: pip install . (see README.md, 'Install')")
+            f"the CUDA module fo_jax._fo_jax_cuda could not be imported ({e}). Fix: rebuild fo_jax "
+            "with nvcc 13.x on PATH: pip install --force-reinstall --no-deps . (README.md, "
+            "'Install')")
     except OSError as e:
         return None, f"loading libnccl.so.2 failed ({e}); pip install nvidia-nccl-cu13"
     return _fo_jax_cuda, ""
 
 
-def module_available() -> bool:
-    return _load()[0] is not None
+_warned_missing = False
+
+
+def module_available(warn: bool = True) -> bool:
+    """Whether the extension loads. If not and CUDA GPUs are present, warns once per process
+    (unless warn=False: tools that report the reason themselves)."""
+    global _warned_missing
+    mod, reason = _load()
+    if mod is None and warn and not _warned_missing and gpu_devices():
+        _warned_missing = True
+        warnings.warn(f"fo_jax: CUDA GPUs are present but {reason}. Until then every fo_jax call "
+                      "takes the XLA reference path (correct results, no overlap).",
+                      RuntimeWarning, stacklevel=3)
+    return mod is not None
 
 
 def unavailable_reason() -> str:

@@ -1,12 +1,13 @@
-"""Enough CUDA hardware queues for the copy-engine transport (benchmarks/NOTES.md §14-15).
+"""Enough CUDA hardware queues for the copy-engine transport (docs/troubleshooting.md, "Hardware
+queues").
 
 CUDA maps a context's streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues (default 8) and
-reads the variable when the driver is initialised (cuInit; setting it later has no effect:
-results/queue_sharing_probe_tp4_2026-11-21_4d390d0.log). A queue runs in order, so an operation that
-waits holds up whatever another stream enqueued behind it in the same queue. fo_jax's streams
-wait for other GPUs (flags, events); when XLA enqueues a transfer that one of those GPUs needs
-(the next call's input, resharded from another GPU) into such a queue after the wait, nothing
-moves again. This stalled the 4-GPU tests in about half the runs at 8 queues and in none at 32.
+reads the variable when the driver is initialised (cuInit; setting it later has no effect, as
+measured on 4x H200). A queue runs in order, so an operation that waits holds up whatever another
+stream enqueued behind it in the same queue. fo_jax's streams wait for other GPUs (flags, events);
+when XLA enqueues a transfer that one of those GPUs needs (the next call's input, resharded from
+another GPU) into such a queue after the wait, nothing moves again. This stalled the 4-GPU tests in
+about half the runs at 8 queues and in none at 32.
 
 So `import fo_jax` asks for 32 queues (CUDA's maximum) when the variable is unset and nothing in
 the process has initialised the CUDA driver yet (JAX does when it first uses a GPU). A value the
@@ -96,7 +97,8 @@ def caution(fn: str) -> str:
         _warned = True
         warnings.warn(
             f"{fn}: {reason}. The copy-engine transport's waits can then hold up XLA's transfers "
-            f"that another GPU needs, and calls may stall (benchmarks/NOTES.md §15). Import "
+            f"that another GPU needs, and calls may stall (docs/troubleshooting.md, 'Hardware "
+            f"queues'). Import "
             f"fo_jax before JAX first uses a GPU, or set {VAR}={WANTED} before starting Python, "
             f"or use OverlapConfig(transport='nccl').", RuntimeWarning, stacklevel=3)
-    return f"; caution: {reason} (README.md, 'Hardware queues')"
+    return f"; caution: {reason} (docs/troubleshooting.md, 'Hardware queues')"

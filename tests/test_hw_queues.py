@@ -1,4 +1,4 @@
-"""`import fo_jax` asks CUDA for 32 hardware queues (fo_jax/_hw_queues.py, NOTES.md §15): set
+"""`import fo_jax` asks CUDA for 32 hardware queues (fo_jax/_hw_queues.py): set
 when unset and no JAX backend exists yet, a user's value kept, and the copy-engine transport
 warns once when the queues may be fewer. Each case runs in a fresh interpreter (the variable is
 read once per process); CPU only."""
@@ -9,7 +9,10 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import fo_jax
+
+# The subprocesses import the fo_jax this process imported (a source tree or an install).
+PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))
 
 REPORT = """
 import os, warnings
@@ -28,7 +31,7 @@ def _run(before: str = "", value=None):
     env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
     if value is not None:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = value
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = PKG_PARENT + os.pathsep + env.get("PYTHONPATH", "")
     env["JAX_PLATFORMS"] = "cpu"
     out = subprocess.run([sys.executable, "-c", REPORT.format(before=before)], env=env,
                          capture_output=True, text=True, timeout=120)

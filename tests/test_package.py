@@ -7,8 +7,11 @@ from fo_jax import _cuda
 
 
 def test_import_and_public_api():
-    for name in ("overlapped_matmul", "matmul", "describe", "OverlapConfig"):
+    for name in ("overlapped_matmul", "matmul", "describe", "OverlapConfig", "build_info"):
         assert hasattr(fo_jax, name)
+    assert all(hasattr(fo_jax, name) for name in fo_jax.__all__)
+    assert isinstance(fo_jax.__version__, str) and fo_jax.build_info()["version"] == \
+        fo_jax.__version__
 
 
 def test_cuda_module_registers_targets_when_built():

@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from fo_jax import _benchcore, _plan
+from fo_jax import _plan
+from fo_jax.bench import core as bench_core
 from fo_jax.config import OverlapConfig
 from fo_jax.tuning.model import (Candidate, CommCurve, GemmTiming, fit_busy_factor,
                                  fit_gap_and_factor, predict_seconds)
@@ -59,7 +60,7 @@ def gemm_timing(device, collective: str, m: int, n: int, k: int, tp: int, dtype,
     a = jax.device_put((jax.random.normal(ka, (m, k)) / k ** 0.5).astype(dtype), device)
     b = jax.device_put(jax.random.normal(kb, (k, n)).astype(dtype), device)
     f = jax.jit(lambda a, b: _cuda_ops.signaling_gemm(a, b, plan, batch, True)[0])
-    seconds = _benchcore.time_ms(f, a, b, **FAST) / 1e3
+    seconds = bench_core.time_ms(f, a, b, **FAST) / 1e3
     tiles = batch * -(-(m // batch) // plan.tile_m) * -(-n // plan.tile_n)
     waves = -(-tiles // gemm_sms)
     return GemmTiming(gemm_sms, seconds / waves, plan.tile_m, plan.tile_n, seconds,
@@ -71,8 +72,8 @@ def overlapped_ms(mesh: Mesh, collective: str, operands: tuple, num_groups: int,
     """Time of one real overlapped_matmul call (the CUDA path forced: no small-call fallback)."""
     cfg = OverlapConfig(num_groups=num_groups, sm_budget=gemm_sms, nccl_max_ctas=nccl_max_ctas,
                         allow_fallback=False)
-    f = _benchcore.build(mesh, collective, "fo_jax", cfg)
-    return _benchcore.time_ms(f, *operands, **(timing or FAST))
+    f = bench_core.build(mesh, collective, "fo_jax", cfg)
+    return bench_core.time_ms(f, *operands, **(timing or FAST))
 
 
 def comm_points(mesh: Mesh, collective: str, nccl_max_ctas: int, total_sms: int, dtype,
@@ -89,7 +90,7 @@ def comm_points(mesh: Mesh, collective: str, nccl_max_ctas: int, total_sms: int,
         if key not in gemm_seconds:
             gemm_seconds[key] = gemm_timing(mesh.devices.flat[0], collective, m, CALIB_N, CALIB_K,
                                             tp, dtype, total_sms).seconds
-        ops = _benchcore.random_operands(mesh, m, CALIB_N, CALIB_K, dtype)
+        ops = bench_core.random_operands(mesh, m, CALIB_N, CALIB_K, dtype)
         t_all = overlapped_ms(mesh, collective, ops, 1, total_sms, nccl_max_ctas) / 1e3
         points.append((m * CALIB_N * itemsize, max(t_all - gemm_seconds[key], 1e-7)))
     return points

@@ -19,7 +19,8 @@ from typing import Callable
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from fo_jax import _benchcore, _cuda, _plan
+from fo_jax import _cuda, _plan
+from fo_jax.bench import core as bench_core
 from fo_jax.tuning import cache, measure
 from fo_jax.tuning.model import Candidate, CommCurve, GemmTiming, predict_seconds
 
@@ -96,7 +97,7 @@ def calibrate(mesh: Mesh, collective: str, total_sms: int, dtype, progress: Prog
         if s not in gemms:
             gemms[s] = measure.gemm_timing(dev, collective, m, n, k, tp, dtype, total_sms - s)
         if operands is None:
-            operands = _benchcore.random_operands(mesh, m, n, k, dtype)
+            operands = bench_core.random_operands(mesh, m, n, k, dtype)
 
     # The anchor pair (most SMs and CTAs for NCCL) also fixes the per-group gap.
     s0, c0 = max(measure.SMS_FOR_NCCL), max(measure.NCCL_CTAS)
@@ -201,7 +202,7 @@ def tune_shape(mesh: Mesh, collective: str, m: int, n: int, k: int, dtype, curve
                                              abs(c.num_groups - heur.num_groups)))
     if heur not in chosen:
         chosen.append(heur)
-    ops = _benchcore.random_operands(mesh, m, n, k, dtype)
+    ops = bench_core.random_operands(mesh, m, n, k, dtype)
     measured = []
     for cand in chosen:
         row = {**dataclasses.asdict(cand), "predicted_ms": predicted[cand] * 1e3,
@@ -217,7 +218,7 @@ def tune_shape(mesh: Mesh, collective: str, m: int, n: int, k: int, dtype, curve
         progress.step(f"{collective} {m}x{n}x{k} {cand.label()}: "
                       f"{row['measured_ms'] or float('nan'):.3f} ms")
     progress.skip(top + 1 - len(chosen))  # keeps the bar's total exact
-    baseline = _benchcore.time_ms(_benchcore.build(mesh, collective, "baseline"), *ops,
+    baseline = bench_core.time_ms(bench_core.build(mesh, collective, "baseline"), *ops,
                                   **measure.FAST)
     progress.step(f"{collective} {m}x{n}x{k} jax.baseline: {baseline:.3f} ms")
     ok = [r for r in measured if r["measured_ms"] is not None]

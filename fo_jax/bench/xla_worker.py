@@ -1,9 +1,10 @@
 """Worker of `python -m fo_jax.bench` for method xla.windowed_einsum (run in its own process).
 
 XLA reads XLA_FLAGS once per process, so the parent starts this module with the windowed-einsum
-flags set and reads one "FO_JAX_ROW {json}" line per (collective, shape) from its stdout. The GEMM
-is written the way XLA's SPMD partitioner (not shard_map) sees it: jit of a dot of K-sharded
-operands with NamedSharding outputs, so XLA itself inserts (and may window) the collective.
+flags set and the platform and TP it chose, and reads one "FO_JAX_ROW {json}" line per
+(collective, shape) from its stdout. The GEMM is written the way XLA's SPMD partitioner (not
+shard_map) sees it: jit of a dot of K-sharded operands with NamedSharding outputs, so XLA itself
+inserts (and may window) the collective.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ ROW_PREFIX = "FO_JAX_ROW "
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--gpu-shapes", nargs="+", required=True, help="shapes if 2+ GPUs")
-    ap.add_argument("--cpu-shapes", nargs="+", required=True, help="shapes on CPU devices")
+    ap.add_argument("--platform", choices=["gpu", "cpu"], required=True)
+    ap.add_argument("--tp", type=int, required=True)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--shapes", nargs="+", required=True)
     ap.add_argument("--collectives", nargs="+", required=True)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=5)
@@ -31,35 +34,31 @@ def main() -> None:
     import numpy as np  # noqa: PLC0415
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: PLC0415
 
-    from fo_jax import _benchcore  # noqa: PLC0415
-
     from fo_jax import _cuda  # noqa: PLC0415
+    from fo_jax.bench import core  # noqa: PLC0415
 
-    devs = _cuda.gpu_devices()
-    on_cpu = len(devs) < 2
-    if on_cpu:
-        devs = jax.devices("cpu")[:8]
-        args.reps, args.trials = 3, 3
-    print(f"FO_JAX_PLATFORM {'cpu' if on_cpu else 'gpu'} {len(devs)}", flush=True)
-    mesh = Mesh(np.array(devs), ("tp",))
-    dtype = jnp.dtype(jnp.bfloat16)
+    devs = _cuda.gpu_devices() if args.platform == "gpu" else jax.devices("cpu")
+    if len(devs) < args.tp:
+        sys.exit(f"fo_jax.bench.xla_worker: TP {args.tp} needs {args.tp} {args.platform} devices, "
+                 f"found {len(devs)}")
+    mesh = Mesh(np.array(devs[:args.tp]), ("tp",))
+    dtype = jnp.dtype(args.dtype)
     for collective in args.collectives:
         out = NamedSharding(mesh, P("tp", None) if collective == "reduce_scatter" else P())
-        f = jax.jit(_benchcore.xla_matmul,
-                    out_shardings=out)
-        ref_f = _benchcore.build(mesh, collective, "baseline")
-        for s in args.cpu_shapes if on_cpu else args.gpu_shapes:
-            m, n, k = _benchcore.parse_shape(s)
+        f = jax.jit(core.xla_matmul, out_shardings=out)
+        ref_f = core.build(mesh, collective, "baseline")
+        for s in args.shapes:
+            m, n, k = core.parse_shape(s)
             row = dict(M=m, N=n, K=k, collective=collective, method="xla.windowed_einsum")
             try:
-                x, w = _benchcore.random_operands(mesh, m, n, k, dtype)
+                x, w = core.random_operands(mesh, m, n, k, dtype)
                 y = f(x, w)
                 assert y.dtype == dtype, y.dtype
-                err = float(_benchcore.rel_err(y, ref_f(x, w)))
+                err = float(core.rel_err(y, ref_f(x, w)))
                 if err > 2e-2:
                     raise AssertionError(f"wrong result (rel err {err:.2e})")
-                row["ms"] = round(_benchcore.time_ms(f, x, w, reps=args.reps,
-                                                     trials=args.trials), 4)
+                row["ms"] = round(core.time_ms(f, x, w, reps=args.reps,
+                                               trials=args.trials), 4)
             except Exception as e:  # noqa: BLE001 (recorded in the row; the parent reports it)
                 row["ms"], row["error"] = None, repr(e)[:500]
             print(ROW_PREFIX + json.dumps(row), flush=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import subprocess
+import sys
 import time
 from typing import Callable, Optional, Sequence
 
@@ -26,22 +26,41 @@ COLLECTIVES = ("reduce_scatter", "all_reduce")
 
 
 def commit() -> str:
-    """Short git commit of the fo_jax source tree (or of the working directory), or "unknown"."""
-    env = os.environ.get("FO_JAX_COMMIT")
-    if env:
-        return env
-    for where in (os.path.dirname(os.path.abspath(fo_jax.__file__)), os.getcwd()):
-        try:
-            return subprocess.check_output(["git", "-C", where, "rev-parse", "--short=12", "HEAD"],
-                                           text=True, stderr=subprocess.DEVNULL).strip()
-        except (OSError, subprocess.CalledProcessError):
-            continue
-    return "unknown"
+    """fo_jax's git commit as fo_jax.build_info() records it (FO_JAX_COMMIT overrides)."""
+    return fo_jax.build_info()["commit"]
 
 
 def device_info(devices: Sequence) -> dict:
+    """The fields every result row carries: what ran, where, when, from which source."""
+    import jaxlib  # noqa: PLC0415
+
     return {"device": devices[0].device_kind, "num_devices": len(devices),
-            "date": datetime.date.today().isoformat(), "commit": commit()}
+            "date": datetime.date.today().isoformat(), "commit": commit(),
+            "fo_jax_version": fo_jax.__version__, "jax_version": jax.__version__,
+            "jaxlib_version": jaxlib.__version__}
+
+
+def provenance(base: dict) -> str:
+    """One line for report titles: device, count, date, commit and versions of a row's fields."""
+    return (f"{base['device']} x{base['num_devices']}, {base['date']}, fo_jax "
+            f"{base['fo_jax_version']} (commit {base['commit']}), jax {base['jax_version']}")
+
+
+def progress(msg: str) -> None:
+    """One progress line on stderr (stdout carries the rows and the report)."""
+    print(f"[fo_jax.bench] {msg}", file=sys.stderr, flush=True)
+
+
+def path_of(mesh: Mesh, collective: str, x: jax.Array, w: jax.Array) -> str:
+    """fo_jax.describe's path for overlapped_matmul over mesh axis "tp" with these global
+    operands (x K-sharded, w K-sharded), e.g. "cuda/copy_engine"; abstract evaluation only."""
+    from fo_jax import info  # noqa: PLC0415
+
+    try:
+        c = info.describe_on_mesh(mesh, "tp", collective, x.shape, w.shape, x.dtype)
+    except Exception as e:  # noqa: BLE001 (a report field must not end the run)
+        return f"unknown ({e!r:.120})"
+    return c.path + (f"/{c.transport}" if c.transport else "")
 
 
 def rotated(names: list, r: int) -> list:
@@ -49,7 +68,7 @@ def rotated(names: list, r: int) -> list:
     ones, started at position r // 2 (mod len). Each method starts a round in turn and follows
     different methods from round to round (a rotation alone keeps every method's predecessor:
     at 16384x8192x7168 a method that always ran right after a pure GEMM read 5-11% slower than
-    the same plan elsewhere in the order, benchmarks/NOTES.md §8)."""
+    the same plan elsewhere in the order; docs/performance.md, 'How to measure')."""
     order = list(names) if r % 2 == 0 else list(names)[::-1]
     s = (r // 2) % len(order)
     return order[s:] + order[:s]
