@@ -19,7 +19,7 @@ import benchlib  # noqa: E402
 import fo_jax  # noqa: E402,F401  (before JAX uses a GPU: 32 hardware queues)
 import jax.numpy as jnp  # noqa: E402
 
-from fo_jax import _benchcore  # noqa: E402
+from fo_jax.bench import core as _benchcore  # noqa: E402
 
 ROUNDS, BATCHES, CALLS = 4, 10, 20
 

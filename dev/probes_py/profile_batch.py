@@ -28,7 +28,7 @@ _BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..
 sys.path.insert(0, _BENCHMARKS)  # benchlib
 import benchlib  # noqa: E402
 
-from fo_jax import _benchcore  # noqa: E402
+from fo_jax.bench import core as _benchcore  # noqa: E402
 
 MARK = "fo_jax_profile_batch"
 

@@ -28,7 +28,8 @@ sys.path.insert(0, _BENCHMARKS)  # benchlib
 import benchlib  # noqa: E402
 
 import fo_jax  # noqa: E402
-from fo_jax import _benchcore, bench  # noqa: E402
+from fo_jax import bench  # noqa: E402
+from fo_jax.bench import core as _benchcore  # noqa: E402
 
 
 def last_call(events: list, gap_ns: float = 30e3) -> list:

@@ -29,7 +29,8 @@ import benchlib  # noqa: E402
 import fo_jax  # noqa: E402,F401  (before JAX uses a GPU: 32 hardware queues)
 import jax.numpy as jnp  # noqa: E402
 
-from fo_jax import _benchcore, _cuda  # noqa: E402
+from fo_jax import _cuda  # noqa: E402
+from fo_jax.bench import core as _benchcore  # noqa: E402
 
 CALLS = 20
 

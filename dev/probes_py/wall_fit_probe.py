@@ -18,7 +18,7 @@ import fo_jax  # noqa: E402,F401  (before JAX uses a GPU: 32 hardware queues)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from fo_jax import _benchcore  # noqa: E402
+from fo_jax.bench import core as _benchcore  # noqa: E402
 
 mesh = benchlib.tp_mesh_or_exit("wall_fit_probe.py")
 x, w = _benchcore.random_operands(mesh, 8192, 8192, 2048, jnp.bfloat16)
