@@ -30,17 +30,18 @@ Every fo_jax result is checked against xla.dot first (relative error; a wrong ke
 not recorded: its row carries "error").
 
 Timing ("ms"): GPU kernel time per call from JAX profiler traces (trace_timing.py): per round
-ONE trace holds --calls back-to-back calls of every method of the shape, blocked on per method,
-the methods in rotated order (_benchcore.rotated); each kernel is attributed to its method by
-the XLA module of its jitted function; the median over --rounds rounds. Kernel time holds no
-host or launch-queue time, so 10-us GEMMs compare fairly with long ones. "wall_ms" (xla.dot and
-fo_jax.matmul only): median of 5 interleaved trials of 20 back-to-back calls
-(_benchcore.time_ms_interleaved), host and queue included.
-Defaults: --rounds 5 --calls 5 after 3 warm-up calls. The default run (66 shapes, both dtypes,
---configs all in bfloat16: 12 configurations) makes 66 x 2 + 66 x 14 traced methods of
-~26 TFLOP per pass over the shapes, ~15 s of GPU time; most of its time is compilation (XLA
-autotunes every dot) and tracing, budgeted at ~8 minutes on one H100. Progress lines on stderr
-say the time left.
+ONE trace holds --calls back-to-back calls of every method of the shape in both dtypes, blocked
+on per method, the methods in rotated order (_benchcore.rotated); each kernel is attributed to
+its method by the XLA module of its jitted function; the median over --rounds rounds. Kernel
+time holds no host or launch-queue time, so 10-us GEMMs compare fairly with long ones.
+"wall_ms" (xla.dot and fo_jax.matmul only): median of 5 interleaved trials of 20 back-to-back
+calls (_benchcore.time_ms_interleaved), host and queue included.
+Budget: --rounds 3 --calls 8 (after 3 warm-up calls), as benchlib.kernel_ms_interleaved: 3
+traces per shape. The default run (66 shapes, both dtypes, --configs all in bfloat16: 12
+configurations) compiles and checks 66 x 16 functions and traces 66 x 16 x 24 calls (~26 TFLOP
+per call of every shape, ~10 s of GPU time in all); its time goes to compilation (XLA
+autotunes every dot) and tracing, expected at 5-8 minutes on one H100. Each progress line on
+stderr says where the time went so far (compile, timing, traces) and the time left.
 
 Output (--out DIR): gemm_sweep_<gpu>_<date>_<commit>.jsonl (rows {"suite": "gemm_sweep",
 "device", "date", "commit", "dtype", "M", "N", "K", "method", "ms", "config", ...}), .md (per
@@ -49,7 +50,7 @@ configuration per shape) and .png (ratio vs M) when matplotlib is installed. Pro
 
 Usage: python3 benchmarks/bench_gemm_sweep.py [--dtype bfloat16|float16|both] [--quick]
          [--configs all|NAME ...] [--configs-dtype bfloat16|float16|both] [--producer]
-         [--rounds 5] [--calls 5] [--out DIR]
+         [--rounds 3] [--calls 8] [--out DIR]
 """
 
 from __future__ import annotations
@@ -161,53 +162,78 @@ def methods_for(dtype, m: int, n: int, k: int, configs: list, producer: bool) ->
     return out
 
 
-def measure(res: benchlib.Results, shape: tuple, dtype_name: str, configs: list, args,
-            timer: trace_timing.TraceTimer) -> dict:
-    """Times every method on one shape and dtype; adds the rows; {method/config: ms}."""
-    m, n, k, label = shape
+def prepare(shape: tuple, dtype_name: str, configs: list, producer: bool, first_key: int,
+            times: dict) -> list:
+    """The methods of one shape and dtype, compiled, checked against xla.dot and warmed up:
+    [(key, method, config, jitted function, (x, w), error or None)]; times["compile"] += s."""
+    m, n, k, _ = shape
     dtype = jnp.dtype(DTYPES[dtype_name])
+    t0 = time.perf_counter()
     x, w = operands(m, n, k, dtype, seed=m * 7 + n * 3 + k)
-    methods = methods_for(dtype, m, n, k, configs, args.producer)
-    fns = [trace_timing.named_jit(f, i) for i, (_, _, f) in enumerate(methods)]
-    ref = fns[0](x, w)
-    assert ref.dtype == dtype, ref.dtype
-    ok, errors = [0], {}
-    for i in range(1, len(fns)):
+    out, ref = [], None
+    for j, (method, config, f) in enumerate(methods_for(dtype, m, n, k, configs, producer)):
+        key = first_key + j
+        fn = trace_timing.named_jit(f, key)
+        error = None
         try:
-            out = fns[i](x, w)
-            assert out.dtype == dtype, out.dtype
-            err = float(_benchcore.rel_err(out, ref))
-            if not err <= TOLERANCE[dtype_name]:
-                raise AssertionError(f"relative error {err:.2e} against xla.dot")
-            ok.append(i)
+            y = fn(x, w)
+            assert y.dtype == dtype, f"result dtype {y.dtype}"
+            if ref is None:  # xla.dot comes first
+                ref = y
+            else:
+                err = float(_benchcore.rel_err(y, ref))
+                if not err <= TOLERANCE[dtype_name]:
+                    raise AssertionError(f"relative error {err:.2e} against xla.dot")
+            if method == "fo_jax.matmul":
+                config = chosen_config(fn, x, w, dtype, m, n, k)
+            for _ in range(3):
+                jax.block_until_ready(fn(x, w))
         except Exception as e:  # noqa: BLE001 (one bad configuration must not end the sweep)
-            errors[i] = f"{type(e).__name__}: {e}"[:300]
-            print(f"    {methods[i][0]} {methods[i][1] or ''}: {errors[i]}", file=sys.stderr)
-    timed = {i: fns[i] for i in ok}
-    for f in timed.values():
-        for _ in range(3):
-            jax.block_until_ready(f(x, w))
-    times = timer(timed, x, w)
-    walls = _benchcore.time_ms_interleaved({"xla.dot": fns[0], "fo_jax.matmul": fns[1]}, x, w,
-                                           reps=20, trials=5) if 1 in ok else {}
+            error = f"{type(e).__name__}: {e}"[:300]
+            print(f"    {dtype_name} {method} {config or ''}: {error}", file=sys.stderr)
+        out.append((key, method, config, fn, (x, w), error))
+    times["compile"] += time.perf_counter() - t0
+    return out
+
+
+def measure(res: benchlib.Results, shape: tuple, dtypes: list, configs_for: dict, args,
+            timer: trace_timing.TraceTimer, times: dict) -> dict:
+    """Times every method of one shape in every dtype, all in the same traces; adds the rows.
+    {dtype: {method or "fo_jax.gemm[config]": ms, "config": fo_jax.matmul's config}}."""
+    m, n, k, label = shape
+    methods = []
+    for dtype_name in dtypes:
+        methods += [(dtype_name, *entry) for entry in prepare(
+            shape, dtype_name, configs_for[dtype_name], args.producer, len(methods), times)]
+    ok = {key: (fn, xw) for _, key, _, _, fn, xw, error in methods if error is None}
+    t0 = time.perf_counter()
+    gpu = timer(ok)
+    walls = {}
+    for dtype_name in dtypes:
+        mine = {meth: (key, fn, xw) for d, key, meth, _, fn, xw, _ in methods
+                if d == dtype_name and meth in ("xla.dot", "fo_jax.matmul") and key in ok}
+        if len(mine) == 2:
+            xw = mine["xla.dot"][2]
+            walls[dtype_name] = _benchcore.time_ms_interleaved(
+                {meth: fn for meth, (_, fn, _) in mine.items()}, *xw, reps=20, trials=5)
+    times["timing"] += time.perf_counter() - t0
     flops = 2.0 * m * n * k
-    default_config = chosen_config(fns[1], x, w, dtype, m, n, k)
-    summary = {}
-    for i, (method, config, _) in enumerate(methods):
-        if method == "fo_jax.matmul":
-            config = default_config
+    summary: dict = {d: {} for d in dtypes}
+    for dtype_name, key, method, config, _, _, error in methods:
         row = dict(dtype=dtype_name, M=m, N=n, K=k, layer=label, method=method, config=config)
-        if i in times:
-            ms, kernel = times[i]
+        if key in gpu:
+            ms, kernel = gpu[key]
             row.update(ms=round(ms, 5), tflops=round(flops / ms / 1e9, 1),
                        kernel=trace_timing.short_kernel(kernel))
-            if method in walls:
-                row["wall_ms"] = round(walls[method], 5)
-            summary[method if method != "fo_jax.gemm" else f"{method}[{config}]"] = ms
+            if method in walls.get(dtype_name, {}):
+                row["wall_ms"] = round(walls[dtype_name][method], 5)
+            name = f"{method}[{config}]" if method == "fo_jax.gemm" else method
+            summary[dtype_name][name] = ms
         else:
-            row.update(ms=None, error=errors[i])
+            row.update(ms=None, error=error)
+        if method == "fo_jax.matmul":
+            summary[dtype_name]["config"] = config
         res.add(**row)
-    summary["config"] = default_config
     return summary
 
 
@@ -223,8 +249,8 @@ def main() -> None:
                     default="bfloat16", help="dtypes in which --configs are timed")
     ap.add_argument("--producer", action="store_true",
                     help="also time the overlap's producer (8 groups, counters) per config")
-    ap.add_argument("--rounds", type=int, default=5, help="traces per shape (median)")
-    ap.add_argument("--calls", type=int, default=5, help="calls per method in each trace")
+    ap.add_argument("--rounds", type=int, default=3, help="traces per shape (median)")
+    ap.add_argument("--calls", type=int, default=8, help="calls per method in each trace")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
 
@@ -248,29 +274,33 @@ def main() -> None:
     res = benchlib.Results({"suite": "gemm_sweep", **info}, echo=False)
     stem = os.path.join(args.out, gemm_sweep_report.file_stem(res.base) + args.tag)
     timer = trace_timing.TraceTimer(args.rounds, args.calls)
+    times = {"compile": 0.0, "timing": 0.0}
+    configs_for = {d: configs if d in config_dtypes else [] for d in dtypes}
     t0 = time.perf_counter()
-    todo = [(s, d) for s in shapes for d in dtypes]
     os.makedirs(args.out, exist_ok=True)
     jsonl = open(stem + ".jsonl", "w")  # written as the rows come: a crash keeps what ran
-    for j, (shape, dtype_name) in enumerate(todo):
+    for j, shape in enumerate(shapes):
         m, n, k, label = shape
-        cfgs = configs if dtype_name in config_dtypes else []
         first = len(res.rows)
-        s = measure(res, shape, dtype_name, cfgs, args, timer)
+        summary = measure(res, shape, dtypes, configs_for, args, timer, times)
         jsonl.writelines(json.dumps(r) + "\n" for r in res.rows[first:])
         jsonl.flush()
-        xla, fo = s.get("xla.dot"), s.get("fo_jax.matmul")
-        ratio = f"{xla / fo:.3f}x" if xla and fo else "-"
-        best = ""
-        timed = {key: v for key, v in s.items() if key.startswith("fo_jax.gemm[")}
-        if timed and xla:
-            name = min(timed, key=timed.get)
-            best = f", best {name[len('fo_jax.gemm['):-1]} {xla / timed[name]:.3f}x"
+        parts = []
+        for dtype_name, s in summary.items():
+            xla, fo = s.get("xla.dot"), s.get("fo_jax.matmul")
+            part = (f"{dtype_name} xla.dot {xla or float('nan'):.4f} ms, fo_jax.matmul "
+                    f"{fo or float('nan'):.4f} ms ({xla / fo if xla and fo else float('nan'):.3f}x"
+                    f", {s.get('config')})")
+            timed = {key: v for key, v in s.items() if key.startswith("fo_jax.gemm[")}
+            if timed and xla:
+                best = min(timed, key=timed.get)
+                part += f", best {best[len('fo_jax.gemm['):-1]} {xla / timed[best]:.3f}x"
+            parts.append(part)
         elapsed = time.perf_counter() - t0
-        print(f"[{j + 1}/{len(todo)}] {dtype_name} {m}x{n}x{k} ({label}): xla.dot "
-              f"{xla or float('nan'):.4f} ms, fo_jax.matmul {fo or float('nan'):.4f} ms "
-              f"({ratio}, {s['config']}){best}  [{elapsed:.0f} s, ~"
-              f"{elapsed / (j + 1) * (len(todo) - j - 1):.0f} s left]", file=sys.stderr,
+        print(f"[{j + 1}/{len(shapes)}] {m}x{n}x{k} ({label}): " + "; ".join(parts) +
+              f"  [{elapsed:.0f} s: compile {times['compile']:.0f}, timing {times['timing']:.0f}"
+              f" ({timer.traces} traces, {timer.trace_s:.0f} s); ~"
+              f"{elapsed / (j + 1) * (len(shapes) - j - 1):.0f} s left]", file=sys.stderr,
               flush=True)
     jsonl.close()
     md = gemm_sweep_report.markdown(res.rows)

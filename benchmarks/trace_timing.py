@@ -7,11 +7,12 @@ blocked on before the next method, in rotated order (_benchcore.rotated), and ea
 attributed to its method by, in this order:
   1. the XLA module named in the kernel event's stats: every function is jitted under its own
      name (`named_jit`), so its kernels carry "jit_trace_f<key>" (hlo_module, or the raw XLA
-     annotation where the trace keeps only that); an event without one (a memset launched by a
-     custom call, say) belongs to the nearest earlier event's method;
-  2. else the host-side window of the method (a jax.profiler.TraceAnnotation around its calls,
-     which ends after block_until_ready): a kernel starting inside it is the method's;
-  3. else (neither works on this JAX) one trace per method, as benchlib does.
+     annotation where the trace keeps only that);
+  2. the host-side window of its method (a jax.profiler.TraceAnnotation around the method's
+     calls, which ends after block_until_ready): a kernel starting inside it is the method's
+     (a memset launched by a custom call may carry no module);
+  3. the method of the nearest earlier event placed by 1.
+If neither tags nor windows work on this JAX, one trace per method and round, as benchlib does.
 The result per method: the median over rounds of its kernel time per call (the sum of its
 kernels' and memsets' durations over the round, divided by `calls`): no host or queue time.
 """
@@ -23,6 +24,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 
 import jax
 
@@ -69,29 +71,31 @@ def _read(trace_dir: str) -> tuple:
     return sorted(events), windows
 
 
-def attribute_by_tag(events: list, keys) -> dict | None:
-    """{key: [(duration_ns, kernel name)]} from the events' module tags; None if none has one."""
-    out: dict = {k: [] for k in keys}
-    current, seen = None, False
-    for start, end, name, tag in events:
-        if tag is not None:
-            current, seen = tag, True
-        if current in out:
-            out[current].append((end - start, name))
-    return out if seen else None
+def _window_of(start: int, windows: dict, keys) -> object:
+    owner = [k for k in keys if k in windows and windows[k][0] <= start <= windows[k][1]]
+    return owner[0] if len(owner) == 1 else None
 
 
-def attribute_by_window(events: list, windows: dict, keys) -> dict | None:
-    """{key: [(duration_ns, kernel name)]} from the host windows; None unless every method has
-    a window and every kernel starts inside one (the planes' clocks then agree)."""
-    if set(keys) - set(windows):
+def attribute(events: list, windows: dict, keys) -> dict | None:
+    """{key: [(duration_ns, kernel name)]}: each event goes to the method its module tag names,
+    else to the method whose host window holds its start, else to the method of the nearest
+    earlier tagged event. None when neither tags nor windows place every event (or no method
+    has a tag or a window)."""
+    tagged = [(start, tag) for start, _, _, tag in events if tag is not None]
+    if any(_window_of(start, windows, keys) not in (tag, None) for start, tag in tagged):
+        windows = {}  # the host and GPU clocks disagree: trust the tags alone
+    if not tagged and set(keys) - set(windows):
         return None
     out: dict = {k: [] for k in keys}
-    for start, end, name, _ in events:
-        owner = [k for k in keys if windows[k][0] <= start <= windows[k][1]]
-        if len(owner) != 1:
+    current = None
+    for start, end, name, tag in events:
+        owner = tag if tag in out else _window_of(start, windows, keys)
+        if tag in out:
+            current = tag
+        owner = owner if owner is not None else current
+        if owner is None:
             return None
-        out[owner[0]].append((end - start, name))
+        out[owner].append((end - start, name))
     return out
 
 
@@ -103,49 +107,56 @@ def _trace(run) -> tuple:
 
 
 class TraceTimer:
-    """Times {key: named_jit(f, key)} on the same arguments (see the module docstring). Keeps
-    which attribution worked, so a JAX whose traces lack both is found out once."""
+    """Times {key: (named_jit(f, key), args)} (see the module docstring). Keeps which
+    attribution worked, so a JAX whose traces support neither is found out once."""
 
-    def __init__(self, rounds: int = 5, calls: int = 5):
+    def __init__(self, rounds: int = 3, calls: int = 8):
         self.rounds, self.calls = rounds, calls
-        self.mode = "tag"  # "tag" -> "window" -> "per_method", downgraded when one fails
+        self.mode = "one_trace"  # or "per_method" once a trace cannot be attributed
+        self.traces = 0
+        self.trace_s = 0.0  # wall time spent tracing (the sweep's budget reports it)
 
-    def _round(self, fns: dict, order: list, args) -> dict:
+    def _trace(self, run) -> tuple:
+        t0 = time.perf_counter()
+        try:
+            return _trace(run)
+        finally:
+            self.traces += 1
+            self.trace_s += time.perf_counter() - t0
+
+    def _round(self, fns: dict, order: list) -> dict:
         calls = self.calls
         if self.mode == "per_method":
             spans = {}
             for k in order:
-                events, _ = _trace(lambda: jax.block_until_ready(
-                    [fns[k](*args) for _ in range(calls)]))
+                f, args = fns[k]
+                events, _ = self._trace(lambda: jax.block_until_ready(
+                    [f(*args) for _ in range(calls)]))
                 spans[k] = [(e - s, n) for s, e, n, _ in events]
             return spans
 
         def run():
             for k in order:
+                f, args = fns[k]
                 with jax.profiler.TraceAnnotation(f"{WINDOW}{k}"):
-                    jax.block_until_ready([fns[k](*args) for _ in range(calls)])
+                    jax.block_until_ready([f(*args) for _ in range(calls)])
 
-        events, windows = _trace(run)
-        spans = attribute_by_tag(events, fns) if self.mode == "tag" else None
-        if spans is None:
-            spans = attribute_by_window(events, windows, fns)
-            if spans is not None and self.mode == "tag":
-                print("trace_timing: kernels carry no module name; attributing by host window",
-                      file=sys.stderr)
-                self.mode = "window"
+        events, windows = self._trace(run)
+        spans = attribute(events, windows, fns)
         if spans is None:
             print("trace_timing: neither module names nor host windows attribute the kernels; "
                   "one trace per method from now on", file=sys.stderr)
             self.mode = "per_method"
-            return self._round(fns, order, args)
+            return self._round(fns, order)
         return spans
 
-    def __call__(self, fns: dict, *args) -> dict:
-        """{key: (median GPU ms per call, name of the kernel that took most of its time)}."""
+    def __call__(self, fns: dict) -> dict:
+        """{key: (median GPU ms per call, name of the kernel that took most of its time)} for
+        fns = {key: (named_jit(f, key), args)}."""
         samples: dict = {k: [] for k in fns}
         kernels: dict = {k: {} for k in fns}
         for r in range(self.rounds):
-            for k, evs in self._round(fns, _benchcore.rotated(list(fns), r), args).items():
+            for k, evs in self._round(fns, _benchcore.rotated(list(fns), r)).items():
                 if not evs:
                     raise RuntimeError(f"method {k}: the profiler recorded no GPU kernel")
                 samples[k].append(sum(d for d, _ in evs) / 1e6 / self.calls)
