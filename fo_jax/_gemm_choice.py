@@ -123,8 +123,11 @@ def select_gemm_config(dtype, m: int, n: int, k: int, batch: int, sm_budget: int
     has no fitted configuration for the dtype (the caller then keeps the kernel library's
     rule). require_addends: only configurations with a kernel that adds a source (the
     copy-engine ring)."""
+    params = _params(_dtype_name(dtype))
+    if not params:
+        return None
     sms = resolve_sms(sm_budget, num_sms or device_sms())
-    return choose(configs, _params(_dtype_name(dtype)), m, n, k, batch, sms, require_addends)
+    return choose(configs, params, m, n, k, batch, sms, require_addends)
 
 
 def xla_dot_estimate(m: int, n: int, k: int, dtype) -> Optional[float]:
