@@ -38,10 +38,12 @@ time holds no host or launch-queue time, so 10-us GEMMs compare fairly with long
 calls (_benchcore.time_ms_interleaved), host and queue included.
 Budget: --rounds 3 --calls 8 (after 3 warm-up calls), as benchlib.kernel_ms_interleaved: 3
 traces per shape. The default run (66 shapes, both dtypes, --configs all in bfloat16: 12
-configurations) compiles and checks 66 x 16 functions and traces 66 x 16 x 24 calls (~26 TFLOP
-per call of every shape, ~10 s of GPU time in all); its time goes to compilation (XLA
-autotunes every dot) and tracing, expected at 5-8 minutes on one H100. Each progress line on
-stderr says where the time went so far (compile, timing, traces) and the time left.
+configurations) compiles and checks 66 x 16 functions; one call of every shape sums to ~26
+TFLOP, so ~28 calls per method (check, warm-up, 24 traced) and the wall-clock trials make
+~40 s of GPU time. The rest goes to compilation (XLA autotunes every dot) and tracing: 5-8
+minutes on one H100 expected. Each progress line on stderr says where the time went so far
+(compile, timing, traces) and the time left; the JSON Lines are written shape by shape, so a
+run cut short keeps what it measured.
 
 Output (--out DIR): gemm_sweep_<gpu>_<date>_<commit>.jsonl (rows {"suite": "gemm_sweep",
 "device", "date", "commit", "dtype", "M", "N", "K", "method", "ms", "config", ...}), .md (per
