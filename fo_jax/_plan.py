@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 import jax.numpy as jnp
 
-from fo_jax import _cuda
+from fo_jax import _cuda, _gemm_choice
 from fo_jax.config import OverlapConfig
 
 DTYPE_CODES = {jnp.dtype(jnp.bfloat16): 0, jnp.dtype(jnp.float16): 1}
@@ -160,13 +160,17 @@ def explicit_groups(tile_rows: int, sizes: Sequence[int], fn: str) -> tuple:
 
 def gemm_config_index(fn: str, dtype, m: int, n: int, k: int, batch: int,
                       config: Optional[OverlapConfig], sm_budget: int) -> int:
-    """config.gemm_config if set (ValueError if not compiled), else the kernel library's
-    shape heuristic (m is per batch)."""
+    """config.gemm_config if set (ValueError if not compiled), else the measured choice of
+    fo_jax/_gemm_choice.py, else (no table fitted for the dtype) the kernel library's shape
+    heuristic (m is per batch)."""
     if config is not None and config.gemm_config is not None:
         names = [c["name"] for c in gemm_configs()]
         if config.gemm_config not in names:
             raise ValueError(f"{fn}: unknown gemm_config {config.gemm_config!r}; compiled: {names}")
         return names.index(config.gemm_config)
+    index = _gemm_choice.select_gemm_config(dtype, m, n, k, batch, sm_budget, gemm_configs())
+    if index is not None:
+        return index
     return int(_cuda.module().select_gemm_config(DTYPE_CODES[jnp.dtype(dtype)], m, n, k, batch,
                                                  max(sm_budget, 0)))
 

@@ -40,6 +40,18 @@ CONFIGS: list[GemmConfig] = [
     GemmConfig("pp_128x128x64_c1", 128, 128, 64, 1, 1, True),
     GemmConfig("pp_128x128x64_c2", 128, 128, 64, 2, 1, True),
     GemmConfig("pp_128x192x64_c2", 128, 192, 64, 2, 1, True),
+    # Candidates for small M and few tiles, measured against the rows above by
+    # benchmarks/bench_gemm_sweep.py --configs all (fo_jax/_gemm_choice.py picks among all rows,
+    # so a row that never wins there can be deleted). A 64-row ping-pong tile halves the tile
+    # quantum along M: a problem of few tile-rows fills twice the SMs (the design shapes, with
+    # many tiles, favour the 128-row tiles: ping-pong 64x256 lost there, see above). The 2x1
+    # cluster multicasts B, the operand that dominates the traffic when M is small, which brings
+    # their L2 bytes per flop down to those of pp_128x128x64_c1 or below. Cooperative 128x128
+    # with a 2x1 cluster: the 128x128 quantum with B multicast, both warp groups on one tile.
+    GemmConfig("pp_64x128x64_c2", 64, 128, 64, 2, 1, True),
+    GemmConfig("pp_64x192x64_c2", 64, 192, 64, 2, 1, True),
+    GemmConfig("pp_64x256x64_c2", 64, 256, 64, 2, 1, True),
+    GemmConfig("coop_128x128x64_c2", 128, 128, 64, 2, 1, False),
 ]
 
 # Configs that also get a kernel with a source (D = A @ B + C; SignalingGemmArgs' addend): the

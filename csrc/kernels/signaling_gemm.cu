@@ -66,6 +66,7 @@ const GemmTileConfig& GetGemmConfig(int index) {
 // shapes (4096..16384 x 8192 x 2048..7168) ping-pong 128x192 with a 2x1 cluster runs at
 // 0.97-0.99x XLA's cuBLASLt kernel, 2-10% ahead of the cooperative 128x256/256x128 tiles. When it
 // would not fill two waves of the SM budget, the ping-pong 128x128 tile keeps more SMs busy.
+// The small-M rows (64-row tiles) are left to the measured choice (fo_jax/_gemm_choice.py).
 int SelectGemmConfig(GemmDtype dtype, int m, int n, int k, int batch, int sm_budget) {
   (void)dtype;
   (void)k;

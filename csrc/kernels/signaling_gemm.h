@@ -29,7 +29,12 @@ int NumGemmConfigs();
 bool GemmConfigTakesAddends(int config);
 const GemmTileConfig& GetGemmConfig(int index);
 
-// Heuristic pick of a configuration for a problem (index into the table).
+// Heuristic pick of a configuration for a problem (index into the table). Contract: every row
+// of the table serves every use of the kernel (groups, counters, the batched reduce-scatter
+// remap, tile-row rotation, any SM budget of at least one cluster), so any index is a valid
+// producer of an overlapped call; only GemmConfigTakesAddends rows take an addend. fo_jax's
+// Python planner chooses with the table measured on the GPU (fo_jax/_gemm_choice.py) and passes
+// the index; this rule serves C++ callers (config -1) and the planner when no table is fitted.
 int SelectGemmConfig(GemmDtype dtype, int m, int n, int k, int batch, int sm_budget);
 
 // Arguments of one launch. A is [batch * m, k] row-major (batch l starts at row l * m), B is

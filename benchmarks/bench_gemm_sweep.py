@@ -1,0 +1,317 @@
+"""GEMM sweep: fo_jax.matmul against XLA's dot on per-GPU shapes of tensor-parallel LLM layers.
+
+Shapes (66, `sweep_shapes()`): x[M, K] @ w[K, N] as one GPU runs it in a Megatron-style
+tensor-parallel transformer layer, built as 11 layer shapes (N, K) x 6 token counts M.
+  Models (hidden / MLP / fused QKV width: 3 x hidden with llama2's multi-head attention,
+  hidden + 2 x 8 KV heads x 128 with llama3's grouped-query attention):
+    llama2-7b 4096 / 11008 / 12288, llama3-8b 4096 / 14336 / 6144, llama2-13b 5120 / 13824 / 15360,
+    llama3-70b 8192 / 28672 / 10240, llama3-405b 16384 / 53248 / 18432.
+  Layers at tensor-parallel degree tp (column-parallel: N split; row-parallel: K split):
+    qkv (N = QKV / tp, K = hidden), attn_out (N = hidden, K = hidden / tp),
+    mlp_up (gate and up fused: N = 2 MLP / tp, K = hidden), mlp_down (N = hidden, K = MLP / tp).
+  The 11 (model, layer, tp) picks span N and K from 512 to 16384 (N or K below 2048 in four of
+  them: 8B attn_out tp8 K = 512, 8B qkv tp4 N = 1536, 13B mlp_down tp8 K = 1728, 70B qkv tp8
+  N = 1280), with partial tiles (N = 5504, 1280, 2304) and the five design shapes among them
+  (70B attn_out tp4 and mlp_down tp4).
+  M = 512, 1024, 2048, 4096, 8192 and 32768 (16384 where N * K >= 8192 * 2048, to bound the
+  run's time): tokens per GPU from one short sequence to a large micro-batch.
+`--quick`: 6 of them. `--shapes MxNxK ...`: your own.
+
+Methods (operands random normal, x scaled by 1/sqrt(K); both in the timed dtype, asserted):
+  xla.dot          jax.jit(jnp.dot) in the input dtype: what users write (XLA's autotuned
+                   cuBLASLt or Triton GEMM, fp32 accumulation, one rounding)
+  fo_jax.matmul    jax.jit(fo_jax.matmul): fo_jax's default choice for the shape ("config" says
+                   which tile configuration, or "xla.dot" where fo_jax hands the shape to XLA)
+  fo_jax.gemm      --configs: fo_jax.matmul with OverlapConfig(gemm_config=NAME), one row per
+                   compiled configuration ("all": every one), so the choice can be fitted from
+                   one run (dev/fit_gemm_table.py)
+  fo_jax.producer  --producer: the overlap's producer, 8 groups and counters, per configuration
+Every fo_jax result is checked against xla.dot first (relative error; a wrong kernel's time is
+not recorded: its row carries "error").
+
+Timing ("ms"): GPU kernel time per call from JAX profiler traces (trace_timing.py): per round
+ONE trace holds --calls back-to-back calls of every method of the shape in both dtypes, blocked
+on per method, the methods in rotated order (_benchcore.rotated); each kernel is attributed to
+its method by the XLA module of its jitted function; the median over --rounds rounds. Kernel
+time holds no host or launch-queue time, so 10-us GEMMs compare fairly with long ones.
+"wall_ms" (xla.dot and fo_jax.matmul only): median of 5 interleaved trials of 20 back-to-back
+calls (_benchcore.time_ms_interleaved), host and queue included.
+Budget: --rounds 3 --calls 8 (after 3 warm-up calls), as benchlib.kernel_ms_interleaved: 3
+traces per shape. The default run (66 shapes, both dtypes, --configs all in bfloat16: 12
+configurations) compiles and checks 66 x 16 functions; one call of every shape sums to ~26
+TFLOP, so ~28 calls per method (check, warm-up, 24 traced) and the wall-clock trials make
+~40 s of GPU time. The rest goes to compilation (XLA autotunes every dot) and tracing: 5-8
+minutes on one H100 expected. Each progress line on stderr says where the time went so far
+(compile, timing, traces) and the time left; the JSON Lines are written shape by shape, so a
+run cut short keeps what it measured.
+
+Output (--out DIR): gemm_sweep_<gpu>_<date>_<commit>.jsonl (rows {"suite": "gemm_sweep",
+"device", "date", "commit", "dtype", "M", "N", "K", "method", "ms", "config", ...}), .md (per
+dtype: xla.dot / fo_jax.matmul per shape and the geomean; with --configs the best measured
+configuration per shape) and .png (ratio vs M) when matplotlib is installed. Progress on stderr.
+
+Usage: python3 benchmarks/bench_gemm_sweep.py [--dtype bfloat16|float16|both] [--quick]
+         [--configs all|NAME ...] [--configs-dtype bfloat16|float16|both] [--producer]
+         [--rounds 3] [--calls 8] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+import gemm_sweep_report  # noqa: E402
+import trace_timing  # noqa: E402
+
+import fo_jax  # noqa: E402
+from fo_jax import _benchcore  # noqa: E402
+
+MODELS = {  # hidden, MLP (intermediate), fused QKV width
+    "llama2-7b": (4096, 11008, 12288),
+    "llama3-8b": (4096, 14336, 6144),
+    "llama2-13b": (5120, 13824, 15360),
+    "llama3-70b": (8192, 28672, 10240),
+    "llama3-405b": (16384, 53248, 18432),
+}
+LAYERS = [  # (model, layer, tp)
+    ("llama3-8b", "attn_out", 8), ("llama3-8b", "qkv", 4), ("llama2-7b", "mlp_up", 4),
+    ("llama2-13b", "mlp_down", 8), ("llama3-70b", "qkv", 8), ("llama3-70b", "attn_out", 4),
+    ("llama3-70b", "mlp_up", 8), ("llama3-70b", "mlp_down", 4), ("llama3-405b", "qkv", 8),
+    ("llama3-405b", "mlp_down", 8), ("llama3-8b", "mlp_down", 2),
+]
+TOKENS = (512, 1024, 2048, 4096, 8192)
+QUICK = ["1024x1280x8192", "512x4096x512", "2048x5120x1728", "2048x8192x7168", "8192x8192x2048",
+         "4096x2304x16384"]
+DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}
+TOLERANCE = {"bfloat16": 2e-2, "float16": 5e-3}  # relative Frobenius error against xla.dot
+
+
+def layer_nk(model: str, layer: str, tp: int) -> tuple:
+    hidden, mlp, qkv = MODELS[model]
+    return {"qkv": (qkv // tp, hidden), "attn_out": (hidden, hidden // tp),
+            "mlp_up": (2 * mlp // tp, hidden), "mlp_down": (hidden, mlp // tp)}[layer]
+
+
+def sweep_shapes() -> list:
+    """[(M, N, K, label)]: the 66 shapes of the module docstring."""
+    out = []
+    for model, layer, tp in LAYERS:
+        n, k = layer_nk(model, layer, tp)
+        largest = 32768 if n * k < 8192 * 2048 else 16384
+        for m in TOKENS + (largest,):
+            out.append((m, n, k, f"{model} {layer} tp{tp}"))
+    return out
+
+
+def parse_shapes(specs: list) -> list:
+    known = {(m, n, k): label for m, n, k, label in sweep_shapes()}
+    out = []
+    for s in specs:
+        m, n, k = _benchcore.parse_shape(s)
+        out.append((m, n, k, known.get((m, n, k), "")))
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# The sweep
+# ------------------------------------------------------------------------------------------
+def operands(m: int, n: int, k: int, dtype, seed: int) -> tuple:
+    """x [m, k] ~ N(0, 1/k) and w [k, n] ~ N(0, 1), drawn on the default device."""
+    kx, kw = jax.random.split(jax.random.key(seed))
+    scale = 1.0 / math.sqrt(k)  # a Python float: weak, keeps the dtype
+    draw = jax.jit(lambda kx, kw: ((jax.random.normal(kx, (m, k), jnp.float32) * scale)
+                                   .astype(dtype),
+                                   jax.random.normal(kw, (k, n), jnp.float32).astype(dtype)))
+    x, w = draw(kx, kw)
+    assert x.dtype == dtype and w.dtype == dtype, (x.dtype, w.dtype)
+    return x, w
+
+
+def chosen_config(fn, x, w, dtype, m: int, n: int, k: int) -> str:
+    """What fo_jax.matmul runs for this shape: "xla.dot" when its program holds no fo_jax GEMM,
+    else the tile configuration of its plan."""
+    from fo_jax import _plan  # noqa: PLC0415
+
+    if "fo_jax_gemm" not in fn.lower(x, w).as_text():
+        return "xla.dot"
+    return _plan.plan_gemm("fo_jax.matmul", dtype, m, n, k, 1, None, 1, 0).config_name
+
+
+def methods_for(dtype, m: int, n: int, k: int, configs: list, producer: bool) -> list:
+    """[(method, config or None, function of (x, w))] for one shape and dtype."""
+    from fo_jax import _cuda_ops, _plan  # noqa: PLC0415
+
+    out = [("xla.dot", None, jnp.dot), ("fo_jax.matmul", None, fo_jax.matmul)]
+    for name in configs:
+        cfg = fo_jax.OverlapConfig(gemm_config=name)
+        out.append(("fo_jax.gemm", name,
+                    lambda x, w, cfg=cfg: fo_jax.matmul(x, w, config=cfg)))
+    if producer:
+        for name in configs or [None]:
+            cfg = fo_jax.OverlapConfig(num_groups=8, gemm_config=name)
+            plan = _plan.plan_gemm("bench_gemm_sweep", dtype, m, n, k, 1, cfg, 8, 0)
+            out.append(("fo_jax.producer", plan.config_name,
+                        lambda x, w, plan=plan: _cuda_ops.signaling_gemm(x, w, plan, 1, True)[0]))
+    return out
+
+
+def prepare(shape: tuple, dtype_name: str, configs: list, producer: bool, first_key: int,
+            times: dict) -> list:
+    """The methods of one shape and dtype, compiled, checked against xla.dot and warmed up:
+    [(key, method, config, jitted function, (x, w), error or None)]; times["compile"] += s."""
+    m, n, k, _ = shape
+    dtype = jnp.dtype(DTYPES[dtype_name])
+    t0 = time.perf_counter()
+    x, w = operands(m, n, k, dtype, seed=m * 7 + n * 3 + k)
+    out, ref = [], None
+    for j, (method, config, f) in enumerate(methods_for(dtype, m, n, k, configs, producer)):
+        key = first_key + j
+        fn = trace_timing.named_jit(f, key)
+        error = None
+        try:
+            y = fn(x, w)
+            assert y.dtype == dtype, f"result dtype {y.dtype}"
+            if ref is None:  # xla.dot comes first
+                ref = y
+            else:
+                err = float(_benchcore.rel_err(y, ref))
+                if not err <= TOLERANCE[dtype_name]:
+                    raise AssertionError(f"relative error {err:.2e} against xla.dot")
+            if method == "fo_jax.matmul":
+                config = chosen_config(fn, x, w, dtype, m, n, k)
+            for _ in range(3):
+                jax.block_until_ready(fn(x, w))
+        except Exception as e:  # noqa: BLE001 (one bad configuration must not end the sweep)
+            error = f"{type(e).__name__}: {e}"[:300]
+            print(f"    {dtype_name} {method} {config or ''}: {error}", file=sys.stderr)
+        out.append((key, method, config, fn, (x, w), error))
+    times["compile"] += time.perf_counter() - t0
+    return out
+
+
+def measure(res: benchlib.Results, shape: tuple, dtypes: list, configs_for: dict, args,
+            timer: trace_timing.TraceTimer, times: dict) -> dict:
+    """Times every method of one shape in every dtype, all in the same traces; adds the rows.
+    {dtype: {method or "fo_jax.gemm[config]": ms, "config": fo_jax.matmul's config}}."""
+    m, n, k, label = shape
+    methods = []
+    for dtype_name in dtypes:
+        methods += [(dtype_name, *entry) for entry in prepare(
+            shape, dtype_name, configs_for[dtype_name], args.producer, len(methods), times)]
+    ok = {key: (fn, xw) for _, key, _, _, fn, xw, error in methods if error is None}
+    t0 = time.perf_counter()
+    gpu = timer(ok)
+    walls = {}
+    for dtype_name in dtypes:
+        mine = {meth: (key, fn, xw) for d, key, meth, _, fn, xw, _ in methods
+                if d == dtype_name and meth in ("xla.dot", "fo_jax.matmul") and key in ok}
+        if len(mine) == 2:
+            xw = mine["xla.dot"][2]
+            walls[dtype_name] = _benchcore.time_ms_interleaved(
+                {meth: fn for meth, (_, fn, _) in mine.items()}, *xw, reps=20, trials=5)
+    times["timing"] += time.perf_counter() - t0
+    flops = 2.0 * m * n * k
+    summary: dict = {d: {} for d in dtypes}
+    for dtype_name, key, method, config, _, _, error in methods:
+        row = dict(dtype=dtype_name, M=m, N=n, K=k, layer=label, method=method, config=config)
+        if key in gpu:
+            ms, kernel = gpu[key]
+            row.update(ms=round(ms, 5), tflops=round(flops / ms / 1e9, 1),
+                       kernel=trace_timing.short_kernel(kernel))
+            if method in walls.get(dtype_name, {}):
+                row["wall_ms"] = round(walls[dtype_name][method], 5)
+            name = f"{method}[{config}]" if method == "fo_jax.gemm" else method
+            summary[dtype_name][name] = ms
+        else:
+            row.update(ms=None, error=error)
+        if method == "fo_jax.matmul":
+            summary[dtype_name]["config"] = config
+        res.add(**row)
+    return summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--dtype", choices=["bfloat16", "float16", "both"], default="both")
+    ap.add_argument("--quick", action="store_true", help="6 shapes instead of 66")
+    ap.add_argument("--shapes", nargs="*", default=None, help="MxNxK ... instead of the sweep")
+    ap.add_argument("--configs", nargs="*", default=[],
+                    help="'all' or names: time these compiled GEMM configurations too")
+    ap.add_argument("--configs-dtype", choices=["bfloat16", "float16", "both"],
+                    default="bfloat16", help="dtypes in which --configs are timed")
+    ap.add_argument("--producer", action="store_true",
+                    help="also time the overlap's producer (8 groups, counters) per config")
+    ap.add_argument("--rounds", type=int, default=3, help="traces per shape (median)")
+    ap.add_argument("--calls", type=int, default=8, help="calls per method in each trace")
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+
+    gpus = benchlib.cuda_gpus_or_exit("bench_gemm_sweep.py")
+    from fo_jax import _plan  # noqa: PLC0415
+
+    compiled = [c["name"] for c in _plan.gemm_configs()]
+    configs = compiled if args.configs == ["all"] else list(args.configs)
+    unknown = sorted(set(configs) - set(compiled))
+    if unknown:
+        sys.exit(f"bench_gemm_sweep.py: unknown --configs {unknown}; compiled: {compiled}")
+    shapes = (parse_shapes(args.shapes) if args.shapes
+              else parse_shapes(QUICK) if args.quick else sweep_shapes())
+    dtypes = ["bfloat16", "float16"] if args.dtype == "both" else [args.dtype]
+    config_dtypes = (["bfloat16", "float16"] if args.configs_dtype == "both"
+                     else [args.configs_dtype])
+
+    info = benchlib.device_info(gpus[:1])
+    info.pop("num_devices", None)
+    info["sms"] = int(getattr(gpus[0], "core_count", 0)) or None  # for the choice's waves
+    res = benchlib.Results({"suite": "gemm_sweep", **info}, echo=False)
+    stem = os.path.join(args.out, gemm_sweep_report.file_stem(res.base) + args.tag)
+    timer = trace_timing.TraceTimer(args.rounds, args.calls)
+    times = {"compile": 0.0, "timing": 0.0}
+    configs_for = {d: configs if d in config_dtypes else [] for d in dtypes}
+    t0 = time.perf_counter()
+    os.makedirs(args.out, exist_ok=True)
+    jsonl = open(stem + ".jsonl", "w")  # written as the rows come: a crash keeps what ran
+    for j, shape in enumerate(shapes):
+        m, n, k, label = shape
+        first = len(res.rows)
+        summary = measure(res, shape, dtypes, configs_for, args, timer, times)
+        jsonl.writelines(json.dumps(r) + "\n" for r in res.rows[first:])
+        jsonl.flush()
+        parts = []
+        for dtype_name, s in summary.items():
+            xla, fo = s.get("xla.dot"), s.get("fo_jax.matmul")
+            part = (f"{dtype_name} xla.dot {xla or float('nan'):.4f} ms, fo_jax.matmul "
+                    f"{fo or float('nan'):.4f} ms ({xla / fo if xla and fo else float('nan'):.3f}x"
+                    f", {s.get('config')})")
+            timed = {key: v for key, v in s.items() if key.startswith("fo_jax.gemm[")}
+            if timed and xla:
+                best = min(timed, key=timed.get)
+                part += f", best {best[len('fo_jax.gemm['):-1]} {xla / timed[best]:.3f}x"
+            parts.append(part)
+        elapsed = time.perf_counter() - t0
+        print(f"[{j + 1}/{len(shapes)}] {m}x{n}x{k} ({label}): " + "; ".join(parts) +
+              f"  [{elapsed:.0f} s: compile {times['compile']:.0f}, timing {times['timing']:.0f}"
+              f" ({timer.traces} traces, {timer.trace_s:.0f} s); ~"
+              f"{elapsed / (j + 1) * (len(shapes) - j - 1):.0f} s left]", file=sys.stderr,
+              flush=True)
+    jsonl.close()
+    md = gemm_sweep_report.markdown(res.rows)
+    res.write_markdown(stem + ".md", md)
+    plot = gemm_sweep_report.plot(res.rows, stem + ".png")
+    print(md)
+    print(f"wrote {stem}.jsonl, {stem}.md" + (f", {plot}" if plot else "") +
+          f" in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

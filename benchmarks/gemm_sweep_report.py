@@ -1,0 +1,167 @@
+"""Report of benchmarks/bench_gemm_sweep.py: markdown tables and a plot from its result rows.
+
+Ratio = ms(xla.dot) / ms(fo_jax method) per (dtype, shape): above 1, fo_jax is faster. Also a
+script: `python3 benchmarks/gemm_sweep_report.py RESULTS.jsonl` rewrites RESULTS.md (and .png).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+from typing import Optional, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fo_jax._benchcore import markdown_table  # noqa: E402
+
+FLOOR = 0.95  # the issue's "no shape below" line
+
+
+def file_stem(base: dict) -> str:
+    """gemm_sweep_<gpu>_<date>_<commit>, e.g. gemm_sweep_h100_2026-11-25_0123abcd."""
+    kind = str(base.get("device", "gpu")).lower()
+    hit = re.search(r"\b([a-z]\d{2,3}[a-z]?)\b", kind)
+    gpu = hit.group(1) if hit else re.sub(r"[^a-z0-9]+", "-", kind).strip("-")
+    return f"gemm_sweep_{gpu}_{base.get('date', 'undated')}_{str(base.get('commit', ''))[:8]}"
+
+
+def geomean(values: Sequence[float]) -> float:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def _shape(r: dict) -> tuple:
+    return r["M"], r["N"], r["K"]
+
+
+def by_shape(rows: Sequence[dict], dtype: str) -> dict:
+    """{(M, N, K): {"label", "xla.dot", "fo_jax.matmul", "config", "gemm": {config: ms}}}."""
+    out: dict = {}
+    for r in rows:
+        if r.get("dtype") != dtype or r.get("ms") is None:
+            continue
+        d = out.setdefault(_shape(r), {"label": r.get("layer", ""), "gemm": {}})
+        if r["method"] == "fo_jax.gemm":
+            d["gemm"][r["config"]] = r["ms"]
+        elif r["method"] in ("xla.dot", "fo_jax.matmul"):
+            d[r["method"]] = r["ms"]
+            if r["method"] == "fo_jax.matmul":
+                d["config"] = r.get("config")
+    return out
+
+
+def ratios(rows: Sequence[dict], dtype: str) -> list:
+    """[(M, N, K, xla.dot / fo_jax.matmul)] of the shapes where both were timed."""
+    return [(*s, d["xla.dot"] / d["fo_jax.matmul"]) for s, d in by_shape(rows, dtype).items()
+            if d.get("xla.dot") and d.get("fo_jax.matmul")]
+
+
+def _summary(values: Sequence[float], what: str) -> str:
+    if not values:
+        return f"{what}: no shape timed.\n"
+    return (f"{what}: geomean **{geomean(values):.3f}x** over {len(values)} shapes, min "
+            f"{min(values):.3f}x, {sum(v < FLOOR for v in values)} under {FLOOR:.2f}x, "
+            f"{sum(v >= 1.0 for v in values)} at or above 1.00x.\n")
+
+
+def markdown(rows: Sequence[dict]) -> str:
+    """Per dtype: xla.dot against fo_jax.matmul per shape; with per-config rows also the best
+    measured configuration per shape (what a perfect choice would give)."""
+    if not rows:
+        return "No rows.\n"
+    base = rows[0]
+    out = [f"GEMM sweep: {base.get('device')}, {base.get('date')}, commit {base.get('commit')}. "
+           "GPU kernel time per call (JAX profiler, median of interleaved rounds); ratio = "
+           "xla.dot / fo_jax (above 1: fo_jax faster).\n"]
+    for dtype in sorted({r["dtype"] for r in rows}):
+        shapes = by_shape(rows, dtype)
+        table, best_vals, main_vals = [], [], []
+        has_gemm = any(d["gemm"] for d in shapes.values())
+        for (m, n, k), d in sorted(shapes.items()):
+            xla, fo = d.get("xla.dot"), d.get("fo_jax.matmul")
+            ratio = xla / fo if xla and fo else None
+            if ratio:
+                main_vals.append(ratio)
+            line = [f"{m}x{n}x{k}", d["label"], d.get("config") or "-",
+                    f"{xla:.4f}" if xla else "-", f"{fo:.4f}" if fo else "-",
+                    f"{ratio:.3f}" if ratio else "-"]
+            if has_gemm:
+                if d["gemm"] and xla:
+                    name = min(d["gemm"], key=d["gemm"].get)
+                    best = xla / d["gemm"][name]
+                    best_vals.append(max(best, 1.0))
+                    line += [name, f"{best:.3f}"]
+                else:
+                    line += ["-", "-"]
+            table.append(line)
+        header = ["M x N x K", "layer", "config", "xla.dot ms", "fo_jax.matmul ms",
+                  "xla / fo_jax"]
+        if has_gemm:
+            header += ["best measured config", "xla / best"]
+        out.append(f"\n## {dtype}\n\n" + markdown_table(header, table))
+        out.append("\n" + _summary(main_vals, "fo_jax.matmul"))
+        if has_gemm:
+            out.append(_summary(best_vals, "Best measured config per shape, XLA's dot where it "
+                                "is faster (the bound of a perfect choice)"))
+            wins: dict = {}
+            for d in shapes.values():
+                if d["gemm"]:
+                    name = min(d["gemm"], key=d["gemm"].get)
+                    wins[name] = wins.get(name, 0) + 1
+            out.append("Fastest config per shape (count): " + ", ".join(
+                f"{n} {c}" for n, c in sorted(wins.items(), key=lambda x: -x[1])) + ".\n")
+    errors = [r for r in rows if r.get("error")]
+    if errors:
+        out.append("\n## Errors\n\n" + markdown_table(
+            ["dtype", "M x N x K", "method", "config", "error"],
+            [[r["dtype"], "x".join(str(v) for v in _shape(r)), r["method"], r.get("config"),
+              r["error"][:160].replace("|", "/")] for r in errors]))
+    return "".join(out)
+
+
+def plot(rows: Sequence[dict], path: str) -> Optional[str]:
+    """Ratio xla.dot / fo_jax.matmul against M (log scale), one series per dtype; None
+    without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for dtype, marker in zip(sorted({r["dtype"] for r in rows}), "os^"):
+        pts = ratios(rows, dtype)
+        if not pts:
+            continue
+        ax.scatter([p[0] for p in pts], [p[3] for p in pts], marker=marker, alpha=0.7,
+                   label=f"{dtype} (geomean {geomean([p[3] for p in pts]):.3f}x)")
+    ax.set_xscale("log", base=2)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(FLOOR, color="r", lw=0.8, ls="--")
+    ax.set_xlabel("M (rows of x per GPU)")
+    ax.set_ylabel("xla.dot time / fo_jax.matmul time")
+    base = rows[0]
+    ax.set_title(f"fo_jax.matmul vs XLA's dot, {base.get('device')}, {base.get('commit')}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main() -> None:
+    path = sys.argv[1]
+    with open(path) as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    stem = path[:-len(".jsonl")] if path.endswith(".jsonl") else path
+    with open(stem + ".md", "w") as fh:
+        fh.write(markdown(rows))
+    plot(rows, stem + ".png")
+    print(f"wrote {stem}.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Which compiled GEMM tile configuration a call runs, and where fo_jax.matmul leaves the GEMM
+to XLA: both decided from a table measured on the GPU (fo_jax/_gemm_table.py, written by
+dev/fit_gemm_table.py from benchmarks/bench_gemm_sweep.py --configs all).
+
+Tile configuration: the persistent kernel runs a grid of min(SMs, cluster tiles) CTAs over
+`units` cluster tiles (cluster_m tile-rows of one batch by one column tile), so it runs
+ceil(units / slots) waves, slots = SMs // cluster_m: a last partial wave costs nearly a whole
+one. Predicted time of a configuration, from its fitted coefficients (a, b, b_avg, g), in us:
+
+    t = a * waves + b * waves * k_tiles + b_avg * (units / slots) * k_tiles + g
+
+k_tiles = ceil(k / tile_k). `a` is a wave's fixed cost (pipeline fill, an exposed epilogue),
+`b` a tile's k-step when every wave is as slow as a full one, `b_avg` the part of the k-step
+that only the average load pays (a partial wave of memory-bound tiles runs faster per tile) and
+`g` the launch; all are >= 0, fitted per configuration and dtype. The configuration with the
+least predicted time wins; within TIE of it, one that can also run the copy-engine ring (a
+kernel with an addend), then the earlier in the compiled table, so near-ties do not move the
+overlap off its ring. The SM budget enters through `slots`, so the same table serves the
+overlap's producer, which leaves SMs to NCCL. Without a fitted table for the dtype the caller
+keeps the kernel library's rule (SelectGemmConfig, csrc/kernels/signaling_gemm.cu).
+
+XLA's dot: `prefer_xla_dot(m, n, k, dtype)` is true where the sweep measured fo_jax's chosen
+configuration slower than XLA's dot around this shape: the measured ratios xla / fo_jax of the
+sweep shapes within RADIUS (Euclidean, in log2 of M, N and K) are averaged (geometric mean,
+nearer shapes weigh more) and compared with the table's XLA_THRESHOLD. Outside every measured
+neighbourhood fo_jax keeps its own GEMM. Only fo_jax.matmul may hand a GEMM to XLA: the
+overlap's producer must be fo_jax's kernel (it signals its tiles).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import jax.numpy as jnp
+
+from fo_jax import _gemm_table
+
+DEFAULT_SMS = 132  # H100 SXM / H200: when no GPU is visible at trace time
+TIE = 0.01  # relative: predictions this close to the fastest count as ties
+RADIUS = 1.0  # log2 units: a measured shape informs queries within a factor ~2 of it
+DTYPE_NAMES = {jnp.dtype(jnp.bfloat16): "bfloat16", jnp.dtype(jnp.float16): "float16"}
+
+
+def device_sms() -> int:
+    """SMs of the first GPU JAX sees, else DEFAULT_SMS."""
+    try:
+        import jax  # noqa: PLC0415
+
+        for d in jax.devices():
+            if d.platform == "gpu":
+                return int(getattr(d, "core_count", 0)) or DEFAULT_SMS
+    except RuntimeError:
+        pass
+    return DEFAULT_SMS
+
+
+def resolve_sms(sm_budget: int, num_sms: int) -> int:
+    """SMs the kernel may use: sm_budget > 0 of them (at most all), 0 all, < 0 all but that
+    many (GemmPlan's convention), at least 1."""
+    if sm_budget > 0:
+        return min(sm_budget, num_sms)
+    return max(1, num_sms + min(sm_budget, 0))
+
+
+def waves(cfg: dict, m: int, n: int, batch: int, sms: int) -> tuple:
+    """(cluster tiles, co-resident cluster slots, waves) of config `cfg` on the problem."""
+    cm = int(cfg["cluster_m"])
+    tiles_m = -(-m // int(cfg["tile_m"]))
+    units = batch * (-(-tiles_m // cm)) * (-(-n // int(cfg["tile_n"])))
+    slots = max(1, sms // cm)
+    return units, slots, -(-units // slots)
+
+
+def features(cfg: dict, m: int, n: int, k: int, batch: int, sms: int) -> tuple:
+    """The model's features (waves, waves * k_tiles, units / slots * k_tiles, 1): the time is
+    their dot product with the configuration's coefficients (dev/fit_gemm_table.py fits them
+    on exactly these)."""
+    units, slots, w = waves(cfg, m, n, batch, sms)
+    k_tiles = -(-k // int(cfg["tile_k"]))
+    return (float(w), float(w * k_tiles), units / slots * k_tiles, 1.0)
+
+
+def _dtype_name(dtype) -> str:
+    return DTYPE_NAMES.get(jnp.dtype(dtype), str(jnp.dtype(dtype)))
+
+
+def _params(dtype_name: str) -> dict:
+    """{config name: coefficients} for the dtype; float16 borrows bfloat16's when it has none
+    (the same kernels, the same tensor-core rate)."""
+    model = _gemm_table.MODEL
+    return model.get(dtype_name) or model.get("bfloat16", {})
+
+
+def predicted_us(cfg: dict, coef: Sequence[float], m: int, n: int, k: int, batch: int,
+                 sms: int) -> float:
+    return sum(c * f for c, f in zip(coef, features(cfg, m, n, k, batch, sms)))
+
+
+def choose(configs: Sequence[dict], params: dict, m: int, n: int, k: int, batch: int,
+           sms: int, require_addends: bool = False) -> Optional[int]:
+    """Index into `configs` of the configuration with the least predicted time under `params`
+    ({name: coefficients}; configurations without any are skipped), ties as the module
+    docstring says; None if no configuration qualifies."""
+    times = {}
+    for i, cfg in enumerate(configs):
+        coef = params.get(cfg["name"])
+        if coef is None or (require_addends and not cfg.get("takes_addends")):
+            continue
+        times[i] = predicted_us(cfg, coef, m, n, k, batch, sms)
+    if not times:
+        return None
+    fastest = min(times.values())
+    near = [i for i, t in times.items() if t <= fastest * (1.0 + TIE)]
+    return min(near, key=lambda i: (not configs[i].get("takes_addends"), i))
+
+
+def select_gemm_config(dtype, m: int, n: int, k: int, batch: int, sm_budget: int,
+                       configs: Sequence[dict], num_sms: Optional[int] = None,
+                       require_addends: bool = False) -> Optional[int]:
+    """Index (into `configs`, the compiled table) of the configuration predicted fastest for
+    x[batch * m, k] @ w[k, n] on sm_budget SMs (GemmPlan's convention), or None when the table
+    has no fitted configuration for the dtype (the caller then keeps the kernel library's
+    rule). require_addends: only configurations with a kernel that adds a source (the
+    copy-engine ring)."""
+    params = _params(_dtype_name(dtype))
+    if not params:
+        return None
+    sms = resolve_sms(sm_budget, num_sms or device_sms())
+    return choose(configs, params, m, n, k, batch, sms, require_addends)
+
+
+def xla_dot_estimate(m: int, n: int, k: int, dtype) -> Optional[float]:
+    """Estimated ms(xla.dot) / ms(fo_jax.matmul) at this shape from the measured neighbours
+    (module docstring), or None where none was measured within RADIUS."""
+    points = _gemm_table.XLA_POINTS.get(_dtype_name(dtype), ())
+    q = (math.log2(m), math.log2(n), math.log2(k))
+    num = den = 0.0
+    for pm, pn, pk, ratio in points:
+        d = math.dist(q, (math.log2(pm), math.log2(pn), math.log2(pk)))
+        if d <= RADIUS:
+            weight = 1.0 / (d + 0.25)
+            num += weight * math.log(ratio)
+            den += weight
+    return math.exp(num / den) if den else None
+
+
+def prefer_xla_dot(m: int, n: int, k: int, dtype) -> bool:
+    """Whether fo_jax.matmul should run x[m, k] @ w[k, n] as XLA's dot (measured faster here)."""
+    return xla_dot_reason(m, n, k, dtype) is not None
+
+
+def xla_dot_reason(m: int, n: int, k: int, dtype) -> Optional[str]:
+    """Why fo_jax.matmul hands this GEMM to XLA's dot (for describe() and the DEBUG log), or
+    None when fo_jax's own GEMM runs it."""
+    est = xla_dot_estimate(m, n, k, dtype)
+    if est is None or est >= _gemm_table.XLA_THRESHOLD:
+        return None
+    return (f"XLA's dot measured faster around M={m}, N={n}, K={k} ({_dtype_name(dtype)}: "
+            f"fo_jax's GEMM at ~{est:.2f}x of its speed on {_gemm_table.DEVICE})")

@@ -1,0 +1,271 @@
+"""CPU tests of the GEMM choice (fo_jax/_gemm_choice.py) and of its fit (dev/fit_gemm_table.py):
+wave counting, the SM budget, the model's argmin and its ties, the XLA predicate, the fallback
+to the kernel library's rule without a table, and a fit of a synthetic sweep end to end."""
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fo_jax import _gemm_choice, _gemm_table, _plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BF16 = jnp.dtype(jnp.bfloat16)
+F16 = jnp.dtype(jnp.float16)
+
+
+def cfg(name, tm, tn, cm, addends=False, tk=64):
+    return dict(name=name, tile_m=tm, tile_n=tn, tile_k=tk, cluster_m=cm, cluster_n=1,
+                pingpong=True, takes_addends=addends)
+
+
+BIG = cfg("pp_128x192x64_c2", 128, 192, 2, addends=True)
+MID = cfg("pp_128x128x64_c1", 128, 128, 1)
+SMALL = cfg("pp_64x128x64_c2", 64, 128, 2)
+CONFIGS = [MID, BIG, SMALL]
+TWO = [MID, SMALL]
+# Per-wave cost only, proportional to the tile's area: every configuration equally fast per
+# flop, so the choice is decided by wave quantization alone.
+AREA = {c["name"]: (0.0, c["tile_m"] * c["tile_n"] / 1e4, 0.0, 0.0) for c in CONFIGS}
+
+
+@pytest.fixture
+def table(monkeypatch):
+    """Installs a choice table (MODEL, XLA_POINTS, threshold) for the test."""
+    def install(model=None, points=None, threshold=0.98):
+        monkeypatch.setattr(_gemm_table, "MODEL", model or {})
+        monkeypatch.setattr(_gemm_table, "XLA_POINTS", points or {})
+        monkeypatch.setattr(_gemm_table, "XLA_THRESHOLD", threshold)
+        monkeypatch.setattr(_gemm_table, "DEVICE", "test GPU")
+    return install
+
+
+def test_waves_count_cluster_tiles_per_co_resident_cluster():
+    # 1024 rows: 8 tile-rows of 128 -> 4 pairs; 8192 / 192 -> 43 column tiles: 172 units over
+    # 66 cluster slots -> 3 waves, the last partial.
+    assert _gemm_choice.waves(BIG, 1024, 8192, 1, 132) == (172, 66, 3)
+    assert _gemm_choice.waves(MID, 1024, 8192, 1, 132) == (512, 132, 4)
+    # An odd tile-row count rounds up to whole clusters; batches multiply the units.
+    assert _gemm_choice.waves(SMALL, 576, 1024, 1, 132) == (5 * 8, 66, 1)
+    assert _gemm_choice.waves(MID, 512, 1024, 4, 132) == (4 * 4 * 8, 132, 1)
+    f = _gemm_choice.features(MID, 1024, 8192, 2048, 1, 132)
+    assert f == (4.0, 4.0 * 32, 512 / 132 * 32, 1.0)
+
+
+def test_sm_budget_follows_gemmplan_convention():
+    assert _gemm_choice.resolve_sms(0, 132) == 132
+    assert _gemm_choice.resolve_sms(100, 132) == 100
+    assert _gemm_choice.resolve_sms(500, 132) == 132
+    assert _gemm_choice.resolve_sms(-32, 132) == 100  # all but 32 (the NCCL path)
+    assert _gemm_choice.resolve_sms(-500, 132) == 1
+
+
+def test_choice_minimizes_predicted_time_including_the_last_wave():
+    # 2048 x 1024: MID 16 x 8 = 128 tiles (one wave on 132 SMs), BIG 8 pairs x 6 = 48 units
+    # (one wave of 128x192 tiles: 1.5x MID's tile), SMALL 16 pairs x 8 = 128 units over 66
+    # slots (2 waves of half tiles: MID's time, a tie that the earlier row wins).
+    assert _gemm_choice.choose(CONFIGS, AREA, 2048, 1024, 4096, 1, 132) == 0
+    # 2048 x 1536: MID 192 tiles, 2 waves; SMALL 192 units, 3 waves of half tiles (1.5).
+    assert _gemm_choice.choose(TWO, AREA, 2048, 1536, 4096, 1, 132) == 1
+    # 512 x 1024: MID 32 tiles (one wave, 128x128), SMALL 4 pairs x 8 = 32 units (one wave of
+    # 64x128 tiles, half the time).
+    assert _gemm_choice.choose(CONFIGS, AREA, 512, 1024, 4096, 1, 132) == 2
+    # Configurations without coefficients are skipped; none at all gives None.
+    assert _gemm_choice.choose(CONFIGS, {"pp_128x192x64_c2": (0, 1, 0, 0)}, 512, 1024, 64, 1,
+                               132) == 1
+    assert _gemm_choice.choose(CONFIGS, {}, 512, 1024, 64, 1, 132) is None
+    assert _gemm_choice.choose(CONFIGS, AREA, 512, 1024, 4096, 1, 132,
+                               require_addends=True) == 1
+
+
+def test_sm_budget_changes_the_wave_count_and_the_choice():
+    # 2048 x 1024 on all 132 SMs: MID's 128 tiles fit one wave (see above). With 100 SMs
+    # (32 left to NCCL) MID needs 2 waves; SMALL's 128 units over 50 slots need 3 waves of half
+    # tiles (1.5 MID tiles): SMALL wins.
+    assert _gemm_choice.choose(TWO, AREA, 2048, 1024, 4096, 1, 132) == 0
+    assert _gemm_choice.choose(TWO, AREA, 2048, 1024, 4096, 1, 100) == 1
+
+
+def test_ties_keep_the_ring_capable_config_then_the_table_order():
+    same = {c["name"]: (0.0, 0.0, 0.0, 10.0) for c in CONFIGS}  # every prediction 10 us
+    assert _gemm_choice.choose(CONFIGS, same, 4096, 8192, 2048, 1, 132) == 1  # BIG: addends
+    no_ring = [MID, SMALL]
+    assert _gemm_choice.choose(no_ring, same, 4096, 8192, 2048, 1, 132) == 0
+    # Within TIE (1%) a tie; beyond it the faster one wins.
+    close = dict(same, pp_128x128x64_c1=(0.0, 0.0, 0.0, 9.95))
+    assert _gemm_choice.choose(CONFIGS, close, 4096, 8192, 2048, 1, 132) == 1
+    far = dict(same, pp_128x128x64_c1=(0.0, 0.0, 0.0, 9.0))
+    assert _gemm_choice.choose(CONFIGS, far, 4096, 8192, 2048, 1, 132) == 0
+
+
+def test_select_uses_the_dtype_table_and_float16_borrows_bfloat16(table):
+    table()
+    assert _gemm_choice.select_gemm_config(BF16, 512, 1024, 4096, 1, 0, CONFIGS, 132) is None
+    table(model={"bfloat16": AREA})
+    assert _gemm_choice.select_gemm_config(BF16, 512, 1024, 4096, 1, 0, CONFIGS, 132) == 2
+    assert _gemm_choice.select_gemm_config(F16, 512, 1024, 4096, 1, 0, CONFIGS, 132) == 2
+    only_mid = {"pp_128x128x64_c1": (0.0, 1.0, 0.0, 0.0)}
+    table(model={"bfloat16": AREA, "float16": only_mid})
+    assert _gemm_choice.select_gemm_config(F16, 512, 1024, 4096, 1, 0, CONFIGS, 132) == 0
+    # A negative budget is all SMs but that many (see the budget test).
+    assert _gemm_choice.select_gemm_config(BF16, 2048, 1024, 4096, 1, 0, TWO, 132) == 0
+    assert _gemm_choice.select_gemm_config(BF16, 2048, 1024, 4096, 1, -32, TWO, 132) == 1
+
+
+def test_prefer_xla_dot_from_measured_neighbours(table):
+    table()
+    assert not _gemm_choice.prefer_xla_dot(1024, 1280, 8192, BF16)  # nothing measured
+    pts = {"bfloat16": ((1024, 1280, 8192, 0.80), (2048, 1280, 8192, 0.90),
+                        (8192, 8192, 2048, 1.05))}
+    table(points=pts)
+    assert _gemm_choice.prefer_xla_dot(1024, 1280, 8192, BF16)
+    est = _gemm_choice.xla_dot_estimate(1024, 1280, 8192, BF16)
+    assert 0.80 < est < 0.90  # the exact point weighs most
+    reason = _gemm_choice.xla_dot_reason(1024, 1280, 8192, BF16)
+    assert "XLA's dot measured faster" in reason and "test GPU" in reason
+    assert not _gemm_choice.prefer_xla_dot(8192, 8192, 2048, BF16)  # fo_jax faster there
+    assert not _gemm_choice.prefer_xla_dot(1024, 8192, 8192, BF16)  # no neighbour in reach
+    assert not _gemm_choice.prefer_xla_dot(1024, 1280, 8192, F16)  # no float16 points
+    table(points=pts, threshold=0.5)
+    assert not _gemm_choice.prefer_xla_dot(1024, 1280, 8192, BF16)
+
+
+class FakeModule:
+    def __init__(self, configs):
+        self.configs = configs
+        self.rule_calls = []
+
+    def gemm_configs(self):
+        return [dict(c, index=i) for i, c in enumerate(self.configs)]
+
+    def select_gemm_config(self, dtype, m, n, k, batch, sm_budget):
+        self.rule_calls.append((dtype, m, n, k, batch, sm_budget))
+        return 0
+
+    def max_gemm_groups(self):
+        return 64
+
+
+def test_plan_takes_the_fitted_choice_else_the_kernel_rule(table, monkeypatch):
+    from fo_jax import _cuda
+
+    module = FakeModule(CONFIGS)
+    monkeypatch.setattr(_cuda, "module", lambda: module)
+    monkeypatch.setattr(_gemm_choice, "device_sms", lambda: 132)
+    _plan.gemm_configs.cache_clear()
+    try:
+        table()
+        plan = _plan.plan_gemm("f", BF16, 512, 1024, 4096, 1, None, 1, -32)
+        assert plan.config_name == "pp_128x128x64_c1"
+        assert module.rule_calls == [(0, 512, 1024, 4096, 1, 0)]
+        table(model={"bfloat16": AREA})
+        plan = _plan.plan_gemm("f", BF16, 512, 1024, 4096, 1, None, 1, 0)
+        assert plan.config_name == "pp_64x128x64_c2" and plan.group_begin == (0, 8)
+        assert len(module.rule_calls) == 1
+    finally:
+        _plan.gemm_configs.cache_clear()
+
+
+def test_compiled_table_has_the_small_m_configs():
+    spec = importlib.util.spec_from_file_location(
+        "gemm_configs", os.path.join(ROOT, "csrc", "kernels", "gemm_configs.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = {c.name: c for c in mod.CONFIGS}
+    for name in ("pp_64x128x64_c2", "pp_64x192x64_c2", "pp_64x256x64_c2", "coop_128x128x64_c2"):
+        c = rows[name]
+        assert f"{c.tile_m}x{c.tile_n}x{c.tile_k}_c{c.cluster_m}" in name
+        assert c.cluster_n == 1  # the group scheduler clusters along M only
+        assert c.pingpong == name.startswith("pp_")
+
+
+# ------------------------------------------------------------------------------------------
+# dev/fit_gemm_table.py on a synthetic sweep
+# ------------------------------------------------------------------------------------------
+TRUE = {  # coefficients (us) the synthetic sweep is drawn from
+    "pp_128x192x64_c2": (4.0, 0.50, 0.05, 6.0),
+    "pp_128x128x64_c1": (3.0, 0.36, 0.04, 5.0),
+    "pp_64x128x64_c2": (2.5, 0.20, 0.03, 5.0),
+    "coop_256x128x64_c1": (6.0, 0.62, 0.06, 6.0),
+}
+
+
+def _synthetic_sweep(path, configs):
+    rng = np.random.default_rng(0)
+    rows = []
+    base = dict(suite="gemm_sweep", device="Test GPU", date="2026-11-25", commit="abc", sms=132)
+    for m in (512, 1024, 2048, 4096, 8192, 16384):
+        for n, k in ((4096, 512), (1536, 4096), (5120, 1728), (1280, 8192), (8192, 7168),
+                     (16384, 6656)):
+            times = {}
+            for c in configs:
+                if c["name"] in TRUE:
+                    t = _gemm_choice.predicted_us(c, TRUE[c["name"]], m, n, k, 1, 132)
+                    times[c["name"]] = t * (1 + 0.005 * rng.standard_normal()) / 1e3
+            # XLA: as fast as the best configuration, except at small M where it is 20% faster.
+            best = min(times.values())
+            xla = best * (0.8 if m <= 1024 and n * k <= 1536 * 4096 else 1.02)
+            for dtype, scale in (("bfloat16", 1.0), ("float16", 1.01)):
+                rows.append(dict(base, dtype=dtype, M=m, N=n, K=k, method="xla.dot",
+                                 ms=xla * scale, config=None))
+                rows.append(dict(base, dtype=dtype, M=m, N=n, K=k, method="fo_jax.matmul",
+                                 ms=times["pp_128x128x64_c1"] * scale,
+                                 config="pp_128x128x64_c1"))
+            for name, t in times.items():
+                rows.append(dict(base, dtype="bfloat16", M=m, N=n, K=k, method="fo_jax.gemm",
+                                 ms=t, config=name))
+    with open(path, "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def _load_table(path):
+    spec = importlib.util.spec_from_file_location("fitted_table", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fit_recovers_the_choice_of_a_synthetic_sweep(tmp_path, monkeypatch):
+    sys.path.insert(0, os.path.join(ROOT, "dev"))
+    try:
+        import fit_gemm_table
+    finally:
+        sys.path.pop(0)
+    configs = fit_gemm_table.compiled_configs()
+    sweep, out, report = tmp_path / "sweep.jsonl", tmp_path / "table.py", tmp_path / "r.md"
+    _synthetic_sweep(sweep, configs)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "dev", "fit_gemm_table.py"),
+                           str(sweep), "--out", str(out), "--report", str(report)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    fitted = _load_table(out)
+    assert fitted.DEVICE == "Test GPU"
+    assert set(fitted.MODEL) == {"bfloat16"} and set(fitted.MODEL["bfloat16"]) == set(TRUE)
+    assert set(fitted.XLA_POINTS) == {"bfloat16", "float16"}
+    # The fitted model picks what the true one picks on shapes it was not fitted on (within
+    # the noise: allow one near-tie), including under an SM budget.
+    agree = total = 0
+    for m in (768, 1536, 3072, 6144, 12288):
+        for n, k in ((2048, 2048), (3584, 8192), (6144, 4096)):
+            for sms in (132, 100):
+                got = _gemm_choice.choose(configs, fitted.MODEL["bfloat16"], m, n, k, 1, sms)
+                want = _gemm_choice.choose(configs, TRUE, m, n, k, 1, sms)
+                agree += got == want
+                total += 1
+    assert agree >= total - 1, (agree, total)
+    # XLA points: the measured ratio of the chosen configuration; 0.8 at small M and N * K.
+    pts = {p[:3]: p[3] for p in fitted.XLA_POINTS["bfloat16"]}
+    assert math.isclose(pts[(512, 1536, 4096)], 0.8, rel_tol=0.03)
+    assert math.isclose(pts[(8192, 8192, 7168)], 1.02, rel_tol=0.03)
+    monkeypatch.setattr(_gemm_table, "XLA_POINTS", fitted.XLA_POINTS)
+    monkeypatch.setattr(_gemm_table, "XLA_THRESHOLD", fitted.XLA_THRESHOLD)
+    assert _gemm_choice.prefer_xla_dot(512, 1536, 4096, BF16)
+    assert not _gemm_choice.prefer_xla_dot(8192, 8192, 7168, BF16)
+    text = report.read_text()
+    assert "fitted choice" in text and "never chosen here" in text and "geomean" in text
