@@ -62,7 +62,7 @@ int ResolveConfig(const SignalingGemmArgs& args) {
   return SelectGemmConfig(args.dtype, args.m, args.n, args.k, args.batch, args.sm_budget);
 }
 
-// "" or why the consumer arguments (wait_flags set) do not fit config c.
+// "" or why the consumer arguments (wait_flags set) do not fit config cfg.
 std::string ConsumerProblem(const SignalingGemmArgs& args, int cfg) {
   const GemmTileConfig& c = detail::kGemmConfigs[cfg];
   const std::string in_config = std::string(" (config ") + c.name + ")";
