@@ -342,12 +342,14 @@ cudaError_t Check::Setup() {
 
 // On the GEMM stream: stale flags, A and D poisoned, then the consumer. On the copy stream, once
 // A is poisoned: per band in arrival order a delay, its copy from the staging copy, its flag.
-// With host staging nothing on the copy stream needs an SM (the GEMM may hold all of them).
+// With host staging nothing on the copy stream needs an SM (the GEMM may hold all of them). The
+// copy stream's work is enqueued before the GEMM: a memcpy call can wait for a driver lock that
+// another thread holds while it waits for this GPU to drain (freeing memory, loading a module),
+// which would never happen with the GEMM waiting for that very copy.
 cudaError_t Check::RunWithWaits() {
-  cudaEvent_t poisoned, gemm_start, gemm_end, last_flag;
+  cudaEvent_t poisoned, gemm_end, last_flag;
   cudaError_t e;
   if ((e = r_.NewEvent(&poisoned)) != cudaSuccess ||
-      (e = r_.NewEvent(&gemm_start)) != cudaSuccess ||
       (e = r_.NewEvent(&gemm_end)) != cudaSuccess ||
       (e = r_.NewEvent(&last_flag)) != cudaSuccess) {
     return CudaFail(e, "creating events");
@@ -358,19 +360,10 @@ cudaError_t Check::RunWithWaits() {
       (e = cudaMemsetAsync(r_.a, kPoisonByte, a_elems_ * el, r_.gemm)) != cudaSuccess ||
       (e = cudaMemsetAsync(r_.d, kPoisonByte, d_elems_ * el, r_.gemm)) != cudaSuccess ||
       (e = cudaEventRecord(poisoned, r_.gemm)) != cudaSuccess ||
-      (e = cudaStreamWaitEvent(r_.copy, poisoned, 0)) != cudaSuccess ||
-      (e = cudaEventRecord(gemm_start, r_.gemm)) != cudaSuccess) {
+      (e = cudaStreamWaitEvent(r_.copy, poisoned, 0)) != cudaSuccess) {
     return CudaFail(e, "preparing the run with waits");
   }
   std::string msg;
-  r_.release_words = set_words_;
-  r_.num_flags = o_.bands;
-  if ((e = LaunchSignalingGemm(r_.gemm, consumer_, &msg)) != cudaSuccess) {
-    return Fail(e, "consumer GEMM: " + msg);
-  }
-  if ((e = cudaEventRecord(gemm_end, r_.gemm)) != cudaSuccess) {
-    return CudaFail(e, "recording the GEMM's end");
-  }
   const uint16_t* staging = o_.staging == "host" ? r_.staging_host : r_.staging_dev;
   for (const int band : result_->arrival_order) {
     if (o_.delay_us > 0 &&
@@ -387,6 +380,14 @@ cudaError_t Check::RunWithWaits() {
   if ((e = cudaEventRecord(last_flag, r_.copy)) != cudaSuccess) {
     return CudaFail(e, "recording the last flag");
   }
+  r_.release_words = set_words_;
+  r_.num_flags = o_.bands;
+  if ((e = LaunchSignalingGemm(r_.gemm, consumer_, &msg)) != cudaSuccess) {
+    return Fail(e, "consumer GEMM: " + msg);
+  }
+  if ((e = cudaEventRecord(gemm_end, r_.gemm)) != cudaSuccess) {
+    return CudaFail(e, "recording the GEMM's end");
+  }
 
   if ((e = WaitForGemm(gemm_end)) != cudaSuccess) return e;
   r_.release_words = nullptr;
@@ -395,7 +396,7 @@ cudaError_t Check::RunWithWaits() {
     return CudaFail(e, "the copy stream");
   }
   float ms = 0;
-  if ((e = cudaEventElapsedTime(&ms, gemm_start, gemm_end)) != cudaSuccess) {
+  if ((e = cudaEventElapsedTime(&ms, poisoned, gemm_end)) != cudaSuccess) {
     return CudaFail(e, "timing the run with waits");
   }
   result_->wait_run_us = 1e3 * ms;

@@ -58,8 +58,12 @@ struct ConsumerGemmCheckResult {
   // expected tile count after the run with waits, else which did not.
   std::string counter_problem;
   bool timed_out = false;        // the run with waits did not end in timeout_s (flags released)
-  double wait_run_us = 0;        // that run's GEMM, start to end event
-  double end_after_last_flag_us = 0;  // its end minus the last flag write (> 0: it waited)
+  // That run: from the moment the copies may start (A poisoned) to the GEMM's end, at least
+  // bands * delay_us when the GEMM waited for every band; and the GEMM's end minus the last
+  // flag's write (positive: it ended after the last band landed; a few microseconds' skew
+  // between the two streams' events on tiny shapes).
+  double wait_run_us = 0;
+  double end_after_last_flag_us = 0;
   // timing_iters > 0: median GPU time per launch (CUDA events around each launch, launches
   // interleaved), flags all preset: the consumer kernel, and the plain kernel with the same
   // groups and the same visit order (rotated). Their ratio is the cost of the flag checks.
