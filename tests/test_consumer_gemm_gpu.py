@@ -36,7 +36,8 @@ def _check(**kwargs) -> dict:
 def _assert_exact(r: dict, kwargs: dict) -> None:
     """D of the run with waits is the reference bit for bit, the counters are complete and the
     GEMM ran until after the last band landed (each band's copy follows a delay of its own, so
-    the last lands no sooner than bands * delay_us after the GEMM's launch)."""
+    the last lands no sooner than bands * delay_us after the copies may start: a GEMM that did
+    not wait would end before)."""
     case = (f"{kwargs} on config {r['config']}, visit order {r['visit_order']}, "
             f"arrival order {r['arrival_order']}")
     assert not r["timed_out"], (
