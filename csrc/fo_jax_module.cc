@@ -14,6 +14,7 @@
 
 #include "comm/call_timeline.h"
 #include "comm/comm_registry.h"
+#include "comm/consumer_gemm_check.h"
 #include "comm/peer_transport.h"
 #include "ffi/gemm_ffi.h"
 #include "ffi/overlap_ffi.h"
@@ -157,4 +158,63 @@ NB_MODULE(_fo_jax_cuda, m) {
     ncclGetVersion(&v);
     return v;
   });
+
+  // Tests and benchmarks: the consumer GEMM on one GPU with A's bands arriving while it runs,
+  // against the plain GEMM (comm/consumer_gemm_check.h says what each option and result means).
+  // config: a config name, "" for the consumer heuristic. Bad options raise ValueError.
+  m.def(
+      "consumer_gemm_check",
+      [](int m_local, int n, int k, int bands, const std::string& dtype, const std::string& order,
+         int delay_us, const std::string& config, uint64_t seed, int rank, int groups_per_band,
+         uint32_t flag_value, uint32_t stale_value, const std::string& staging, int sm_budget,
+         int timing_iters, double timeout_s, int device) {
+        fo_jax::ConsumerGemmCheckOptions o;
+        o.m_local = m_local, o.n = n, o.k = k, o.bands = bands;
+        if (dtype != "bfloat16" && dtype != "float16") {
+          throw std::invalid_argument("consumer_gemm_check: dtype must be \"bfloat16\" or "
+                                      "\"float16\", got \"" + dtype + "\"");
+        }
+        o.dtype = dtype == "bfloat16" ? fo_jax::GemmDtype::kBF16 : fo_jax::GemmDtype::kF16;
+        for (int i = 0; !config.empty() && i < fo_jax::NumGemmConfigs(); ++i) {
+          if (config == fo_jax::GetGemmConfig(i).name) o.config = i;
+        }
+        if (!config.empty() && o.config < 0) {
+          throw std::invalid_argument("consumer_gemm_check: no GEMM config named " + config);
+        }
+        o.order = order, o.seed = seed, o.delay_us = delay_us, o.rank = rank;
+        o.groups_per_band = groups_per_band, o.flag_value = flag_value;
+        o.stale_value = stale_value, o.staging = staging, o.sm_budget = sm_budget;
+        o.timing_iters = timing_iters, o.timeout_s = timeout_s, o.device = device;
+        fo_jax::ConsumerGemmCheckResult r;
+        std::string err;
+        cudaError_t e;
+        {
+          nb::gil_scoped_release release;
+          e = fo_jax::RunConsumerGemmCheck(o, &r, &err);
+        }
+        if (e == cudaErrorInvalidValue) throw std::invalid_argument(err);
+        if (e != cudaSuccess) throw std::runtime_error(err);
+        nb::dict d;
+        d["config"] = r.config;
+        d["visit_order"] = r.visit_order;
+        d["arrival_order"] = r.arrival_order;
+        d["mismatches"] = r.mismatches;
+        d["band_mismatches"] = r.band_mismatches;
+        d["first_bad_row"] = r.first_bad_row;
+        d["max_abs_diff"] = r.max_abs_diff;
+        d["reference_nonfinite"] = r.reference_nonfinite;
+        d["counter_problem"] = r.counter_problem;
+        d["timed_out"] = r.timed_out;
+        d["wait_run_us"] = r.wait_run_us;
+        d["end_after_last_flag_us"] = r.end_after_last_flag_us;
+        d["plain_us"] = r.plain_us;
+        d["consumer_us"] = r.consumer_us;
+        return d;
+      },
+      nb::arg("m_local"), nb::arg("n"), nb::arg("k"), nb::arg("bands") = 4,
+      nb::arg("dtype") = "bfloat16", nb::arg("order") = "forward", nb::arg("delay_us") = 0,
+      nb::arg("config") = "", nb::arg("seed") = 0, nb::arg("rank") = 0,
+      nb::arg("groups_per_band") = 1, nb::arg("flag_value") = 1, nb::arg("stale_value") = 0,
+      nb::arg("staging") = "host", nb::arg("sm_budget") = 0, nb::arg("timing_iters") = 0,
+      nb::arg("timeout_s") = 60.0, nb::arg("device") = 0);
 }

@@ -1,10 +1,12 @@
 // Tile scheduler of the signaling GEMM: a static persistent scheduler (CUTLASS sm90 scheduler
 // interface) that hands out output tiles group by group, plus the TileSchedulerSelector
-// specialization that makes CUTLASS's GemmUniversal use it for GroupSchedulerTag.
+// specializations that make CUTLASS's GemmUniversal use it for GroupSchedulerTag (groups in table
+// order) and OrderedGroupSchedulerTag (groups in a host-given order: the consumer GEMM).
 // Included by signaling_gemm_kernel.cuh only.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -42,10 +44,20 @@ struct GroupTable {
   int unit_start[kMaxGemmGroups + 1] = {};
 };
 
-struct GroupSchedulerTag {};
+// The consumer GEMM's table: groups are visited in the order group_order[0 .. G-1] (position p
+// runs group group_order[p]; unit_start is indexed by position), so that the bands of A are
+// visited in the order they arrive while every group keeps its physical tile-rows.
+struct OrderedGroupTable : GroupTable {
+  int group_order[kMaxGemmGroups] = {};
+};
 
-template <int kClusterM>
+struct GroupSchedulerTag {};
+struct OrderedGroupSchedulerTag {};
+
+template <int kClusterM, bool kOrdered = false>
 class GroupOrderedScheduler {
+  using Table = std::conditional_t<kOrdered, OrderedGroupTable, GroupTable>;
+
   using Sm90Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
 
  public:
@@ -74,11 +86,11 @@ class GroupOrderedScheduler {
   struct Arguments {
     int max_swizzle_size = 1;  // unused (the kernel's get_grid_shape sets it)
     RasterOrderOptions raster_order = RasterOrderOptions::Heuristic;  // unused
-    GroupTable const* table = nullptr;
+    Table const* table = nullptr;
   };
 
   struct Params {
-    GroupTable table;
+    Table table;
     int32_t log_swizzle_size_ = 0;                // read by the kernel's get_grid_shape only
     RasterOrder raster_order_ = RasterOrder::AlongN;  // idem
   };
@@ -185,16 +197,17 @@ class GroupOrderedScheduler {
 
  private:
   CUTLASS_DEVICE WorkTileInfo work_for_unit(int u) const {
-    GroupTable const& t = params_->table;
+    Table const& t = params_->table;
     if (u >= t.unit_start[t.num_groups]) return WorkTileInfo::invalid_work_tile();
-    // Largest g with unit_start[g] <= u (skips empty groups).
+    // Largest position with unit_start <= u (skips empty groups).
     int lo = 0, hi = t.num_groups - 1;
     while (lo < hi) {
       int mid = (lo + hi + 1) >> 1;
       if (t.unit_start[mid] <= u) lo = mid; else hi = mid - 1;
     }
-    const int g = lo;
-    const int v = u - t.unit_start[g];
+    int g = lo;
+    if constexpr (kOrdered) g = t.group_order[lo];
+    const int v = u - t.unit_start[lo];
     const int srows = t.sgroup_begin[g + 1] - t.sgroup_begin[g];
     const int seq_rows = t.batch * srows;
     const int chunk = t.swizzle * t.tiles_n;
@@ -222,12 +235,18 @@ class GroupOrderedScheduler {
 
 }  // namespace fo_jax::detail
 
-// Select our scheduler for GroupSchedulerTag.
+// Select our scheduler for our tags.
 namespace cutlass::gemm::kernel::detail {
 template <class ArchTag, class TileShape, class ClusterShape, uint32_t kStages, class ProblemShapeT>
 struct TileSchedulerSelector<fo_jax::detail::GroupSchedulerTag, ArchTag, TileShape, ClusterShape,
                              kStages, ProblemShapeT> {
   using Scheduler =
       fo_jax::detail::GroupOrderedScheduler<cute::size<0>(ClusterShape{})>;
+};
+template <class ArchTag, class TileShape, class ClusterShape, uint32_t kStages, class ProblemShapeT>
+struct TileSchedulerSelector<fo_jax::detail::OrderedGroupSchedulerTag, ArchTag, TileShape,
+                             ClusterShape, kStages, ProblemShapeT> {
+  using Scheduler =
+      fo_jax::detail::GroupOrderedScheduler<cute::size<0>(ClusterShape{}), true>;
 };
 }  // namespace cutlass::gemm::kernel::detail

@@ -47,6 +47,70 @@ cudaError_t DeviceSms(int device, int* sms) {
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+bool HasConsumer(int config) {
+  return config >= 0 && config < kNumConfigs && detail::kRunGemmConsumer_bf16[config] != nullptr &&
+         detail::kRunGemmConsumer_f16[config] != nullptr;
+}
+
+// The configuration a launch runs: args.config, or the heuristic's pick.
+int ResolveConfig(const SignalingGemmArgs& args) {
+  if (args.config >= 0) return args.config;
+  if (args.wait_flags != nullptr) {
+    return SelectConsumerGemmConfig(args.dtype, args.m, args.n, args.k, args.band_rows,
+                                    args.sm_budget);
+  }
+  return SelectGemmConfig(args.dtype, args.m, args.n, args.k, args.batch, args.sm_budget);
+}
+
+// "" or why the consumer arguments (wait_flags set) do not fit config cfg.
+std::string ConsumerProblem(const SignalingGemmArgs& args, int cfg) {
+  const GemmTileConfig& c = detail::kGemmConfigs[cfg];
+  const std::string in_config = std::string(" (config ") + c.name + ")";
+  if (!HasConsumer(cfg)) {
+    return std::string("config ") + c.name + " has no consumer kernel (wait_flags set); use "
+           "config -1 or one of csrc/kernels/gemm_configs.py's CONSUMER_CONFIGS";
+  }
+  if (args.batch != 1 || args.rotate_tile_rows != 0 || args.rotate_period_tile_rows != 0 ||
+      args.addend != nullptr) {
+    return "a consumer launch (wait_flags set) needs batch 1, no tile-row rotation and no addend "
+           "(band_order sets the visit order)";
+  }
+  const int cluster_rows = c.tile_m * c.cluster_m;
+  if (args.band_rows <= 0 || args.band_rows % cluster_rows != 0 || args.m % args.band_rows != 0) {
+    return "band_rows must be a positive multiple of tile_m * cluster_m = " +
+           std::to_string(cluster_rows) + " dividing m = " + std::to_string(args.m) + " (got " +
+           std::to_string(args.band_rows) + ")" + in_config;
+  }
+  const int num_bands = args.m / args.band_rows;
+  if (num_bands > kMaxGemmBands) {
+    return "m / band_rows = " + std::to_string(num_bands) + " bands, more than " +
+           std::to_string(kMaxGemmBands);
+  }
+  if ((reinterpret_cast<uintptr_t>(args.wait_flags) & 3u) != 0) {
+    return "wait_flags must be 4-byte aligned";
+  }
+  bool seen[kMaxGemmBands] = {};
+  for (int s = 0; s < num_bands; ++s) {
+    const int b = args.band_order[s];
+    if (b < 0 || b >= num_bands || seen[b]) {
+      return "band_order[0.." + std::to_string(num_bands - 1) + "] must be a permutation of "
+             "the bands 0.." + std::to_string(num_bands - 1) + " (entry " + std::to_string(s) +
+             " is " + std::to_string(b) + ")";
+    }
+    seen[b] = true;
+  }
+  const int band_tiles = args.band_rows / c.tile_m;
+  for (int g = 0; g < args.num_groups; ++g) {
+    const int t0 = args.group_begin[g], t1 = args.group_begin[g + 1];
+    if (t1 > t0 && t0 / band_tiles != (t1 - 1) / band_tiles) {
+      return "group " + std::to_string(g) + " (tile-rows " + std::to_string(t0) + ".." +
+             std::to_string(t1 - 1) + ") spans two bands of " + std::to_string(band_tiles) +
+             " tile-rows: every band boundary must be a group boundary" + in_config;
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 int NumGemmConfigs() { return kNumConfigs; }
@@ -55,6 +119,8 @@ bool GemmConfigTakesAddends(int config) {
   return config >= 0 && config < kNumConfigs && detail::kRunGemmSource_bf16[config] != nullptr &&
          detail::kRunGemmSource_f16[config] != nullptr;
 }
+
+bool GemmConfigHasConsumer(int config) { return HasConsumer(config); }
 
 const GemmTileConfig& GetGemmConfig(int index) {
   if (index < 0 || index >= kNumConfigs) index = 0;
@@ -77,11 +143,16 @@ int SelectGemmConfig(GemmDtype dtype, int m, int n, int k, int batch, int sm_bud
   return ConfigIndex("pp_128x128x64_c1");
 }
 
+int SelectConsumerGemmConfig(GemmDtype dtype, int m, int n, int k, int band_rows,
+                             int sm_budget) {
+  const int cfg = SelectGemmConfig(dtype, m, n, k, 1, sm_budget);
+  const GemmTileConfig& c = detail::kGemmConfigs[cfg];
+  const bool fits = band_rows > 0 && band_rows % (c.tile_m * c.cluster_m) == 0;
+  return HasConsumer(cfg) && fits ? cfg : ConfigIndex("pp_128x128x64_c1");
+}
+
 int ExpectedGroupCount(const SignalingGemmArgs& args, int g) {
-  int cfg = args.config >= 0 ? args.config
-                             : SelectGemmConfig(args.dtype, args.m, args.n, args.k, args.batch,
-                                                args.sm_budget);
-  const GemmTileConfig& c = GetGemmConfig(cfg);
+  const GemmTileConfig& c = GetGemmConfig(ResolveConfig(args));
   if (g < 0 || g >= args.num_groups) return 0;
   return args.batch * (args.group_begin[g + 1] - args.group_begin[g]) *
          ((args.n + c.tile_n - 1) / c.tile_n);
@@ -112,9 +183,7 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
     return Fail(error, kBad, "num_groups must be in [1, " + std::to_string(kMaxGemmGroups) + "]");
   }
   if (args.sm_budget < 0) return Fail(error, kBad, "sm_budget must be >= 0");
-  const int cfg = args.config >= 0 ? args.config
-                                   : SelectGemmConfig(args.dtype, args.m, args.n, args.k,
-                                                      args.batch, args.sm_budget);
+  const int cfg = ResolveConfig(args);
   if (cfg >= kNumConfigs) return Fail(error, kBad, "config index out of range");
   const GemmTileConfig& c = detail::kGemmConfigs[cfg];
   const int tiles_m = (args.m + c.tile_m - 1) / c.tile_m;
@@ -166,6 +235,10 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
                   "first tile-row inside the output (not 0)");
     }
   }
+  if (args.wait_flags != nullptr) {
+    const std::string problem = ConsumerProblem(args, cfg);
+    if (!problem.empty()) return Fail(error, kBad, problem);
+  }
   const long long units = static_cast<long long>(args.batch) * tiles_m *
                           ((args.n + c.tile_n - 1) / c.tile_n);
   if (units >= (1LL << 30)) return Fail(error, kBad, "problem has too many tiles");
@@ -179,9 +252,12 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
     return Fail(error, e, std::string("device query: ") + cudaGetErrorString(e));
   }
   const bool bf16 = args.dtype == GemmDtype::kBF16;
-  const detail::RunGemmFn* table =
-      args.addend != nullptr ? (bf16 ? detail::kRunGemmSource_bf16 : detail::kRunGemmSource_f16)
-                           : (bf16 ? detail::kRunGemm_bf16 : detail::kRunGemm_f16);
+  const detail::RunGemmFn* table = bf16 ? detail::kRunGemm_bf16 : detail::kRunGemm_f16;
+  if (args.addend != nullptr) {
+    table = bf16 ? detail::kRunGemmSource_bf16 : detail::kRunGemmSource_f16;
+  } else if (args.wait_flags != nullptr) {
+    table = bf16 ? detail::kRunGemmConsumer_bf16 : detail::kRunGemmConsumer_f16;
+  }
   return table[cfg](run, stream, error);
 }
 
@@ -201,8 +277,9 @@ cudaError_t LoadAllGemmKernels(std::string* error) {
     if (e != cudaSuccess) return e;
     e = detail::kLoadGemm_f16[i](device, error);
     if (e != cudaSuccess) return e;
-    for (const detail::LoadGemmFn load : {detail::kLoadGemmSource_bf16[i],
-                                          detail::kLoadGemmSource_f16[i]}) {
+    for (const detail::LoadGemmFn load :
+         {detail::kLoadGemmSource_bf16[i], detail::kLoadGemmSource_f16[i],
+          detail::kLoadGemmConsumer_bf16[i], detail::kLoadGemmConsumer_f16[i]}) {
       if (load == nullptr) continue;
       e = load(device, error);
       if (e != cudaSuccess) return e;

@@ -1,6 +1,8 @@
 // Signaling GEMM for Hopper (sm90a): D = A @ B with fp32 accumulation, bf16/fp16 in and out.
 // The persistent kernel visits output tiles group by group and, once a tile's output is fully in
 // global memory, adds 1 to counters[group]. A second stream can then consume finished groups.
+// Its consumer variant (SignalingGemmArgs::wait_flags) reads A band by band as the bands arrive
+// from other GPUs: the all-gather feeding the GEMM.
 // This header is the kernels' whole interface: no XLA, no Python, no NCCL.
 #pragma once
 
@@ -15,6 +17,8 @@ enum class GemmDtype : int { kBF16 = 0, kF16 = 1 };
 
 // Most groups one launch accepts (the group table travels in the kernel parameters).
 inline constexpr int kMaxGemmGroups = 64;
+// Most bands of a consumer launch (SignalingGemmArgs::wait_flags): every band holds a group.
+inline constexpr int kMaxGemmBands = kMaxGemmGroups;
 
 // One compiled tile configuration (rows of csrc/kernels/gemm_configs.py).
 struct GemmTileConfig {
@@ -27,6 +31,8 @@ struct GemmTileConfig {
 int NumGemmConfigs();
 // Whether the configuration (index) has a kernel that takes SignalingGemmArgs' addend.
 bool GemmConfigTakesAddends(int config);
+// Whether the configuration (index) has a consumer kernel (SignalingGemmArgs' wait_flags).
+bool GemmConfigHasConsumer(int config);
 const GemmTileConfig& GetGemmConfig(int index);
 
 // Heuristic pick of a configuration for a problem (index into the table). Contract: every row
@@ -36,6 +42,10 @@ const GemmTileConfig& GetGemmConfig(int index);
 // Python planner chooses with the table measured on the GPU (fo_jax/_gemm_choice.py) and passes
 // the index; this rule serves C++ callers (config -1) and the planner when no table is fitted.
 int SelectGemmConfig(GemmDtype dtype, int m, int n, int k, int batch, int sm_budget);
+// The pick for a consumer launch (SignalingGemmArgs::wait_flags) whose A has bands of band_rows
+// rows: SelectGemmConfig's, unless that config has no consumer kernel or its cluster rows
+// (tile_m * cluster_m) do not divide band_rows; then the consumer config with one 128-row tile.
+int SelectConsumerGemmConfig(GemmDtype dtype, int m, int n, int k, int band_rows, int sm_budget);
 
 // Arguments of one launch. A is [batch * m, k] row-major (batch l starts at row l * m), B is
 // [k, n] row-major and shared by all batches, D is [batch * m, n] row-major.
@@ -117,10 +127,34 @@ struct SignalingGemmArgs {
   // the reduce-scatter's output this way.
   void* tail_out = nullptr;
   int tail_first_tile_row = 0;
+  // Consumer ("all-gather") launch (configs with GemmConfigHasConsumer only; nullptr: none). A is
+  // the gathered input: m / band_rows bands of band_rows rows each, band b being rows
+  // [b * band_rows, (b + 1) * band_rows), which arrive in A from other GPUs at different times.
+  // Band b's rows are read only once wait_flags[b] has reached wait_flag_value: the warp that
+  // issues A's TMA loads waits (acquire at system scope, then the async-proxy fence) before the
+  // first load of a tile of the band, once per band and CTA. A band's flag is written by a
+  // stream memory operation after the band's copy, on this GPU or a peer. Flags are epoch-tagged
+  // and never reset: each call passes the next value, and "reached" is the wrap-safe
+  // (int32_t)(flag - wait_flag_value) >= 0, so a flag left by an earlier call (value - 1,
+  // value - 2, ...: up to 2^31 behind) never passes, across 2^32 too.
+  // Visit order: the bands in band_order[0 .. num_bands-1] (a permutation of the bands, own band
+  // first: it needs no wait), each band's groups in ascending order, tiles within a group as
+  // above. The group table covers all m rows in natural order and every band boundary is a group
+  // boundary; groups, counters and D rows are all physical (D in natural row order). Needs batch
+  // 1, no rotation, no addend, band_rows a multiple of tile_m * cluster_m (a cluster's tile-rows
+  // stay in one band) dividing m; with config -1 a consumer config that fits is picked.
+  // Whatever writes the flags must not need an SM that the waiting kernel holds: copy-engine
+  // copies and stream memory operations need none; a copy kernel or NCCL needs sm_budget to
+  // leave it SMs (a device-to-device copy within one GPU runs as a kernel).
+  const uint32_t* wait_flags = nullptr;  // num_bands words of device memory
+  uint32_t wait_flag_value = 0;
+  int band_rows = 0;
+  int band_order[kMaxGemmBands] = {};
 };
 
-// Tiles whose completion counters[g] counts, for the configuration args.config (resolved with
-// SelectGemmConfig when -1): batch * (group_begin[g+1] - group_begin[g]) * ceil(n / tile_n).
+// Tiles whose completion counters[g] counts, for the configuration args.config (resolved as
+// LaunchSignalingGemm does when -1):
+// batch * (group_begin[g+1] - group_begin[g]) * ceil(n / tile_n).
 int ExpectedGroupCount(const SignalingGemmArgs& args, int g);
 
 // Validates the arguments and enqueues the kernel on `stream`. On failure returns the CUDA

@@ -1,8 +1,9 @@
 // Internal template of the signaling GEMM: a CUTLASS 3.x sm90 warp-specialized persistent kernel
-// (TMA loads, WGMMA, fp32 accumulation) with two pieces of our own: a tile scheduler that visits
-// output tiles group by group (group_tile_scheduler.cuh), and an epilogue (here) that writes each
-// tile to its (possibly permuted) rows of D and then signals counters[group]; plus the host-side
-// launcher. Included only by the generated gemm_*.cu files.
+// (TMA loads, WGMMA, fp32 accumulation) with pieces of our own: a tile scheduler that visits
+// output tiles group by group (group_tile_scheduler.cuh), an epilogue (here) that writes each
+// tile to its (possibly permuted) rows of D and then signals counters[group], and for the
+// consumer kernels a mainloop that waits for A's bands (band_wait_mainloop.cuh); plus the
+// host-side launcher. Included only by the generated gemm_*.cu files.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,6 +22,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/numeric_conversion.h"
 #include "cutlass/pipeline/pipeline.hpp"
+#include "band_wait_mainloop.cuh"
 #include "group_tile_scheduler.cuh"
 #include "signaling_gemm.h"
 #include "signaling_gemm_internal.h"
@@ -466,12 +468,14 @@ class SignalingTmaEpilogue
 };
 
 // ---------------------------------------------------------------------------------------------
-// Kernel type from a config row.
+// Kernel type from a config row. kConsumer: the consumer ("all-gather") kernel, whose mainloop
+// waits for A's bands and whose scheduler visits groups in the host's band order.
 // ---------------------------------------------------------------------------------------------
 template <class Element_, int kTM, int kTN, int kTK, int kCM, int kCN, bool kPingpong,
-          bool kSource = false>
+          bool kSource = false, bool kConsumer = false>
 struct GemmKernelConfig {
   static_assert(kCN == 1, "clusters along N are not supported by the group scheduler");
+  static_assert(!(kSource && kConsumer), "no kernel both adds a source and waits for bands");
   using Element = Element_;
   using TileShape = cute::Shape<cute::Int<kTM>, cute::Int<kTN>, cute::Int<kTK>>;
   using ClusterShape = cute::Shape<cute::Int<kCM>, cute::Int<kCN>, cute::_1>;
@@ -479,16 +483,21 @@ struct GemmKernelConfig {
   using StrideB = cute::Stride<cute::Int<1>, int64_t, cute::Int<0>>;     // w[k,n], shared
   using Epilogue = SignalingTmaEpilogue<Element, TileShape, ClusterShape, kPingpong, kSource>;
   static constexpr bool kHasSource = kSource;
+  static constexpr bool kIsConsumer = kConsumer;
   using Schedule = std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                       cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, StrideA, 8, Element, StrideB,
       8, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       Schedule>::CollectiveOp;
+  using Mainloop =
+      std::conditional_t<kConsumer, BandWaitMainloop<BuiltMainloop>, BuiltMainloop>;
+  using SchedulerTag = std::conditional_t<kConsumer, OrderedGroupSchedulerTag, GroupSchedulerTag>;
+  using Table = std::conditional_t<kConsumer, OrderedGroupTable, GroupTable>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop,
-                                                      Epilogue, GroupSchedulerTag>;
+                                                      Epilogue, SchedulerTag>;
   static constexpr int kTileM = kTM, kTileN = kTN, kClusterM = kCM;
 };
 
@@ -576,7 +585,7 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
 
   const int tiles_m = (a.m + kTM - 1) / kTM;
   const int tiles_n = (a.n + kTN - 1) / kTN;
-  GroupTable table;
+  typename Cfg::Table table;
   table.num_groups = a.num_groups;
   table.tiles_n = tiles_n;
   table.batch = a.batch;
@@ -589,9 +598,27 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   for (int g = 0; g <= a.num_groups; ++g) {
     table.sgroup_begin[g] = (a.group_begin[g] + kCM - 1) / kCM;
   }
-  for (int g = 0; g < a.num_groups; ++g) {
+  // Visit positions: groups in table order, or for a consumer the bands in band_order, each
+  // band's groups in ascending order (the launcher checked that no group spans two bands; an
+  // empty group sits in the band of its first tile-row, or the last band).
+  int order[kMaxGemmGroups];
+  for (int g = 0; g < a.num_groups; ++g) order[g] = g;
+  if constexpr (Cfg::kIsConsumer) {
+    const int band_tiles = a.band_rows / kTM;
+    const int num_bands = a.m / a.band_rows;
+    int pos = 0;
+    for (int s = 0; s < num_bands; ++s) {
+      for (int g = 0; g < a.num_groups; ++g) {
+        const int band = a.group_begin[g] / band_tiles;
+        if ((band < num_bands ? band : num_bands - 1) == a.band_order[s]) order[pos++] = g;
+      }
+    }
+    for (int p = 0; p < a.num_groups; ++p) table.group_order[p] = order[p];
+  }
+  for (int p = 0; p < a.num_groups; ++p) {
+    const int g = order[p];
     const int srows = table.sgroup_begin[g + 1] - table.sgroup_begin[g];
-    table.unit_start[g + 1] = table.unit_start[g] + a.batch * srows * tiles_n;
+    table.unit_start[p + 1] = table.unit_start[p] + a.batch * srows * tiles_n;
   }
 
   EpilogueParams epi;
@@ -630,6 +657,11 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   args.mainloop.dA = cute::make_stride(int64_t(a.k), cute::Int<1>{}, int64_t(a.m) * a.k);
   args.mainloop.ptr_B = reinterpret_cast<Element const*>(a.b);
   args.mainloop.dB = cute::make_stride(cute::Int<1>{}, int64_t(a.n), cute::Int<0>{});
+  if constexpr (Cfg::kIsConsumer) {
+    args.mainloop.band_flags = a.wait_flags;
+    args.mainloop.flag_value = a.wait_flag_value;
+    args.mainloop.band_tiles = a.band_rows / kTM;
+  }
   args.epilogue.inner.ptr_C = nullptr;
   if constexpr (Cfg::kHasSource) {
     args.epilogue.inner.ptr_C = reinterpret_cast<Element const*>(a.addend);
