@@ -73,7 +73,7 @@ import gemm_sweep_report  # noqa: E402
 import trace_timing  # noqa: E402
 
 import fo_jax  # noqa: E402
-from fo_jax import _benchcore  # noqa: E402
+from fo_jax.bench import core as _benchcore  # noqa: E402
 
 MODELS = {  # hidden, MLP (intermediate), fused QKV width
     "llama2-7b": (4096, 11008, 12288),

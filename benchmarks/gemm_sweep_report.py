@@ -14,7 +14,7 @@ import sys
 from typing import Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from fo_jax._benchcore import markdown_table  # noqa: E402
+from fo_jax.bench.core import markdown_table  # noqa: E402
 
 FLOOR = 0.95  # the "no shape below" line
 

@@ -28,7 +28,7 @@ import time
 
 import jax
 
-from fo_jax import _benchcore
+from fo_jax.bench import core as _benchcore
 
 TAG_RE = re.compile(r"jit_trace_f(\d+)")
 WINDOW = "trace_timing_method_"
