@@ -238,6 +238,38 @@ def test_boxed_variables_apply_directly():
                                   np.asarray(jax.jit(f)(nn.unbox(variables), x)))
 
 
+class _ScannedBlocks(nn.Module):
+    """Three residual blocks under nn.scan (stacked parameters, leading logical axis "layers")
+    and one under nn.remat; `tp` picks fo_jax's ParallelMLP or its twin."""
+
+    tp: bool
+
+    @nn.compact
+    def __call__(self, x):
+        mlp = ParallelMLP if self.tp else DenseMLP
+
+        class Body(nn.Module):
+            @nn.compact
+            def __call__(self, c, _):
+                return c + mlp(F, name="mlp")(c), None
+
+        x, _ = nn.scan(Body, variable_axes={"params": 0}, split_rngs={"params": True}, length=3,
+                       metadata_params={nn.PARTITION_NAME: "layers"})(name="scan")(x, None)
+        return x + nn.remat(mlp)(F, name="remat")(x)
+
+
+def test_layers_under_scan_and_remat():
+    mesh, _ = _mesh("tp4")
+    x = jax.random.normal(jax.random.key(13), (B, S, D), jnp.float32)
+    variables, _ = _compare(_ScannedBlocks(tp=True), _ScannedBlocks(tp=False), x, P("tp"),
+                            P("tp"), mesh)
+    specs = partition_specs(variables)["params"]
+    assert specs["scan"]["mlp"]["up"]["kernel"] == P(None, None, "tp")
+    assert specs["remat"]["down"]["kernel"] == P("tp", None)
+    logical = nn.get_partition_spec(variables)["params"]["scan"]["mlp"]["up"]["kernel"]
+    assert logical == P("layers", "embed", "mlp")
+
+
 LAYERS = {
     "row": (lambda: RowParallelDense(D), (B, S, F)),
     "column": (lambda: ColumnParallelDense(F), (B, S, D)),

@@ -46,10 +46,12 @@ class ShardMapLogicallyPartitioned(nn.LogicallyPartitioned):
         del apply_constraint
         return self.value
 
-    def mesh_partition_spec(self) -> PartitionSpec:
+    def mesh_partition_spec(self, fn: str = "fo_jax.flax",
+                            what: str = "this parameter") -> PartitionSpec:
         """The mesh PartitionSpec this parameter has in the layer's layout, checked against the
-        active logical axis rules."""
-        return _logical.mesh_spec("fo_jax.flax", "this parameter", self.names, self.rules or ())
+        active logical axis rules (`fn` and `what` name the caller and the parameter in
+        errors)."""
+        return _logical.mesh_spec(fn, what, self.names, self.rules or ())
 
     def get_sharding(self, mesh: Mesh) -> jax.sharding.Sharding:
         return NamedSharding(mesh, self.mesh_partition_spec())
@@ -75,10 +77,10 @@ def with_logical_partitioning(fn: Callable[..., Any], names: tuple,
     return wrapper
 
 
-def leaf_spec(x: Any) -> PartitionSpec:
+def leaf_spec(x: Any, fn: str = "fo_jax.flax", what: str = "this parameter") -> PartitionSpec:
     """Mesh PartitionSpec of one variable (box or plain array) under the active rules."""
     if isinstance(x, ShardMapLogicallyPartitioned):
-        return x.mesh_partition_spec()
+        return x.mesh_partition_spec(fn, what)
     if isinstance(x, nn.LogicallyPartitioned):
         return nn.logical_to_mesh_axes(x.names, x.rules)
     if isinstance(x, meta.Partitioned):
@@ -99,6 +101,10 @@ def partition_specs(variables: Any, rules: Any = None) -> Any:
     active `nn.logical_axis_rules`; ValueError on a mismatch), other logically partitioned
     variables their rules' mapping, `nn.Partitioned` ones their names, the rest P().
     """
+    def spec(path, x):
+        return leaf_spec(x, "fo_jax.flax.partition_specs",
+                         f"parameter {jax.tree_util.keystr(path)}")
+
     with rules_context(rules):
-        return jax.tree.map(leaf_spec, variables,
-                            is_leaf=lambda x: isinstance(x, meta.AxisMetadata))
+        return jax.tree_util.tree_map_with_path(
+            spec, variables, is_leaf=lambda x: isinstance(x, meta.AxisMetadata))

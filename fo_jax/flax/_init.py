@@ -4,8 +4,8 @@ How: the module is initialized inside shard_map with the fo_jax layers' sharded 
 replaced by placeholders, while each layer records the PRNG key its initializer receives (the
 key the unsharded layer would get: same module path, same draw order). Each sharded parameter is
 then drawn by its own initializer on its GLOBAL shape under jit with the parameter's NamedSharding
-as output sharding. With JAX's partitionable threefry (`jax_threefry_partitionable`, on by default
-since jax 0.5) the random bits of an element depend only on the key and the element's global
+as output sharding. With JAX's partitionable threefry (`jax_threefry_partitionable`, JAX's
+default) the random bits of an element depend only on the key and the element's global
 index, so XLA partitions the generator and every device computes only its shard. The
 placeholders are never returned, so XLA drops them.
 """
@@ -152,7 +152,9 @@ def init_sharded(module: nn.Module, mesh: Mesh, rngs: Any, *args: Any,
     words and the drawn bits, each one shard); drawing the whole kernel on every device and
     slicing it, as `module.init` inside shard_map does, needs 1024 MiB + 64 MiB. Only with
     `jax_threefry_partitionable` (JAX's default) does XLA partition the generator; without it
-    each device generates the whole parameter's bits (288 MiB temporaries there).
+    each device generates the whole parameter's bits (288 MiB temporaries there). Layers under
+    lifted transforms that do not carry fo_jax's key collection (`nn.scan`, `nn.vmap`) draw
+    their parameters whole and slice them, like `module.init` inside shard_map (same values).
 
     Values: every fo_jax parameter equals what the unsharded twin (`nn.Dense`, `nn.DenseGeneral`
     with the same names) draws from the same `rngs` on the same platform, whatever

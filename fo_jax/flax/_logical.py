@@ -101,7 +101,8 @@ def mesh_spec(fn: str, what: str, names: Sequence, rules: Rules, context: Sequen
             raise ValueError(
                 f"{fn}: logical axis rules map {where} to mesh axes {got!r}, but this layer holds "
                 f"that dimension whole on every device inside shard_map; map {name!r} to None, "
-                f"or give the layer other logical names for it")
+                f"or rename the layer's logical axes (kernel_axes=..., ParallelMLP: "
+                f"embed_axis=/mlp_axis=)")
         raise ValueError(
             f"{fn}: logical axis rules map {where} to mesh axes {got!r}, but this layer shards "
             f"that dimension over its axis_name={want!r}; map {name!r} to {want!r} "

@@ -44,7 +44,7 @@ def _param(module: nn.Module, fn: str, name: str, init: Initializer, shape: tupl
     axis_name (of `size` devices), None: replicated. `init(key, global_shape, dtype)` draws it
     as the unsharded layer does. Checks the active logical axis rules against the layout."""
     rules = _logical.own_rules(names, sharded_dim, module.axis_name)
-    _logical.mesh_spec(fn, f"parameter {name!r}", names, rules)
+    _logical.mesh_spec(fn, f"parameter {'/'.join((*module.scope.path, name))!r}", names, rules)
 
     def box(f):
         return _boxes.with_logical_partitioning(f, names, rules)
@@ -55,7 +55,10 @@ def _param(module: nn.Module, fn: str, name: str, init: Initializer, shape: tupl
     global_shape[sharded_dim] *= size
     global_shape = tuple(global_shape)
     capture = _init.active_capture()
-    if capture is not None and not module.has_variable("params", name):
+    # Lifted transforms that do not carry the key collection (nn.scan, nn.vmap) keep it
+    # immutable: there the parameter is drawn whole and sliced, as outside init_sharded.
+    if (capture is not None and module.scope.is_mutable_collection(_init.KEYS)
+            and not module.has_variable("params", name)):
         return capture.param(module, name, box, init, shape, global_shape, dtype)
     return module.param(
         name, box(_draw_and_slice(init, sharded_dim, module.axis_name, global_shape)), shape,
