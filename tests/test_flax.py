@@ -32,6 +32,14 @@ HEADS, HEAD_DIM = 8, 4
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
+@pytest.fixture(autouse=True)
+def _on_cpu():
+    """Eager twins and uncommitted inputs on CPU, the platform of the meshes (on GPU machines
+    the default device is a GPU)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 class DenseMLP(nn.Module):
     """The unsharded twin of ParallelMLP (same parameter names and shapes, gathered)."""
 
@@ -239,7 +247,7 @@ def test_boxed_variables_apply_directly():
 
 
 class _ScannedBlocks(nn.Module):
-    """Three residual blocks under nn.scan (stacked parameters, leading logical axis "layers")
+    """Two residual blocks under nn.scan (stacked parameters, leading logical axis "layers")
     and one under nn.remat; `tp` picks fo_jax's ParallelMLP or its twin."""
 
     tp: bool
@@ -253,7 +261,7 @@ class _ScannedBlocks(nn.Module):
             def __call__(self, c, _):
                 return c + mlp(F, name="mlp")(c), None
 
-        x, _ = nn.scan(Body, variable_axes={"params": 0}, split_rngs={"params": True}, length=3,
+        x, _ = nn.scan(Body, variable_axes={"params": 0}, split_rngs={"params": True}, length=2,
                        metadata_params={nn.PARTITION_NAME: "layers"})(name="scan")(x, None)
         return x + nn.remat(mlp)(F, name="remat")(x)
 

@@ -24,6 +24,14 @@ HEADS, HEAD_DIM = 8, 4
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
+@pytest.fixture(autouse=True)
+def _on_cpu():
+    """Eager twins and uncommitted inputs on CPU, the platform of the meshes (on GPU machines
+    the default device is a GPU)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 class TwinMLP(nnx.Module):
     """The unsharded twin of fo_jax.nnx.ParallelMLP (same attributes, draw order and math)."""
 
