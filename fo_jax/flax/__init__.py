@@ -24,9 +24,11 @@ layer's dimension anywhere else (its sharded name to another mesh axis, or a who
 any mesh axis) raise ValueError when the layer runs, and in `partition_specs`/`init_sharded`.
 
 `init_sharded` draws each sharded parameter on its global shape with the parameter's sharding
-as output sharding, so each device computes about one shard (see its docstring for measured
-memory), and the values equal the unsharded twins' (`nn.Dense`, `nn.DenseGeneral`) draws from
-the same key.
+as output sharding, so each device computes only its shard (per-device memory: the shard plus
+the generator's temporaries, a few buffers of the shard's size; see its docstring for measured
+numbers), and the values equal the unsharded twins' (`nn.Dense`, `nn.DenseGeneral`) draws from
+the same key. `init_program` gives the same init as a jitted function, to inspect its compiled
+memory.
 
 Importing this package needs flax; `import fo_jax` does not import it.
 """
@@ -37,7 +39,7 @@ from fo_jax.flax._boxes import (
     partition_specs,
     with_partitioning,
 )
-from fo_jax.flax._init import init_sharded
+from fo_jax.flax._init import init_program, init_sharded
 from fo_jax.flax._logical import logical_rules
 from fo_jax.flax.linen import (
     ColumnParallelDense,
@@ -53,6 +55,7 @@ __all__ = [
     "RowParallelDense",
     "ShardMapLogicallyPartitioned",
     "ShardMapPartitioned",
+    "init_program",
     "init_sharded",
     "logical_rules",
     "partition_specs",

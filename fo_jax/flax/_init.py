@@ -147,20 +147,25 @@ def init_sharded(module: nn.Module, mesh: Mesh, rngs: Any, *args: Any,
 
     Memory: each device computes only its shard of every sharded parameter (plus the generator's
     temporaries, a few buffers the size of one shard) instead of the whole parameter. Measured
-    per-device compiled memory for one [8192, 8192] float32 kernel (256 MiB, 64 MiB shards) on 4
-    CPU devices: this init needs 192 MiB temporaries + 64 MiB output (threefry's two uint32 state
-    words and the drawn bits, each one shard); drawing the whole kernel on every device and
-    slicing it, as `module.init` inside shard_map does, needs 1024 MiB + 64 MiB. Only with
+    per-device compiled memory (`memory_analysis()` of `init_program`) for one [8192, 8192]
+    float32 kernel (256 MiB) on CPU devices: on 4, this init needs 192 MiB temporaries + 64 MiB
+    output (CPU's threefry loop keeps two uint32 state words and the drawn bits, one shard each);
+    on 8, 96 + 32 MiB. Drawing the whole kernel on every device and slicing it, as `module.init`
+    inside shard_map does, needs 1024 MiB + the shard on either. Only with
     `jax_threefry_partitionable` (JAX's default) does XLA partition the generator; without it
-    each device generates the whole parameter's bits (288 MiB temporaries there). Layers under
-    lifted transforms that do not carry fo_jax's key collection (`nn.scan`, `nn.vmap`) draw
-    their parameters whole and slice them, like `module.init` inside shard_map (same values).
+    each device generates the whole parameter's bits (288 MiB temporaries on 4 devices). Layers
+    under lifted transforms that do not carry fo_jax's key collection (`nn.scan`, `nn.vmap`)
+    draw their parameters whole and slice them, like `module.init` inside shard_map (same
+    values).
 
     Values: every fo_jax parameter equals what the unsharded twin (`nn.Dense`, `nn.DenseGeneral`
-    with the same names) draws from the same `rngs` on the same platform, whatever
-    `jax_threefry_partitionable` is (both draw the same global array; the flag changes the draws
-    of both alike). Other variables are created inside shard_map as `module.init` creates them
-    there: per-device draws from the replicated key on local shapes.
+    with the same names) draws from the same `rngs`: both call the same initializer with the
+    same key on the same global shape, so the flag `jax_threefry_partitionable` changes the draws
+    of both alike. Bitwise on CPU (tested for lecun_normal, uniform, orthogonal and bfloat16
+    parameters, flag on and off); across platforms the float transform of the random bits (e.g.
+    erf_inv for normal draws) may round differently, so compare with a twin on the same platform.
+    Other variables are created inside shard_map as `module.init` creates them there:
+    per-device draws from the replicated key on local shapes.
 
     Boxes: the variables keep their boxes (`ShardMapLogicallyPartitioned`: logical names).
     `fo_jax.flax.partition_specs(variables)` gives the shard_map in_specs for `module.apply`,
