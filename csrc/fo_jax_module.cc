@@ -1,8 +1,10 @@
-// The Python extension fo_jax._fo_jax_cuda: hands the FFI handler capsules to Python and answers
-// the few host-side questions the lowering needs (GEMM config table, NCCL unique ids, peer
-// access between GPUs).
-// Python registers the capsules with jax.ffi.register_ffi_target (fo_jax/_cuda.py).
+// The Python extension fo_jax._fo_jax_cuda: hands the FFI handler capsules to Python, binds the
+// plan's enums (their values exist only in C++: comm/overlap_plan.h) and answers the host-side
+// questions the lowering needs (GEMM config table, NCCL unique ids, peer access between GPUs),
+// plus diagnostics and test hooks. Python registers the capsules with
+// jax.ffi.register_ffi_target (fo_jax/_cuda.py).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -14,32 +16,41 @@
 
 #include "comm/call_timeline.h"
 #include "comm/comm_registry.h"
+#include "comm/overlap_plan.h"
 #include "comm/peer_transport.h"
-#include "ffi/gemm_ffi.h"
-#include "ffi/overlap_ffi.h"
-#include "ffi/scale_ffi.h"
+#include "ffi/registrations.h"
 #include "kernels/signaling_gemm.h"
 
 namespace nb = nanobind;
 
-namespace {
-
-template <typename T>
-nb::capsule EncapsulateFfiHandler(T* fn) {
-  return nb::capsule(reinterpret_cast<void*>(fn));
-}
-
-}  // namespace
-
 NB_MODULE(_fo_jax_cuda, m) {
   m.def("registrations", []() {
     nb::dict d;
-    d["fo_jax_scale_ffi"] = EncapsulateFfiHandler(FoJaxScaleFfi);
-    d["fo_jax_gemm_ffi"] = EncapsulateFfiHandler(FoJaxGemmFfi);
-    d["fo_jax_gemm_into_ffi"] = EncapsulateFfiHandler(FoJaxGemmIntoFfi);
-    d["fo_jax_overlapped_matmul_ffi"] = EncapsulateFfiHandler(FoJaxOverlappedMatmulFfi);
+    for (const auto& [name, handler] : fo_jax::FfiHandlers()) d[name.c_str()] = nb::capsule(handler);
     return d;
   });
+  m.def("cpu_registrations", []() {
+    nb::dict d;
+    for (const auto& [name, handler] : fo_jax::CpuFfiHandlers()) {
+      d[name.c_str()] = nb::capsule(handler);
+    }
+    return d;
+  });
+
+  // The plan's enums: Python names a value, C++ owns its number (fo_jax/_cuda_ops.py).
+  nb::enum_<fo_jax::Collective>(m, "Collective")
+      .value("reduce_scatter", fo_jax::Collective::kReduceScatter)
+      .value("all_reduce", fo_jax::Collective::kAllReduce);
+  nb::enum_<fo_jax::Transport>(m, "Transport")
+      .value("nccl", fo_jax::Transport::kNccl)
+      .value("copy_engine", fo_jax::Transport::kCopyEngine);
+  nb::enum_<fo_jax::SumSplit>(m, "SumSplit")
+      .value("one", fo_jax::SumSplit::kOnePass)
+      .value("bands", fo_jax::SumSplit::kByBands)
+      .value("rows", fo_jax::SumSplit::kByRows);
+  nb::enum_<fo_jax::GemmDtype>(m, "GemmDtype")
+      .value("bfloat16", fo_jax::GemmDtype::kBF16)
+      .value("float16", fo_jax::GemmDtype::kF16);
 
   m.def("gemm_configs", []() {
     nb::list configs;
@@ -62,14 +73,18 @@ NB_MODULE(_fo_jax_cuda, m) {
 
   m.def(
       "select_gemm_config",
-      [](int dtype, int m, int n, int k, int batch, int sm_budget) {
-        return fo_jax::SelectGemmConfig(static_cast<fo_jax::GemmDtype>(dtype), m, n, k, batch,
-                                        sm_budget);
+      [](fo_jax::GemmDtype dtype, int m, int n, int k, int batch, int sm_budget) {
+        return fo_jax::SelectGemmConfig(dtype, m, n, k, batch, sm_budget);
       },
       nb::arg("dtype"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("batch"),
       nb::arg("sm_budget"));
 
   m.def("max_gemm_groups", []() { return fo_jax::kMaxGemmGroups; });
+
+  // The NCCL transport's progress watchdog limit (fo_jax/_env.py, FO_JAX_COMM_TIMEOUT_S), set
+  // once when Python loads the module: the module reads no environment variable.
+  m.def("set_comm_timeout_s", [](double seconds) { fo_jax::SetCommTimeoutSeconds(seconds); },
+        nb::arg("seconds"));
 
   m.def("nccl_unique_id", []() {
     ncclUniqueId id;

@@ -157,25 +157,10 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
     if choice.path == "cuda":
         from fo_jax._cuda_ops import overlapped_matmul_cuda  # noqa: PLC0415 (needs the module)
 
-        batch = size if collective == "reduce_scatter" else 1
-        d = _plan.overlap_defaults(collective, x.shape[0], w.shape[1], x.shape[1],
-                                   dtype=dtype, tp=size)
-        if choice.transport == "copy_engine":
-            plan = _transport.copy_engine_plan(collective, dtype, x.shape[0], w.shape[1],
-                                               x.shape[1], size, config)
-        else:
-            plan = _plan.plan_gemm(fn, dtype, m, w.shape[1], x.shape[1], batch, config,
-                                   d["num_groups"], -d["sms_for_nccl"], d.get("group_weights"))
-        max_ctas = d["nccl_max_ctas"]
-        if config is not None and config.nccl_max_ctas is not None:
-            max_ctas = config.nccl_max_ctas
-        log.debug("%s: %s transport, plan %s, groups %s, sm_budget %d, nccl_max_ctas %d, ring %s",
-                  fn, choice.transport, plan.config_name, plan.group_begin, plan.sm_budget,
-                  max_ctas, plan.ring)
-        cuda = functools.partial(overlapped_matmul_cuda, axis_name=axis_name,
-                                 collective=collective, axis_size=size, plan=plan,
-                                 nccl_max_ctas=max_ctas, transport=choice.transport,
-                                 spin_wait=os.environ.get("FO_JAX_SPIN_WAIT", "") == "1")
+        plan = _plan.plan_overlap(fn, collective, size, dtype, x.shape[0], w.shape[1],
+                                  x.shape[1], config, choice.transport)
+        log.debug("%s: plan: %s", fn, plan.describe())
+        cuda = functools.partial(overlapped_matmul_cuda, axis_name=axis_name, plan=plan)
 
         def forward(x, w):
             return jax.lax.platform_dependent(x, w, cuda=cuda, default=ref)
@@ -197,6 +182,6 @@ def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None
         return reference.matmul(x, w)
     from fo_jax._cuda_ops import matmul_cuda  # noqa: PLC0415 (needs the module)
 
-    plan = _plan.plan_gemm(fn, dtype, m, n, k, 1, config, 1, 0)
+    plan = _plan.plan_matmul(fn, dtype, m, n, k, config)
     return jax.lax.platform_dependent(
         x, w, cuda=functools.partial(matmul_cuda, plan=plan), default=reference.matmul)

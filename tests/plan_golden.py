@@ -268,13 +268,14 @@ def _balanced(text: str, start: int) -> str:
 
 
 def fo_jax_custom_calls(text: str) -> list:
-    """[(target, backend_config dict, operand and result types)] of every fo_jax custom call in the lowered module."""
+    """[(target, backend_config dict, operand and result types)] of every fo_jax custom call in
+    the lowered module."""
     found = []
     for mt in re.finditer(r"stablehlo\.custom_call @(fo_jax_\w+)\(", text):
         at = text.index("backend_config = {", mt.end()) + len("backend_config = ")
         attrs = _balanced(text, at)
-        attrs = re.sub(r'unique_ids = dense<"0x[0-9A-F]*"> : tensor<\d+xui8>', 'unique_ids = 0 : i32',
-                       attrs)
+        attrs = re.sub(r'unique_ids = dense<"0x[0-9A-F]*"> : tensor<\d+xui8>',
+                       'unique_ids = 0 : i32', attrs)
         line_end = text.index("\n", at)
         rest = text[text.index("}", at + len(attrs) - 1) + 1:line_end]
         types = rest[rest.index(": (") + 2:].strip() if ": (" in rest else rest.strip()

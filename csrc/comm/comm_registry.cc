@@ -229,16 +229,7 @@ int64_t NowNs() {
       .count();
 }
 
-double TimeoutSeconds() {
-  static const double seconds = [] {
-    const char* v = std::getenv("FO_JAX_COMM_TIMEOUT_S");
-    if (v == nullptr || *v == 0) return 600.0;
-    char* end = nullptr;
-    const double x = std::strtod(v, &end);
-    return end != v && x >= 0 ? x : 600.0;
-  }();
-  return seconds;
-}
+std::atomic<double> g_timeout_s{600.0};  // SetCommTimeoutSeconds
 
 // One pass over every communicator of this process: a call recorded more than `timeout` ago and
 // still running fails its group and aborts it.
@@ -287,7 +278,7 @@ void StopWatchdog() {
 void StartWatchdogOnce() {
   static std::once_flag once;
   std::call_once(once, [] {
-    const double timeout = TimeoutSeconds();
+    const double timeout = g_timeout_s.load();
     if (timeout <= 0) return;
     g_watchdog = new std::thread([timeout] {
       const auto period = std::chrono::milliseconds(timeout < 10 ? 100 : 1000);
@@ -301,6 +292,8 @@ void StartWatchdogOnce() {
 }
 
 }  // namespace
+
+void SetCommTimeoutSeconds(double seconds) { g_timeout_s.store(seconds >= 0 ? seconds : 600.0); }
 
 cudaError_t NoteNcclCall(CommState& s, cudaStream_t stream) {
   const cudaError_t e = cudaEventRecord(s.progress, stream);

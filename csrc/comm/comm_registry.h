@@ -81,9 +81,13 @@ void AbortCommGroup(CommState& state);
 // process that failed or stopped calling leaves this rank's collectives waiting): records
 // state.progress on `stream` at the end of a call; a background thread (started on first use)
 // fails the group and aborts its communicators in this process once a recorded call has not
-// completed for FO_JAX_COMM_TIMEOUT_S seconds (default 600; 0 turns it off). The aborted
+// completed for SetCommTimeoutSeconds seconds (default 600; 0 turns it off). The aborted
 // collectives end, so the waiting call returns (its output undefined) and the next one raises.
 cudaError_t NoteNcclCall(CommState& state, cudaStream_t stream);
+
+// The watchdog's limit, read when it starts (the first NCCL-transport call): Python sets it
+// once, from FO_JAX_COMM_TIMEOUT_S, when it loads the module (fo_jax/_env.py).
+void SetCommTimeoutSeconds(double seconds);
 
 // Fault injection for the tests (NCCL's own detection cannot be provoked on one healthy
 // machine): while `code` (an ncclResult_t) is not ncclSuccess, the communicator of rank `rank`

@@ -1,15 +1,31 @@
 // See gated_collectives.h.
 #include "comm/gated_collectives.h"
 
+#include "comm/gemm_plan.h"
 #include "comm/stream_wait.h"
 
 namespace fo_jax {
 
+std::vector<GroupSpan> CollectiveSpans(const SignalingGemmArgs& args, Collective kind) {
+  std::vector<GroupSpan> spans(args.num_groups);
+  const int64_t n = args.n;
+  for (int g = 0; g < args.num_groups; ++g) {
+    const int64_t r0 = GroupRow(args, g), r1 = GroupRow(args, g + 1);
+    GroupSpan& s = spans[g];
+    s.expected = static_cast<uint32_t>(ExpectedGroupCount(args, g));
+    s.recv_offset = static_cast<size_t>(r0 * n);
+    s.count = static_cast<size_t>((r1 - r0) * n);
+    // Reduce-scatter: group g is rows [batch*r0, batch*r1) of the workspace (batch == nranks).
+    s.send_offset = kind == Collective::kReduceScatter ? static_cast<size_t>(args.batch * r0 * n)
+                                                       : s.recv_offset;
+  }
+  return spans;
+}
+
 cudaError_t EnqueueGatedCollectives(CommState& state, cudaStream_t xla_stream, Collective kind,
                                     ncclDataType_t dtype, const void* send, void* recv,
                                     size_t elem_bytes, const uint32_t* counters,
-                                    const std::vector<GroupSpan>& groups, bool spin_wait,
-                                    std::string* error) {
+                                    const std::vector<GroupSpan>& groups, std::string* error) {
   cudaError_t err = cudaStreamWaitEvent(state.stream, state.inputs_ready, 0);
   if (err != cudaSuccess) {
     *error = "comm stream waiting for XLA's inputs";
@@ -19,7 +35,7 @@ cudaError_t EnqueueGatedCollectives(CommState& state, cudaStream_t xla_stream, C
   char* recv_bytes = static_cast<char*>(recv);
   for (size_t g = 0; g < groups.size(); ++g) {
     const GroupSpan& span = groups[g];
-    err = EnqueueWaitGeq(state.stream, counters + g, span.expected, spin_wait, error);
+    err = EnqueueWaitGeq(state.stream, counters + g, span.expected, error);
     if (err != cudaSuccess) return err;
     if (span.count == 0) continue;
     ncclResult_t r;

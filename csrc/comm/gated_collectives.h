@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "comm/comm_registry.h"
+#include "comm/overlap_plan.h"
+#include "kernels/signaling_gemm.h"
 
 namespace fo_jax {
-
-enum class Collective : int { kReduceScatter = 0, kAllReduce = 1 };
 
 // One group: reduce-scatter sends `count * nranks` elements from send + send_offset and receives
 // `count` at recv + recv_offset; all-reduce reduces `count` elements in place at recv_offset.
@@ -25,13 +25,17 @@ struct GroupSpan {
   uint32_t expected = 0;   // counter value meaning "group done"
 };
 
+// The collective span of every group (docs/design.md, "Layouts"): the reduce-scatter reads the
+// GEMM's group-major workspace and writes the final rows; the all-reduce works in place on the
+// output.
+std::vector<GroupSpan> CollectiveSpans(const SignalingGemmArgs& args, Collective kind);
+
 // Enqueues the gated collectives. Precondition (caller, on `xla_stream`): counters zeroed, then
 // state->inputs_ready recorded, then the producer GEMM launched. Afterwards `xla_stream` waits
 // for the comm stream, so XLA never reuses a buffer NCCL still touches.
 cudaError_t EnqueueGatedCollectives(CommState& state, cudaStream_t xla_stream, Collective kind,
                                     ncclDataType_t dtype, const void* send, void* recv,
                                     size_t elem_bytes, const uint32_t* counters,
-                                    const std::vector<GroupSpan>& groups, bool spin_wait,
-                                    std::string* error);
+                                    const std::vector<GroupSpan>& groups, std::string* error);
 
 }  // namespace fo_jax

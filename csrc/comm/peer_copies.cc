@@ -78,7 +78,7 @@ cudaError_t GatedCopy(CommState& s, const PeerCollectiveArgs& a, int row, int g,
                       int ordinal, int to, char* dst, const char* src, size_t bytes,
                       std::string* error) {
   PeerState& p = *s.peer;
-  cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + g, a.expected[g], false, error);
+  cudaError_t err = EnqueueWaitGeq(p.copy_stream, a.counters + g, a.expected[g], error);
   if (err != cudaSuccess) return err;
   const bool marked = index < kTimelineCopySlots;
   if (marked) RecordTimelineMarkAt(s, row, TimelineMark(kCopyGo0 + index), p.copy_stream);
@@ -174,7 +174,7 @@ cudaError_t SendOutputAddress(uint32_t* const* peer_sync, cudaStream_t stream, v
   return cudaSuccess;
 }
 
-// Where the copy stream's flags are written: on the copy stream itself, or (flag_stream) on the
+// Where the copy stream's flags are written: on the copy stream itself, or (separate) on the
 // flag stream once it has waited for the copies enqueued so far (Fence), so that the copy
 // stream's next copy does not queue behind the flag's write (a write fences the stream's earlier
 // memory operations, stream_wait.h; the event orders the flag stream after the copies).
@@ -203,7 +203,7 @@ struct FlagWriter {
 void ReleaseAfterFailure(CommState& s, const CopyJob& job) {
   PeerState& p = *s.peer;
   const int P = s.nranks, me = s.rank;
-  const bool by_rows = job.a.sum_split == PeerCollectiveArgs::SumSplit::kByRows;
+  const bool by_rows = job.a.sum_split == SumSplit::kByRows;
   std::string ignored;
   auto flag = [&](int h, int j, int to, bool begin) {
     if (!begin && !job.a.ring) {
@@ -277,24 +277,26 @@ cudaError_t EnqueueCopies(CommState& s, const CopyJob& job, std::string* error) 
     err = SendOutputAddress(job.peer_sync, cs, a.out, P, me, e, error);
     if (err != cudaSuccess) return err;
   }
-  // A step's receiver must have finished reading the previous call's slots. Waiting for every
-  // receiver before the first copy (acks_first) would hold the whole chain for the slowest one,
-  // but saves a wait at each step boundary; the first copy rarely starts before they are in.
+  // A step's receiver must have finished reading the previous call's slots. The direct form
+  // waits for every receiver before its first copy: that could hold the whole chain for the
+  // slowest one, but saves a wait at each step boundary, and the first copy rarely starts
+  // before they are in. The ring has one receiver, awaited before its first step.
   auto wait_ack = [&](int to) {
-    return EnqueueWaitGeq(cs, Region(p.sync, kRecvAcked) + to, e - 1, false, error);
+    return EnqueueWaitGeq(cs, Region(p.sync, kRecvAcked) + to, e - 1, error);
   };
-  if (a.acks_first && !a.ring) {
+  if (!a.ring) {
     for (int j = 0; j + 1 < P && err == cudaSuccess; ++j) err = wait_ack((me + 1 + j) % P);
     if (err != cudaSuccess) return err;
     RecordTimelineMarkAt(s, job.row, kCopyAcked, cs);
   }
-  FlagWriter flags{p, a.flag_stream, error}, inline_flags{p, false, error};
+  // The flags of every step but the last go on the flag stream (PeerState::flag_stream).
+  FlagWriter flags{p, true, error}, inline_flags{p, false, error};
   const int last = LastSentChunk(P, H);
-  const bool by_rows = !a.ring && a.sum_split == PeerCollectiveArgs::SumSplit::kByRows;
+  const bool by_rows = !a.ring && a.sum_split == SumSplit::kByRows;
   auto step = [&](int h, int j, int to, bool begin) {
     cudaError_t r = cudaSuccess;
     if (begin) {
-      if (h == 0 && (a.ring ? j == 0 : !a.acks_first)) {  // the ring's one receiver: once
+      if (h == 0 && a.ring && j == 0) {  // the ring's one receiver: once
         r = wait_ack(to);
         if (r == cudaSuccess && j == 0) RecordTimelineMarkAt(s, job.row, kCopyAcked, cs);
       }

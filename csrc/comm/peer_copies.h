@@ -36,9 +36,6 @@ inline size_t ChunkOffset(int P, int h, int b, size_t chunk_bytes) {
   return size_t(h * P + b) * chunk_bytes;
 }
 
-// Logical chunk of the last round's last step: the chunk whose arrival the last sum waits for.
-inline int LastSentChunk(int P, int rounds) { return (rounds - 1) * P + P - 2; }
-
 // Group g's place among the groups (pieces) of that chunk, or -1 if it is not one of them:
 // SumSplit::kByRows flags each piece on landing (Region kLastPieces + piece).
 inline int LastChunkPiece(const PeerCollectiveArgs& a, int P, int g) {

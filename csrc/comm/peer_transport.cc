@@ -25,15 +25,6 @@ struct PeerInfo {
   int32_t device;
 };
 
-// FO_JAX_CE_COPY_THREAD=0 enqueues the copy stream's work on XLA's thread (PeerState).
-bool CopyThreadEnabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("FO_JAX_CE_COPY_THREAD");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return enabled;
-}
-
 std::string CreatePeerState(CommState& s) {
   auto p = std::make_shared<PeerState>();
   int least = 0, greatest = 0;
@@ -64,21 +55,19 @@ std::string CreatePeerState(CommState& s) {
   if (e != cudaSuccess) return CudaMessage("zeroing the copy-engine flags", e);
   std::string err;
   if (LoadBandSumKernels(&err) != cudaSuccess) return err;
-  if (CopyThreadEnabled()) {
-    // At exit, before the CUDA runtime's own teardown (registered earlier, so run later): let
-    // the copy threads finish enqueueing (they may still be sending a last call's acks).
-    static std::once_flag at_exit_once;
-    std::call_once(at_exit_once, [] {
-      std::atexit([] {
-        for (CommState* state : AllCommStatesForDebug()) {
-          if (state->peer && state->peer->copy_thread) {
-            (void)state->peer->copy_thread->DrainFor(std::chrono::seconds(1));
-          }
+  // At exit, before the CUDA runtime's own teardown (registered earlier, so run later): let the
+  // copy threads finish enqueueing (they may still be sending a last call's acks).
+  static std::once_flag at_exit_once;
+  std::call_once(at_exit_once, [] {
+    std::atexit([] {
+      for (CommState* state : AllCommStatesForDebug()) {
+        if (state->peer && state->peer->copy_thread) {
+          (void)state->peer->copy_thread->DrainFor(std::chrono::seconds(1));
         }
-      });
+      }
     });
-    p->copy_thread = std::make_unique<HostWorker>(s.device);
-  }
+  });
+  p->copy_thread = std::make_unique<HostWorker>(s.device);
   s.peer = std::move(p);
   return "";
 }
@@ -88,7 +77,7 @@ cudaError_t WaitForPeers(PeerState& p, cudaStream_t stream, PeerSyncRegion regio
                          uint32_t e, std::string* error) {
   for (int q = 0; q < P; ++q) {
     if (q == me) continue;
-    cudaError_t err = EnqueueWaitGeq(stream, Region(p.sync, region) + q, e, false, error);
+    cudaError_t err = EnqueueWaitGeq(stream, Region(p.sync, region) + q, e, error);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -114,7 +103,7 @@ cudaError_t EnqueueLastRoundSums(CommState& s, cudaStream_t stream, const PeerCo
   const size_t chunk_bytes = chunk_elems * 2;
   const uint32_t* arrived = Region(p.sync, kArrived) + Slot(P, h, 0);
   const uint32_t* own_copies = Region(p.sync, kOwnCopies);
-  using Split = PeerCollectiveArgs::SumSplit;
+  using Split = SumSplit;
   const int L = LastSentChunk(P, a.rounds);
   const int pieces = a.chunk_first_group[L + 1] - a.chunk_first_group[L];
   Split split = a.sum_split;
@@ -237,25 +226,17 @@ std::string PreparePeerTransport(CommState& s, size_t recv_bytes) {
   return "";
 }
 
-std::string SetPeerGroups(PeerCollectiveArgs& a, int P, const int* group_begin, int num_groups,
-                          int tiles_chunk, size_t tile_row_elems) {
-  const int chunks = a.rounds * P;
-  if (tiles_chunk <= 0 || num_groups < chunks || num_groups > kMaxGemmGroups ||
-      group_begin[num_groups] != chunks * tiles_chunk ||
-      size_t(tiles_chunk) * tile_row_elems * a.rounds != a.band_elems) {
-    return "the groups do not cover the rounds x ranks chunks";
-  }
-  int c = 0;  // chunks whose first row starts a group
-  for (int g = 0; g < num_groups; ++g) {
-    if (c < chunks && group_begin[g] == c * tiles_chunk) a.chunk_first_group[c++] = g;
-  }
-  if (c != chunks) return "the groups do not split along the rounds x ranks chunks";
-  a.chunk_first_group[chunks] = num_groups;
-  a.num_groups = num_groups;
-  std::copy(group_begin, group_begin + num_groups + 1, a.group_begin);
-  a.tiles_chunk = tiles_chunk;
+void SetPeerGroups(PeerCollectiveArgs& a, const OverlapPlan& plan, size_t tile_row_elems) {
+  const GemmPlan& g = plan.gemm;
+  const int chunks = plan.rounds * plan.axis_size;
+  a.rounds = plan.rounds;
+  a.ring = plan.ring;
+  a.sum_split = plan.sum_split;
+  for (int c = 0; c <= chunks; ++c) a.chunk_first_group[c] = ChunkFirstGroup(g, plan.tiles_chunk, c);
+  a.num_groups = g.num_groups;
+  std::copy(g.group_begin, g.group_begin + g.num_groups + 1, a.group_begin);
+  a.tiles_chunk = plan.tiles_chunk;
   a.tile_row_elems = tile_row_elems;
-  return "";
 }
 
 std::string PeerAccessProblem(const std::vector<int>& ordinals) {
@@ -274,16 +255,10 @@ std::string PeerAccessProblem(const std::vector<int>& ordinals) {
   return "";
 }
 
-std::string SetGemmRing(CommState& s, const PeerCollectiveArgs& a, int tiles_chunk,
-                        SignalingGemmArgs& gemm) {
-  if (!a.ring) return "";
+void SetGemmRing(CommState& s, const PeerCollectiveArgs& a, int tiles_chunk,
+                 SignalingGemmArgs& gemm) {
+  if (!a.ring) return;
   const int P = s.nranks;
-  if (a.all_reduce || a.rounds != 1) return "the ring is a reduce-scatter of one round";
-  if (!s.peer || s.peer->recv == nullptr) return "the ring's addends before PreparePeerTransport";
-  if (!GemmConfigTakesAddends(gemm.config) || !GetGemmConfig(gemm.config).pingpong) {
-    return std::string("GEMM config ") + GetGemmConfig(gemm.config).name +
-           " has no ping-pong kernel with addends (the ring needs one)";
-  }
   PeerState& p = *s.peer;
   // Receive slot j holds rank r + 1's step j, whose logical rows are this rank's step j + 1
   // rows minus one chunk; its groups are flagged by the sender's group index, which is the
@@ -294,7 +269,6 @@ std::string SetGemmRing(CommState& s, const PeerCollectiveArgs& a, int tiles_chu
   gemm.addend_flag_value = p.epoch + 1;  // EnqueuePeerCollective's ++p.epoch
   gemm.tail_out = a.out;
   gemm.tail_first_tile_row = (P - 1) * tiles_chunk;
-  return "";
 }
 
 std::string EnsurePeerCopyGraphs(CommState& s, const PeerCollectiveArgs& a) {
@@ -306,12 +280,12 @@ std::string EnsurePeerCopyGraphs(CommState& s, const PeerCollectiveArgs& a) {
 
 cudaEvent_t NextPeerInputsEvent(CommState& s) {
   PeerState& p = *s.peer;
-  if (p.copy_thread) p.copy_thread->WaitPending(PeerState::kCallEvents - 1);
+  p.copy_thread->WaitPending(PeerState::kCallEvents - 1);
   return p.inputs_ready[(p.epoch + 1) % PeerState::kCallEvents];
 }
 
 void DrainPeerCopyThread(CommState& s) {
-  if (s.peer && s.peer->copy_thread) s.peer->copy_thread->Drain();
+  if (s.peer) s.peer->copy_thread->Drain();
 }
 
 std::string PeerCopyFailure(CommState& s) {
@@ -322,27 +296,8 @@ std::string PeerCopyFailure(CommState& s) {
 
 cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
                                   const PeerCollectiveArgs& a, std::string* error) {
+  // The plan was validated (overlap_plan.h); this enqueues it.
   const int P = s.nranks, me = s.rank, H = a.rounds;
-  if (P < 2 || P > kMaxPeerRanks) {
-    *error = "copy-engine transport: 2 to " + std::to_string(kMaxPeerRanks) + " ranks";
-    return cudaErrorInvalidValue;
-  }
-  if (H < 1 || H * (P - 1) > kMaxReceiveSlots || H * P > a.num_groups ||
-      a.band_elems % H != 0 || (H > 1 && !a.all_reduce)) {
-    *error = "copy-engine transport: bad number of rounds";
-    return cudaErrorInvalidValue;
-  }
-  const int L = LastSentChunk(P, H);
-  if (a.ring && (a.all_reduce || H != 1)) {
-    *error = "copy-engine transport: the ring is a reduce-scatter of one round";
-    return cudaErrorInvalidValue;
-  }
-  if (a.sum_split == PeerCollectiveArgs::SumSplit::kByRows &&
-      a.chunk_first_group[L + 1] - a.chunk_first_group[L] > kMaxPeerRanks) {
-    *error = "copy-engine transport: sums by rows take at most " +
-             std::to_string(kMaxPeerRanks) + " groups in the last chunk sent";
-    return cudaErrorInvalidValue;
-  }
   const size_t band_bytes = a.band_elems * 2;
   if (!s.peer || s.peer->recv_bytes < (P - 1) * band_bytes) {
     *error = "copy-engine transport used before PreparePeerTransport";
@@ -375,12 +330,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
       if (worker) worker->Signal(epoch);
     }
   } signal_on_exit{p.copy_thread.get(), e};
-  if (p.copy_thread) {
-    p.copy_thread->Push([&s, job] { RunCopyJob(s, job); });
-  } else {
-    err = EnqueueCopies(s, job, error);
-    if (err != cudaSuccess) return err;
-  }
+  p.copy_thread->Push([&s, job] { RunCopyJob(s, job); });
   RecordTimelineHost(s, kHostCopiesEnqueued);
 
   // An all-reduce's sums also store the summed chunk into the same rows of every peer's output.
@@ -407,13 +357,13 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
     for (int h = 0; h + 1 < H; ++h) {
       const int own = h * P + P - 1;  // logical chunk (h, step P - 1)
       for (int g = a.chunk_first_group[own]; g < a.chunk_first_group[own + 1]; ++g) {
-        err = EnqueueWaitGeq(ss, a.counters + g, a.expected[g], false, error);
+        err = EnqueueWaitGeq(ss, a.counters + g, a.expected[g], error);
         if (err != cudaSuccess) return err;
       }
       const void* parts[kMaxPeerRanks];
       parts[0] = ws + chunk(h, me);
       for (int j = 0; j + 1 < P; ++j) {
-        err = EnqueueWaitGeq(ss, arrived + Slot(P, h, j), e, false, error);
+        err = EnqueueWaitGeq(ss, arrived + Slot(P, h, j), e, error);
         if (err != cudaSuccess) return err;
         parts[j + 1] = recv + Slot(P, h, j) * chunk_bytes;
       }
@@ -437,7 +387,7 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   if (a.ring) {
     // The GEMM summed and stored the own band; the call ends once this rank's copies, which
     // read the workspace, are done (their last group lands about when the GEMM ends).
-    err = EnqueueWaitGeq(xla_stream, Region(p.sync, kOwnCopies), e, false, error);
+    err = EnqueueWaitGeq(xla_stream, Region(p.sync, kOwnCopies), e, error);
     if (err != cudaSuccess) return err;
   } else {
     if (a.all_reduce) {
@@ -460,10 +410,6 @@ cudaError_t EnqueuePeerCollective(CommState& s, cudaStream_t xla_stream,
   if (err != cudaSuccess) {
     *error = "recording the band sums' end for the acknowledgements";
     return err;
-  }
-  if (!p.copy_thread) {
-    err = EnqueueAcks(s, job, error);
-    if (err != cudaSuccess) return err;
   }
   if (a.all_reduce) {
     err = TellPeers(job.peer_sync, xla_stream, kStored, P, me, e, error);

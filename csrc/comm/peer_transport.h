@@ -30,8 +30,8 @@
 // the sums and stores of every round but the last run on a second stream during the GEMM.
 //
 // Synchronization uses stream memory operations (no SM), never spin kernels (a spin kernel on the
-// copy stream needs an SM while the band sums that wait for its copies hold them: with
-// FO_JAX_SPIN_WAIT=1 that hung at TP=4, NOTES §19): cuStreamWaitValue32 on the GEMM's
+// copy stream needs an SM while the band sums that wait for its copies hold them: that hung at
+// TP=4, docs/design.md, "Flags and epochs"): cuStreamWaitValue32 on the GEMM's
 // counters and on arrival flags, cuStreamWriteValue32 to a peer's flag after the copy (the write
 // fences the copy: stream_wait.h); the band sums that follow the GEMM wait for their arrival flags
 // inside the kernel instead (band_sum.h), the last of them also for this rank's own copies (a
@@ -65,11 +65,12 @@
 
 #include "comm/comm_registry.h"
 #include "comm/host_worker.h"
+#include "comm/overlap_plan.h"
 #include "kernels/signaling_gemm.h"
 
 namespace fo_jax {
 
-constexpr int kMaxPeerRanks = 16;
+constexpr int kMaxPeerRanks = kMaxCopyEngineRanks;
 
 // Layout of PeerState::sync, in units of kMaxPeerRanks words.
 enum PeerSyncRegion {
@@ -85,23 +86,23 @@ enum PeerSyncRegion {
   kSyncRegions = 15,
 };
 static_assert(4 * kMaxPeerRanks >= kMaxGemmGroups, "kRingArrived holds a flag per group");
-constexpr int kMaxReceiveSlots = 4 * kMaxPeerRanks;  // rounds * (P - 1)
+static_assert(4 * kMaxPeerRanks >= kMaxReceiveSlots, "kArrived holds a flag per receive slot");
 
 // Per communicator (CommState::peer): buffers, flags, the peers' addresses, copy streams.
 struct PeerState {
   cudaStream_t copy_stream = nullptr;  // highest priority
   cudaStream_t sum_stream = nullptr;  // all-reduce rounds before the last (highest priority)
-  // PeerCollectiveArgs::flag_stream: the copy thread writes the arrival flags here, each after
-  // flag_event (recorded on the copy stream after the copies it covers), so that the copy
-  // stream goes straight on to its next copy. One event serves every flag: a stream wait
-  // follows the record it was enqueued after, whatever is recorded later.
+  // The copy thread writes the arrival flags here (but the last step's), each after flag_event
+  // (recorded on the copy stream after the copies it covers), so that the copy stream goes
+  // straight on to its next copy (its step boundary took ~14 us against ~6 between copies of
+  // one step with the flags inline). One event serves every flag: a stream wait follows the
+  // record it was enqueued after, whatever is recorded later.
   cudaStream_t flag_stream = nullptr;
   cudaEvent_t flag_event = nullptr;
   cudaEvent_t sums_done = nullptr;
   // The copy stream's part of a call (copies, flags, acknowledgements: ~20 stream operations)
-  // is enqueued by this thread, so that XLA's thread leaves the handler sooner (NOTES §19);
-  // FO_JAX_CE_COPY_THREAD=0 (read once) enqueues it inline. XLA's stream never waits on the
-  // copy stream's events (the thread records them later); the last band sum waits for the
+  // is enqueued by this thread, so that XLA's thread leaves the handler sooner (about half its
+  // host time). XLA's stream never waits on the copy stream's events (the thread records them later); the last band sum waits for the
   // kOwnCopies flag instead. Events that XLA's stream records for the copy stream are a ring
   // per call (slot epoch % kCallEvents): a slot is re-recorded only once the thread has
   // enqueued the waits on it of the call kCallEvents earlier (the handler waits for that).
@@ -181,7 +182,7 @@ struct PeerCollectiveArgs {
   // the chunks (round h, step j is logical chunk h * P + j, step P - 1 the own chunk): every chunk
   // boundary k * tiles_chunk is a group boundary, and a chunk may be several groups, each copied
   // as soon as its counter is full (the chain of copies then starts, and ends, sooner; each copy
-  // costs the copy engine ~9 us of turnaround: benchmarks/NOTES.md §9). Set by SetPeerGroups.
+  // costs the copy engine ~9 us of turnaround: docs/performance.md). Set by SetPeerGroups.
   const uint32_t* counters = nullptr;
   uint32_t expected[kMaxGemmGroups] = {};
   int num_groups = 0;
@@ -189,22 +190,9 @@ struct PeerCollectiveArgs {
   int chunk_first_group[kMaxGemmGroups + 1] = {};  // first group of each chunk; [chunks] = groups
   int tiles_chunk = 0;
   size_t tile_row_elems = 0;  // tile_m * N
-  // How the last round is summed after the GEMM (the caller decides from a timing model,
-  // fo_jax/_transport.py). kOnePass: every part at once, once the last chunk has landed.
-  // kByBands: the chunks already received first, while the last one is in flight, then
-  // out += last (more memory traffic, but off the critical path when the last copy outlasts the
-  // GEMM). kByRows: one pass of every part per group (piece) of the last chunk, each once its
-  // piece has landed: the traffic of one pass, and after the last copy only its rows remain
-  // (one pass when that chunk is one group).
-  enum class SumSplit { kOnePass = 0, kByBands = 1, kByRows = 2 };
-  SumSplit sum_split = SumSplit::kByBands;
-  // The copy stream's flags written from PeerState::flag_stream instead of between the copies
-  // (the copy stream's step boundary took ~14 us against ~6 between copies of one step:
-  // benchmarks/NOTES.md §18), except the last step's, which nothing follows.
-  bool flag_stream = false;
-  // Wait for every step's receiver to acknowledge the previous call before the first copy,
-  // instead of before each step's copies (one wait fewer at each step boundary).
-  bool acks_first = false;
+  // How the last round is summed after the GEMM (overlap_plan.h; the plan's choice, from a
+  // timing model: fo_jax/_ce_model.py); kByRows is one pass when that chunk is one group.
+  SumSplit sum_split = SumSplit::kOnePass;
   // The ring reduce-scatter (see the top of this file; rounds 1): steps 0 .. P - 2 go to rank
   // r - 1, each group flagged on landing, and the GEMM's epilogue adds the partial sums
   // (SetGemmRing gives it their address, flags and the output); nothing is summed after the
@@ -216,16 +204,13 @@ struct PeerCollectiveArgs {
 // steps 0 .. P - 2, added from logical tile-row tiles_chunk on), its flags to kRingArrived for
 // the call that EnqueuePeerCollective enqueues next (the next epoch: call it right before that
 // GEMM, under the state's lock), and its tail output (the own chunk, the last) to args.out.
-// Needs a reduce-scatter of one round, PreparePeerTransport done and the GEMM config's addend
-// kernel. "" or why not.
-std::string SetGemmRing(CommState& state, const PeerCollectiveArgs& args, int tiles_chunk,
-                        SignalingGemmArgs& gemm);
+// Needs a validated ring plan (overlap_plan.h) and PreparePeerTransport done.
+void SetGemmRing(CommState& state, const PeerCollectiveArgs& args, int tiles_chunk,
+                 SignalingGemmArgs& gemm);
 
-// Sets args' groups from the GEMM's (group_begin[0 .. num_groups]) and its chunk -> first group
-// map; args.rounds and band_elems must be set. "" or why the groups do not refine the rounds x P
-// chunks of tiles_chunk tile rows (tile_row_elems values each).
-std::string SetPeerGroups(PeerCollectiveArgs& args, int P, const int* group_begin, int num_groups,
-                          int tiles_chunk, size_t tile_row_elems);
+// Sets args' program and groups from a validated copy-engine plan (its rounds, ring, sum split
+// and group table, and each chunk's first group); tile_row_elems = tile_m * N.
+void SetPeerGroups(PeerCollectiveArgs& args, const OverlapPlan& plan, size_t tile_row_elems);
 
 // Before the call's GEMM: on first use (and when a larger call arrives) allocates the receive
 // buffer for `recv_bytes` (never freed: cudaFree would synchronize the device) and exchanges
@@ -253,16 +238,15 @@ cudaEvent_t NextPeerInputsEvent(CommState& state);
 // EnsurePeerCopyGraphs for these args, counters zeroed, NextPeerInputsEvent's event recorded,
 // then the GEMM launched with
 // rotate_tile_rows = ((rank + 1) % P) * chunk tile-rows and the groups given to SetPeerGroups.
-// Enqueues (or has the copy thread enqueue) the copies and the acknowledgements on the copy
-// stream, the band sums (with the stores of an all-reduce) on `xla_stream` (the rounds before
+// Has the copy thread enqueue the copies and the acknowledgements on the copy stream, the band sums (with the stores of an all-reduce) on `xla_stream` (the rounds before
 // the last on the sum stream; none for the ring); the last sum (the ring: XLA's stream) also
 // waits for this rank's own copies (they read the workspace), and an all-reduce's end for the
 // peers' stores.
 cudaError_t EnqueuePeerCollective(CommState& state, cudaStream_t xla_stream,
                                   const PeerCollectiveArgs& args, std::string* error);
 
-// Waits until the copy thread has enqueued every call handed to it (none without the thread).
-// Under state.mu (so that no call hands it more).
+// Waits until the copy thread has enqueued every call handed to it. Under state.mu (so that no
+// call hands it more).
 void DrainPeerCopyThread(CommState& state);
 
 // The copy thread's first failure, "" while none. After one, the thread still releases the flags

@@ -62,8 +62,8 @@ cudaError_t PrepareStreamWait(std::string* error) {
 }
 
 cudaError_t EnqueueWaitGeq(cudaStream_t stream, const uint32_t* counter, uint32_t value,
-                           bool use_spin_kernel, std::string* error) {
-  if (!use_spin_kernel && g_wait_value32 != nullptr) {
+                           std::string* error) {
+  if (g_wait_value32 != nullptr) {
     return Status(g_wait_value32(reinterpret_cast<CUstream>(stream),
                                  reinterpret_cast<CUdeviceptr>(counter), value,
                                  CU_STREAM_WAIT_VALUE_GEQ),

@@ -15,9 +15,10 @@ namespace fo_jax {
 // device. Idempotent.
 cudaError_t PrepareStreamWait(std::string* error);
 
-// Enqueues on `stream`: wait until *counter >= value. `use_spin_kernel` forces the fallback.
+// Enqueues on `stream`: wait until *counter >= value (the spin kernel only where the driver
+// lacks cuStreamWaitValue32).
 cudaError_t EnqueueWaitGeq(cudaStream_t stream, const uint32_t* counter, uint32_t value,
-                           bool use_spin_kernel, std::string* error);
+                           std::string* error);
 
 // Enqueues on `stream`: *address = value (cuStreamWriteValue32; no SM). The driver fences the
 // stream's earlier memory operations before the write ("similar semantics to
