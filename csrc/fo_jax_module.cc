@@ -16,8 +16,10 @@
 
 #include "comm/call_timeline.h"
 #include "comm/comm_registry.h"
+#include "comm/copy_engine.h"
+#include "comm/copy_engine_buffers.h"
+#include "comm/copy_engine_debug.h"
 #include "comm/overlap_plan.h"
-#include "comm/peer_transport.h"
 #include "ffi/registrations.h"
 #include "kernels/signaling_gemm.h"
 
@@ -111,7 +113,7 @@ NB_MODULE(_fo_jax_cuda, m) {
         nb::arg("code"), nb::arg("rank") = -1, nb::arg("broken") = false);
 
   // Diagnostics for a hang: the number of fo_jax communicators of this process, and one line
-  // about communicator i (peer_transport.h), "" past the end. Without the GIL: on a hung machine
+  // about communicator i (comm/copy_engine_debug.h), "" past the end. Without the GIL: on a hung machine
   // the CUDA calls that read the flags may block, and the caller's watchdog thread must still
   // be able to report (fo_jax/_diagnostics.py prints each line as it comes).
   m.def("debug_comm_state_count",
@@ -121,17 +123,17 @@ NB_MODULE(_fo_jax_cuda, m) {
       [](int i) {
         std::vector<fo_jax::CommState*> all = fo_jax::AllCommStatesForDebug();
         if (i < 0 || i >= static_cast<int>(all.size())) return std::string();
-        return fo_jax::DescribePeerStateForDebug(*all[i]);
+        return fo_jax::DescribeCopyEngineForDebug(*all[i]);
       },
       nb::arg("index"), nb::call_guard<nb::gil_scoped_release>());
 
   // Per fo_jax communicator of this process: (device, rank, copies enqueued, copy graphs built,
   // graph updates made) by the copy-engine transport (tests: the graphs are reused, not rebuilt
   // per copy; an update is skipped when a copy's operands are those of its graph already).
-  m.def("peer_copy_counts", []() {
+  m.def("copy_engine_counts", []() {
     std::vector<std::tuple<int, int, uint64_t, uint64_t, uint64_t>> rows;
     for (fo_jax::CommState* s : fo_jax::AllCommStatesForDebug()) {
-      const fo_jax::PeerCopyCounts c = fo_jax::CountPeerCopies(*s);
+      const fo_jax::CopyEngineCounts c = fo_jax::CountCopyEngineCopies(*s);
       rows.emplace_back(s->device, s->rank, c.copies, c.graphs_built, c.updates);
     }
     return rows;

@@ -281,10 +281,10 @@ def test_copy_engine_reuses_its_copy_graphs():
         f = _tp_fn(mesh, collective, config=cfg)
         x, w, x64, w64 = random_operands(rng, 512 * tp, 1024, 1024, jnp.bfloat16)
         jax.block_until_ready(f(x, w))
-        before = _cuda.module().peer_copy_counts()
+        before = _cuda.module().copy_engine_counts()
         outs = [f(x, w) for _ in range(calls)]  # all kept alive: each call gets new buffers
         jax.block_until_ready(outs)
-        after = _cuda.module().peer_copy_counts()
+        after = _cuda.module().copy_engine_counts()
         used = [(b, a) for b, a in zip(before, after) if a[2] > b[2]]
         assert len(used) == tp, (collective, before, after)
         for b, a in used:

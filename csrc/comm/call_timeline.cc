@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "comm/comm_registry.h"
-#include "comm/peer_transport.h"
+#include "comm/copy_engine.h"
 
 namespace fo_jax {
 
@@ -82,8 +82,8 @@ void EndTimelineCall(CommState& s) {
 std::string StartCallTimelines(int calls) {
   for (CommState* s : AllCommStatesForDebug()) {
     std::lock_guard<std::timed_mutex> lock(s->mu);
-    if (!s->peer) continue;  // copy-engine communicators only
-    DrainPeerCopyThread(*s);  // it may still record into the rows replaced here
+    if (!s->copy_engine) continue;  // copy-engine communicators only
+    DrainCopyWorker(*s);  // it may still record into the rows replaced here
     if (cudaSetDevice(s->device) != cudaSuccess) return "cudaSetDevice";
     CallTimeline& t = s->timeline;
     // Every event a call may record was recorded before, or never (then reading it fails and it
@@ -99,7 +99,7 @@ std::string StartCallTimelines(int calls) {
     t.count = 0;
     t.recording = false;
     t.base_host_ns = TimelineNowNs();
-    if (cudaEventRecord(t.base, s->peer->copy_stream) != cudaSuccess) return "recording the base";
+    if (cudaEventRecord(t.base, s->copy_engine->worker.copy_stream) != cudaSuccess) return "recording the base";
   }
   return "";
 }
@@ -110,7 +110,7 @@ std::vector<TimelineRow> ReadCallTimelines(int64_t origin_ns, std::string* error
     std::lock_guard<std::timed_mutex> lock(s->mu);
     CallTimeline& t = s->timeline;
     if (t.capacity == 0) continue;
-    DrainPeerCopyThread(*s);  // its marks of the recorded calls are enqueued
+    DrainCopyWorker(*s);  // its marks of the recorded calls are enqueued
     if (cudaSetDevice(s->device) != cudaSuccess || cudaEventSynchronize(t.base) != cudaSuccess) {
       *error = "synchronizing the base event";
       return {};

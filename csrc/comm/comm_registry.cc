@@ -37,12 +37,7 @@ std::map<Key, std::shared_ptr<Entry>>& Registry() {
 }
 
 std::string NcclMessage(const char* what, ncclResult_t r, ncclComm_t comm) {
-  std::string msg = std::string(what) + " failed: " + ncclGetErrorString(r);
-  if (comm != nullptr) {
-    const char* last = ncclGetLastError(comm);
-    if (last != nullptr && *last) msg += std::string(" (") + last + ")";
-  }
-  return msg;
+  return NcclStatus(r, what, comm).message();
 }
 
 // Warm-up: every (collective, dtype) the overlap issues, at a small and a mid size, so that
@@ -79,8 +74,8 @@ std::string Create(CommState& s, const ncclUniqueId& id, const CommOptions& opti
       cudaEventCreateWithFlags(&s.progress, cudaEventDisableTiming) != cudaSuccess) {
     return "creating events";
   }
-  std::string err;
-  if (PrepareStreamWait(&err) != cudaSuccess) return err;
+  const Status wait = PrepareStreamWait();
+  if (!wait.ok()) return wait.message();
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   if (options.max_ctas > 0) config.maxCTAs = options.max_ctas;
   if (options.min_ctas > 0) config.minCTAs = options.min_ctas;
@@ -147,8 +142,8 @@ std::string Describe(const CommState& s) {
 
 }  // namespace
 
-CommState* GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, int rank,
-                                const CommOptions& options, std::string* error) {
+Status GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, int rank,
+                            const CommOptions& options, CommState** state_out) {
   Key key{device, std::string(id.internal, sizeof(id.internal)), nranks, rank, options.max_ctas,
           options.min_ctas, options.cga_cluster_size};
   std::shared_ptr<Entry> entry;
@@ -180,11 +175,9 @@ CommState* GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, 
                      "): " + err;
     }
   });
-  if (!entry->state) {
-    if (error) *error = entry->error;
-    return nullptr;
-  }
-  return entry->state.get();
+  if (!entry->state) return Status::Internal(entry->error);
+  *state_out = entry->state.get();
+  return Status::Ok();
 }
 
 std::string CommGroupFailure(CommState& s) {

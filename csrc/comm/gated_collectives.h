@@ -1,5 +1,6 @@
-// The consumer half of the overlap: on the comm stream, for each output group in order, wait
-// until the GEMM's counter for it is full, then run NCCL on that group's contiguous bytes.
+// The NCCL transport: the consumer half of the overlap. On the comm stream, for each output group
+// in order, wait until the GEMM's counter for it is full, then run NCCL on that group's
+// contiguous bytes.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,11 +8,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "comm/comm_registry.h"
 #include "comm/overlap_plan.h"
+#include "comm/status.h"
 #include "kernels/signaling_gemm.h"
 
 namespace fo_jax {
@@ -33,9 +34,16 @@ std::vector<GroupSpan> CollectiveSpans(const SignalingGemmArgs& args, Collective
 // Enqueues the gated collectives. Precondition (caller, on `xla_stream`): counters zeroed, then
 // state->inputs_ready recorded, then the producer GEMM launched. Afterwards `xla_stream` waits
 // for the comm stream, so XLA never reuses a buffer NCCL still touches.
-cudaError_t EnqueueGatedCollectives(CommState& state, cudaStream_t xla_stream, Collective kind,
-                                    ncclDataType_t dtype, const void* send, void* recv,
-                                    size_t elem_bytes, const uint32_t* counters,
-                                    const std::vector<GroupSpan>& groups, std::string* error);
+Status EnqueueGatedCollectives(CommState& state, cudaStream_t xla_stream, Collective kind,
+                               ncclDataType_t dtype, const void* send, void* recv,
+                               size_t elem_bytes, const uint32_t* counters,
+                               const std::vector<GroupSpan>& groups);
+
+// The NCCL transport's part of an overlapped call whose GEMM (arguments `gemm`, output
+// gemm.d) was just launched on `xla_stream` after recording state.inputs_ready: the gated
+// collectives into `out`, then the end of the call noted for the progress watchdog
+// (comm_registry.h).
+Status EnqueueNcclTransport(CommState& state, cudaStream_t xla_stream, Collective kind,
+                            const SignalingGemmArgs& gemm, void* out);
 
 }  // namespace fo_jax
