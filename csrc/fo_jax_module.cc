@@ -28,7 +28,9 @@ namespace nb = nanobind;
 NB_MODULE(_fo_jax_cuda, m) {
   m.def("registrations", []() {
     nb::dict d;
-    for (const auto& [name, handler] : fo_jax::FfiHandlers()) d[name.c_str()] = nb::capsule(handler);
+    for (const auto& [name, handler] : fo_jax::FfiHandlers()) {
+      d[name.c_str()] = nb::capsule(handler);
+    }
     return d;
   });
   m.def("cpu_registrations", []() {
@@ -113,9 +115,9 @@ NB_MODULE(_fo_jax_cuda, m) {
         nb::arg("code"), nb::arg("rank") = -1, nb::arg("broken") = false);
 
   // Diagnostics for a hang: the number of fo_jax communicators of this process, and one line
-  // about communicator i (comm/copy_engine_debug.h), "" past the end. Without the GIL: on a hung machine
-  // the CUDA calls that read the flags may block, and the caller's watchdog thread must still
-  // be able to report (fo_jax/_diagnostics.py prints each line as it comes).
+  // about communicator i (comm/copy_engine_debug.h), "" past the end. Without the GIL: on a hung
+  // machine the CUDA calls that read the flags may block, and the caller's watchdog thread must
+  // still be able to report (fo_jax/_diagnostics.py prints each line as it comes).
   m.def("debug_comm_state_count",
         []() { return static_cast<int>(fo_jax::AllCommStatesForDebug().size()); });
   m.def(
@@ -140,7 +142,7 @@ NB_MODULE(_fo_jax_cuda, m) {
   });
 
   // Untraced per-call timelines of the copy-engine transport (comm/call_timeline.h;
-  // benchmarks/timeline_probe.py): arm every communicator for `calls` calls (0 disarms), with
+  // the timeline probe of dev/): arm every communicator for `calls` calls (0 disarms), with
   // the GPUs idle; then read one row per recorded call, times in us relative to `origin_ns` on
   // the steady clock that timeline_now_ns reads.
   m.def("timeline_now_ns", []() { return fo_jax::TimelineNowNs(); });

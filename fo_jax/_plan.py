@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from fo_jax import _cuda, _transport
 from fo_jax.config import OverlapConfig
 
-# Overlap defaults, measured on 4x H200 (docs/performance.md, "NCCL transport"). The GEMM
+# Overlap defaults, measured on 4x H200 (docs/performance.md, "Smaller decisions"). The GEMM
 # leaves SMs to NCCL; how many pays depends on how long the GEMM runs against the collective:
 # when they take about as long (r = T_gemm / T_comm < 1.5), NCCL needs 32 free SMs and 32 CTAs to
 # keep pace and 4 groups keep per-call NCCL overhead low. When the GEMM dominates, every SM taken
@@ -120,7 +120,7 @@ class OverlapPlan:
     # The NCCL communicator's CTA bound. Both transports create their communicator with it (the
     # copy engine exchanges addresses through it), so it is part of the communicator's identity.
     nccl_max_ctas: int
-    # The copy-engine program (docs/design.md, "Copy-engine transport"); the NCCL transport's
+    # The copy-engine program (docs/design.md, "The copy-engine transport"); the NCCL transport's
     # plan keeps these neutral values.
     rounds: int = 1  # the all-reduce's rounds: each band is `rounds` chunks
     ring: bool = False  # the ring reduce-scatter (no sums after the GEMM)

@@ -1,5 +1,5 @@
 """Which transport carries an overlapped collective: NCCL's collectives, or copy-engine copies
-straight between the GPUs' memories (csrc/comm/copy_engine.h; docs/design.md, "Copy-engine
+straight between the GPUs' memories (csrc/comm/copy_engine.h; docs/design.md, "The copy-engine
 transport"), and the copy engine's program for a call (`copy_engine_program`).
 
 The copy-engine transport lets the GEMM keep every SM and, with the GEMM visiting its output by

@@ -53,13 +53,13 @@ class OverlapConfig:
       copy_engine_rounds: copy-engine all-reduce only: the output is reduced and gathered in
         this many rounds, each round's all-gather overlapping the GEMM's later rounds on the SMs
         the GEMM leaves free (`sm_budget`; default all but `copy_engine_sum_sms` when
-        rounds > 1). None: fo_jax chooses (docs/performance.md, "Copy-engine transport"). Rows
-        per rank must divide into rounds chunks of whole GEMM tiles.
+        rounds > 1). None: fo_jax chooses (docs/performance.md, "The all-reduce's way back").
+        Rows per rank must divide into rounds chunks of whole GEMM tiles.
       copy_engine_ring: copy-engine reduce-scatter only: True runs it as the ring (each rank's
         GEMM adds the partial sum the next rank sent, in its epilogue; nothing is summed after
         it; needs a GEMM config with a ping-pong kernel that takes addends), False as the direct
         form (every rank sends each band to its owner, which sums them after its GEMM). None:
-        the timing model chooses (docs/design.md, "The ring reduce-scatter").
+        the timing model chooses (docs/design.md, "Ring reduce-scatter").
       copy_engine_chunk_groups: copy engine: each chunk sent to a peer is split into this many
         groups of near-equal whole clusters, each copied as soon as the GEMM has finished it
         (the own chunk stays one group). None: the timing model chooses. Refused when a chunk

@@ -268,8 +268,8 @@ def test_copy_engine_shapes_change_between_calls():
 
 def test_copy_engine_reuses_its_copy_graphs():
     """Each copy into a peer is a launch of a graph re-pointed at the call's buffers
-    (docs/design.md, "Copy graphs"): once warm, calls on new buffers build no more graphs (an
-    update that fails would build a new graph per copy)."""
+    (docs/design.md, "The copy thread and copy graphs"): once warm, calls on new buffers build
+    no more graphs (an update that fails would build a new graph per copy)."""
     from fo_jax import _cuda
 
     tp = _ntp()

@@ -272,7 +272,7 @@ def test_copy_engine_timing_model():
     assert 380e-6 < last < 400e-6, last
     # Short K: the last copy ends after the GEMM. Without sums by rows the chunks already there
     # are summed first (bands); with them, every chunk goes in two pieces and only the last
-    # piece's rows remain after the last copy (measured 9 us faster, NOTES §20).
+    # piece's rows remain after the last copy (measured 9 us faster).
     p = m.best(1, 4, tiles_chunk, 2, chunk, 361e-6, False, 64, rows=False)
     assert p.sum_split == "bands" and p.last_copy_s > 361e-6
     assert p.bounds == (0, 8, 16, 32, 48, 64)

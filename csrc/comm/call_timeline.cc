@@ -99,7 +99,9 @@ std::string StartCallTimelines(int calls) {
     t.count = 0;
     t.recording = false;
     t.base_host_ns = TimelineNowNs();
-    if (cudaEventRecord(t.base, s->copy_engine->worker.copy_stream) != cudaSuccess) return "recording the base";
+    if (cudaEventRecord(t.base, s->copy_engine->worker.copy_stream) != cudaSuccess) {
+      return "recording the base";
+    }
   }
   return "";
 }

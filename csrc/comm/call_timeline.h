@@ -1,9 +1,10 @@
-// Diagnostics: an untraced per-call timeline of the copy-engine transport (benchmarks/NOTES.md
-// §17). While armed (StartCallTimelines, from Python between batches), each call records CUDA
-// events at fixed points on XLA's stream and on the copy stream, plus host times at fixed points
-// of the FFI handler; ReadCallTimelines turns them into times on the host's steady clock. Off by
-// default, and then a call pays one clock read and one branch per mark. Unlike a profiler this
-// keeps the harness as it is (no CUPTI callbacks on the host threads).
+// Diagnostics: an untraced per-call timeline of the copy-engine transport
+// (docs/troubleshooting.md, "Diagnosing a stall"). While armed (StartCallTimelines, from Python
+// between batches), each call records CUDA events at fixed points on XLA's stream and on the copy
+// stream, plus host times at fixed points of the FFI handler; ReadCallTimelines turns them into
+// times on the host's steady clock. Off by default, and then a call pays one clock read and one
+// branch per mark. Unlike a profiler this keeps the harness as it is (no CUPTI callbacks on the
+// host threads).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,4 +1,4 @@
-// The copy-engine transport (docs/design.md, "Copy-engine transport"): instead of NCCL's
+// The copy-engine transport (docs/design.md, "The copy-engine transport"): instead of NCCL's
 // collective kernels, the bytes move as copy-engine writes straight into the other GPUs' memory,
 // so the GEMM keeps every SM. Rank r's GEMM visits its output by destination band: r+1, r+2,
 // ..., r+P-1, then its own band last (a tile-row rotation). Step j copies the band for rank

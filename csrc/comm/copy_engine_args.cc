@@ -22,7 +22,9 @@ CopyEngineArgs CopyEngineArgsOf(const OverlapPlan& plan, const OverlapShape& sha
   a.rounds = plan.rounds;
   a.ring = plan.ring;
   a.sum_split = plan.sum_split;
-  for (int c = 0; c <= chunks; ++c) a.chunk_first_group[c] = ChunkFirstGroup(g, plan.tiles_chunk, c);
+  for (int c = 0; c <= chunks; ++c) {
+    a.chunk_first_group[c] = ChunkFirstGroup(g, plan.tiles_chunk, c);
+  }
   a.num_groups = g.num_groups;
   std::copy(g.group_begin, g.group_begin + g.num_groups + 1, a.group_begin);
   a.tiles_chunk = plan.tiles_chunk;

@@ -3,13 +3,13 @@
 // call), an update + launch never waits for a driver lock that another thread holds while it
 // waits for that peer GPU to drain (freeing memory, loading or unloading a module with globals,
 // as XLA does when it runs a new executable or drops an old one). That wait can deadlock: the
-// peer's GPU may itself be waiting for this copy (docs/design.md, "Copy graphs"). The graph stays
-// alive as long as its exec: an update names the node of the graph the exec was instantiated
-// from (with that graph destroyed every update failed, and each copy built a new graph). An
-// update must name memory of the node's original contexts (CUDA's documentation), so a few
-// graphs are kept per peer: one per copy of a call to that peer (each group keeps its operands,
-// and a launch with unchanged operands skips the update), which also serve other kinds of
-// memory.
+// peer's GPU may itself be waiting for this copy (docs/design.md, "The copy thread and copy
+// graphs"). The graph stays alive as long as its exec: an update names the node of the graph the
+// exec was instantiated from (with that graph destroyed every update failed, and each copy built
+// a new graph). An update must name memory of the node's original contexts (CUDA's
+// documentation), so a few graphs are kept per peer: one per copy of a call to that peer (each
+// group keeps its operands, and a launch with unchanged operands skips the update), which also
+// serve other kinds of memory.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -169,7 +169,9 @@ Status EnqueueCopies(CommState& s, const CopyJob& job) {
   // waits for every receiver before its first copy: that could hold the whole chain for the
   // slowest one, but saves a wait at each step boundary, and the first copy rarely starts
   // before they are in. The ring has one receiver, awaited before its first step.
-  auto wait_ack = [&](int to) { return EnqueueWaitGeq(cs, RecvAcked(ce.buffers.flags) + to, e - 1); };
+  auto wait_ack = [&](int to) {
+    return EnqueueWaitGeq(cs, RecvAcked(ce.buffers.flags) + to, e - 1);
+  };
   if (!a.ring) {
     for (int j = 0; j + 1 < P; ++j) FO_JAX_RETURN_IF_ERROR(wait_ack((me + 1 + j) % P));
     RecordTimelineMarkAt(s, job.row, kCopyAcked, cs);

@@ -26,9 +26,9 @@ struct GroupSpan {
   uint32_t expected = 0;   // counter value meaning "group done"
 };
 
-// The collective span of every group (docs/design.md, "Layouts"): the reduce-scatter reads the
-// GEMM's group-major workspace and writes the final rows; the all-reduce works in place on the
-// output.
+// The collective span of every group (docs/design.md, "The signaling GEMM"): the
+// reduce-scatter reads the GEMM's group-major workspace and writes the final rows; the
+// all-reduce works in place on the output.
 std::vector<GroupSpan> CollectiveSpans(const SignalingGemmArgs& args, Collective kind);
 
 // Enqueues the gated collectives. Precondition (caller, on `xla_stream`): counters zeroed, then

@@ -37,7 +37,7 @@ int64_t GroupRow(const SignalingGemmArgs& args, int g);
 int ResolveSmBudget(int budget);
 
 // Loads every GEMM kernel on `device` once per process (LoadAllGemmKernels), so that no first
-// launch is serialized by CUDA lazy loading (docs/troubleshooting.md, "Lazy loading"). Ok or
+// launch is serialized by CUDA lazy loading (docs/troubleshooting.md, "Lazy module loading"). Ok or
 // the (remembered) failure.
 Status LoadGemmKernelsOnce(int device);
 

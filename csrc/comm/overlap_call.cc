@@ -60,9 +60,9 @@ Status OverlapCall::Prepare() {
                             "(their pending collectives end): restart the process");
   }
 
-  // NCCL reduce-scatter: batch = P bands written group-major (docs/design.md, "Layouts"). Copy
-  // engine: one batch over all M rows in natural order, visited by destination band (the
-  // rotation of OverlapGemmArgs).
+  // NCCL reduce-scatter: batch = P bands written group-major (docs/design.md, "The signaling
+  // GEMM"). Copy engine: one batch over all M rows in natural order, visited by destination band
+  // (the rotation of OverlapGemmArgs).
   const bool rs = plan_.collective == Collective::kReduceScatter;
   gemm_ = OverlapGemmArgs(plan_, shape_, place_.rank);
   gemm_.a = buffers_.x;

@@ -15,8 +15,8 @@ namespace fo_jax {
 
 enum class Collective : int32_t { kReduceScatter = 0, kAllReduce = 1 };
 enum class Transport : int32_t { kNccl = 0, kCopyEngine = 1 };
-// How a copy-engine call sums its last round after the GEMM (docs/design.md, "Copy-engine
-// transport"). kOnePass: every part at once, once the last chunk has landed. kByBands: the
+// How a copy-engine call sums its last round after the GEMM (docs/design.md, "Direct form").
+// kOnePass: every part at once, once the last chunk has landed. kByBands: the
 // chunks already received first, while the last one is in flight, then out += last (more
 // memory traffic, but off the critical path when the last copy outlasts the GEMM). kByRows: one
 // pass of every part per group (piece) of the last chunk, each once its piece has landed: the

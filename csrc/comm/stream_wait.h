@@ -2,7 +2,7 @@
 // cuStreamWaitValue32 (holds no SM; resolved through the runtime, no libcuda link) or, where the
 // driver lacks it, a 1-thread spin kernel. Both must be enqueued AFTER the producer kernel, and
 // both kernels must be loaded before (CUDA lazy loading serializes first launches:
-// docs/troubleshooting.md, "Lazy loading").
+// docs/troubleshooting.md, "Lazy module loading").
 #pragma once
 
 #include <cuda_runtime.h>
