@@ -151,20 +151,20 @@ NB_MODULE(_fo_jax_cuda, m) {
       "timeline_start",
       [](int calls) {
         if (calls < 0) throw std::invalid_argument("calls must be >= 0");
-        const std::string err = fo_jax::StartCallTimelines(calls);
-        if (!err.empty()) throw std::runtime_error("fo_jax timeline: " + err);
+        const fo_jax::Status status = fo_jax::StartCallTimelines(calls);
+        if (!status.ok()) throw std::runtime_error("fo_jax timeline: " + status.message());
       },
       nb::arg("calls"), nb::call_guard<nb::gil_scoped_release>());
   m.def(
       "timeline_read",
       [](int64_t origin_ns) {
-        std::string err;
+        fo_jax::Status status;
         std::vector<fo_jax::TimelineRow> rows;
         {
           nb::gil_scoped_release release;
-          rows = fo_jax::ReadCallTimelines(origin_ns, &err);
+          status = fo_jax::ReadCallTimelines(origin_ns, &rows);
         }
-        if (!err.empty()) throw std::runtime_error("fo_jax timeline: " + err);
+        if (!status.ok()) throw std::runtime_error("fo_jax timeline: " + status.message());
         std::vector<std::tuple<int, int, int, std::vector<double>>> out;
         for (auto& r : rows) out.emplace_back(r.device, r.rank, r.call, std::move(r.us));
         return out;

@@ -189,7 +189,7 @@ CHECK_TARGET = "fo_jax_check_overlap_plan"
 # The words of fo_jax_check_overlap_plan's output (csrc/ffi/plan_check_ffi.cc, PlanCheckWord),
 # then one expected counter value per group (max_gemm_groups of them).
 PLAN_CHECK_FIELDS = ("batch", "m", "n", "k", "config", "num_groups", "sm_budget",
-                     "rotate_tile_rows", "rotate_period_tile_rows", "output_rows")
+                     "rotate_tile_rows", "rotate_period_tile_rows", "output_rows", "rank", "group")
 
 
 @functools.lru_cache(maxsize=None)
@@ -198,18 +198,29 @@ def _register_cpu_targets() -> None:
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")
 
 
-def check_overlap_plan(plan_attr: dict, dtype, m: int, n: int, k: int, rank: int = 0) -> dict:
-    """Runs the overlap handler's own decoding and validation of `plan_attr` (a dict as
-    `overlap_attribute` makes it) on the CPU, for operands x[m, k] @ w[k, n] of `dtype`, and
-    returns what the handler derives from it for `rank`: the GEMM's arguments
-    (PLAN_CHECK_FIELDS) and each group's expected counter value ("expected"). An invalid plan
-    raises with the handler's message. For tests: the host side of the handler runs without a
-    GPU."""
+def check_overlap_plan(plan_attr: dict, dtype, m: int, n: int, k: int, rank: int = 0,
+                       mesh_attr: Optional[dict] = None, device: Optional[int] = None) -> dict:
+    """Runs the overlap handler's own decoding of `plan_attr` (a dict as `overlap_attribute`
+    makes it) and of a mesh table (`mesh_attr`, as _bootstrap.mesh_attributes makes it; default:
+    one group of the plan's ranks on devices 0, 1, ...), and its validation of the plan, on the
+    CPU, for operands x[m, k] @ w[k, n] of `dtype`; returns what the handler derives for device
+    `device` (default: the device of `rank` in the default mesh): the GEMM's arguments, the
+    device's rank and group (PLAN_CHECK_FIELDS) and each group's expected counter value
+    ("expected"). An invalid plan raises with the handler's message. For tests: the host side
+    of the handler runs without a GPU."""
     mod = _cuda.module()
     _register_cpu_targets()
+    if mesh_attr is None:
+        size = int(plan_attr["axis_size"])
+        mesh_attr = dict(process=np.int32(0), device_process=np.zeros(size, np.int32),
+                         device_ordinal=np.arange(size, dtype=np.int32),
+                         device_rank=np.arange(size, dtype=np.int32),
+                         device_group=np.zeros(size, np.int32))
+        device = rank if device is None else device
     words = len(PLAN_CHECK_FIELDS) + int(mod.max_gemm_groups())
-    attrs = dict(plan=plan_attr, dtype=np.int32(mod.GemmDtype[np.dtype(dtype).name].value),
-                 m=np.int32(m), n=np.int32(n), k=np.int32(k), rank=np.int32(rank))
+    attrs = dict(plan=plan_attr, mesh=mesh_attr,
+                 dtype=np.int32(mod.GemmDtype[np.dtype(dtype).name].value),
+                 m=np.int32(m), n=np.int32(n), k=np.int32(k), device=np.int32(device))
     with jax.default_device(jax.devices("cpu")[0]):
         (out,) = _ffi_call(CHECK_TARGET, (), (jax.core.ShapedArray((words,), np.int32),),
                            attrs)

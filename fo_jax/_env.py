@@ -33,3 +33,23 @@ def comm_timeout_s() -> float:
     except ValueError:
         return DEFAULT_COMM_TIMEOUT_S
     return value if value >= 0 else DEFAULT_COMM_TIMEOUT_S
+
+
+def cache_home() -> str:
+    """XDG_CACHE_HOME, else ~/.cache: where the tuning cache lives (fo_jax/tuning/cache.py)."""
+    return os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+
+
+def source_commit() -> str:
+    """FO_JAX_COMMIT: the commit that benchmark results record, for a source tree without its
+    git directory (a copy on another machine); "" when unset (then fo_jax asks git)."""
+    return os.environ.get("FO_JAX_COMMIT", "")
+
+
+def stall_attach_s() -> float:
+    """PROBE_ATTACH_S: seconds a stalled process waits, after its stall report, before it
+    exits, so that a debugger can attach (fo_jax/_diagnostics.py); default 0."""
+    try:
+        return max(0.0, float(os.environ.get("PROBE_ATTACH_S", "0") or 0))
+    except ValueError:
+        return 0.0

@@ -164,19 +164,26 @@ def test_plan_unchanged(row):
                                  and r["op"] == "overlapped_matmul"],
                          ids=lambda r: r["id"])
 def test_handler_derives_what_it_derived(row):
-    """The handler's own decoding and validation of the lowered plan (run on the CPU) derive the
-    GEMM's batch, rows, tile-rows per chunk, rotation and each group's expected counter value
-    the old handler derived from its attributes."""
+    """The handler's own decoding of the lowered plan and mesh table and its validation of the
+    plan (run on the CPU) find the device's rank and group and derive the GEMM's batch, rows,
+    tile-rows per chunk, rotation and each group's expected counter value the old handler
+    derived from its attributes."""
     from fo_jax import _cuda_ops
 
     _, got, _ = _compare(row)
     for call, old in zip(got["calls"], row["result"]["calls"]):
-        attrs = call["attrs"]["plan"]
-        plan_attr = _as_attribute(attrs)
+        plan_attr = _as_attribute(call["attrs"]["plan"])
+        mesh_attr = _as_attribute(call["attrs"]["mesh"])
         derived = old["derived"]
         mm, kk = (int(v) for v in call["types"][len("(tensor<"):].split("x")[:2])
+        # The device of rank 0 in the last group.
+        rows = [i for i, r in enumerate(old["attrs"]["mesh_rank"])
+                if r == 0 and old["attrs"]["mesh_group"][i] == max(old["attrs"]["mesh_group"])]
+        device = old["attrs"]["mesh_local"][rows[0]]
         check = _cuda_ops.check_overlap_plan(plan_attr, jnp.dtype(row["dtype"]), mm,
-                                             derived["n"], kk, rank=0)
+                                             derived["n"], kk, mesh_attr=mesh_attr,
+                                             device=device)
+        assert (check["rank"], check["group"]) == (0, max(old["attrs"]["mesh_group"]))
         assert check["batch"] == derived["batch"]
         assert (check["m"], check["n"], check["k"]) == (derived["m"], derived["n"], derived["k"])
         assert check["expected"] == derived["expected"]

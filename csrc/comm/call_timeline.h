@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/status.h"
+
 namespace fo_jax {
 
 struct CommState;  // comm/comm_registry.h
@@ -81,8 +83,8 @@ void RecordTimelineHostAt(CommState& state, int row, TimelineHostMark m);
 
 // Arms every copy-engine communicator of the process for `calls` calls (0 disarms). Call it with
 // the GPUs idle (after jax.block_until_ready): the base event then runs at once, so its GPU time
-// matches its host time within a few microseconds. "" or what failed.
-std::string StartCallTimelines(int calls);
+// matches its host time within a few microseconds.
+Status StartCallTimelines(int calls);
 
 // One row per recorded call of every armed communicator: device, rank, call index, then the
 // host marks (TimelineHostMark order) and each GPU mark's time, in microseconds on the steady
@@ -93,6 +95,6 @@ struct TimelineRow {
   int call = 0;
   std::vector<double> us;  // kTimelineHostMarks + kTimelineMarks
 };
-std::vector<TimelineRow> ReadCallTimelines(int64_t origin_ns, std::string* error);
+Status ReadCallTimelines(int64_t origin_ns, std::vector<TimelineRow>* rows);
 
 }  // namespace fo_jax

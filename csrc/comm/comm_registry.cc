@@ -288,12 +288,12 @@ void StartWatchdogOnce() {
 
 void SetCommTimeoutSeconds(double seconds) { g_timeout_s.store(seconds >= 0 ? seconds : 600.0); }
 
-cudaError_t NoteNcclCall(CommState& s, cudaStream_t stream) {
-  const cudaError_t e = cudaEventRecord(s.progress, stream);
-  if (e != cudaSuccess) return e;
+Status NoteNcclCall(CommState& s, cudaStream_t stream) {
+  FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(s.progress, stream),
+                                    "recording the call's progress event"));
   s.progress_ns.store(NowNs());
   StartWatchdogOnce();
-  return cudaSuccess;
+  return Status::Ok();
 }
 
 void InjectAsyncErrorForTests(int code, int rank, bool broken) {

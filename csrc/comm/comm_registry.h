@@ -84,7 +84,7 @@ void AbortCommGroup(CommState& state);
 // fails the group and aborts its communicators in this process once a recorded call has not
 // completed for SetCommTimeoutSeconds seconds (default 600; 0 turns it off). The aborted
 // collectives end, so the waiting call returns (its output undefined) and the next one raises.
-cudaError_t NoteNcclCall(CommState& state, cudaStream_t stream);
+Status NoteNcclCall(CommState& state, cudaStream_t stream);
 
 // The watchdog's limit, read when it starts (the first NCCL-transport call): Python sets it
 // once, from FO_JAX_COMM_TIMEOUT_S, when it loads the module (fo_jax/_env.py).

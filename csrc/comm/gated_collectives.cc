@@ -58,7 +58,7 @@ Status EnqueueNcclTransport(CommState& state, cudaStream_t xla_stream, Collectiv
   const ncclDataType_t dtype = gemm.dtype == GemmDtype::kBF16 ? ncclBfloat16 : ncclFloat16;
   FO_JAX_RETURN_IF_ERROR(EnqueueGatedCollectives(state, xla_stream, kind, dtype, gemm.d, out, 2,
                                                  gemm.counters, CollectiveSpans(gemm, kind)));
-  return CudaStatus(NoteNcclCall(state, xla_stream), "recording the call's progress event");
+  return NoteNcclCall(state, xla_stream);
 }
 
 }  // namespace fo_jax

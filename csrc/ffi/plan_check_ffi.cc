@@ -1,4 +1,4 @@
-// See plan_check_ffi.h. The output's layout is kPlanCheck* (fo_jax/_cuda_ops.py reads it).
+// See plan_check_ffi.h. The output's layout is PlanCheckWord (fo_jax/_cuda_ops.py reads it).
 #include "ffi/plan_check_ffi.h"
 
 #include <cstdint>
@@ -27,12 +27,15 @@ enum PlanCheckWord {
   kPlanCheckRotateTileRows,
   kPlanCheckRotatePeriod,
   kPlanCheckOutputRows,
+  kPlanCheckRank,   // this device's, from the mesh table
+  kPlanCheckGroup,
   kPlanCheckExpected0,  // kMaxGemmGroups words
   kPlanCheckWords = kPlanCheckExpected0 + kMaxGemmGroups,
 };
 
 Status Check(ffi::Result<ffi::Buffer<ffi::S32>> out, const OverlapPlanAttr& plan_attr,
-             GemmDtype dtype, int32_t m, int32_t n, int32_t k, int32_t rank) {
+             const MeshAttr& mesh, GemmDtype dtype, int32_t m, int32_t n, int32_t k,
+             int32_t device) {
   if (out->element_count() != kPlanCheckWords) {
     return Status::InvalidArgument("the output takes " + std::to_string(kPlanCheckWords) +
                                    " words");
@@ -41,8 +44,12 @@ Status Check(ffi::Result<ffi::Buffer<ffi::S32>> out, const OverlapPlanAttr& plan
   FO_JAX_RETURN_IF_ERROR(DecodeOverlapPlan(plan_attr, &plan));
   const OverlapShape shape{dtype, m, n, k};
   FO_JAX_RETURN_IF_ERROR(ValidateOverlapPlan(plan, shape));
-  if (rank < 0 || rank >= plan.axis_size) return Status::InvalidArgument("rank out of range");
-  const SignalingGemmArgs args = OverlapGemmArgs(plan, shape, rank);
+  MeshPlace place;
+  FO_JAX_RETURN_IF_ERROR(FindInMesh(mesh, device, &place));
+  if (place.rank < 0 || place.rank >= plan.axis_size) {
+    return Status::InvalidArgument("rank out of range");
+  }
+  const SignalingGemmArgs args = OverlapGemmArgs(plan, shape, place.rank);
   int32_t* words = out->typed_data();
   for (int i = 0; i < kPlanCheckWords; ++i) words[i] = 0;
   words[kPlanCheckBatch] = args.batch;
@@ -55,6 +62,8 @@ Status Check(ffi::Result<ffi::Buffer<ffi::S32>> out, const OverlapPlanAttr& plan
   words[kPlanCheckRotateTileRows] = args.rotate_tile_rows;
   words[kPlanCheckRotatePeriod] = args.rotate_period_tile_rows;
   words[kPlanCheckOutputRows] = static_cast<int32_t>(OutputRows(plan, shape));
+  words[kPlanCheckRank] = place.rank;
+  words[kPlanCheckGroup] = place.group;
   for (int g = 0; g < args.num_groups; ++g) {
     words[kPlanCheckExpected0 + g] = ExpectedGroupCount(args, g);
   }
@@ -62,8 +71,9 @@ Status Check(ffi::Result<ffi::Buffer<ffi::S32>> out, const OverlapPlanAttr& plan
 }
 
 ffi::Error CheckImpl(ffi::Result<ffi::Buffer<ffi::S32>> out, OverlapPlanAttr plan,
-                     GemmDtype dtype, int32_t m, int32_t n, int32_t k, int32_t rank) {
-  return ToFfiError(Check(out, plan, dtype, m, n, k, rank), "fo_jax_check_overlap_plan");
+                     MeshAttr mesh, GemmDtype dtype, int32_t m, int32_t n, int32_t k,
+                     int32_t device) {
+  return ToFfiError(Check(out, plan, mesh, dtype, m, n, k, device), "fo_jax_check_overlap_plan");
 }
 
 }  // namespace
@@ -75,8 +85,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FoJaxCheckOverlapPlanFfi, fo_jax::CheckImpl,
                               ffi::Ffi::Bind()
                                   .Ret<ffi::Buffer<ffi::S32>>()            // PlanCheckWord
                                   .Attr<fo_jax::OverlapPlanAttr>("plan")   // _plan.OverlapPlan
+                                  .Attr<fo_jax::MeshAttr>("mesh")          // the mesh table
                                   .Attr<fo_jax::GemmDtype>("dtype")        // the operands'
                                   .Attr<int32_t>("m")                      // x [m, k]
                                   .Attr<int32_t>("n")                      // w [k, n]
                                   .Attr<int32_t>("k")
-                                  .Attr<int32_t>("rank"));                 // this device's
+                                  .Attr<int32_t>("device"));               // local ordinal

@@ -1,7 +1,8 @@
-// XLA FFI handler fo_jax_check_overlap_plan, for the CPU platform: decodes an overlap plan
-// exactly as the overlap handler does, validates it with the same function and writes what the
-// handler would derive from it, so that the host side of the plan (its encoding, its
-// validation, the GEMM arguments it gives) is tested on machines without GPUs.
+// XLA FFI handler fo_jax_check_overlap_plan, for the CPU platform: decodes an overlap plan and a
+// mesh table exactly as the overlap handler does, validates the plan with the same function and
+// writes what the handler would derive from them for one device, so that the host side of a call
+// (its attributes' encoding, the plan's validation, the GEMM arguments it gives) is tested on
+// machines without GPUs.
 #pragma once
 
 #include "xla/ffi/api/api.h"
