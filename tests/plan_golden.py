@@ -7,8 +7,12 @@ Each case is lowered for the "cuda" platform from CPU devices (jax.jit(jax.shard
 except the NCCL unique ids. On a machine without GPUs fo_jax sees no peer-access problem, so
 the copy-engine transport is chosen wherever the shape lets it; that is what the record holds.
 
-Run `python3 tests/plan_golden.py --write` to record the table again (only when a plan is meant
-to change: the point of the file is that a restructuring leaves it as it is).
+The file was recorded with the code before the plan became one struct attribute (loose
+attributes, target fo_jax_overlapped_matmul_ffi) and is the evidence the restructured code is
+compared against: tests/test_plan_golden.py reads the new `plan` and `mesh` attributes under the
+old names. `python3 tests/plan_golden.py` prints the first records this code makes; `--write`
+records the table again, in this code's format, which that test does not read: write it only
+together with a test for the new format, when a plan is meant to change.
 """
 
 from __future__ import annotations
