@@ -62,7 +62,7 @@ def test_matmul_matches_float64(shape, dtype):
     m, n, k = shape
     x, w, x64, w64 = _operands(dev, hash(shape) % 1000, m, k, n, dtype)
     f = jax.jit(fo_jax.matmul)
-    assert "fo_jax_gemm_ffi" in f.lower(x, w).as_text()
+    assert "fo_jax_gemm_v2" in f.lower(x, w).as_text()
     out = f(x, w)
     assert out.dtype == jnp.dtype(dtype) and out.shape == (m, n)
     assert_close(out, x64 @ w64, dtype)
