@@ -261,9 +261,9 @@ cudaError_t Check::Setup() {
   result_->config = c.name;
 
   std::string msg;
-  cudaError_t e = PrepareStreamWait(&msg);  // resolves cuStreamWriteValue32
-  if (e != cudaSuccess) return Fail(e, msg);
-  e = LoadAllGemmKernels(&msg);  // no lazy loading while a waiting GEMM holds the SMs
+  const Status prepared = PrepareStreamWait();  // resolves cuStreamWriteValue32
+  if (!prepared.ok()) return Fail(cudaErrorUnknown, prepared.message());
+  cudaError_t e = LoadAllGemmKernels(&msg);  // no lazy loading while a waiting GEMM holds the SMs
   if (e != cudaSuccess) return Fail(e, msg);
 
   const size_t el = sizeof(uint16_t);
@@ -373,9 +373,8 @@ cudaError_t Check::RunWithWaits() {
     const size_t off = size_t(band) * band_elems_;
     e = cudaMemcpyAsync(r_.a + off, staging + off, band_elems_ * el, cudaMemcpyDefault, r_.copy);
     if (e != cudaSuccess) return CudaFail(e, "enqueueing a band's copy");
-    if ((e = EnqueueWriteValue(r_.copy, r_.flags + band, o_.flag_value, &msg)) != cudaSuccess) {
-      return Fail(e, "enqueueing a band's flag: " + msg);
-    }
+    const Status flagged = EnqueueWriteValue(r_.copy, r_.flags + band, o_.flag_value);
+    if (!flagged.ok()) return Fail(cudaErrorUnknown, "enqueueing a band's flag: " + flagged.message());
   }
   if ((e = cudaEventRecord(last_flag, r_.copy)) != cudaSuccess) {
     return CudaFail(e, "recording the last flag");
