@@ -33,9 +33,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
+
+try:
+    from flax import nnx
+    from flax.nnx.nn import dtypes
+except Exception as e:  # flax.nnx raises AttributeError on jax versions it does not support
+    raise ImportError(f"fo_jax.nnx needs flax.nnx, which does not import here (flax.nnx with jax "
+                      f"{jax.__version__}: {e!r}); install a flax release that supports this "
+                      "jax") from e
 from flax.core import meta
-from flax.nnx.nn import dtypes
 from jax.sharding import Mesh, NamedSharding
 
 from fo_jax import _checks
