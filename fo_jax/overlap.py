@@ -120,8 +120,15 @@ def _choose_overlapped(dtype, config, m: int, n: int, k: int, platform: str, col
                       transport=transport, platform=platform, **extra)
 
 
-def _log(fn: str, x, w, choice: PathChoice, what: str = "") -> None:
-    log.debug("%s x%s w%s%s: %s", fn, tuple(x.shape), tuple(w.shape), what, choice)
+def _log(fn: str, x, w, choose, what: str = "") -> None:
+    """Logs `choose(platform)` for the platform the call runs on (what `describe` returns), and
+    ends with the path CUDA devices take (the branch the program carries for them)."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    here = choose(_checks.trace_platform())
+    cuda = here if here.platform in CUDA_PLATFORMS else choose("cuda")
+    log.debug("%s x%s w%s%s: %s; on CUDA devices: path=%s (%s)", fn, tuple(x.shape),
+              tuple(w.shape), what, here, cuda.path, cuda.reason)
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,7 +220,7 @@ def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None
     rows = 1
     for d in x.shape[:-1]:
         rows *= d
-    _log(fn, x, w, _choose_gemm("matmul", dtype, config, rows, n, k, _checks.trace_platform()))
+    _log(fn, x, w, lambda platform: _choose_gemm("matmul", dtype, config, rows, n, k, platform))
     y = _gemm(x.reshape(rows, k), w, config)
     return y.reshape(*x.shape[:-1], n)
 
@@ -374,8 +381,8 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
     dtype, size = _validate_overlapped(x, w, axis_name, collective, config)
     k, n = w.shape
     rows = _rows(x)
-    _log(fn, x, w, _choose_overlapped(dtype, config, rows, n, k, _checks.trace_platform(),
-                                      collective, size), f" over {axis_name!r}")
+    _log(fn, x, w, lambda platform: _choose_overlapped(dtype, config, rows, n, k, platform,
+                                                       collective, size), f" over {axis_name!r}")
     y2 = _overlapped_2d(x.reshape(rows, k), w, axis_name, collective, config, size)
     lead = x.shape[:-1]
     if collective == "reduce_scatter":
@@ -405,8 +412,8 @@ def all_gather_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
     dtype, size = _validate_overlapped(x, w, axis_name, "all_gather", config)
     k, n = w.shape
     rows = _rows(x)
-    _log(fn, x, w, _choose_overlapped(dtype, config, rows, n, k, _checks.trace_platform(),
-                                      "all_gather", size), f" over {axis_name!r}")
+    _log(fn, x, w, lambda platform: _choose_overlapped(dtype, config, rows, n, k, platform,
+                                                       "all_gather", size), f" over {axis_name!r}")
     y2, g2 = _all_gather_matmul_2d(x.reshape(rows, k), w, axis_name, config, size, recompute)
     lead = (x.shape[0] * size, *x.shape[1:-1])
     return y2.reshape(*lead, n), g2.reshape(*lead, k)

@@ -33,7 +33,7 @@ def test_matmul_leading_dims_and_custom_call():
     x, x64 = _rand(rng, (4, 256, 512), dev, scale=512 ** -0.5)
     w, w64 = _rand(rng, (512, 384), dev)
     f = jax.jit(fo_jax.matmul)
-    assert "fo_jax_gemm_ffi" in f.lower(x, w).as_text()
+    assert "fo_jax_gemm" in f.lower(x, w).as_text()
     out = f(x, w)
     assert out.shape == (4, 256, 384) and out.dtype == jnp.bfloat16
     assert_close(out.reshape(-1, 384), (x64 @ w64).reshape(-1, 384), jnp.bfloat16)
@@ -52,7 +52,7 @@ def test_matmul_grad_runs_fo_jax_gemms():
     # value_and_grad: the loss needs the forward GEMM (grad alone never uses it: it is linear).
     f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
     text = f.lower(x, w).as_text()
-    assert text.count("fo_jax_gemm_ffi") == 3, "forward and both backward GEMMs on fo_jax's kernel"
+    assert text.count("fo_jax_gemm_v2") == 3, "forward and both backward GEMMs on fo_jax's kernel"
     _, (dx, dw) = f(x, w)
     assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.bfloat16
     assert_close(dx, g64 @ w64.T, jnp.bfloat16)
@@ -119,7 +119,7 @@ def test_axis_of_size_one_is_fo_jax_gemm(collective):
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, None, "tp"), P("tp", None)),
                               out_specs=out_spec))
     text = f.lower(x, w).as_text()
-    assert "fo_jax_gemm_ffi" in text and "fo_jax_overlapped_matmul" not in text
+    assert "fo_jax_gemm" in text and "fo_jax_overlapped_matmul" not in text
     choice = seen["choice"]
     assert choice.path == "cuda" and choice.axis_size == 1 and "size 1" in choice.reason, choice
     out = f(x, w)
