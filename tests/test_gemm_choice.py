@@ -196,6 +196,9 @@ TRUE = {  # coefficients (us) the synthetic sweep is drawn from
 }
 
 
+DRIFTED = (16384, 16384, 6656)
+
+
 def _synthetic_sweep(path, configs):
     rng = np.random.default_rng(0)
     rows = []
@@ -211,11 +214,14 @@ def _synthetic_sweep(path, configs):
             # XLA: as fast as the best configuration, except at small M where it is 20% faster.
             best = min(times.values())
             xla = best * (0.8 if m <= 1024 and n * k <= 1536 * 4096 else 1.02)
+            # One shape read 10% faster as fo_jax.matmul than as the same kernel's
+            # fo_jax.gemm row (a clock drift within the trace): the fit must leave it out.
+            early = 0.9 if (m, n, k) == DRIFTED else 1.0
             for dtype, scale in (("bfloat16", 1.0), ("float16", 1.01)):
                 rows.append(dict(base, dtype=dtype, M=m, N=n, K=k, method="xla.dot",
                                  ms=xla * scale, config=None))
                 rows.append(dict(base, dtype=dtype, M=m, N=n, K=k, method="fo_jax.matmul",
-                                 ms=times["pp_128x128x64_c1"] * scale,
+                                 ms=times["pp_128x128x64_c1"] * scale * early,
                                  config="pp_128x128x64_c1"))
             for name, t in times.items():
                 rows.append(dict(base, dtype="bfloat16", M=m, N=n, K=k, method="fo_jax.gemm",
@@ -267,5 +273,11 @@ def test_fit_recovers_the_choice_of_a_synthetic_sweep(tmp_path, monkeypatch):
     monkeypatch.setattr(_gemm_table, "XLA_THRESHOLD", fitted.XLA_THRESHOLD)
     assert _gemm_choice.prefer_xla_dot(512, 1536, 4096, BF16)
     assert not _gemm_choice.prefer_xla_dot(8192, 8192, 7168, BF16)
+    # The drifted shape is reported, and kept out of the fit's points in both dtypes.
+    assert DRIFTED not in pts and DRIFTED not in {p[:3] for p in fitted.XLA_POINTS["float16"]}
+    assert len(pts) == 35
     text = report.read_text()
-    assert "fitted choice" in text and "never chosen here" in text and "geomean" in text
+    assert "Timing drift: at 1 shape the" in text and "16384x16384x6656 (drift)" in text
+    for what in ("fitted choice", "Never chosen on these shapes", "geomean",
+                 "### Cross-validation", "shape: one shape", "layer: the 5-6 shapes"):
+        assert what in text, what
