@@ -1,8 +1,10 @@
-// The Python extension fo_jax._fo_jax_cuda: hands the FFI handler capsules to Python and answers
-// the few host-side questions the lowering needs (GEMM config table, NCCL unique ids, peer
-// access between GPUs).
-// Python registers the capsules with jax.ffi.register_ffi_target (fo_jax/_cuda.py).
+// The Python extension fo_jax._fo_jax_cuda: hands the FFI handler capsules to Python, binds the
+// plan's enums (their values exist only in C++: comm/overlap_plan.h) and answers the host-side
+// questions the lowering needs (GEMM config table, NCCL unique ids, peer access between GPUs),
+// plus diagnostics and test hooks. Python registers the capsules with
+// jax.ffi.register_ffi_target (fo_jax/_cuda.py).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -15,32 +17,45 @@
 #include "comm/call_timeline.h"
 #include "comm/comm_registry.h"
 #include "comm/consumer_gemm_check.h"
-#include "comm/peer_transport.h"
-#include "ffi/gemm_ffi.h"
-#include "ffi/overlap_ffi.h"
-#include "ffi/scale_ffi.h"
+#include "comm/copy_engine.h"
+#include "comm/copy_engine_buffers.h"
+#include "comm/copy_engine_debug.h"
+#include "comm/overlap_plan.h"
+#include "ffi/registrations.h"
 #include "kernels/signaling_gemm.h"
 
 namespace nb = nanobind;
 
-namespace {
-
-template <typename T>
-nb::capsule EncapsulateFfiHandler(T* fn) {
-  return nb::capsule(reinterpret_cast<void*>(fn));
-}
-
-}  // namespace
-
 NB_MODULE(_fo_jax_cuda, m) {
   m.def("registrations", []() {
     nb::dict d;
-    d["fo_jax_scale_ffi"] = EncapsulateFfiHandler(FoJaxScaleFfi);
-    d["fo_jax_gemm_ffi"] = EncapsulateFfiHandler(FoJaxGemmFfi);
-    d["fo_jax_gemm_into_ffi"] = EncapsulateFfiHandler(FoJaxGemmIntoFfi);
-    d["fo_jax_overlapped_matmul_ffi"] = EncapsulateFfiHandler(FoJaxOverlappedMatmulFfi);
+    for (const auto& [name, handler] : fo_jax::FfiHandlers()) {
+      d[name.c_str()] = nb::capsule(handler);
+    }
     return d;
   });
+  m.def("cpu_registrations", []() {
+    nb::dict d;
+    for (const auto& [name, handler] : fo_jax::CpuFfiHandlers()) {
+      d[name.c_str()] = nb::capsule(handler);
+    }
+    return d;
+  });
+
+  // The plan's enums: Python names a value, C++ owns its number (fo_jax/_cuda_ops.py).
+  nb::enum_<fo_jax::Collective>(m, "Collective")
+      .value("reduce_scatter", fo_jax::Collective::kReduceScatter)
+      .value("all_reduce", fo_jax::Collective::kAllReduce);
+  nb::enum_<fo_jax::Transport>(m, "Transport")
+      .value("nccl", fo_jax::Transport::kNccl)
+      .value("copy_engine", fo_jax::Transport::kCopyEngine);
+  nb::enum_<fo_jax::SumSplit>(m, "SumSplit")
+      .value("one", fo_jax::SumSplit::kOnePass)
+      .value("bands", fo_jax::SumSplit::kByBands)
+      .value("rows", fo_jax::SumSplit::kByRows);
+  nb::enum_<fo_jax::GemmDtype>(m, "GemmDtype")
+      .value("bfloat16", fo_jax::GemmDtype::kBF16)
+      .value("float16", fo_jax::GemmDtype::kF16);
 
   m.def("gemm_configs", []() {
     nb::list configs;
@@ -63,14 +78,18 @@ NB_MODULE(_fo_jax_cuda, m) {
 
   m.def(
       "select_gemm_config",
-      [](int dtype, int m, int n, int k, int batch, int sm_budget) {
-        return fo_jax::SelectGemmConfig(static_cast<fo_jax::GemmDtype>(dtype), m, n, k, batch,
-                                        sm_budget);
+      [](fo_jax::GemmDtype dtype, int m, int n, int k, int batch, int sm_budget) {
+        return fo_jax::SelectGemmConfig(dtype, m, n, k, batch, sm_budget);
       },
       nb::arg("dtype"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("batch"),
       nb::arg("sm_budget"));
 
   m.def("max_gemm_groups", []() { return fo_jax::kMaxGemmGroups; });
+
+  // The NCCL transport's progress watchdog limit (fo_jax/_env.py, FO_JAX_COMM_TIMEOUT_S), set
+  // once when Python loads the module: the module reads no environment variable.
+  m.def("set_comm_timeout_s", [](double seconds) { fo_jax::SetCommTimeoutSeconds(seconds); },
+        nb::arg("seconds"));
 
   m.def("nccl_unique_id", []() {
     ncclUniqueId id;
@@ -97,9 +116,9 @@ NB_MODULE(_fo_jax_cuda, m) {
         nb::arg("code"), nb::arg("rank") = -1, nb::arg("broken") = false);
 
   // Diagnostics for a hang: the number of fo_jax communicators of this process, and one line
-  // about communicator i (peer_transport.h), "" past the end. Without the GIL: on a hung machine
-  // the CUDA calls that read the flags may block, and the caller's watchdog thread must still
-  // be able to report (fo_jax/_diagnostics.py prints each line as it comes).
+  // about communicator i (comm/copy_engine_debug.h), "" past the end. Without the GIL: on a hung
+  // machine the CUDA calls that read the flags may block, and the caller's watchdog thread must
+  // still be able to report (fo_jax/_diagnostics.py prints each line as it comes).
   m.def("debug_comm_state_count",
         []() { return static_cast<int>(fo_jax::AllCommStatesForDebug().size()); });
   m.def(
@@ -107,24 +126,24 @@ NB_MODULE(_fo_jax_cuda, m) {
       [](int i) {
         std::vector<fo_jax::CommState*> all = fo_jax::AllCommStatesForDebug();
         if (i < 0 || i >= static_cast<int>(all.size())) return std::string();
-        return fo_jax::DescribePeerStateForDebug(*all[i]);
+        return fo_jax::DescribeCopyEngineForDebug(*all[i]);
       },
       nb::arg("index"), nb::call_guard<nb::gil_scoped_release>());
 
   // Per fo_jax communicator of this process: (device, rank, copies enqueued, copy graphs built,
   // graph updates made) by the copy-engine transport (tests: the graphs are reused, not rebuilt
   // per copy; an update is skipped when a copy's operands are those of its graph already).
-  m.def("peer_copy_counts", []() {
+  m.def("copy_engine_counts", []() {
     std::vector<std::tuple<int, int, uint64_t, uint64_t, uint64_t>> rows;
     for (fo_jax::CommState* s : fo_jax::AllCommStatesForDebug()) {
-      const fo_jax::PeerCopyCounts c = fo_jax::CountPeerCopies(*s);
+      const fo_jax::CopyEngineCounts c = fo_jax::CountCopyEngineCopies(*s);
       rows.emplace_back(s->device, s->rank, c.copies, c.graphs_built, c.updates);
     }
     return rows;
   });
 
   // Untraced per-call timelines of the copy-engine transport (comm/call_timeline.h;
-  // benchmarks/timeline_probe.py): arm every communicator for `calls` calls (0 disarms), with
+  // the timeline probe of dev/): arm every communicator for `calls` calls (0 disarms), with
   // the GPUs idle; then read one row per recorded call, times in us relative to `origin_ns` on
   // the steady clock that timeline_now_ns reads.
   m.def("timeline_now_ns", []() { return fo_jax::TimelineNowNs(); });
@@ -133,20 +152,20 @@ NB_MODULE(_fo_jax_cuda, m) {
       "timeline_start",
       [](int calls) {
         if (calls < 0) throw std::invalid_argument("calls must be >= 0");
-        const std::string err = fo_jax::StartCallTimelines(calls);
-        if (!err.empty()) throw std::runtime_error("fo_jax timeline: " + err);
+        const fo_jax::Status status = fo_jax::StartCallTimelines(calls);
+        if (!status.ok()) throw std::runtime_error("fo_jax timeline: " + status.message());
       },
       nb::arg("calls"), nb::call_guard<nb::gil_scoped_release>());
   m.def(
       "timeline_read",
       [](int64_t origin_ns) {
-        std::string err;
+        fo_jax::Status status;
         std::vector<fo_jax::TimelineRow> rows;
         {
           nb::gil_scoped_release release;
-          rows = fo_jax::ReadCallTimelines(origin_ns, &err);
+          status = fo_jax::ReadCallTimelines(origin_ns, &rows);
         }
-        if (!err.empty()) throw std::runtime_error("fo_jax timeline: " + err);
+        if (!status.ok()) throw std::runtime_error("fo_jax timeline: " + status.message());
         std::vector<std::tuple<int, int, int, std::vector<double>>> out;
         for (auto& r : rows) out.emplace_back(r.device, r.rank, r.call, std::move(r.us));
         return out;

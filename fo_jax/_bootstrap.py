@@ -80,7 +80,10 @@ def _unique_id(group: Sequence, nccl_max_ctas: int, process_index: int, process_
 
 def mesh_attributes(mesh, axis_name: str, nccl_max_ctas: int, process_index: int,
                     process_count: int, make_id: Callable[[], bytes]) -> dict:
-    """FFI attributes describing the mesh for fo_jax_overlapped_matmul_ffi."""
+    """The overlap call's attributes that describe the mesh (csrc/ffi/plan_attrs.h): `mesh`, a
+    struct with one row per mesh device (its process, local ordinal, rank along `axis_name` and
+    tensor-parallel group) and this process's index, and `unique_ids`, 128 bytes per group
+    (zeros for the groups this process takes no part in)."""
     axis = list(mesh.axis_names).index(axis_name)
     groups = group_table(mesh.devices, axis)
     procs, locals_, ranks, group_ids = [], [], [], []
@@ -96,11 +99,12 @@ def mesh_attributes(mesh, axis_name: str, nccl_max_ctas: int, process_index: int
             group_ids.append(g)
     as_i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
     return dict(
-        nranks=np.int32(len(groups[0])),
-        process=np.int32(process_index),
-        mesh_process=as_i32(procs),
-        mesh_local=as_i32(locals_),
-        mesh_rank=as_i32(ranks),
-        mesh_group=as_i32(group_ids),
+        mesh=dict(
+            process=np.int32(process_index),
+            device_process=as_i32(procs),
+            device_ordinal=as_i32(locals_),
+            device_rank=as_i32(ranks),
+            device_group=as_i32(group_ids),
+        ),
         unique_ids=np.frombuffer(bytes(uids), dtype=np.uint8),
     )

@@ -1,5 +1,7 @@
-"""Timing model of one copy-engine call (csrc/comm/peer_transport.h), to choose its group
-partition and its sum passes before the call is lowered.
+"""Timing model of one copy-engine call (csrc/comm/copy_engine.h), to choose its group
+partition and its sum passes before the call is lowered (docs/design.md, "Choosing the plan:
+the timing model"; the measurements behind it: docs/performance.md, "Group partition and sum
+passes" and "The ring reduce-scatter").
 
 The GEMM finishes its output in visit order at a steady rate; the copy engine sends the groups
 of every chunk but the own ones one after another, each starting when its group is done (plus a
@@ -8,18 +10,17 @@ the received chunks to the own one, in one pass once the last copy has landed, i
 chunks already there first, the last one after it lands: "bands"), or in one pass per group of
 the last chunk sent, each once its group has landed ("rows": the traffic of one pass, and only
 the last group's rows after the last copy). Rates and delays were read off the device timeline
-of 8192x8192x2048 on 4x H200 (results/overlap_profile_tp4_2026-11-21_fe573db.log,
-benchmarks/NOTES.md §9): copies of 16-32 MiB at 347-377 GB/s, 15-22 us from a group's end to its
-copy's start, 8-11 us between back-to-back copies, band sums at 3.8-4.2 TB/s of traffic. There
-the model puts the rows form 13 us ahead of the bands form; measured: 9-17 us of device period
-(NOTES §20; the row passes ran slower than SUM_RATE, ~2.7-3 TB/s right after the GEMM).
+of 8192x8192x2048 on 4x H200: copies of 16-32 MiB at 347-377 GB/s, 15-22 us from a group's end
+to its copy's start, 8-11 us between back-to-back copies, band sums at 3.8-4.2 TB/s of traffic.
+There the model puts the rows form 13 us ahead of the bands form; measured: 9-17 us of device
+period (the row passes ran slower than SUM_RATE, ~2.7-3 TB/s right after the GEMM).
 
 The ring reduce-scatter (best_ring) sends the same chunks, all to one peer, and has no sums, but
 its GEMM (slower, with the epilogue source) stalls whenever it reaches rows whose partial sum has
 not landed: a group must be copied within one chunk's time of its own start, so the groups are
-small and the copy chain, which runs at about the GEMM's pace, binds (benchmarks/NOTES.md §22).
-So whether the ring or the direct form finishes first depends on the GEMM's real pace, slower
-under sustained load than the estimate (ring_first, GEMM_SUSTAINED; NOTES §23).
+small and the copy chain, which runs at about the GEMM's pace, binds. So whether the ring or
+the direct form finishes first depends on the GEMM's real pace, slower under sustained load than
+the estimate (ring_first, GEMM_SUSTAINED).
 """
 
 from __future__ import annotations
@@ -34,14 +35,13 @@ SUM_GAP = 4e-6  # between the GEMM (or the previous pass, or a flag) and a sum p
 STORE_RATE = 330e9  # bytes/s of the all-reduce's SM stores into the peers' outputs
 # The ring's GEMM kernel (epilogue with a source, 3 of 4 bands reading it) against the plain
 # one at 8192x8192x2048 on one H200: +4 to +11 us of ~415 with the source in shared memory of
-# its own (results/gemm_ring_probe_h200_2026-11-22_stages.log; +39 us with CUTLASS's builder's
-# epilogue, which shares it with the output: NOTES §22).
+# its own (+39 us with CUTLASS's builder's epilogue, which shares it with the output).
 RING_GEMM_EXTRA = 0.025
 RING_TAIL = 6e-6  # a group's flag landing -> the tiles that add it stored
 # The GEMM's pace under sustained load against _plan.estimate_seconds (one H200, unloaded):
 # gemm_only at 8192x8192x2048 reads 0.38-0.40 ms on 4x H200 against the estimate's 0.352 (the
-# clock steps down under back-to-back GEMMs, NOTES §21). Used by ring_first only (which says
-# why and what it was checked against).
+# clock steps down under back-to-back GEMMs). Used by ring_first only (which says why and what
+# it was checked against).
 GEMM_SUSTAINED = 1.13
 
 MAX_PARTS = 4  # groups per chunk tried
@@ -166,8 +166,8 @@ def ring_partition(size: int, tiles_chunk: int, cluster_m: int, parts: int, lead
     group of `lead` clusters (0: none) and splits the rest in `parts` pieces. The same pieces in
     every chunk, so that the GEMM visits each chunk's rows in the order (and the groups) in
     which the partial sums it adds were sent: within a group it visits the tiles by columns of
-    up to 8 tile-rows, so a coarser group there would want a later piece sooner (NOTES §22).
-    None if a piece would be empty."""
+    up to 8 tile-rows, so a coarser group there would want a later piece sooner. None if a
+    piece would be empty."""
     clusters = tiles_chunk // cluster_m
     rest = clusters - lead
     if lead >= clusters or parts > rest:
@@ -225,12 +225,12 @@ def ring_first(direct: Prediction, ring: Prediction, size: int, tiles_chunk: int
     (GEMM_SUSTAINED; each plan's partition as chosen at t_gemm). The ring's copy chain runs at
     about the GEMM's pace, so that pace decides: at the estimate's the model put the direct form
     first at 8192x8192x2048 on 4 GPUs, where the ring won. Lowering SUM_RATE instead would move
-    direct-form plans measured to be good (NOTES §23). Measured on 4x H200
-    (results/ring_ab_tp4_2026-11-22_cc0cb05.log, ring against direct, ms): 4096x8192x2048
-    0.281 / 0.279 against 0.264 / 0.262 (the model: direct, by 20 us), 8192x8192x2048 0.448 /
-    0.448 against 0.471 / 0.466 (ring, by 9), 16384x8192x2048 0.858 / 0.867 against 0.874 /
-    0.890 (ring), the long-K shapes within 1% either way (ring); on 2x H200 the ring won or
-    tied on every shape (ring_ab_tp2_2026-11-22_aa11274.log; the model: ring everywhere)."""
+    direct-form plans measured to be good. Measured on 4x H200 (ring against direct, ms):
+    4096x8192x2048 0.281 / 0.279 against 0.264 / 0.262 (the model: direct, by 20 us),
+    8192x8192x2048 0.448 / 0.448 against 0.471 / 0.466 (ring, by 9), 16384x8192x2048 0.858 /
+    0.867 against 0.874 / 0.890 (ring), the long-K shapes within 1% either way (ring); on
+    2x H200 the ring won or tied on every shape (the model: ring everywhere). The runs:
+    docs/performance.md, "The ring reduce-scatter"."""
     t = t_gemm * GEMM_SUSTAINED
     return (finish_at(ring, True, size, tiles_chunk, chunk_bytes, t)
             < finish_at(direct, False, size, tiles_chunk, chunk_bytes, t))

@@ -58,6 +58,9 @@ def _load() -> tuple[Optional[object], str]:
             "'Install')")
     except OSError as e:
         return None, f"loading libnccl.so.2 failed ({e}); pip install nvidia-nccl-cu13"
+    from fo_jax import _env  # noqa: PLC0415
+
+    _fo_jax_cuda.set_comm_timeout_s(_env.comm_timeout_s())  # the module reads no environment
     return _fo_jax_cuda, ""
 
 

@@ -1,13 +1,18 @@
 """The CUDA forwards: JAX-side bindings of fo_jax's FFI targets.
 
-- `matmul_cuda` / `signaling_gemm`: the signaling GEMM alone (target fo_jax_gemm_ffi).
-- `overlapped_matmul_cuda`: GEMM + counter-gated NCCL collective (target
-  fo_jax_overlapped_matmul_ffi), bound through a small primitive because its lowering needs the
-  concrete mesh (to know each device's tensor-parallel group and rank; see _bootstrap.py).
+- `matmul_cuda` / `signaling_gemm`: the signaling GEMM alone (target fo_jax_gemm_v2).
+- `overlapped_matmul_cuda`: GEMM + counter-gated collective (target fo_jax_overlapped_matmul_v2),
+  bound through a small primitive because its lowering needs the concrete mesh (to know each
+  device's tensor-parallel group and rank; see _bootstrap.py).
+Each call carries its plan (fo_jax/_plan.py) as ONE struct attribute, `plan`; enum values come
+from the compiled module (csrc/fo_jax_module.cc), so Python and C++ cannot disagree on them.
 Shapes and dtypes are validated by the callers (overlap.py); these only build the calls.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Optional
 
 import jax
 import numpy as np
@@ -15,9 +20,11 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from fo_jax import _bootstrap, _cuda, _vma
-from fo_jax._plan import GemmPlan
+from fo_jax._plan import GemmPlan, OverlapPlan
 
-COLLECTIVE_CODES = {"reduce_scatter": 0, "all_reduce": 1}
+GEMM_TARGET = "fo_jax_gemm_v2"
+GEMM_INTO_TARGET = "fo_jax_gemm_into_v2"
+OVERLAP_TARGET = "fo_jax_overlapped_matmul_v2"
 
 
 def _result_aval(likes, shape, dtype, drop_axes=()):
@@ -34,24 +41,97 @@ def _result_aval(likes, shape, dtype, drop_axes=()):
     return _vma.with_varying(aval, varying)
 
 
-def signaling_gemm(a: jax.Array, b: jax.Array, plan: GemmPlan, batch: int = 1,
+def gemm_attribute(plan: GemmPlan) -> dict:
+    """The GEMM part of a plan as the FFI struct csrc/ffi/plan_attrs.h decodes (GemmPlanAttr)."""
+    return dict(config=np.int32(plan.config_index), batch=np.int32(plan.batch),
+                group_begin=np.asarray(plan.group_begin, np.int32),
+                sm_budget=np.int32(plan.sm_budget))
+
+
+def overlap_attribute(plan: OverlapPlan) -> dict:
+    """An overlap plan as the FFI struct csrc/ffi/plan_attrs.h decodes (OverlapPlanAttr)."""
+    mod = _cuda.module()
+    return dict(
+        collective=np.int32(mod.Collective[plan.collective].value),
+        transport=np.int32(mod.Transport[plan.transport].value),
+        axis_size=np.int32(plan.axis_size),
+        gemm=gemm_attribute(plan.gemm),
+        nccl_max_ctas=np.int32(plan.nccl_max_ctas),
+        rounds=np.int32(plan.rounds),
+        ring=bool(plan.ring),
+        sum_split=np.int32(mod.SumSplit[plan.sum_split].value),
+        tiles_chunk=np.int32(plan.tiles_chunk),
+    )
+
+
+# jax.ffi.ffi_call takes one level of attributes (a dict of scalars); a plan is a struct with
+# arrays and a nested struct, so fo_jax's calls go through this primitive, whose parameter is the
+# attributes in a hashable form, turned back into dicts and arrays for ffi_lowering.
+ffi_p = Primitive("fo_jax_ffi_call")
+ffi_p.multiple_results = True
+
+
+def _freeze(value):
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _freeze(v)) for k, v in sorted(value.items())))
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, tuple(value.tolist()))
+    return ("scalar", value)
+
+
+def _thaw(frozen):
+    kind = frozen[0]
+    if kind == "dict":
+        return {k: _thaw(v) for k, v in frozen[1]}
+    if kind == "array":
+        return np.asarray(frozen[2], np.dtype(frozen[1]))
+    return frozen[1]
+
+
+@ffi_p.def_abstract_eval
+def _ffi_abstract_eval(*args, result_avals, **_):
+    del args
+    return result_avals
+
+
+@ffi_p.def_impl
+def _ffi_impl(*args, **params):
+    return jax.jit(functools.partial(ffi_p.bind, **params))(*args)  # eager: compile the call
+
+
+def _ffi_lowering(ctx, *args, target, attrs, aliases, **_):
+    rule = jax.ffi.ffi_lowering(target, operand_output_aliases=dict(aliases))
+    return rule(ctx, *args, **_thaw(attrs))
+
+
+mlir.register_lowering(ffi_p, _ffi_lowering)
+
+
+def _ffi_call(target: str, args: tuple, result_avals: tuple, attrs: dict, aliases=()):
+    return ffi_p.bind(*args, target=target, attrs=_freeze(attrs),
+                      result_avals=tuple(result_avals), aliases=tuple(aliases))
+
+
+def signaling_gemm(a: jax.Array, b: jax.Array, plan: GemmPlan, batch: Optional[int] = None,
                    signal: bool = True, d_init: jax.Array | None = None):
-    """(d, counters): the raw kernel entry (batch > 1 writes the group-major remapped layout).
-    With `d_init` the kernel writes into that buffer (aliased), so tests can poison it."""
+    """(d, counters): the raw kernel entry (a batch > 1 writes the group-major remapped layout).
+    `batch` must be the plan's (it is there for callers that name it). With `d_init` the kernel
+    writes into that buffer (aliased), so tests can poison it."""
+    if batch is not None and batch != plan.batch:
+        raise ValueError(f"fo_jax.signaling_gemm: batch {batch} but the plan was made for "
+                         f"batch {plan.batch}")
     _cuda.register_targets()
-    d = jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), a.dtype)
-    counters = jax.ShapeDtypeStruct((plan.num_groups,), np.uint32)
-    attrs = dict(config=np.int32(plan.config_index), batch=np.int32(batch),
-                 group_begin=np.asarray(plan.group_begin, np.int32),
-                 sm_budget=np.int32(plan.sm_budget), signal=bool(signal))
+    like = (a, b)
+    results = (_result_aval(like, (a.shape[0], b.shape[1]), a.dtype),
+               _result_aval(like, (plan.num_groups,), np.uint32))
+    attrs = dict(plan=gemm_attribute(plan), signal=bool(signal))
     if d_init is None:
-        return jax.ffi.ffi_call("fo_jax_gemm_ffi", (d, counters))(a, b, **attrs)
-    call = jax.ffi.ffi_call("fo_jax_gemm_into_ffi", (d, counters), input_output_aliases={2: 0})
-    return call(a, b, d_init, **attrs)
+        return tuple(_ffi_call(GEMM_TARGET, (a, b), results, attrs))
+    return tuple(_ffi_call(GEMM_INTO_TARGET, (a, b, d_init), results, attrs, aliases=((2, 0),)))
 
 
 def matmul_cuda(x: jax.Array, w: jax.Array, plan: GemmPlan) -> jax.Array:
-    return signaling_gemm(x, w, plan, batch=1, signal=False)[0]
+    return signaling_gemm(x, w, plan, signal=False)[0]
 
 
 overlap_p = Primitive("fo_jax_overlapped_matmul")
@@ -64,56 +144,88 @@ def _overlap_abstract_eval(x, w, *, result_avals, **_):
     return result_avals
 
 
-TRANSPORT_CODES = {"nccl": 0, "copy_engine": 1}
-SUM_SPLIT_CODES = {"one": 0, "bands": 1, "rows": 2}  # PeerCollectiveArgs::SumSplit
-
-
-def _overlap_lowering(ctx, x, w, *, result_avals, axis_name, collective, plan, nccl_max_ctas,
-                      spin_wait, transport):
+def _overlap_lowering(ctx, x, w, *, result_avals, axis_name, plan):
     del result_avals
     fn = "fo_jax.overlapped_matmul"
     mesh = _bootstrap.concrete_mesh_of(ctx.module_context.axis_context, fn)
     if axis_name not in mesh.axis_names:
         raise ValueError(f"{fn}: axis {axis_name!r} is not an axis of the lowering mesh "
                          f"{tuple(mesh.axis_names)}")
+    if mesh.shape[axis_name] != plan.axis_size:
+        raise ValueError(f"{fn}: the plan is for {plan.axis_size} ranks, axis {axis_name!r} of "
+                         f"the lowering mesh has {mesh.shape[axis_name]}")
     mesh_attrs = _bootstrap.mesh_attributes(
-        mesh, axis_name, nccl_max_ctas, jax.process_index(), jax.process_count(),
+        mesh, axis_name, plan.nccl_max_ctas, jax.process_index(), jax.process_count(),
         _cuda.module().nccl_unique_id)
-    rule = jax.ffi.ffi_lowering("fo_jax_overlapped_matmul_ffi")
-    return rule(ctx, x, w, collective=np.int32(COLLECTIVE_CODES[collective]),
-                config=np.int32(plan.config_index),
-                group_begin=np.asarray(plan.group_begin, np.int32),
-                sm_budget=np.int32(plan.sm_budget), nccl_max_ctas=np.int32(nccl_max_ctas),
-                spin_wait=bool(spin_wait), transport=np.int32(TRANSPORT_CODES[transport]),
-                rounds=np.int32(plan.rounds),
-                sum_split=np.int32(SUM_SPLIT_CODES[plan.sum_split]),
-                copy_options=np.int32(int(plan.flag_stream) | 2 * int(plan.acks_first)),
-                ring=np.int32(plan.ring),
-                **mesh_attrs)
+    rule = jax.ffi.ffi_lowering(OVERLAP_TARGET)
+    return rule(ctx, x, w, plan=overlap_attribute(plan), **mesh_attrs)
 
 
 mlir.register_lowering(overlap_p, _overlap_lowering, platform="cuda")
 
 
-def overlapped_matmul_cuda(x: jax.Array, w: jax.Array, axis_name: str, collective: str,
-                           axis_size: int, plan: GemmPlan, nccl_max_ctas: int,
-                           spin_wait: bool = False, transport: str = "nccl") -> jax.Array:
-    """psum / psum_scatter of x @ w computed by the overlapped CUDA pipeline (transport: "nccl"
-    or "copy_engine", see fo_jax/_transport.py; the plan must match it)."""
+def overlapped_matmul_cuda(x: jax.Array, w: jax.Array, axis_name: str,
+                           plan: OverlapPlan) -> jax.Array:
+    """psum / psum_scatter of x @ w computed by the overlapped CUDA pipeline, as `plan` says
+    (fo_jax/_plan.py, plan_overlap)."""
     _cuda.register_targets()
     m, n = x.shape[0], w.shape[1]
-    rs = collective == "reduce_scatter"
+    rs = plan.collective == "reduce_scatter"
     # Operands with different varying axes (x varies over a data axis, w does not) are fine for
     # the custom call; the result varies over the union, minus the reduced axis for psum.
     like = (x, w)
     result_avals = (
-        _result_aval(like, (m // axis_size if rs else m, n), x.dtype,
+        _result_aval(like, (m // plan.axis_size if rs else m, n), x.dtype,
                      drop_axes=() if rs else (axis_name,)),
         # workspace: the GEMM's output, group-major (NCCL) or in natural row order (copy engine)
         _result_aval(like, (m, n) if rs else (1,), x.dtype),
         _result_aval(like, (plan.num_groups,), np.uint32),  # counters
     )
-    outs = overlap_p.bind(x, w, result_avals=result_avals, axis_name=axis_name,
-                          collective=collective, plan=plan, nccl_max_ctas=int(nccl_max_ctas),
-                          spin_wait=bool(spin_wait), transport=transport)
+    outs = overlap_p.bind(x, w, result_avals=result_avals, axis_name=axis_name, plan=plan)
     return outs[0]
+
+
+CHECK_TARGET = "fo_jax_check_overlap_plan"
+# The words of fo_jax_check_overlap_plan's output (csrc/ffi/plan_check_ffi.cc, PlanCheckWord),
+# then one expected counter value per group (max_gemm_groups of them).
+PLAN_CHECK_FIELDS = ("batch", "m", "n", "k", "config", "num_groups", "sm_budget",
+                     "rotate_tile_rows", "rotate_period_tile_rows", "output_rows", "rank", "group")
+
+
+@functools.lru_cache(maxsize=None)
+def _register_cpu_targets() -> None:
+    for name, capsule in _cuda.module().cpu_registrations().items():
+        jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+
+
+def check_overlap_plan(plan_attr: dict, dtype, m: int, n: int, k: int, rank: int = 0,
+                       mesh_attr: Optional[dict] = None, device: Optional[int] = None) -> dict:
+    """Runs the overlap handler's own decoding of `plan_attr` (a dict as `overlap_attribute`
+    makes it) and of a mesh table (`mesh_attr`, as _bootstrap.mesh_attributes makes it; default:
+    one group of the plan's ranks on devices 0, 1, ...), and its validation of the plan, on the
+    CPU, for operands x[m, k] @ w[k, n] of `dtype`; returns what the handler derives for device
+    `device` (default: the device of `rank` in the default mesh): the GEMM's arguments, the
+    device's rank and group (PLAN_CHECK_FIELDS) and each group's expected counter value
+    ("expected"). An invalid plan raises with the handler's message. For tests: the host side
+    of the handler runs without a GPU."""
+    mod = _cuda.module()
+    _register_cpu_targets()
+    if mesh_attr is None:
+        size = int(plan_attr["axis_size"])
+        mesh_attr = dict(process=np.int32(0), device_process=np.zeros(size, np.int32),
+                         device_ordinal=np.arange(size, dtype=np.int32),
+                         device_rank=np.arange(size, dtype=np.int32),
+                         device_group=np.zeros(size, np.int32))
+        device = rank if device is None else device
+    words = len(PLAN_CHECK_FIELDS) + int(mod.max_gemm_groups())
+    attrs = dict(plan=plan_attr, mesh=mesh_attr,
+                 dtype=np.int32(mod.GemmDtype[np.dtype(dtype).name].value),
+                 m=np.int32(m), n=np.int32(n), k=np.int32(k), device=np.int32(device))
+    with jax.default_device(jax.devices("cpu")[0]):
+        (out,) = _ffi_call(CHECK_TARGET, (), (jax.core.ShapedArray((words,), np.int32),),
+                           attrs)
+    out = np.asarray(out)
+    result = dict(zip(PLAN_CHECK_FIELDS, (int(v) for v in out)))
+    groups = result["num_groups"]
+    result["expected"] = [int(v) for v in out[len(PLAN_CHECK_FIELDS):][:groups]]
+    return result

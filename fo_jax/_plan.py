@@ -1,7 +1,9 @@
-"""Trace-time planning of a CUDA call: GEMM tile configuration, group partition, SM budget.
+"""Planning of a CUDA call, once, at trace time: the one place that decides every value the FFI
+handler receives (GEMM tile configuration, group partition, SM budget, batch, transport
+program, NCCL CTA bound). `plan_overlap` and `plan_matmul` are the entry points; the handler
+validates the plan and derives addresses and counts from it, it never chooses.
 
-The defaults here are the "measured defaults" of the overlap issue (see benchmarks/NOTES.md); an
-`OverlapConfig` overrides each of them.
+The defaults are measured (docs/performance.md); an `OverlapConfig` overrides each of them.
 """
 
 from __future__ import annotations
@@ -12,20 +14,19 @@ from typing import Optional, Sequence
 
 import jax.numpy as jnp
 
-from fo_jax import _cuda, _gemm_choice
+from fo_jax import _cuda, _gemm_choice, _transport
 from fo_jax.config import OverlapConfig
 
-DTYPE_CODES = {jnp.dtype(jnp.bfloat16): 0, jnp.dtype(jnp.float16): 1}
-
-# Overlap defaults, measured on 4x H200 (benchmarks/NOTES.md §3-4). The GEMM leaves SMs to NCCL;
-# how many pays depends on how long the GEMM runs against the collective: when they take about as
-# long (r = T_gemm / T_comm < 1.5), NCCL needs 32 free SMs and 32 CTAs to keep pace and 4 groups
-# keep per-call NCCL overhead low. When the GEMM dominates, every SM taken from it costs more than
-# the collective's speed gains: a reduce-scatter runs best on 8 SMs / 8 CTAs in 8 groups (slow,
-# but hidden behind the GEMM); an all-reduce, with twice the traffic, on 16 SMs / 32 CTAs.
-# When the collective is the critical path (short GEMMs), an all-reduce gains from a small first
-# group (its NCCL call starts sooner): relative group sizes 1 : 2 : 2.5 : 2.5 measured 3-7% faster
-# than equal groups on 8192 and 16384 x 8192 x 2048 (NOTES.md §4); a reduce-scatter did not gain.
+# Overlap defaults, measured on 4x H200 (docs/performance.md, "Smaller decisions"). The GEMM
+# leaves SMs to NCCL; how many pays depends on how long the GEMM runs against the collective:
+# when they take about as long (r = T_gemm / T_comm < 1.5), NCCL needs 32 free SMs and 32 CTAs to
+# keep pace and 4 groups keep per-call NCCL overhead low. When the GEMM dominates, every SM taken
+# from it costs more than the collective's speed gains: a reduce-scatter runs best on 8 SMs /
+# 8 CTAs in 8 groups (slow, but hidden behind the GEMM); an all-reduce, with twice the traffic,
+# on 16 SMs / 32 CTAs. When the collective is the critical path (short GEMMs), an all-reduce
+# gains from a small first group (its NCCL call starts sooner): relative group sizes
+# 1 : 2 : 2.5 : 2.5 measured 3-7% faster than equal groups on 8192 and 16384 x 8192 x 2048; a
+# reduce-scatter did not gain.
 _SHORT = dict(num_groups=4, sms_for_nccl=32, nccl_max_ctas=32)
 SHORT_GEMM = {"reduce_scatter": _SHORT,
               "all_reduce": dict(_SHORT, group_weights=(1.0, 2.0, 2.5, 2.5))}
@@ -33,15 +34,15 @@ LONG_GEMM = {"reduce_scatter": dict(num_groups=8, sms_for_nccl=8, nccl_max_ctas=
              "all_reduce": dict(num_groups=4, sms_for_nccl=16, nccl_max_ctas=32)}
 RATIO_THRESHOLD = 1.5
 # Rough H100/H200 rates for the ratio only (bf16 GEMM; NCCL algorithm bandwidth over NVLink).
-GEMM_FLOPS = 780e12  # fo_jax's ping-pong 128x192 kernel on the TP shapes (NOTES.md §1)
+GEMM_FLOPS = 780e12  # fo_jax's ping-pong 128x192 kernel on the TP shapes
 ALGBW = {"reduce_scatter": 330e9, "all_reduce": 180e9}
 # Below this estimated GEMM time the overlap does not repay its costs (SMs given to NCCL, the last
-# group's tail, per-group NCCL calls): take the plain XLA path. Measured on 4x H200 (NOTES.md §3):
+# group's tail, per-group NCCL calls): take the plain XLA path. Measured on 4x H200:
 # 4096x8192x2048 (estimated 0.21 ms) ran 1.00x (reduce-scatter) and 0.94x (all-reduce) of plain
 # JAX; 8192x8192x2048 (0.42 ms) and larger gained.
 MIN_GEMM_SECONDS = 250e-6
 # With the copy-engine transport the GEMM keeps every SM and no collective tail follows it: the
-# standalone probe (NOTES.md §6) measured 4096x8192x2048 reduce-scatter (estimated GEMM 0.18 ms)
+# standalone probe measured 4096x8192x2048 reduce-scatter (estimated GEMM 0.18 ms)
 # at ~1.5x of plain JAX. Smaller calls were not measured; below this, plain XLA.
 MIN_GEMM_SECONDS_COPY_ENGINE = 100e-6
 
@@ -89,27 +90,55 @@ def overlap_defaults(collective: str, m: int, n: int, k: int, dtype=None,
 
 @dataclasses.dataclass(frozen=True)
 class GemmPlan:
-    config_index: int
+    """The signaling GEMM of one call (csrc/kernels/signaling_gemm.h, SignalingGemmArgs)."""
+
+    config_index: int  # into gemm_configs(), the compiled tile configurations
     config_name: str
     tile_m: int
     tile_n: int
     group_begin: tuple  # tile-row boundaries of the groups, within one batch
     sm_budget: int  # > 0: SMs; 0: all; < 0: all but that many (resolved on the device)
-    rounds: int = 1  # copy-engine all-reduce: rounds of the reduce + all-gather (_transport)
-    # Copy engine: how the last round is summed ("one" pass, by "bands": the chunks already
-    # there, then the last one, or by "rows": one pass per piece of the last chunk;
-    # csrc/comm/peer_transport.h, SumSplit), whether the copy stream's flags go on a stream of
-    # their own and whether it waits for every receiver's acknowledgement before its first copy.
-    sum_split: str = "bands"
-    flag_stream: bool = False
-    acks_first: bool = False
-    # Copy engine: the ring reduce-scatter (csrc/comm/peer_transport.h): each rank's GEMM adds
-    # the partial sums it receives in its epilogue, nothing is summed after it (sum_split unused).
-    ring: bool = False
+    batch: int = 1  # > 1: the NCCL reduce-scatter's group-major layout of `batch` bands
+    cluster_m: int = 1
 
     @property
     def num_groups(self) -> int:
         return len(self.group_begin) - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class OverlapPlan:
+    """Everything the overlap handler receives about one call but its operands and the mesh:
+    one immutable value (hashable: it travels through jit as a static parameter) that becomes
+    the custom call's `plan` attribute (fo_jax/_cuda_ops.py) and csrc/comm/overlap_plan.h's
+    OverlapPlan on the other side."""
+
+    collective: str  # "reduce_scatter" | "all_reduce"
+    transport: str  # "nccl" | "copy_engine"
+    axis_size: int  # ranks of the reduced axis
+    gemm: GemmPlan
+    # The NCCL communicator's CTA bound. Both transports create their communicator with it (the
+    # copy engine exchanges addresses through it), so it is part of the communicator's identity.
+    nccl_max_ctas: int
+    # The copy-engine program (docs/design.md, "The copy-engine transport"); the NCCL transport's
+    # plan keeps these neutral values.
+    rounds: int = 1  # the all-reduce's rounds: each band is `rounds` chunks
+    ring: bool = False  # the ring reduce-scatter (no sums after the GEMM)
+    sum_split: str = "one"  # the direct form's last-round sums: "one", "bands" or "rows"
+    tiles_chunk: int = 0  # GEMM tile-rows per chunk
+
+    @property
+    def num_groups(self) -> int:
+        return self.gemm.num_groups
+
+    def describe(self) -> str:
+        text = (f"{self.transport} transport, {self.collective} over {self.axis_size} ranks, GEMM "
+                f"{self.gemm.config_name} batch {self.gemm.batch}, groups {self.gemm.group_begin}, "
+                f"sm_budget {self.gemm.sm_budget}, nccl_max_ctas {self.nccl_max_ctas}")
+        if self.transport == "copy_engine":
+            text += (f", rounds {self.rounds}, {'ring' if self.ring else 'direct'}, sums "
+                     f"{self.sum_split}, {self.tiles_chunk} tile-rows per chunk")
+        return text
 
 
 @functools.lru_cache(maxsize=None)
@@ -174,8 +203,9 @@ def gemm_config_index(fn: str, dtype, m: int, n: int, k: int, batch: int,
                                             require_addends=require_addends)
     if index is not None:
         return index
-    return int(_cuda.module().select_gemm_config(DTYPE_CODES[jnp.dtype(dtype)], m, n, k, batch,
-                                                 max(sm_budget, 0)))
+    mod = _cuda.module()
+    return int(mod.select_gemm_config(mod.GemmDtype[jnp.dtype(dtype).name], m, n, k, batch,
+                                      max(sm_budget, 0)))
 
 
 def plan_gemm(fn: str, dtype, m: int, n: int, k: int, batch: int,
@@ -203,4 +233,34 @@ def plan_gemm(fn: str, dtype, m: int, n: int, k: int, batch: int,
         bounds = uniform_groups(tile_rows, default_groups)
     if len(bounds) - 1 > max_groups:
         raise ValueError(f"{fn}: {len(bounds) - 1} groups requested, at most {max_groups}")
-    return GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm_budget)
+    return GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm_budget, batch,
+                    c["cluster_m"])
+
+
+def plan_matmul(fn: str, dtype, m: int, n: int, k: int,
+                config: Optional[OverlapConfig]) -> GemmPlan:
+    """The plan of `fo_jax.matmul`: one group, every SM unless config says otherwise."""
+    return plan_gemm(fn, dtype, m, n, k, 1, config, 1, 0)
+
+
+def plan_overlap(fn: str, collective: str, axis_size: int, dtype, rows: int, n: int, k: int,
+                 config: Optional[OverlapConfig], transport: str) -> OverlapPlan:
+    """The whole plan of one overlapped call on `transport` (as chosen by
+    fo_jax/_transport.py's `choose`): x[rows, k] @ w[k, n] per rank, reduced over `axis_size`
+    ranks. Defaults come from the tuning cache or the shape heuristic (`overlap_defaults`), the
+    copy engine's program from its timing model (fo_jax/_transport.py, fo_jax/_ce_model.py);
+    `config` overrides them."""
+    d = overlap_defaults(collective, rows, n, k, dtype=dtype, tp=axis_size)
+    max_ctas = d["nccl_max_ctas"]
+    if config is not None and config.nccl_max_ctas is not None:
+        max_ctas = config.nccl_max_ctas
+    if transport == "copy_engine":
+        gemm, program = _transport.copy_engine_program(fn, collective, dtype, rows, n, k,
+                                                       axis_size, config)
+        return OverlapPlan(collective, transport, axis_size, gemm, max_ctas, **program)
+    if transport != "nccl":
+        raise ValueError(f"{fn}: unknown transport {transport!r}")
+    batch = axis_size if collective == "reduce_scatter" else 1
+    gemm = plan_gemm(fn, dtype, rows // batch, n, k, batch, config, d["num_groups"],
+                     -d["sms_for_nccl"], d.get("group_weights"))
+    return OverlapPlan(collective, transport, axis_size, gemm, max_ctas)

@@ -1,5 +1,6 @@
 """Which transport carries an overlapped collective: NCCL's collectives, or copy-engine copies
-straight between the GPUs' memories (csrc/comm/peer_transport.h; benchmarks/NOTES.md §6-9).
+straight between the GPUs' memories (csrc/comm/copy_engine.h; docs/design.md, "The copy-engine
+transport"), and the copy engine's program for a call (`copy_engine_program`).
 
 The copy-engine transport lets the GEMM keep every SM and, with the GEMM visiting its output by
 destination band (own band last), leaves only the band sums after the GEMM; an all-reduce
@@ -16,7 +17,6 @@ elsewhere.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Optional
 
 import jax
@@ -25,7 +25,7 @@ import numpy as np
 from fo_jax import _ce_model, _cuda, _hw_queues, _plan
 from fo_jax.config import OverlapConfig
 
-MAX_RANKS = 16  # kMaxPeerRanks in csrc/comm/peer_transport.h
+MAX_RANKS = 16  # kMaxCopyEngineRanks in csrc/comm/copy_engine_flags.h
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,12 +81,12 @@ def copy_engine_problem(collective: str, size: int, dtype, m_total: int, n: int,
     return None
 
 
-MAX_RECEIVE_SLOTS = 4 * MAX_RANKS  # kMaxReceiveSlots (csrc/comm/peer_transport.h)
+MAX_RECEIVE_SLOTS = 4 * MAX_RANKS  # kMaxReceiveSlots (csrc/comm/copy_engine_flags.h)
 # The all-reduce's rounds before the last are summed next to the GEMM on this many SMs that the
-# GEMM leaves free (benchmarks/NOTES.md §8).
+# GEMM leaves free (OverlapConfig.copy_engine_sum_sms overrides it).
 ROUND_SUM_SMS = 8
 # Default rounds of a copy-engine all-reduce (tried in order, the first that fits the shape),
-# measured on 4x H200 (NOTES.md §8): where the GEMM dominates, 4 rounds hide most of the
+# measured on 4x H200: where the GEMM dominates, 4 rounds hide most of the
 # all-gather behind it (8192x8192x7168: 1.642 ms against 1.749 in one round and 1.739 on NCCL);
 # where the collective dominates the GEMM is too short to hide much and loses the round sums'
 # SMs: 2 rounds for bands of 32 MiB and more (8192x8192x2048: 0.796 against 0.834), one below
@@ -102,26 +102,17 @@ def _rounds_fit(rounds: int, band_rows: int, unit: int, size: int) -> bool:
             and rounds * (size - 1) <= MAX_RECEIVE_SLOTS)
 
 
-def _env_int(name: str) -> Optional[int]:
-    """A positive int from the environment (measurement overrides), else None."""
-    v = os.environ.get(name, "")
-    return int(v) if v.isdigit() and int(v) > 0 else None
-
-
 def copy_engine_rounds(collective: str, m_total: int, n: int, k: int, unit: int, size: int,
                        config: Optional[OverlapConfig]) -> int:
     """Rounds of a copy-engine call: 1 for a reduce-scatter; for an all-reduce
-    config.copy_engine_rounds, else FO_JAX_CE_ROUNDS (a measurement override), else the first
-    of ROUNDS_LONG_GEMM (the GEMM outlasts the collective) or ROUNDS_LARGE_BAND (bands of
+    config.copy_engine_rounds (copy_engine_problem checked that it fits), else the first of
+    ROUNDS_LONG_GEMM (the GEMM outlasts the collective) or ROUNDS_LARGE_BAND (bands of
     LARGE_BAND_BYTES or more) that fits (whole tile units per chunk), else 1."""
     if collective != "all_reduce":
         return 1
     if config is not None and config.copy_engine_rounds is not None:
         return config.copy_engine_rounds
     band_rows = m_total // size
-    forced = _env_int("FO_JAX_CE_ROUNDS")
-    if forced is not None and _rounds_fit(forced, band_rows, unit, size):
-        return forced
     t_gemm, t_comm = _plan.estimate_seconds("all_reduce", m_total, n, k)
     if t_gemm >= _plan.RATIO_THRESHOLD * t_comm:
         candidates = ROUNDS_LONG_GEMM
@@ -155,79 +146,70 @@ def choose(fn: str, collective: str, size: int, dtype, m_total: int, n: int, k: 
     return "nccl", f"NCCL transport ({problem})"
 
 
-def _env_flag(name: str) -> Optional[bool]:
-    """"0" / "1" from the environment (measurement overrides), else None."""
-    v = os.environ.get(name, "")
-    return {"0": False, "1": True}.get(v)
-
-
-def _explicit_bounds(text: str, chunks: int, tiles_chunk: int, cluster_m: int,
+def _explicit_bounds(fn: str, bounds: tuple, chunks: int, tiles_chunk: int, cluster_m: int,
                      max_groups: int) -> tuple:
-    """FO_JAX_CE_BOUNDS (a measurement override): comma-separated group boundaries in tile-rows
-    of the visit order, e.g. "0,4,10,16,22,32,36,48,64"; they must start at 0, end at the last
-    tile-row, rise, fall on cluster boundaries and include every chunk boundary."""
-    try:
-        b = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        b = ()
+    """OverlapConfig.copy_engine_group_bounds, checked against the call: group boundaries in
+    tile-rows of the visit order, e.g. (0, 4, 10, 16, 22, 32, 36, 48, 64); they must start at 0,
+    end at the last tile-row, rise, fall on cluster boundaries and include every chunk
+    boundary."""
+    b = tuple(bounds)
     ok = (len(b) >= 2 and b[0] == 0 and b[-1] == chunks * tiles_chunk and len(b) - 1 <= max_groups
           and all(x < y for x, y in zip(b, b[1:])) and all(x % cluster_m == 0 for x in b)
           and set(range(0, chunks * tiles_chunk + 1, tiles_chunk)) <= set(b))
     if not ok:
-        raise ValueError(f"FO_JAX_CE_BOUNDS={text!r}: need rising tile-row boundaries from 0 to "
-                         f"{chunks * tiles_chunk}, multiples of {cluster_m}, including every "
-                         f"multiple of {tiles_chunk}, at most {max_groups} groups")
+        raise ValueError(f"{fn}: OverlapConfig.copy_engine_group_bounds={b}: this call needs "
+                         f"rising tile-row boundaries from 0 to {chunks * tiles_chunk}, multiples "
+                         f"of {cluster_m}, including every multiple of {tiles_chunk}, at most "
+                         f"{max_groups} groups")
     return b
 
 
-MAX_ROW_PIECES = 16  # sums by rows: groups of the last chunk sent (its flags: kMaxPeerRanks)
+MAX_ROW_PIECES = 16  # sums by rows: groups of the last chunk sent (one flag each)
 
 
-def _forced_sum_split(text: str, bounds: tuple, rounds: int, size: int, tiles_chunk: int) -> str:
-    """FO_JAX_CE_SPLIT_SUM (a measurement override): "0" one pass, "1" by bands, "rows" one pass
-    per group of the last chunk sent (at most MAX_ROW_PIECES of them)."""
-    split = {"0": "one", "1": "bands", "rows": "rows"}.get(text)
-    if split is None:
-        raise ValueError(f"FO_JAX_CE_SPLIT_SUM={text!r}: need 0, 1 or rows")
+def _check_sum_split(fn: str, split: str, bounds: tuple, rounds: int, size: int,
+                     tiles_chunk: int) -> str:
+    """OverlapConfig.copy_engine_sum_split, checked against the groups: sums by rows take at
+    most MAX_ROW_PIECES groups in the last chunk sent."""
     if split == "rows":
         pieces = len(_ce_model.last_chunk_pieces(bounds, rounds, size, tiles_chunk))
         if pieces > MAX_ROW_PIECES:
-            raise ValueError(f"FO_JAX_CE_SPLIT_SUM=rows: {pieces} groups in the last chunk sent, "
-                             f"at most {MAX_ROW_PIECES}")
+            raise ValueError(f"{fn}: OverlapConfig.copy_engine_sum_split='rows': {pieces} groups "
+                             f"in the last chunk sent, at most {MAX_ROW_PIECES}")
     return split
 
 
-def _ring_allowed(c: dict, collective: str) -> bool:
-    """Whether a copy-engine call can run as the ring reduce-scatter (csrc/comm/peer_transport.h):
+def _ring_allowed(c: dict, collective: str, config: Optional[OverlapConfig]) -> bool:
+    """Whether a copy-engine call can run as the ring reduce-scatter (csrc/comm/copy_engine.h):
     a reduce-scatter (always one round) whose GEMM config has a ping-pong kernel with an epilogue
-    source (gemm_configs' takes_addends), unless FO_JAX_CE_RING=0 (a measurement override)."""
+    source (gemm_configs' takes_addends), unless config.copy_engine_ring is False."""
     return (collective == "reduce_scatter" and bool(c["takes_addends"])
-            and bool(c["pingpong"]) and _env_flag("FO_JAX_CE_RING") is not False)
+            and bool(c["pingpong"])
+            and (config is None or config.copy_engine_ring is not False))
 
 
 # Ranks up to which the ring is taken by default where the timing model puts it first
 # (_ce_model.ring_first, with the measurements it was checked against): the sizes it has run
-# at, 2 and 4 GPUs (benchmarks/NOTES.md §22-23). FO_JAX_CE_RING=1 forces the ring, =0 keeps it
-# off.
+# at, 2 and 4 GPUs. OverlapConfig.copy_engine_ring=True forces the ring, False keeps it off.
 RING_DEFAULT_MAX_RANKS = 4
 
 
-def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size: int,
-                     config: Optional[OverlapConfig]) -> _plan.GemmPlan:
-    """The GEMM plan of a copy-engine call: all M rows in one batch, visited by chunk (rounds x
-    ranks; a reduce-scatter has one round, so one chunk per rank's band) rotated so that each
-    round's own chunk comes last. Each chunk sent to a peer is one or more groups (each copied
-    as soon as it is done) and the last round is summed in one or two passes, as the timing
-    model of fo_jax/_ce_model.py says finishes first (FO_JAX_CE_PARTS = pieces per chunk,
-    FO_JAX_CE_BOUNDS = explicit boundaries and FO_JAX_CE_SPLIT_SUM = 0 / 1 / rows override it,
-    for measurements; FO_JAX_CE_SUM_ROWS = 0 keeps the model from sums by rows, and
-    FO_JAX_CE_FLAG_STREAM = 0 and FO_JAX_CE_ACKS_FIRST = 0 restore the copy stream's former
-    program: csrc/comm/peer_transport.h). A reduce-scatter runs as the ring (_ring_allowed; its
-    partition from _ce_model.best_ring, no sums) where the model puts it first
-    (_ce_model.ring_first) on up to RING_DEFAULT_MAX_RANKS GPUs, or with FO_JAX_CE_RING=1.
-    Every SM for one round; with more, all but
-    ROUND_SUM_SMS (FO_JAX_CE_SUM_SMS overrides) for the round sums next to the GEMM, unless
-    config.sm_budget says otherwise."""
+def _field(config: Optional[OverlapConfig], name: str):
+    return None if config is None else getattr(config, name)
+
+
+def copy_engine_program(fn: str, collective: str, dtype, m_total: int, n: int, k: int,
+                        size: int, config: Optional[OverlapConfig]) -> tuple:
+    """(GemmPlan, program) of a copy-engine call; the program (rounds, ring, sum_split,
+    tiles_chunk) completes fo_jax/_plan.py's OverlapPlan. All M rows in one batch, visited by
+    chunk (rounds x ranks; a reduce-scatter has one round, so one chunk per rank's band)
+    rotated so that each round's own chunk comes last. Each chunk sent to a peer is one or more
+    groups (each copied as soon as it is done) and the last round is summed in one or more
+    passes, as the timing model of fo_jax/_ce_model.py says finishes first; a reduce-scatter
+    runs as the ring (_ring_allowed; its partition from _ce_model.best_ring, no sums) where the
+    model puts it first (_ce_model.ring_first) on up to RING_DEFAULT_MAX_RANKS GPUs. Every SM
+    for one round; with more, all but ROUND_SUM_SMS for the round sums next to the GEMM. The
+    copy_engine_* fields of `config` and its sm_budget override each choice."""
     index = _config_index(collective, dtype, m_total, n, k, config)
     c = _plan.gemm_configs()[index]
     unit = c["tile_m"] * c["cluster_m"]
@@ -239,10 +221,10 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
     all_reduce = collective == "all_reduce"
     max_groups = int(_cuda.module().max_gemm_groups())
     pred = _ce_model.best(rounds, size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
-                          all_reduce, max_groups, rows=_env_flag("FO_JAX_CE_SUM_ROWS") is not False)
+                          all_reduce, max_groups)
     ring = False
-    if _ring_allowed(c, collective):
-        forced = _env_flag("FO_JAX_CE_RING") is True
+    if _ring_allowed(c, collective, config):
+        forced = _field(config, "copy_engine_ring") is True
         ring_pred = _ce_model.best_ring(size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
                                         max_groups)
         ring = ring_pred is not None and (
@@ -250,21 +232,26 @@ def copy_engine_plan(collective: str, dtype, m_total: int, n: int, k: int, size:
                 pred, ring_pred, size, tiles_chunk, chunk_bytes, t_gemm)))
         pred = ring_pred if ring else pred
     bounds, sum_split = pred.bounds, pred.sum_split
-    parts = _env_int("FO_JAX_CE_PARTS")
+    parts = _field(config, "copy_engine_chunk_groups")
     if parts is not None:
         forced = _ce_model.partition(rounds, size, tiles_chunk, c["cluster_m"], parts, False)
-        if forced is not None and len(forced) - 1 <= max_groups:
-            bounds = forced
-    explicit = os.environ.get("FO_JAX_CE_BOUNDS", "")
-    if explicit:
-        bounds = _explicit_bounds(explicit, rounds * size, tiles_chunk, c["cluster_m"], max_groups)
-    forced_split = os.environ.get("FO_JAX_CE_SPLIT_SUM", "")
-    if forced_split and not ring:
-        sum_split = _forced_sum_split(forced_split, bounds, rounds, size, tiles_chunk)
+        if forced is None or len(forced) - 1 > max_groups:
+            raise ValueError(
+                f"{fn}: OverlapConfig.copy_engine_chunk_groups={parts}: chunks of "
+                f"{tiles_chunk // c['cluster_m']} clusters (GEMM config {c['name']}) in "
+                f"{rounds * size} chunks do not split into {parts} groups each within "
+                f"{max_groups} groups")
+        bounds = forced
+    explicit = _field(config, "copy_engine_group_bounds")
+    if explicit is not None:
+        bounds = _explicit_bounds(fn, explicit, rounds * size, tiles_chunk, c["cluster_m"],
+                                  max_groups)
+    split = _field(config, "copy_engine_sum_split")
+    if split is not None and not ring:
+        sum_split = _check_sum_split(fn, split, bounds, rounds, size, tiles_chunk)
     sm_budget = _sm_budget(config)
-    if rounds > 1 and (config is None or config.sm_budget is None):
-        sm_budget = -(_env_int("FO_JAX_CE_SUM_SMS") or ROUND_SUM_SMS)
-    return _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm_budget, rounds,
-                          sum_split, flag_stream=_env_flag("FO_JAX_CE_FLAG_STREAM") is not False,
-                          acks_first=_env_flag("FO_JAX_CE_ACKS_FIRST") is not False,
-                          ring=ring)
+    if rounds > 1 and _field(config, "sm_budget") is None:
+        sm_budget = -(_field(config, "copy_engine_sum_sms") or ROUND_SUM_SMS)
+    gemm = _plan.GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm_budget, 1,
+                          c["cluster_m"])
+    return gemm, dict(rounds=rounds, ring=ring, sum_split=sum_split, tiles_chunk=tiles_chunk)

@@ -11,6 +11,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
+# How a copy-engine call sums its last round (OverlapConfig.copy_engine_sum_split).
+SUM_SPLITS = ("one", "bands", "rows")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_tuple(value) -> tuple:
+    """`value` as a tuple; () (refused by the callers' checks) when it is not a sequence."""
+    try:
+        return tuple(value)
+    except TypeError:
+        return ()
+
 
 @dataclasses.dataclass(frozen=True)
 class OverlapConfig:
@@ -39,9 +54,30 @@ class OverlapConfig:
         where it can run, else NCCL.
       copy_engine_rounds: copy-engine all-reduce only: the output is reduced and gathered in
         this many rounds, each round's all-gather overlapping the GEMM's later rounds on the SMs
-        the GEMM leaves free (`sm_budget`; default all but 8 when rounds > 1). None: fo_jax
-        chooses (benchmarks/NOTES.md §8). Rows per rank must divide into rounds chunks of
-        whole GEMM tiles.
+        the GEMM leaves free (`sm_budget`; default all but `copy_engine_sum_sms` when
+        rounds > 1). None: fo_jax chooses (docs/performance.md, "The all-reduce's way back").
+        Rows per rank must divide into rounds chunks of whole GEMM tiles.
+      copy_engine_ring: copy-engine reduce-scatter only: True runs it as the ring (each rank's
+        GEMM adds the partial sum the next rank sent, in its epilogue; nothing is summed after
+        it; needs a GEMM config with a ping-pong kernel that takes addends), False as the direct
+        form (every rank sends each band to its owner, which sums them after its GEMM). None:
+        the timing model chooses (docs/design.md, "Ring reduce-scatter").
+      copy_engine_chunk_groups: copy engine: each chunk sent to a peer is split into this many
+        groups of near-equal whole clusters, each copied as soon as the GEMM has finished it
+        (the own chunk stays one group). None: the timing model chooses. Refused when a chunk
+        has fewer clusters than that.
+      copy_engine_group_bounds: copy engine: the group boundaries themselves, in tile-rows of the
+        GEMM's visit order (e.g. (0, 4, 10, 16, 22, 32, 36, 48, 64)): rising from 0 to the
+        output's tile-rows, on cluster boundaries, including every chunk boundary. Overrides
+        `copy_engine_chunk_groups`. Checked against the call's shape at trace time.
+      copy_engine_sum_split: copy engine, direct form: how the last round's received chunks
+        are summed after the GEMM: "one" pass once every chunk has landed, "bands" (the chunks
+        already there first, then the last one), or "rows" (one pass per group of the last
+        chunk sent, each once it has landed; at most 16 such groups). None: the timing model
+        chooses. Ignored by the ring, which sums nothing after its GEMM.
+      copy_engine_sum_sms: copy-engine all-reduce in more than one round: the GEMM leaves this
+        many SMs to the sums of the rounds before the last (default 8), unless `sm_budget` is
+        set.
     """
 
     gemm_config: Optional[str] = None
@@ -53,20 +89,42 @@ class OverlapConfig:
     allow_fallback: bool = True
     transport: Optional[str] = None
     copy_engine_rounds: Optional[int] = None
+    copy_engine_ring: Optional[bool] = None
+    copy_engine_chunk_groups: Optional[int] = None
+    copy_engine_group_bounds: Optional[Tuple[int, ...]] = None
+    copy_engine_sum_split: Optional[str] = None
+    copy_engine_sum_sms: Optional[int] = None
 
     def __post_init__(self):
-        for name in ("num_groups", "sm_budget", "nccl_max_ctas", "copy_engine_rounds"):
+        for name in ("num_groups", "sm_budget", "nccl_max_ctas", "copy_engine_rounds",
+                     "copy_engine_chunk_groups", "copy_engine_sum_sms"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and (not _is_int(value) or value < 1):
                 raise ValueError(
                     f"OverlapConfig.{name} must be a positive int or None, got {value!r}")
         if self.group_tile_rows is not None:
-            rows = tuple(self.group_tile_rows)
-            if not rows or any((not isinstance(r, int)) or r < 1 for r in rows):
+            rows = _int_tuple(self.group_tile_rows)
+            if not rows or any((not _is_int(r)) or r < 1 for r in rows):
                 raise ValueError(
                     "OverlapConfig.group_tile_rows must be a non-empty tuple of positive ints, "
                     f"got {self.group_tile_rows!r}")
             object.__setattr__(self, "group_tile_rows", rows)
+        if self.copy_engine_group_bounds is not None:
+            bounds = _int_tuple(self.copy_engine_group_bounds)
+            if (len(bounds) < 2 or any(not _is_int(b) for b in bounds) or bounds[0] != 0
+                    or any(a >= b for a, b in zip(bounds, bounds[1:]))):
+                raise ValueError(
+                    "OverlapConfig.copy_engine_group_bounds must be a tuple of rising ints "
+                    f"from 0 (tile-rows), at least two, got {self.copy_engine_group_bounds!r}")
+            object.__setattr__(self, "copy_engine_group_bounds", bounds)
+        if self.copy_engine_ring is not None and not isinstance(self.copy_engine_ring, bool):
+            raise ValueError(
+                f"OverlapConfig.copy_engine_ring must be True, False or None, got "
+                f"{self.copy_engine_ring!r}")
+        if self.copy_engine_sum_split not in (None,) + SUM_SPLITS:
+            raise ValueError(
+                f"OverlapConfig.copy_engine_sum_split must be one of {SUM_SPLITS} or None, got "
+                f"{self.copy_engine_sum_split!r}")
         if self.transport not in (None, "nccl", "copy_engine"):
             raise ValueError(
                 "OverlapConfig.transport must be 'nccl', 'copy_engine' or None, got "

@@ -28,14 +28,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
-from fo_jax import _checks, _cuda, _gemm_choice, _plan, _transport, _vma, autodiff, reference
+from fo_jax import _checks, _cuda, _env, _gemm_choice, _plan, _transport, _vma, autodiff, reference
 from fo_jax.config import OverlapConfig
 
 log = logging.getLogger("fo_jax")
@@ -58,8 +57,7 @@ CUDA_PLATFORMS = ("gpu", "cuda")
 
 
 def _force_reference(config: Optional[OverlapConfig]) -> bool:
-    return os.environ.get("FO_JAX_FORCE_REFERENCE", "") == "1" or bool(
-        config is not None and config.force_reference)
+    return _env.force_reference() or bool(config is not None and config.force_reference)
 
 
 def _cuda_blocker(dtype, m: int, n: int, k: int) -> Optional[str]:
@@ -158,7 +156,7 @@ def _gemm_unbatched(x, w, config):
         return reference.matmul(x, w)
     from fo_jax._cuda_ops import matmul_cuda  # noqa: PLC0415 (needs the module)
 
-    plan = _plan.plan_gemm("fo_jax.matmul", x.dtype, r, n, k, 1, config, 1, 0)
+    plan = _plan.plan_matmul("fo_jax.matmul", x.dtype, r, n, k, config)
 
     def cuda(x, w):
         # The custom call's result carries no varying manual axes; give it the operands', as
@@ -265,24 +263,9 @@ def _overlap_unbatched(x, w, axis_name: str, collective: str, config, size: int)
         return ref(x, w)
     from fo_jax._cuda_ops import overlapped_matmul_cuda  # noqa: PLC0415 (needs the module)
 
-    batch = size if collective == "reduce_scatter" else 1
-    rows = m // batch
-    d = _plan.overlap_defaults(collective, m, n, k, dtype=dtype, tp=size)
-    if choice.transport == "copy_engine":
-        plan = _transport.copy_engine_plan(collective, dtype, m, n, k, size, config)
-    else:
-        plan = _plan.plan_gemm(fn, dtype, rows, n, k, batch, config, d["num_groups"],
-                               -d["sms_for_nccl"], d.get("group_weights"))
-    max_ctas = d["nccl_max_ctas"]
-    if config is not None and config.nccl_max_ctas is not None:
-        max_ctas = config.nccl_max_ctas
-    log.debug("%s: %s transport, plan %s, groups %s, sm_budget %d, nccl_max_ctas %d, ring %s",
-              fn, choice.transport, plan.config_name, plan.group_begin, plan.sm_budget,
-              max_ctas, plan.ring)
-    cuda = functools.partial(overlapped_matmul_cuda, axis_name=axis_name,
-                             collective=collective, axis_size=size, plan=plan,
-                             nccl_max_ctas=max_ctas, transport=choice.transport,
-                             spin_wait=os.environ.get("FO_JAX_SPIN_WAIT", "") == "1")
+    plan = _plan.plan_overlap(fn, collective, size, dtype, m, n, k, config, choice.transport)
+    log.debug("%s: plan: %s", fn, plan.describe())
+    cuda = functools.partial(overlapped_matmul_cuda, axis_name=axis_name, plan=plan)
     return jax.lax.platform_dependent(x, w, cuda=cuda, default=ref)
 
 

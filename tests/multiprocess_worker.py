@@ -35,7 +35,7 @@ for collective, out_spec in (("reduce_scatter", P("tp", None)), ("all_reduce", P
         lambda a, b, c=collective: fo_jax.overlapped_matmul(
             a, b, axis_name="tp", collective=c, config=NO_FALLBACK),
         mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=out_spec))
-    assert "fo_jax_overlapped_matmul_ffi" in f.lower(xg, wg).as_text()
+    assert "fo_jax_overlapped_matmul_v2" in f.lower(xg, wg).as_text()
     for _ in range(5):
         out = f(xg, wg)
     for shard in out.addressable_shards:

@@ -41,7 +41,7 @@ def test_grads_through_cuda_path_match_reference(collective):
             lambda x, w: jnp.sum((f(x, w) * ct).astype(jnp.float32)), argnums=(0, 1)))
 
     fo = make(False)
-    assert "fo_jax_overlapped_matmul_ffi" in fo.lower(x, w).as_text()
+    assert "fo_jax_overlapped_matmul_v2" in fo.lower(x, w).as_text()
     loss, (dx, dw) = fo(x, w)
     ref_loss, (rx, rw) = make(True)(x, w)
     np.testing.assert_allclose(float(loss), float(ref_loss), rtol=2e-2)

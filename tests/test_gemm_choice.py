@@ -139,6 +139,8 @@ def test_prefer_xla_dot_from_measured_neighbours(table):
 
 
 class FakeModule:
+    GemmDtype = {"bfloat16": 0, "float16": 1}  # the module's enum, looked up by member name
+
     def __init__(self, configs):
         self.configs = configs
         self.rule_calls = []

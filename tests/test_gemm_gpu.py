@@ -65,7 +65,7 @@ def test_matmul_matches_float64(shape, dtype):
     # allow_fallback=False: fo_jax's kernel even where the measured table hands the shape to
     # XLA's dot (256x4096x512, 1000x1032x520).
     f = jax.jit(lambda x, w: fo_jax.matmul(x, w, config=KERNEL))
-    assert "fo_jax_gemm_ffi" in f.lower(x, w).as_text()
+    assert "fo_jax_gemm_v2" in f.lower(x, w).as_text()
     out = f(x, w)
     assert out.dtype == jnp.dtype(dtype) and out.shape == (m, n)
     assert_close(out, x64 @ w64, dtype)

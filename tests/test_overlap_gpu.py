@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(autouse=True)
 def _protocol_state_after_each_test():
     """Diagnostics (FO_JAX_DEBUG_STATES=1, with -s): after each test, every fo_jax communicator's
-    call count (epoch) and copy-engine flags, one line per GPU (peer_transport.h): the ranks of
+    call count (epoch) and copy-engine flags, one line per GPU (comm/copy_engine.h): the ranks of
     a group must agree on the epoch."""
     yield
     if os.environ.get("FO_JAX_DEBUG_STATES") == "1" and fo_jax.cuda_module_available():
@@ -83,7 +83,7 @@ def test_overlap_matches_reference(collective, shape, dtype):
     rng = np.random.default_rng(hash((collective, shape)) % 2**32)
     x, w, x64, w64 = random_operands(rng, m, k, n, dtype)
     f = _tp_fn(mesh, collective)
-    assert "fo_jax_overlapped_matmul_ffi" in f.lower(x, w).as_text()
+    assert "fo_jax_overlapped_matmul_v2" in f.lower(x, w).as_text()
     out = f(x, w)
     assert out.dtype == jnp.dtype(dtype) and out.shape == (m, n)
     assert_close(out, x64 @ w64, dtype)
@@ -178,25 +178,19 @@ def test_copy_engine_all_reduce_rounds(rounds):
     _assert_all_calls_close(outs, x64, w64, tp, "all_reduce")
 
 
-@pytest.mark.parametrize("parts,split_sum,flags,ring", [
-    (1, "0", False, 0), (2, "1", False, 0), (3, "0", False, 1), (4, "1", False, 0),
-    (2, "rows", False, 1), (3, "rows", True, 0), (4, "1", True, 1), (2, "rows", True, 1)])
+@pytest.mark.parametrize("parts,sum_split,ring", [
+    (1, "one", False), (2, "bands", False), (3, "one", True), (4, "bands", False),
+    (2, "rows", True), (3, "rows", False), (4, "bands", True)])
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
-def test_copy_engine_group_partitions(collective, parts, split_sum, flags, ring, monkeypatch):
-    """Each chunk copied in 1-4 pieces (one group each, copied as soon as it is done) and the
-    last round summed in one pass, by bands or by rows (one pass per piece of the last chunk),
-    with the copy stream's flags inline or (flags) on the flag stream and every
-    acknowledgement awaited first; or (ring, reduce-scatter) the ring: every piece sent to the
-    previous rank, added by its GEMM's epilogue once its flag is in, the own band stored into
-    the output by the GEMM; against the float64 product on every GPU's copy, back to back; the
-    all-reduce in 2 rounds."""
-    from fo_jax import _transport
+def test_copy_engine_group_partitions(collective, parts, sum_split, ring):
+    """Each chunk copied in 1-4 pieces (OverlapConfig.copy_engine_chunk_groups: one group each,
+    copied as soon as it is done) and the last round summed in one pass, by bands or by rows
+    (one pass per piece of the last chunk); or (ring, reduce-scatter) the ring: every piece sent
+    to the previous rank, added by its GEMM's epilogue once its flag is in, the own band stored
+    into the output by the GEMM; against the float64 product on every GPU's copy, back to back;
+    the all-reduce in 2 rounds."""
+    from fo_jax import _plan
 
-    monkeypatch.setenv("FO_JAX_CE_RING", str(ring))
-    monkeypatch.setenv("FO_JAX_CE_PARTS", str(parts))
-    monkeypatch.setenv("FO_JAX_CE_SPLIT_SUM", split_sum)
-    monkeypatch.setenv("FO_JAX_CE_FLAG_STREAM", "1" if flags else "0")
-    monkeypatch.setenv("FO_JAX_CE_ACKS_FIRST", "1" if flags else "0")
     tp = _ntp()
     mesh = _mesh(tp)
     rounds = 2 if collective == "all_reduce" else None
@@ -204,46 +198,43 @@ def test_copy_engine_group_partitions(collective, parts, split_sum, flags, ring,
     x, w, x64, w64 = random_operands(rng, 2048 * tp, 1024, 1536, jnp.bfloat16)
     # The config with a ring kernel (the copy-engine shapes' own).
     cfg = fo_jax.OverlapConfig(transport="copy_engine", copy_engine_rounds=rounds,
-                               allow_fallback=False, gemm_config="pp_128x192x64_c2")
-    plan = _transport.copy_engine_plan(collective, jnp.dtype(jnp.bfloat16), 2048 * tp, 1536,
-                                       1024 // tp, tp, cfg)  # per-rank x[M, K / tp]
+                               allow_fallback=False, gemm_config="pp_128x192x64_c2",
+                               copy_engine_ring=ring, copy_engine_chunk_groups=parts,
+                               copy_engine_sum_split=sum_split)
+    plan = _plan.plan_overlap("test", collective, tp, jnp.dtype(jnp.bfloat16), 2048 * tp, 1536,
+                              1024 // tp, cfg, "copy_engine")  # per-rank x[M, K / tp]
     h = plan.rounds
     assert plan.num_groups == h * (parts * (tp - 1) + 1), plan
-    assert plan.ring == (ring == 1 and collective == "reduce_scatter"), plan
+    assert plan.ring == (ring and collective == "reduce_scatter"), plan
     if not plan.ring:
-        assert plan.sum_split == {"0": "one", "1": "bands", "rows": "rows"}[split_sum]
-    assert plan.flag_stream == flags and plan.acks_first == flags
+        assert plan.sum_split == sum_split
     f = _tp_fn(mesh, collective, config=cfg)
     outs = [f(x, w) for _ in range(20)]
     jax.block_until_ready(outs)
     _assert_all_calls_close(outs, x64, w64, tp, collective)
 
 
-@pytest.mark.parametrize("ring", [None, "1"], ids=["default", "ring"])
+@pytest.mark.parametrize("ring", [None, True], ids=["default", "ring"])
 @pytest.mark.parametrize("m", [4096, 8192])
-def test_benchmark_scale_reduce_scatter(m, ring, monkeypatch):
+def test_benchmark_scale_reduce_scatter(m, ring):
     """The benchmark's short-K reduce-scatter shapes (per GPU x[m, 2048] @ w[2048, 8192]) with
-    the default plan, and with the ring forced (FO_JAX_CE_RING=1), against the float64 product,
-    three calls back to back: their plans (group partitions, sums by rows, the ring's pieces)
-    are not the small test shapes'."""
-    from fo_jax import _transport
+    the default plan, and with the ring forced (copy_engine_ring=True), against the float64
+    product, three calls back to back: their plans (group partitions, sums by rows, the ring's
+    pieces) are not the small test shapes'."""
+    from fo_jax import _plan
 
-    if ring is None:
-        monkeypatch.delenv("FO_JAX_CE_RING", raising=False)
-    else:
-        monkeypatch.setenv("FO_JAX_CE_RING", ring)
     tp = _ntp()
     mesh = _mesh(tp)
     n, k = 8192, 2048
     rng = np.random.default_rng(m + tp)
     x, w, x64, w64 = random_operands(rng, m, k * tp, n, jnp.bfloat16)
-    cfg = fo_jax.OverlapConfig()
-    plan = _transport.copy_engine_plan("reduce_scatter", jnp.dtype(jnp.bfloat16), m, n, k, tp,
-                                       cfg)
-    if ring == "1":
+    cfg = fo_jax.OverlapConfig(copy_engine_ring=ring)
+    plan = _plan.plan_overlap("test", "reduce_scatter", tp, jnp.dtype(jnp.bfloat16), m, n, k,
+                              cfg, "copy_engine")
+    if ring:
         assert plan.ring, plan
     f = _tp_fn(mesh, "reduce_scatter", config=cfg)
-    assert "fo_jax_overlapped_matmul_ffi" in f.lower(x, w).as_text()
+    assert "fo_jax_overlapped_matmul_v2" in f.lower(x, w).as_text()
     outs = [f(x, w) for _ in range(3)]
     jax.block_until_ready(outs)
     _assert_all_calls_close(outs, x64, w64, tp, "reduce_scatter")
@@ -277,8 +268,8 @@ def test_copy_engine_shapes_change_between_calls():
 
 def test_copy_engine_reuses_its_copy_graphs():
     """Each copy into a peer is a launch of a graph re-pointed at the call's buffers
-    (PeerState::copy_exec): once warm, calls on new buffers build no more graphs (until
-    edff03a every update failed and each copy built a new graph: benchmarks/NOTES.md §14)."""
+    (docs/design.md, "The copy thread and copy graphs"): once warm, calls on new buffers build
+    no more graphs (an update that fails would build a new graph per copy)."""
     from fo_jax import _cuda
 
     tp = _ntp()
@@ -290,10 +281,10 @@ def test_copy_engine_reuses_its_copy_graphs():
         f = _tp_fn(mesh, collective, config=cfg)
         x, w, x64, w64 = random_operands(rng, 512 * tp, 1024, 1024, jnp.bfloat16)
         jax.block_until_ready(f(x, w))
-        before = _cuda.module().peer_copy_counts()
+        before = _cuda.module().copy_engine_counts()
         outs = [f(x, w) for _ in range(calls)]  # all kept alive: each call gets new buffers
         jax.block_until_ready(outs)
-        after = _cuda.module().peer_copy_counts()
+        after = _cuda.module().copy_engine_counts()
         used = [(b, a) for b, a in zip(before, after) if a[2] > b[2]]
         assert len(used) == tp, (collective, before, after)
         for b, a in used:
@@ -301,27 +292,6 @@ def test_copy_engine_reuses_its_copy_graphs():
             assert a[3] == b[3], (f"{collective}: copy graphs rebuilt (device, rank, copies, "
                                   f"built): {b} -> {a}")
         assert_close(outs[-1], x64 @ w64, jnp.bfloat16)
-
-
-@pytest.mark.parametrize("env", [{"FO_JAX_CE_COPY_THREAD": "0"}, {"FO_JAX_SPIN_WAIT": "1"}],
-                         ids=["inline_enqueue", "spin_wait"])
-def test_copy_engine_under_env(env):
-    """Settings read once per process, so in a child process (tests/copy_engine_env_worker.py):
-    the copy stream's work enqueued on XLA's thread instead of fo_jax's copy thread, and
-    FO_JAX_SPIN_WAIT=1, which the copy-engine transport ignores (its copy stream keeps stream
-    waits: a spin kernel there hung next to the band sums that wait for its copies, NOTES §19);
-    both collectives correct on every call and GPU copy, no hang."""
-    tp = _ntp()
-    gpu_devices_or_skip(tp)
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", XLA_PYTHON_CLIENT_PREALLOCATE="false", **env)
-    path = os.path.join(os.path.dirname(__file__), "copy_engine_env_worker.py")
-    try:
-        done = subprocess.run([sys.executable, path, str(tp)], env=env, capture_output=True,
-                              text=True, timeout=200)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the child process hung (killed after 200 s)")
-    out = done.stdout + done.stderr
-    assert done.returncode == 0 and "ENV WORKER OK" in out, out[-3000:]
 
 
 def test_copy_engine_refusals_at_trace_time():
@@ -340,8 +310,8 @@ def test_copy_engine_refusals_at_trace_time():
 
 # "placed": inputs already sharded over the mesh (as in a model); "resharded": single-GPU arrays,
 # which JAX slices on GPU 0 and copies to the others before every call (XLA transfers between
-# the calls: the case that stalls at TP=4, benchmarks/NOTES.md §14). Placed first, so that it
-# runs where the stall happened.
+# the calls: the case that stalled at TP=4 with too few hardware queues, docs/troubleshooting.md).
+# Placed first, so that it runs where the stall happened.
 @pytest.mark.parametrize("inputs", ["placed", "resharded"])
 def test_thousand_back_to_back_calls(inputs):
     tp = _ntp()

@@ -1,5 +1,6 @@
-"""CPU tests of the trace/lowering-time planning: group partitions, the mesh table and unique-id
-sharing of the communicator bootstrap (fake devices, no GPU or NCCL needed)."""
+"""CPU tests of the trace/lowering-time planning: group partitions, the copy engine's program and
+its OverlapConfig fields, the mesh table and unique-id sharing of the communicator bootstrap
+(fake devices and a fake CUDA module, no GPU or NCCL needed)."""
 
 import dataclasses
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from fo_jax import _bootstrap, _plan
+from fo_jax.config import OverlapConfig
 
 
 def test_uniform_groups_cover_all_tile_rows():
@@ -75,10 +77,11 @@ def test_group_table_of_each_axis():
 def test_mesh_attributes_single_process_two_groups():
     ids = iter(bytes([i]) * 128 for i in range(1, 100))
     attrs = _bootstrap.mesh_attributes(_mesh_2x2(), "tp", 16, 0, 1, lambda: next(ids))
-    assert int(attrs["nranks"]) == 2 and int(attrs["process"]) == 0
-    assert attrs["mesh_rank"].tolist() == [0, 1, 0, 1]
-    assert attrs["mesh_group"].tolist() == [0, 0, 1, 1]
-    assert attrs["mesh_local"].tolist() == [0, 1, 2, 3]
+    mesh = attrs["mesh"]
+    assert int(mesh["process"]) == 0
+    assert mesh["device_rank"].tolist() == [0, 1, 0, 1]
+    assert mesh["device_group"].tolist() == [0, 0, 1, 1]
+    assert mesh["device_ordinal"].tolist() == [0, 1, 2, 3]
     uids = attrs["unique_ids"].reshape(2, 128)
     assert uids.dtype == np.uint8 and (uids[0] != uids[1]).any()
     # Lowering again reuses the same ids (one communicator per group and option set).
@@ -104,7 +107,7 @@ def test_mesh_attributes_leave_foreign_groups_empty():
     attrs = _bootstrap.mesh_attributes(mesh, "tp", 4, 0, 1, make_id)
     uids = attrs["unique_ids"].reshape(2, 128)
     assert (uids[0] == 7).all() and (uids[1] == 0).all() and len(calls) == 1
-    assert attrs["mesh_process"].tolist() == [0, 0, 1, 1]
+    assert attrs["mesh"]["device_process"].tolist() == [0, 0, 1, 1]
 
 
 def test_small_calls_take_the_plain_xla_path_on_cuda():
@@ -132,7 +135,9 @@ def test_small_calls_take_the_plain_xla_path_on_cuda():
 
 
 class FakeCudaModule:
-    """The questions _transport asks the CUDA module, answered without a GPU."""
+    """The questions the planning asks the CUDA module, answered without a GPU."""
+
+    GemmDtype = {"bfloat16": 0, "float16": 1}
 
     def __init__(self, peer_problem=""):
         self.peer_problem = peer_problem
@@ -167,10 +172,15 @@ def fake_cuda(monkeypatch):
     _transport._peer_access_problem.cache_clear()
 
 
-def test_transport_choice(fake_cuda, monkeypatch):
+def _ce_plan(collective, rows, n, k, size, config=None):
     import jax.numpy as jnp
 
-    from fo_jax import OverlapConfig
+    return _plan.plan_overlap("f", collective, size, jnp.dtype(jnp.bfloat16), rows, n, k, config,
+                              "copy_engine")
+
+
+def test_transport_choice(fake_cuda):
+    import jax.numpy as jnp
 
     t = fake_cuda()
     bf16 = jnp.dtype(jnp.bfloat16)
@@ -196,37 +206,45 @@ def test_transport_choice(fake_cuda, monkeypatch):
                  OverlapConfig(transport="copy_engine", gemm_config="nope"))
     # The plan: all rows in one batch. A reduce-scatter at short K runs as the ring where the
     # model puts it first at the GEMM's sustained pace (8192x8192x2048 on 4 GPUs, not
-    # 4096x8192x2048: both as measured, results/ring_ab_tp4_2026-11-22_cc0cb05.log), every band
-    # in the same three pieces after a short first one.
-    plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-    assert plan.ring and plan.group_begin == (0, 4, 10, 16, 20, 26, 32, 36, 42, 48, 52, 58, 64)
-    assert not t.copy_engine_plan("reduce_scatter", bf16, 4096, 8192, 2048, 4, None).ring
-    # The direct form (FO_JAX_CE_RING=0): at short K (the copies trail the GEMM) every band in
-    # two groups, summed by rows of the last one (_ce_model); the copy stream's flags on a
-    # stream of their own, every acknowledgement awaited first.
-    monkeypatch.setenv("FO_JAX_CE_RING", "0")
-    plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-    assert plan.group_begin == (0, 8, 16, 24, 32, 40, 48, 64) and plan.sm_budget == 0
+    # 4096x8192x2048: both as measured, docs/performance.md), every band in the same three
+    # pieces after a short first one.
+    plan = _ce_plan("reduce_scatter", 8192, 8192, 2048, 4)
+    assert plan.ring and plan.gemm.group_begin == (0, 4, 10, 16, 20, 26, 32, 36, 42, 48, 52, 58,
+                                                   64)
+    assert plan.gemm.batch == 1 and plan.tiles_chunk == 16 and plan.transport == "copy_engine"
+    assert not _ce_plan("reduce_scatter", 4096, 8192, 2048, 4).ring
+    # The direct form (copy_engine_ring=False): at short K (the copies trail the GEMM) every band
+    # in two groups, summed by rows of the last one (_ce_model).
+    direct = OverlapConfig(copy_engine_ring=False)
+    plan = _ce_plan("reduce_scatter", 8192, 8192, 2048, 4, direct)
+    assert plan.gemm.group_begin == (0, 8, 16, 24, 32, 40, 48, 64) and plan.gemm.sm_budget == 0
     assert plan.rounds == 1 and plan.sum_split == "rows" and not plan.ring
-    assert plan.flag_stream and plan.acks_first
     # Long K: the copies hide behind the GEMM; one group per band, one sum pass.
-    plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 7168, 4, None)
-    assert plan.group_begin == (0, 16, 32, 48, 64) and plan.sum_split == "one"
+    plan = _ce_plan("reduce_scatter", 8192, 8192, 7168, 4, direct)
+    assert plan.gemm.group_begin == (0, 16, 32, 48, 64) and plan.sum_split == "one"
     # All-reduce rounds: 4 where the GEMM dominates (16 chunks of 4 tile-rows, the GEMM on all
     # SMs but the round sums'), 2 for 32 MiB bands, 1 for smaller ones.
-    plan = t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 7168, 4, None)
-    assert plan.rounds == 4 and plan.sm_budget == -t.ROUND_SUM_SMS
-    assert plan.group_begin == tuple(range(0, 65, 4))
-    assert t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 4, None).rounds == 2
-    plan = t.copy_engine_plan("all_reduce", bf16, 4096, 8192, 2048, 4, None)
-    assert plan.rounds == 1 and plan.sm_budget == 0
-    plan = t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 4,
-                              OverlapConfig(copy_engine_rounds=2, sm_budget=120))
-    assert plan.rounds == 2 and plan.sm_budget == 120
-    assert set(range(0, 65, 8)) <= set(plan.group_begin)  # the groups refine the 8 chunks
+    plan = _ce_plan("all_reduce", 8192, 8192, 7168, 4)
+    assert plan.rounds == 4 and plan.gemm.sm_budget == -t.ROUND_SUM_SMS
+    assert plan.gemm.group_begin == tuple(range(0, 65, 4)) and plan.tiles_chunk == 4
+    assert _ce_plan("all_reduce", 8192, 8192, 2048, 4).rounds == 2
+    plan = _ce_plan("all_reduce", 4096, 8192, 2048, 4)
+    assert plan.rounds == 1 and plan.gemm.sm_budget == 0
+    plan = _ce_plan("all_reduce", 8192, 8192, 2048, 4,
+                    OverlapConfig(copy_engine_rounds=2, sm_budget=120))
+    assert plan.rounds == 2 and plan.gemm.sm_budget == 120
+    assert set(range(0, 65, 8)) <= set(plan.gemm.group_begin)  # the groups refine the 8 chunks
+    plan = _ce_plan("all_reduce", 8192, 8192, 2048, 4, OverlapConfig(copy_engine_sum_sms=12))
+    assert plan.rounds == 2 and plan.gemm.sm_budget == -12
     with pytest.raises(ValueError, match="copy_engine_rounds=3"):
         t.choose(fn, "all_reduce", 4, bf16, 8192, 8192, 2048,
                  OverlapConfig(transport="copy_engine", copy_engine_rounds=3))
+    # The NCCL transport's plan: the reduce-scatter's group-major batch, the shape heuristic's
+    # groups and budgets, no copy-engine program.
+    plan = _plan.plan_overlap(fn, "reduce_scatter", 4, bf16, 8192, 8192, 7168, None, "nccl")
+    assert plan.gemm.batch == 4 and plan.gemm.num_groups == 8 and plan.gemm.sm_budget == -8
+    assert (plan.rounds, plan.ring, plan.sum_split, plan.tiles_chunk) == (1, False, "one", 0)
+    assert plan.nccl_max_ctas == 8
 
     t = fake_cuda(peer_problem="GPU 0 cannot access GPU 1")
     kind, why = t.choose(fn, "reduce_scatter", 4, bf16, 8192, 8192, 2048, None)
@@ -254,7 +272,7 @@ def test_copy_engine_timing_model():
     assert 380e-6 < last < 400e-6, last
     # Short K: the last copy ends after the GEMM. Without sums by rows the chunks already there
     # are summed first (bands); with them, every chunk goes in two pieces and only the last
-    # piece's rows remain after the last copy (measured 9 us faster, NOTES §20).
+    # piece's rows remain after the last copy (measured 9 us faster).
     p = m.best(1, 4, tiles_chunk, 2, chunk, 361e-6, False, 64, rows=False)
     assert p.sum_split == "bands" and p.last_copy_s > 361e-6
     assert p.bounds == (0, 8, 16, 32, 48, 64)
@@ -280,65 +298,80 @@ def test_copy_engine_timing_model():
 
 
 def test_explicit_copy_engine_bounds():
-    """FO_JAX_CE_BOUNDS (a measurement override) is parsed and checked at trace time: boundaries
-    that skip a chunk boundary, fall inside a cluster or do not rise are refused with a message."""
+    """OverlapConfig.copy_engine_group_bounds is checked against the call at trace time:
+    boundaries that skip a chunk boundary, fall inside a cluster or do not rise are refused with
+    a message naming the field."""
     from fo_jax import _transport as t
 
-    assert t._explicit_bounds("0,4,10,16,22,32,36,48,64", 4, 16, 2, 64) == (
+    assert t._explicit_bounds("f", (0, 4, 10, 16, 22, 32, 36, 48, 64), 4, 16, 2, 64) == (
         0, 4, 10, 16, 22, 32, 36, 48, 64)
-    for bad in ("0,4,10,20,32,48,64", "0,3,16,32,48,64", "0,16,16,32,48,64", "0,16,32,48",
-                "a,b", "0,16,32,48,64,80"):
-        with pytest.raises(ValueError, match="FO_JAX_CE_BOUNDS"):
-            t._explicit_bounds(bad, 4, 16, 2, 64)
+    for bad in ((0, 4, 10, 20, 32, 48, 64), (0, 3, 16, 32, 48, 64), (0, 16, 32, 48),
+                (0, 16, 32, 48, 64, 80)):
+        with pytest.raises(ValueError, match="copy_engine_group_bounds"):
+            t._explicit_bounds("f", bad, 4, 16, 2, 64)
     with pytest.raises(ValueError, match="at most 2 groups"):
-        t._explicit_bounds("0,16,32,48,64", 4, 16, 2, 2)
+        t._explicit_bounds("f", (0, 16, 32, 48, 64), 4, 16, 2, 2)
+    for bad in ((), (1, 2), (0, 4, 4), (0, 8, 4), "0,4", (0, 1.5)):
+        with pytest.raises(ValueError, match="copy_engine_group_bounds"):
+            OverlapConfig(copy_engine_group_bounds=bad)
 
 
-def test_copy_engine_program_overrides(fake_cuda, monkeypatch):
-    """FO_JAX_CE_SPLIT_SUM=0|1|rows, FO_JAX_CE_FLAG_STREAM, FO_JAX_CE_ACKS_FIRST and
-    FO_JAX_CE_RING (measurement overrides) reach the plan; anything else, or sums by rows over
-    more pieces than the flags hold, is refused at trace time with a message."""
-    import jax.numpy as jnp
-
-    t = fake_cuda()
-    bf16 = jnp.dtype(jnp.bfloat16)
-    monkeypatch.setenv("FO_JAX_CE_RING", "0")  # the direct form's sums (the ring has none)
-    monkeypatch.setenv("FO_JAX_CE_BOUNDS", "0,8,16,32,40,48,64")
-    for text, split in (("0", "one"), ("1", "bands"), ("rows", "rows")):
-        monkeypatch.setenv("FO_JAX_CE_SPLIT_SUM", text)
-        plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-        assert plan.sum_split == split and plan.group_begin == (0, 8, 16, 32, 40, 48, 64)
-    monkeypatch.setenv("FO_JAX_CE_FLAG_STREAM", "1")
-    monkeypatch.setenv("FO_JAX_CE_ACKS_FIRST", "1")
-    plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
-    assert plan.flag_stream and plan.acks_first
-    monkeypatch.setenv("FO_JAX_CE_SPLIT_SUM", "2")
-    with pytest.raises(ValueError, match="FO_JAX_CE_SPLIT_SUM='2'"):
-        t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 4, None)
+def test_copy_engine_program_fields(fake_cuda):
+    """copy_engine_sum_split, copy_engine_group_bounds, copy_engine_chunk_groups and
+    copy_engine_ring reach the plan; values the call cannot take are refused at trace time with
+    a message naming the field."""
+    fake_cuda()
+    bounds = (0, 8, 16, 32, 40, 48, 64)
+    for split in ("one", "bands", "rows"):
+        cfg = OverlapConfig(copy_engine_ring=False, copy_engine_group_bounds=bounds,
+                            copy_engine_sum_split=split)
+        plan = _ce_plan("reduce_scatter", 8192, 8192, 2048, 4, cfg)
+        assert plan.sum_split == split and plan.gemm.group_begin == bounds
+    plan = _ce_plan("reduce_scatter", 8192, 8192, 2048, 4,
+                    OverlapConfig(copy_engine_ring=False, copy_engine_chunk_groups=4))
+    assert plan.gemm.num_groups == 3 * 4 + 1 and not plan.ring
+    with pytest.raises(ValueError, match="copy_engine_chunk_groups=16"):
+        _ce_plan("reduce_scatter", 8192, 8192, 2048, 4,
+                 OverlapConfig(copy_engine_chunk_groups=16))  # 8 clusters per chunk
+    with pytest.raises(ValueError, match="copy_engine_sum_split"):
+        OverlapConfig(copy_engine_sum_split="two")
+    with pytest.raises(ValueError, match="copy_engine_ring"):
+        OverlapConfig(copy_engine_ring=1)
+    for name in ("copy_engine_chunk_groups", "copy_engine_sum_sms"):
+        with pytest.raises(ValueError, match=name):
+            OverlapConfig(**{name: 0})
+    # The fields are part of the config's identity (jit's cache key).
+    assert OverlapConfig(copy_engine_ring=True) != OverlapConfig(copy_engine_ring=False)
+    assert hash(OverlapConfig(copy_engine_group_bounds=[0, 2])) == hash(
+        OverlapConfig(copy_engine_group_bounds=(0, 2)))
     # The ring reduce-scatter: by default where the model puts it first on up to
-    # RING_DEFAULT_MAX_RANKS GPUs, forced by FO_JAX_CE_RING=1, off with =0, never for an
+    # RING_DEFAULT_MAX_RANKS GPUs, forced by copy_engine_ring=True, off with False, never for an
     # all-reduce; its partition (_ce_model.best_ring) cuts every band, the own one too, into
     # the same pieces (the first copy starts before the band is done; the GEMM visits each
     # band's rows in the order their partial sums were sent).
-    monkeypatch.delenv("FO_JAX_CE_SPLIT_SUM")
-    monkeypatch.delenv("FO_JAX_CE_BOUNDS")
-    monkeypatch.delenv("FO_JAX_CE_RING")
-    assert t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 2, None).ring
-    assert t.copy_engine_plan("reduce_scatter", bf16, 16384, 8192, 2048, 4, None).ring
-    monkeypatch.setattr(t, "RING_DEFAULT_MAX_RANKS", 2)
-    assert not t.copy_engine_plan("reduce_scatter", bf16, 16384, 8192, 2048, 4, None).ring
-    monkeypatch.setenv("FO_JAX_CE_RING", "0")
-    assert not t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, 2, None).ring
-    monkeypatch.setenv("FO_JAX_CE_RING", "1")
+    assert _ce_plan("reduce_scatter", 8192, 8192, 2048, 2).ring
+    assert _ce_plan("reduce_scatter", 16384, 8192, 2048, 4).ring
+    ring, direct = OverlapConfig(copy_engine_ring=True), OverlapConfig(copy_engine_ring=False)
+    assert not _ce_plan("reduce_scatter", 8192, 8192, 2048, 2, direct).ring
     for size in (2, 4):
-        plan = t.copy_engine_plan("reduce_scatter", bf16, 8192, 8192, 2048, size, None)
-        b, chunk = plan.group_begin, 64 // size
+        plan = _ce_plan("reduce_scatter", 8192, 8192, 2048, size, ring)
+        b, chunk = plan.gemm.group_begin, 64 // size
         assert plan.ring and b[1] < chunk and b[-1] == 64, plan
         inner = [x for x in b if x < chunk]
         assert list(b[:-1]) == [j * chunk + x for j in range(size) for x in inner], plan
-    assert not t.copy_engine_plan("all_reduce", bf16, 8192, 8192, 2048, 4, None).ring
-    monkeypatch.delenv("FO_JAX_CE_RING")
+    assert not _ce_plan("all_reduce", 8192, 8192, 2048, 4, ring).ring
+
+
+def test_ring_default_rank_limit(fake_cuda, monkeypatch):
+    t = fake_cuda()
+    monkeypatch.setattr(t, "RING_DEFAULT_MAX_RANKS", 2)
+    assert not _ce_plan("reduce_scatter", 16384, 8192, 2048, 4).ring
+
+
+def test_sums_by_rows_take_at_most_16_pieces():
+    from fo_jax import _transport as t
+
     # The last chunk sent is tile-rows 64-96 of 128: 16 pieces of 2 pass, 32 of 1 do not.
-    assert t._forced_sum_split("rows", tuple(range(0, 97, 2)) + (128,), 1, 4, 32) == "rows"
+    assert t._check_sum_split("f", "rows", tuple(range(0, 97, 2)) + (128,), 1, 4, 32) == "rows"
     with pytest.raises(ValueError, match="32 groups in the last chunk"):
-        t._forced_sum_split("rows", tuple(range(0, 97)) + (128,), 1, 4, 32)
+        t._check_sum_split("f", "rows", tuple(range(0, 97)) + (128,), 1, 4, 32)

@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "comm/comm_registry.h"
-#include "comm/peer_transport.h"
+#include "comm/copy_engine.h"
 
 namespace fo_jax {
 
@@ -79,41 +79,47 @@ void EndTimelineCall(CommState& s) {
   t.recording = false;
 }
 
-std::string StartCallTimelines(int calls) {
+Status StartCallTimelines(int calls) {
   for (CommState* s : AllCommStatesForDebug()) {
     std::lock_guard<std::timed_mutex> lock(s->mu);
-    if (!s->peer) continue;  // copy-engine communicators only
-    DrainPeerCopyThread(*s);  // it may still record into the rows replaced here
-    if (cudaSetDevice(s->device) != cudaSuccess) return "cudaSetDevice";
+    if (!s->copy_engine) continue;  // copy-engine communicators only
+    DrainCopyWorker(*s);  // it may still record into the rows replaced here
+    FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(s->device), "cudaSetDevice"));
     CallTimeline& t = s->timeline;
     // Every event a call may record was recorded before, or never (then reading it fails and it
     // reads as missing): recreate them so that no mark of an earlier run reads as this one's.
     for (cudaEvent_t e : t.events) (void)cudaEventDestroy(e);
     t.events.assign(size_t(calls) * kTimelineMarks, nullptr);
     for (cudaEvent_t& e : t.events) {
-      if (cudaEventCreate(&e) != cudaSuccess) return "creating timeline events";
+      FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&e), "creating timeline events"));
     }
     t.host_ns.assign(size_t(calls) * kTimelineHostMarks, 0);
-    if (!t.base && cudaEventCreate(&t.base) != cudaSuccess) return "creating the base event";
+    if (!t.base) {
+      FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&t.base), "creating the base event"));
+    }
     t.capacity = calls;
     t.count = 0;
     t.recording = false;
     t.base_host_ns = TimelineNowNs();
-    if (cudaEventRecord(t.base, s->peer->copy_stream) != cudaSuccess) return "recording the base";
+    FO_JAX_RETURN_IF_ERROR(CudaStatus(
+        cudaEventRecord(t.base, s->copy_engine->worker.copy_stream), "recording the base"));
   }
-  return "";
+  return Status::Ok();
 }
 
-std::vector<TimelineRow> ReadCallTimelines(int64_t origin_ns, std::string* error) {
-  std::vector<TimelineRow> rows;
+Status ReadCallTimelines(int64_t origin_ns, std::vector<TimelineRow>* rows_out) {
+  std::vector<TimelineRow>& rows = *rows_out;
+  rows.clear();
   for (CommState* s : AllCommStatesForDebug()) {
     std::lock_guard<std::timed_mutex> lock(s->mu);
     CallTimeline& t = s->timeline;
     if (t.capacity == 0) continue;
-    DrainPeerCopyThread(*s);  // its marks of the recorded calls are enqueued
-    if (cudaSetDevice(s->device) != cudaSuccess || cudaEventSynchronize(t.base) != cudaSuccess) {
-      *error = "synchronizing the base event";
-      return {};
+    DrainCopyWorker(*s);  // its marks of the recorded calls are enqueued
+    cudaError_t err = cudaSetDevice(s->device);
+    if (err == cudaSuccess) err = cudaEventSynchronize(t.base);
+    if (err != cudaSuccess) {
+      rows.clear();
+      return CudaStatus(err, "synchronizing the base event");
     }
     const double base_us = (t.base_host_ns - origin_ns) * 1e-3;
     for (int c = 0; c < t.count; ++c) {
@@ -137,7 +143,7 @@ std::vector<TimelineRow> ReadCallTimelines(int64_t origin_ns, std::string* error
       rows.push_back(std::move(r));
     }
   }
-  return rows;
+  return Status::Ok();
 }
 
 }  // namespace fo_jax

@@ -1,9 +1,10 @@
-// Diagnostics: an untraced per-call timeline of the copy-engine transport (benchmarks/NOTES.md
-// §17). While armed (StartCallTimelines, from Python between batches), each call records CUDA
-// events at fixed points on XLA's stream and on the copy stream, plus host times at fixed points
-// of the FFI handler; ReadCallTimelines turns them into times on the host's steady clock. Off by
-// default, and then a call pays one clock read and one branch per mark. Unlike a profiler this
-// keeps the harness as it is (no CUPTI callbacks on the host threads).
+// Diagnostics: an untraced per-call timeline of the copy-engine transport
+// (docs/troubleshooting.md, "Diagnosing a stall"). While armed (StartCallTimelines, from Python
+// between batches), each call records CUDA events at fixed points on XLA's stream and on the copy
+// stream, plus host times at fixed points of the FFI handler; ReadCallTimelines turns them into
+// times on the host's steady clock. Off by default, and then a call pays one clock read and one
+// branch per mark. Unlike a profiler this keeps the harness as it is (no CUPTI callbacks on the
+// host threads).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +12,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "comm/status.h"
 
 namespace fo_jax {
 
@@ -80,8 +83,8 @@ void RecordTimelineHostAt(CommState& state, int row, TimelineHostMark m);
 
 // Arms every copy-engine communicator of the process for `calls` calls (0 disarms). Call it with
 // the GPUs idle (after jax.block_until_ready): the base event then runs at once, so its GPU time
-// matches its host time within a few microseconds. "" or what failed.
-std::string StartCallTimelines(int calls);
+// matches its host time within a few microseconds.
+Status StartCallTimelines(int calls);
 
 // One row per recorded call of every armed communicator: device, rank, call index, then the
 // host marks (TimelineHostMark order) and each GPU mark's time, in microseconds on the steady
@@ -92,6 +95,6 @@ struct TimelineRow {
   int call = 0;
   std::vector<double> us;  // kTimelineHostMarks + kTimelineMarks
 };
-std::vector<TimelineRow> ReadCallTimelines(int64_t origin_ns, std::string* error);
+Status ReadCallTimelines(int64_t origin_ns, std::vector<TimelineRow>* rows);
 
 }  // namespace fo_jax

@@ -37,12 +37,7 @@ std::map<Key, std::shared_ptr<Entry>>& Registry() {
 }
 
 std::string NcclMessage(const char* what, ncclResult_t r, ncclComm_t comm) {
-  std::string msg = std::string(what) + " failed: " + ncclGetErrorString(r);
-  if (comm != nullptr) {
-    const char* last = ncclGetLastError(comm);
-    if (last != nullptr && *last) msg += std::string(" (") + last + ")";
-  }
-  return msg;
+  return NcclStatus(r, what, comm).message();
 }
 
 // Warm-up: every (collective, dtype) the overlap issues, at a small and a mid size, so that
@@ -79,8 +74,8 @@ std::string Create(CommState& s, const ncclUniqueId& id, const CommOptions& opti
       cudaEventCreateWithFlags(&s.progress, cudaEventDisableTiming) != cudaSuccess) {
     return "creating events";
   }
-  std::string err;
-  if (PrepareStreamWait(&err) != cudaSuccess) return err;
+  const Status wait = PrepareStreamWait();
+  if (!wait.ok()) return wait.message();
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   if (options.max_ctas > 0) config.maxCTAs = options.max_ctas;
   if (options.min_ctas > 0) config.minCTAs = options.min_ctas;
@@ -147,8 +142,8 @@ std::string Describe(const CommState& s) {
 
 }  // namespace
 
-CommState* GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, int rank,
-                                const CommOptions& options, std::string* error) {
+Status GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, int rank,
+                            const CommOptions& options, CommState** state_out) {
   Key key{device, std::string(id.internal, sizeof(id.internal)), nranks, rank, options.max_ctas,
           options.min_ctas, options.cga_cluster_size};
   std::shared_ptr<Entry> entry;
@@ -180,11 +175,9 @@ CommState* GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, 
                      "): " + err;
     }
   });
-  if (!entry->state) {
-    if (error) *error = entry->error;
-    return nullptr;
-  }
-  return entry->state.get();
+  if (!entry->state) return Status::Internal(entry->error);
+  *state_out = entry->state.get();
+  return Status::Ok();
 }
 
 std::string CommGroupFailure(CommState& s) {
@@ -229,16 +222,7 @@ int64_t NowNs() {
       .count();
 }
 
-double TimeoutSeconds() {
-  static const double seconds = [] {
-    const char* v = std::getenv("FO_JAX_COMM_TIMEOUT_S");
-    if (v == nullptr || *v == 0) return 600.0;
-    char* end = nullptr;
-    const double x = std::strtod(v, &end);
-    return end != v && x >= 0 ? x : 600.0;
-  }();
-  return seconds;
-}
+std::atomic<double> g_timeout_s{600.0};  // SetCommTimeoutSeconds
 
 // One pass over every communicator of this process: a call recorded more than `timeout` ago and
 // still running fails its group and aborts it.
@@ -287,7 +271,7 @@ void StopWatchdog() {
 void StartWatchdogOnce() {
   static std::once_flag once;
   std::call_once(once, [] {
-    const double timeout = TimeoutSeconds();
+    const double timeout = g_timeout_s.load();
     if (timeout <= 0) return;
     g_watchdog = new std::thread([timeout] {
       const auto period = std::chrono::milliseconds(timeout < 10 ? 100 : 1000);
@@ -302,12 +286,14 @@ void StartWatchdogOnce() {
 
 }  // namespace
 
-cudaError_t NoteNcclCall(CommState& s, cudaStream_t stream) {
-  const cudaError_t e = cudaEventRecord(s.progress, stream);
-  if (e != cudaSuccess) return e;
+void SetCommTimeoutSeconds(double seconds) { g_timeout_s.store(seconds >= 0 ? seconds : 600.0); }
+
+Status NoteNcclCall(CommState& s, cudaStream_t stream) {
+  FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(s.progress, stream),
+                                    "recording the call's progress event"));
   s.progress_ns.store(NowNs());
   StartWatchdogOnce();
-  return cudaSuccess;
+  return Status::Ok();
 }
 
 void InjectAsyncErrorForTests(int code, int rank, bool broken) {

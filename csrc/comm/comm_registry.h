@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/call_timeline.h"
+#include "comm/status.h"
 
 namespace fo_jax {
 
@@ -22,11 +23,11 @@ struct CommOptions {
   int min_ctas = 0;  // at least (0: NCCL's default)
   // CTAs per thread-block cluster of NCCL's kernels. NCCL's sm90 default (4) needs 4 free SMs of
   // one GPC at once, which a running persistent GEMM may not leave; 1 lets NCCL use any free SM.
-  // A precaution: at TP=2 on H200 it changed overlapped times by under 2% (benchmarks/NOTES.md).
+  // A precaution: at TP=2 on H200 it changed overlapped times by under 2%.
   int cga_cluster_size = 1;
 };
 
-struct PeerState;  // comm/peer_transport.h
+struct CopyEngineState;  // comm/copy_engine.h
 struct CommGroup;  // the local members of one communicator clique (comm_registry.cc)
 
 struct CommState {
@@ -37,7 +38,7 @@ struct CommState {
   cudaStream_t stream = nullptr;       // comm stream, highest priority
   cudaEvent_t inputs_ready = nullptr;  // recorded on XLA's stream, waited on by the comm stream
   cudaEvent_t comm_done = nullptr;     // recorded on the comm stream, waited on by XLA's stream
-  std::shared_ptr<PeerState> peer;     // copy-engine transport, created on its first use
+  std::shared_ptr<CopyEngineState> copy_engine;  // created on the transport's first use
   std::shared_ptr<CommGroup> group;    // shared with the group's other ranks in this process
   std::timed_mutex mu;   // held while a call enqueues work; AbortCommGroup takes it
   std::atomic<bool> aborted{false};  // ncclCommAbort was called on `comm` (under mu)
@@ -46,11 +47,11 @@ struct CommState {
   CallTimeline timeline;  // diagnostics, copy-engine transport only (under mu; call_timeline.h)
 };
 
-// Returns the state for this key, creating it (blocking until every rank of the group joined)
-// on first use. The calling thread's current device must be `device`. On failure returns nullptr
-// and sets *error; the failure is remembered, later calls return it again without hanging.
-CommState* GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, int rank,
-                                const CommOptions& options, std::string* error);
+// Sets *state to the state for this key, creating it (blocking until every rank of the group
+// joined) on first use. The calling thread's current device must be `device`. A failure is
+// remembered: later calls return it again without hanging.
+Status GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, int rank,
+                            const CommOptions& options, CommState** state);
 
 // Failure handling. An asynchronous NCCL error on one rank must not leave the other ranks of its
 // group waiting for it (NCCL collectives, or the copy-engine transport's flags): a call's
@@ -81,9 +82,13 @@ void AbortCommGroup(CommState& state);
 // process that failed or stopped calling leaves this rank's collectives waiting): records
 // state.progress on `stream` at the end of a call; a background thread (started on first use)
 // fails the group and aborts its communicators in this process once a recorded call has not
-// completed for FO_JAX_COMM_TIMEOUT_S seconds (default 600; 0 turns it off). The aborted
+// completed for SetCommTimeoutSeconds seconds (default 600; 0 turns it off). The aborted
 // collectives end, so the waiting call returns (its output undefined) and the next one raises.
-cudaError_t NoteNcclCall(CommState& state, cudaStream_t stream);
+Status NoteNcclCall(CommState& state, cudaStream_t stream);
+
+// The watchdog's limit, read when it starts (the first NCCL-transport call): Python sets it
+// once, from FO_JAX_COMM_TIMEOUT_S, when it loads the module (fo_jax/_env.py).
+void SetCommTimeoutSeconds(double seconds);
 
 // Fault injection for the tests (NCCL's own detection cannot be provoked on one healthy
 // machine): while `code` (an ncclResult_t) is not ncclSuccess, the communicator of rank `rank`

@@ -1,5 +1,6 @@
-// The consumer half of the overlap: on the comm stream, for each output group in order, wait
-// until the GEMM's counter for it is full, then run NCCL on that group's contiguous bytes.
+// The NCCL transport: the consumer half of the overlap. On the comm stream, for each output group
+// in order, wait until the GEMM's counter for it is full, then run NCCL on that group's
+// contiguous bytes.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,14 +8,14 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "comm/comm_registry.h"
+#include "comm/overlap_plan.h"
+#include "comm/status.h"
+#include "kernels/signaling_gemm.h"
 
 namespace fo_jax {
-
-enum class Collective : int { kReduceScatter = 0, kAllReduce = 1 };
 
 // One group: reduce-scatter sends `count * nranks` elements from send + send_offset and receives
 // `count` at recv + recv_offset; all-reduce reduces `count` elements in place at recv_offset.
@@ -25,13 +26,24 @@ struct GroupSpan {
   uint32_t expected = 0;   // counter value meaning "group done"
 };
 
+// The collective span of every group (docs/design.md, "The signaling GEMM"): the
+// reduce-scatter reads the GEMM's group-major workspace and writes the final rows; the
+// all-reduce works in place on the output.
+std::vector<GroupSpan> CollectiveSpans(const SignalingGemmArgs& args, Collective kind);
+
 // Enqueues the gated collectives. Precondition (caller, on `xla_stream`): counters zeroed, then
 // state->inputs_ready recorded, then the producer GEMM launched. Afterwards `xla_stream` waits
 // for the comm stream, so XLA never reuses a buffer NCCL still touches.
-cudaError_t EnqueueGatedCollectives(CommState& state, cudaStream_t xla_stream, Collective kind,
-                                    ncclDataType_t dtype, const void* send, void* recv,
-                                    size_t elem_bytes, const uint32_t* counters,
-                                    const std::vector<GroupSpan>& groups, bool spin_wait,
-                                    std::string* error);
+Status EnqueueGatedCollectives(CommState& state, cudaStream_t xla_stream, Collective kind,
+                               ncclDataType_t dtype, const void* send, void* recv,
+                               size_t elem_bytes, const uint32_t* counters,
+                               const std::vector<GroupSpan>& groups);
+
+// The NCCL transport's part of an overlapped call whose GEMM (arguments `gemm`, output
+// gemm.d) was just launched on `xla_stream` after recording state.inputs_ready: the gated
+// collectives into `out`, then the end of the call noted for the progress watchdog
+// (comm_registry.h).
+Status EnqueueNcclTransport(CommState& state, cudaStream_t xla_stream, Collective kind,
+                            const SignalingGemmArgs& gemm, void* out);
 
 }  // namespace fo_jax

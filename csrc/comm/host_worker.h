@@ -1,9 +1,9 @@
 // A host thread that runs jobs one at a time in the order they were pushed, with the CUDA
 // device set. The copy-engine transport hands it the copy stream's part of each call, so that
 // XLA's thread returns from the FFI handler without enqueueing those ~20 stream operations
-// (benchmarks/NOTES.md §19). Jobs are numbered 1, 2, ... in push order. The thread and a job
-// waiting for a signal spin for a while before they sleep: a sleeping thread took tens of us to
-// wake, longer than the copy stream may wait for its first copy.
+// (docs/performance.md, "The copy thread"). Jobs are numbered 1, 2, ... in push order. The
+// thread and a job waiting for a signal spin for a while before they sleep: a sleeping thread
+// took tens of us to wake, longer than the copy stream may wait for its first copy.
 #pragma once
 
 #include <atomic>

@@ -4,6 +4,7 @@
 #include <cuda.h>  // types and enums only; the entry point comes from cudaGetDriverEntryPoint
 
 #include <mutex>
+#include <string>
 
 namespace fo_jax {
 namespace {
@@ -44,47 +45,40 @@ void ResolveEntryPoints() {
   g_write_value32 = DriverEntryPoint("cuStreamWriteValue32");
 }
 
-// cudaSuccess, or cudaErrorUnknown with `what`'s CUresult in *error.
-cudaError_t Status(CUresult r, const char* what, std::string* error) {
-  if (r == CUDA_SUCCESS) return cudaSuccess;
-  if (error) *error = std::string(what) + " failed with CUresult " + std::to_string(r);
-  return cudaErrorUnknown;
+Status DriverStatus(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return Status::Ok();
+  return Status::Internal(std::string(what) + " failed with CUresult " + std::to_string(r));
 }
 
 }  // namespace
 
-cudaError_t PrepareStreamWait(std::string* error) {
+Status PrepareStreamWait() {
   std::call_once(g_resolve_once, ResolveEntryPoints);
   cudaFuncAttributes attr;
-  cudaError_t err = cudaFuncGetAttributes(&attr, SpinWaitGeqKernel);  // loads it on this device
-  if (err != cudaSuccess && error) *error = "loading the spin-wait kernel failed";
-  return err;
+  // Loads it on this device.
+  return CudaStatus(cudaFuncGetAttributes(&attr, SpinWaitGeqKernel),
+                    "loading the spin-wait kernel");
 }
 
-cudaError_t EnqueueWaitGeq(cudaStream_t stream, const uint32_t* counter, uint32_t value,
-                           bool use_spin_kernel, std::string* error) {
-  if (!use_spin_kernel && g_wait_value32 != nullptr) {
-    return Status(g_wait_value32(reinterpret_cast<CUstream>(stream),
-                                 reinterpret_cast<CUdeviceptr>(counter), value,
-                                 CU_STREAM_WAIT_VALUE_GEQ),
-                  "cuStreamWaitValue32", error);
+Status EnqueueWaitGeq(cudaStream_t stream, const uint32_t* counter, uint32_t value) {
+  if (g_wait_value32 != nullptr) {
+    return DriverStatus(g_wait_value32(reinterpret_cast<CUstream>(stream),
+                                       reinterpret_cast<CUdeviceptr>(counter), value,
+                                       CU_STREAM_WAIT_VALUE_GEQ),
+                        "cuStreamWaitValue32");
   }
   SpinWaitGeqKernel<<<1, 1, 0, stream>>>(counter, value);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess && error) *error = "launching the spin-wait kernel failed";
-  return err;
+  return CudaStatus(cudaGetLastError(), "launching the spin-wait kernel");
 }
 
-cudaError_t EnqueueWriteValue(cudaStream_t stream, uint32_t* address, uint32_t value,
-                              std::string* error) {
+Status EnqueueWriteValue(cudaStream_t stream, uint32_t* address, uint32_t value) {
   if (g_write_value32 == nullptr) {
-    if (error) *error = "the CUDA driver offers no cuStreamWriteValue32";
-    return cudaErrorNotSupported;
+    return Status::Internal("the CUDA driver offers no cuStreamWriteValue32");
   }
-  return Status(g_write_value32(reinterpret_cast<CUstream>(stream),
-                                reinterpret_cast<CUdeviceptr>(address), value,
-                                CU_STREAM_WRITE_VALUE_DEFAULT),
-                "cuStreamWriteValue32", error);
+  return DriverStatus(g_write_value32(reinterpret_cast<CUstream>(stream),
+                                      reinterpret_cast<CUdeviceptr>(address), value,
+                                      CU_STREAM_WRITE_VALUE_DEFAULT),
+                      "cuStreamWriteValue32");
 }
 
 }  // namespace fo_jax

@@ -1,25 +1,22 @@
-// One way for handlers to turn CUDA/NCCL/library failures into ffi::Error: handlers never throw
-// and never abort; XLA raises the message as a Python exception.
+// The one place where fo_jax's Status (comm/status.h) becomes an ffi::Error: handlers never
+// throw and never abort; XLA raises the message as a Python exception.
 #pragma once
-
-#include <cuda_runtime.h>
 
 #include <string>
 
+#include "comm/status.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace fo_jax {
 
-inline xla::ffi::Error CudaError(cudaError_t err, const char* what) {
-  return xla::ffi::Error::Internal(std::string("fo_jax: ") + what + ": " +
-                                   cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+// `target`: the FFI target's name, which leads the message.
+inline xla::ffi::Error ToFfiError(const Status& status, const char* target) {
+  if (status.ok()) return xla::ffi::Error::Success();
+  const std::string message = std::string(target) + ": " + status.message();
+  if (status.code() == Status::Code::kInvalidArgument) {
+    return xla::ffi::Error::InvalidArgument(message);
+  }
+  return xla::ffi::Error::Internal(message);
 }
 
 }  // namespace fo_jax
-
-// Return an ffi::Error from the enclosing handler if a CUDA call failed.
-#define FO_JAX_RETURN_IF_CUDA_ERROR(expr)                              \
-  do {                                                                 \
-    cudaError_t fo_jax_err_ = (expr);                                  \
-    if (fo_jax_err_ != cudaSuccess) return ::fo_jax::CudaError(fo_jax_err_, #expr); \
-  } while (0)

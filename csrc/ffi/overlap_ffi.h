@@ -1,4 +1,4 @@
-// XLA FFI handler for the overlapped GEMM + collective (target fo_jax_overlapped_matmul_ffi).
+// XLA FFI handler of the overlapped GEMM + collective (target fo_jax_overlapped_matmul_v2).
 #pragma once
 
 #include "xla/ffi/api/api.h"

@@ -2,6 +2,7 @@
 // FFI chain on a GPU and is used by the GPU smoke test.
 #include "ffi/scale_ffi.h"
 
+#include "comm/status.h"
 #include "ffi/ffi_status.h"
 #include "kernels/scale.h"
 #include "xla/ffi/api/ffi.h"
@@ -23,9 +24,10 @@ ffi::Error ScaleImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::Any
   if (y->element_type() != x.element_type() || y->element_count() != x.element_count()) {
     return ffi::Error::InvalidArgument("fo_jax_scale_ffi: output must match the input");
   }
-  FO_JAX_RETURN_IF_CUDA_ERROR(LaunchScale(stream, dtype, x.untyped_data(), y->untyped_data(),
-                                          static_cast<int64_t>(x.element_count()), alpha));
-  return ffi::Error::Success();
+  return ToFfiError(CudaStatus(LaunchScale(stream, dtype, x.untyped_data(), y->untyped_data(),
+                                            static_cast<int64_t>(x.element_count()), alpha),
+                                "LaunchScale"),
+                    "fo_jax_scale_ffi");
 }
 
 }  // namespace

@@ -62,8 +62,11 @@ int SelectConsumerGemmConfig(GemmDtype dtype, int m, int n, int k, int band_rows
 // [batch 0 band | batch 1 band | ...]. No row outside a tile's own band is ever written.
 //
 // Signal: if counters != nullptr, each finished tile adds 1 to counters[its group], after its
-// output is complete and visible in global memory (release at GPU scope). A group is done when
-// its counter reaches batch * (group_begin[g+1] - group_begin[g]) * ceil(n / tile_n).
+// output is complete and visible in global memory (release at GPU scope). A CTA adds its
+// consecutive tiles of one group in one release-add when it moves to another group or finishes
+// (cooperative configs; ping-pong signals each tile), so a counter may jump by more than 1. A
+// group is done when its counter reaches batch * (group_begin[g+1] - group_begin[g]) *
+// ceil(n / tile_n).
 // The counters must be zero when the kernel starts: the caller zeroes them in stream order, or
 // sets zero_counters_on_launch (below).
 struct SignalingGemmArgs {
@@ -78,8 +81,6 @@ struct SignalingGemmArgs {
   uint32_t* counters = nullptr;  // device memory, num_groups entries, or nullptr: no signal
   int sm_budget = 0;             // persistent CTAs at most this many SMs; 0: all SMs
   int config = -1;               // index into the table; -1: SelectGemmConfig
-  // Additions (kernel library, optional):
-  int raster_swizzle = 0;  // tile-rows per raster chunk within a group (L2 reuse of B); 0: 8
   // Tile-row rotation (batch 1 only): the group table and the visit order refer to logical
   // tile-rows t = 0 .. tiles_m-1, and logical tile-row t is computed from and stored to the
   // physical tile-row (t + rotate_tile_rows) % tiles_m; the output stays in natural row order.
@@ -92,13 +93,6 @@ struct SignalingGemmArgs {
   // all-reduce visits its output as several rounds of bands). R divides tiles_m, is a multiple
   // of cluster_m and exceeds rotate_tile_rows. 0: R = tiles_m.
   int rotate_period_tile_rows = 0;
-  // 0 (default): a CTA adds its consecutive tiles of one group in one release-add when it moves
-  // to another group or finishes (cooperative configs; ping-pong signals each tile): the counter
-  // may jump by more than 1, completion (counter == expected) is unchanged and not later.
-  // 1: one add per tile right after its store. 2: one add per tile, deferred to the start of the
-  // next tile's epilogue. 3: as 0, but the add is issued after the next tile's stores are issued
-  // (waits only for the older bulk stores).
-  int signal_mode = 0;
   // Zero `counters` on the stream right before the kernel launch, after all host-side setup
   // (TMA descriptors, parameters), so the GPU does not idle between the two. If
   // after_zero_event is set it is recorded between the zeroing and the kernel (a consumer stream
@@ -114,7 +108,7 @@ struct SignalingGemmArgs {
   // tile-row s (acquire loads at system scope): the addend is another GPU's output of the same
   // group table, copied into this GPU group by group, each group's flag written by a stream
   // memory operation after its copy. The copy-engine reduce-scatter's ring uses it: each rank
-  // adds the partial sum that the next rank computed one step earlier (comm/peer_transport.h).
+  // adds the partial sum that the next rank computed one step earlier (comm/copy_engine.h).
   // The wait is in the producer's epilogue warp: it holds back only that CTA's epilogue.
   const void* addend = nullptr;
   int addend_first_tile_row = 0;

@@ -38,11 +38,6 @@ struct EpilogueParams {
   int rotate = 0;  // tile-rows (batch 1): the tile coordinate is physical, groups are logical
   int period = 1;  // the rotation applies within each run of `period` tile-rows
   int num_groups = 1;
-  // 0: per group, deferred: consecutive tiles of one group in this CTA are added together when
-  //    the CTA's next tile belongs to another group (or at the end); 1: each tile right after its
-  //    own store; 2: each tile at the start of the next tile's epilogue; 3: as 0, but issued
-  //    after the next tile's TMA stores (TMA epilogue only; otherwise as 0).
-  int signal_mode = 0;
   int group_begin[kMaxGemmGroups + 1] = {};
   // SignalingGemmArgs' addend (kernels with a source only): logical tile-rows >= addend_first
   // add the source, rows from (tile-row - addend_first) * tile_m on; the source has
@@ -116,15 +111,16 @@ CUTLASS_DEVICE void StoreDirect(EpilogueParams const& p, int64_t dst_row0, int v
 //    an acquire load (spin kernel) or with cuStreamWaitValue32 followed by stream-ordered work
 //    therefore sees the complete tiles. (The same shape as cutlass/barrier.h's arrive_inc.)
 //
-// When (EpilogueParams::signal_mode): a signal costs a fence on the tensor-core warps' critical
-// path (the cooperative kernel does not overlap its epilogue with MMA), so by default (mode 0) a
-// CTA adds up its consecutive tiles of one group and signals them with one add of the count when
-// its next tile belongs to another group, at the start of that tile's epilogue (the stores are
-// long complete by then, the wait is free), or in store_tail() at the end. Tiles run group by
-// group, so a group completes no later than with per-tile signals (its last tile decides).
-// Ping-pong calls store_tail() after every tile, so it signals each tile right after its store
-// (hidden behind the other warp group's MMA). Measured on H200 (benchmarks/results): mode 0 costs
-// 0.4-1.3% against counters == nullptr on the TP shapes with 8 groups; per-tile modes cost more.
+// When: a signal costs a fence on the tensor-core warps' critical path (the cooperative kernel
+// does not overlap its epilogue with MMA), so a CTA adds up its consecutive tiles of one group and
+// signals them with one add of the count when its next tile belongs to another group, at the
+// start of that tile's epilogue (the stores are long complete by then, the wait is free), or in
+// store_tail() at the end. Tiles run group by group, so a group completes no later than with
+// per-tile signals (its last tile decides). Ping-pong calls store_tail() after every tile, so it
+// signals each tile right after its store (hidden behind the other warp group's MMA). Measured on
+// H200: this costs 0.4-1.3% against counters == nullptr on the TP shapes with 8 groups; a signal
+// per tile (right after its store, or at the next tile's epilogue) and a signal issued after the
+// next tile's stores cost more (docs/performance.md, "Smaller decisions").
 // ---------------------------------------------------------------------------------------------
 // kSource: CUTLASS's epilogue with a source C (D = acc + C, C loaded by TMA in the producer's
 // epilogue warp), for SignalingGemmArgs' addend, a [rows, n] matrix. Every tile loads it, at its
@@ -301,8 +297,7 @@ class SignalingTmaEpilogue
     const int l_idx = int(get<3>(tile_coord));
     const bool valid = m_idx < p.tiles_m;
     const int g = valid ? group_of(m_idx) : -1;
-    const bool flush_pending =
-        pending_count_ > 0 && ((valid && g != pending_group_) || p.signal_mode == 2);
+    const bool flush_pending = pending_count_ > 0 && valid && g != pending_group_;
     if (valid) {
       const int i0 = m_idx * kTileM;
       const int r0 = min(p.group_begin[g] * kTileM, p.m);
@@ -316,19 +311,7 @@ class SignalingTmaEpilogue
       // tiles): the TMA store also consumes the tile's source loads.
       const bool use_tma =
           kSource || ((dst_row0 % kTileM) == 0 && (valid_rows == kTileM || p.batch == 1));
-      // Mode 3: signal the earlier tiles after this tile's stores are issued, waiting only for
-      // the bulk groups older than this tile's (exactly kSubtiles commits per TMA tile).
-      const bool late = flush_pending && p.signal_mode == 3 && !pending_direct_ && use_tma;
-      int late_group = -1;
-      uint32_t late_count = 0;
-      if (late) {
-        late_group = pending_group_;
-        late_count = pending_count_;
-        pending_group_ = -1;
-        pending_count_ = 0;
-      } else if (flush_pending) {
-        flush_signal(thread_idx);
-      }
+      if (flush_pending) flush_signal(thread_idx);
       if (use_tma) {
         auto flat_shape = Flat(problem_shape);
         auto flat_coord = make_coord(int(dst_row0 / kTileM), n_idx, get<2>(tile_coord), 0);
@@ -353,7 +336,6 @@ class SignalingTmaEpilogue
         StoreDirect<Element, kTileM, kTileN>(p, dst_row0, valid_rows, n_idx, accumulators,
                                              tiled_mma, thread_idx);
       }
-      if (late) signal_from_store_warp<kSubtiles>(thread_idx, late_group, late_count);
       if (p.counters != nullptr) {
         pending_group_ = g;
         ++pending_count_;
@@ -362,7 +344,6 @@ class SignalingTmaEpilogue
     } else if (flush_pending) {
       flush_signal(thread_idx);
     }
-    if (p.signal_mode == 1) flush_signal(thread_idx);
     return result;
   }
 
@@ -455,9 +436,6 @@ class SignalingTmaEpilogue
     pending_count_ = 0;
     pending_direct_ = false;
   }
-
-  // TMA store commits (bulk async-groups) per tile: one per epilogue subtile.
-  static constexpr int kSubtiles = Inner::get_store_pipe_increment(TileShape{});
 
   EpilogueParams const* p_;
   TailParams const* tail_params_;
@@ -577,6 +555,9 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   using Kernel = typename Cfg::Kernel;
   using Element = typename Cfg::Element;
   constexpr int kTM = Cfg::kTileM, kTN = Cfg::kTileN, kCM = Cfg::kClusterM;
+  // Tile-rows per raster chunk within a group: a wave's B columns stay hot in L2
+  // (group_tile_scheduler.cuh).
+  constexpr int kRasterSwizzle = 8;
   const SignalingGemmArgs& a = run.args;
 
   cudaError_t e = LoadGemmImpl<Cfg>(run.device, error);
@@ -589,8 +570,7 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   table.num_groups = a.num_groups;
   table.tiles_n = tiles_n;
   table.batch = a.batch;
-  int swizzle = a.raster_swizzle > 0 ? a.raster_swizzle : 8;
-  table.swizzle = swizzle;
+  table.swizzle = kRasterSwizzle;
   table.tiles_m = tiles_m;
   table.rotate = a.rotate_tile_rows;
   table.period = a.rotate_period_tile_rows > 0 ? a.rotate_period_tile_rows : tiles_m;
@@ -631,7 +611,6 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   epi.rotate = a.rotate_tile_rows;
   epi.period = table.period;
   epi.num_groups = a.num_groups;
-  epi.signal_mode = a.signal_mode;
   for (int g = 0; g <= a.num_groups; ++g) epi.group_begin[g] = a.group_begin[g];
   if constexpr (Cfg::kHasSource) {
     epi.addend_first = a.addend_first_tile_row;

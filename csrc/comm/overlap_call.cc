@@ -1,0 +1,113 @@
+// See overlap_call.h.
+#include "comm/overlap_call.h"
+
+#include "comm/call_timeline.h"
+#include "comm/copy_engine.h"
+#include "comm/gated_collectives.h"
+#include "comm/gemm_plan.h"
+
+namespace fo_jax {
+
+OverlapCall::OverlapCall(const OverlapPlan& plan, const OverlapShape& shape,
+                         const OverlapBuffers& buffers, const OverlapPlace& place,
+                         int64_t host_enter_ns)
+    : plan_(plan), shape_(shape), buffers_(buffers), place_(place),
+      host_enter_ns_(host_enter_ns) {}
+
+Status OverlapCall::CheckBuffers() const {
+  const bool rs = plan_.collective == Collective::kReduceScatter;
+  if (buffers_.out_elems != static_cast<size_t>(OutputRows(plan_, shape_) * shape_.n) ||
+      (rs && buffers_.workspace_elems != static_cast<size_t>(shape_.m * shape_.n)) ||
+      buffers_.counters_elems != static_cast<size_t>(plan_.gemm.num_groups)) {
+    return Status::InvalidArgument("result sizes do not match the plan");
+  }
+  if (place_.rank < 0 || place_.rank >= plan_.axis_size) {
+    return Status::InvalidArgument("rank " + std::to_string(place_.rank) + " of " +
+                                   std::to_string(plan_.axis_size));
+  }
+  return Status::Ok();
+}
+
+Status OverlapCall::Finish() const {
+  if (failure_.empty()) return Status::Ok();
+  return Status::Internal(failure_ + " (the call ran so that the group's other ranks do not wait "
+                          "for this one; the group stays failed: restart the process)");
+}
+
+Status OverlapCall::Prepare() {
+  FO_JAX_RETURN_IF_ERROR(ValidateOverlapPlan(plan_, shape_));
+  FO_JAX_RETURN_IF_ERROR(CheckBuffers());
+  const bool copy_engine = plan_.transport == Transport::kCopyEngine;
+  FO_JAX_RETURN_IF_ERROR(LoadGemmKernelsOnce(place_.device));
+  CommOptions options;
+  options.max_ctas = plan_.nccl_max_ctas;
+  FO_JAX_RETURN_IF_ERROR(GetOrCreateCommState(place_.device, place_.id, plan_.axis_size,
+                                              place_.rank, options, &state_));
+
+  // A failed group (comm_registry.h): the call still runs, so that no other rank waits for this
+  // one, and then reports the failure; unless this rank's communicator cannot run the NCCL
+  // transport's collectives, in which case the group's local communicators are aborted.
+  lock_ = std::unique_lock<std::timed_mutex>(state_->mu);
+  failure_ = CommGroupFailure(*state_);
+  if (state_->aborted) {
+    return Status::Internal(failure_ + "; this process's communicators of the group were "
+                            "aborted after it: restart the process");
+  }
+  if (!failure_.empty() && !copy_engine && !CommUsable(*state_)) {
+    lock_.unlock();
+    AbortCommGroup(*state_);
+    return Status::Internal(failure_ + "; aborted this process's communicators of the group "
+                            "(their pending collectives end): restart the process");
+  }
+
+  // NCCL reduce-scatter: batch = P bands written group-major (docs/design.md, "The signaling
+  // GEMM"). Copy engine: one batch over all M rows in natural order, visited by destination band
+  // (the rotation of OverlapGemmArgs).
+  const bool rs = plan_.collective == Collective::kReduceScatter;
+  gemm_ = OverlapGemmArgs(plan_, shape_, place_.rank);
+  gemm_.a = buffers_.x;
+  gemm_.b = buffers_.w;
+  gemm_.d = rs ? buffers_.workspace : buffers_.out;
+  gemm_.sm_budget = ResolveSmBudget(plan_.gemm.sm_budget);
+  gemm_.counters = buffers_.counters;
+  if (copy_engine) {
+    return PrepareCopyEngineCall(*state_, plan_, shape_, buffers_.out, gemm_, &copy_engine_);
+  }
+  return Status::Ok();
+}
+
+Status OverlapCall::Enqueue(cudaStream_t stream) {
+  const bool copy_engine = plan_.transport == Transport::kCopyEngine;
+  CommState& state = *state_;
+  // Stream order on XLA's stream: zero counters -> inputs_ready -> GEMM, the first two issued by
+  // the launcher right before the kernel, after its host-side setup (zeroing first left the GPU
+  // idle ~20 us while the host built the GEMM's parameters). The gated waits are enqueued after
+  // the GEMM launch (never before the producer: docs/design.md).
+  gemm_.zero_counters_on_launch = true;
+  gemm_.after_zero_event = copy_engine ? NextInputsEvent(state) : state.inputs_ready;
+  if (copy_engine && BeginTimelineCall(state, host_enter_ns_)) {
+    RecordTimelineHost(state, kHostPrepared);
+    RecordTimelineMark(state, kXlaStart, stream);
+  }
+  std::string msg;
+  FO_JAX_RETURN_IF_ERROR(LaunchStatus(LaunchSignalingGemm(stream, gemm_, &msg), "GEMM launch",
+                                      msg));
+  if (!copy_engine) {
+    FO_JAX_RETURN_IF_ERROR(
+        EnqueueNcclTransport(state, stream, plan_.collective, gemm_, buffers_.out));
+    return Finish();
+  }
+  RecordTimelineHost(state, kHostGemmLaunched);
+  const Status enqueued = EnqueueCopyEngineCall(state, stream, copy_engine_);
+  EndTimelineCall(state);
+  FO_JAX_RETURN_IF_ERROR(enqueued.Within("copy-engine transport"));
+  const std::string copy_failure = CopyWorkerFailure(state);
+  if (!copy_failure.empty()) {
+    return Status::Internal(copy_failure + " (this call ran so that the group's other ranks do "
+                            "not wait for this one; its result and every later call's are "
+                            "undefined: restart the process)");
+  }
+  return Finish();
+}
+
+}  // namespace fo_jax

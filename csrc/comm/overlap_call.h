@@ -1,0 +1,75 @@
+// One overlapped call (GEMM + collective), JAX-free: the FFI handler decodes its plan and buffers,
+// builds an OverlapCall, calls Prepare then Enqueue, and maps the status. Prepare validates the
+// plan against the operands, gets the group's communicator (created on first use), applies the
+// failure policy (comm_registry.h) and prepares the transport (the copy engine's buffers, ring
+// and graphs); Enqueue launches the signaling GEMM on XLA's stream and the transport's work after
+// it (gated_collectives.h for NCCL, copy_engine.h for the copy engine). The communicator's lock
+// is held from Prepare to the object's end, so a call's work is enqueued in one piece.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "comm/comm_registry.h"
+#include "comm/copy_engine_args.h"
+#include "comm/overlap_plan.h"
+#include "comm/status.h"
+#include "kernels/signaling_gemm.h"
+
+namespace fo_jax {
+
+// The call's device memory, from XLA, with element counts.
+struct OverlapBuffers {
+  const void* x = nullptr;  // [m, k]
+  const void* w = nullptr;  // [k, n]
+  void* out = nullptr;      // [m / P, n] (reduce-scatter) or [m, n] (all-reduce)
+  size_t out_elems = 0;
+  void* workspace = nullptr;  // [m, n] (reduce-scatter: the GEMM's output)
+  size_t workspace_elems = 0;
+  uint32_t* counters = nullptr;  // one per group
+  size_t counters_elems = 0;
+};
+
+// Where this device is: its ordinal, its rank in its tensor-parallel group and that group's NCCL
+// unique id.
+struct OverlapPlace {
+  int device = -1;
+  int rank = -1;
+  ncclUniqueId id{};
+};
+
+class OverlapCall {
+ public:
+  // host_enter_ns: when the handler started (TimelineNowNs), for the call's timeline.
+  OverlapCall(const OverlapPlan& plan, const OverlapShape& shape, const OverlapBuffers& buffers,
+              const OverlapPlace& place, int64_t host_enter_ns);
+  OverlapCall(const OverlapCall&) = delete;
+  OverlapCall& operator=(const OverlapCall&) = delete;
+
+  Status Prepare();
+  // After a successful Prepare: enqueues the call on `stream` (XLA's). Ok, or the group's
+  // failure after the call ran anyway (so that no other rank waits for this one).
+  Status Enqueue(cudaStream_t stream);
+
+ private:
+  Status CheckBuffers() const;
+  Status Finish() const;  // the group's failure as this call's status, if the group failed
+
+  const OverlapPlan plan_;
+  const OverlapShape shape_;
+  const OverlapBuffers buffers_;
+  const OverlapPlace place_;
+  const int64_t host_enter_ns_;
+  CommState* state_ = nullptr;
+  std::unique_lock<std::timed_mutex> lock_;
+  std::string failure_;  // the group's failure when the call began ("" while healthy)
+  SignalingGemmArgs gemm_;
+  CopyEngineArgs copy_engine_;
+};
+
+}  // namespace fo_jax

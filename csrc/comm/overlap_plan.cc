@@ -1,0 +1,145 @@
+// See overlap_plan.h.
+#include "comm/overlap_plan.h"
+
+#include <string>
+
+namespace fo_jax {
+namespace {
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+Status ValidateCopyEngine(const OverlapPlan& plan, const OverlapShape& shape) {
+  const int P = plan.axis_size, H = plan.rounds;
+  const bool rs = plan.collective == Collective::kReduceScatter;
+  const GemmTileConfig& c = GetGemmConfig(plan.gemm.config);
+  if (P < 2 || P > kMaxCopyEngineRanks) {
+    return Status::InvalidArgument("the copy-engine transport takes 2 to " +
+                                   Str(kMaxCopyEngineRanks) + " ranks, the plan has " + Str(P));
+  }
+  if (H < 1 || (H > 1 && rs) || H * (P - 1) > kMaxReceiveSlots) {
+    return Status::InvalidArgument(
+        "copy-engine rounds " + Str(H) + ": at least 1, more only for an all-reduce, and "
+        "rounds * (P - 1) at most " + Str(kMaxReceiveSlots));
+  }
+  const int64_t band_rows = shape.m / P;
+  const int64_t unit = int64_t(c.tile_m) * c.cluster_m;
+  if (band_rows <= 0 || band_rows % (H * unit) != 0 ||
+      plan.tiles_chunk != band_rows / H / c.tile_m) {
+    return Status::InvalidArgument(
+        "the copy-engine transport needs rows per rank (" + Str(band_rows) + ") a multiple of "
+        "rounds (" + Str(H) + ") * tile_m * cluster_m (" + Str(unit) + ") of GEMM config " +
+        c.name + ", in chunks of tiles_chunk tile-rows (the plan says " +
+        Str(plan.tiles_chunk) + ")");
+  }
+  const int chunks = H * P;
+  const GemmPlan& g = plan.gemm;
+  for (int i = 0; i <= g.num_groups; ++i) {
+    if (g.group_begin[i] % c.cluster_m != 0) {
+      return Status::InvalidArgument("the copy-engine transport needs groups of whole clusters (" +
+                                     Str(c.cluster_m) + " tile-rows, GEMM config " + c.name + ")");
+    }
+  }
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    if (ChunkFirstGroup(g, plan.tiles_chunk, chunk) < 0) {
+      return Status::InvalidArgument(
+          "the copy-engine groups do not split along the rounds x ranks chunks (" +
+          Str(chunks) + " chunks of " + Str(plan.tiles_chunk) + " tile-rows)");
+    }
+  }
+  if (plan.ring) {
+    if (!rs || H != 1) {
+      return Status::InvalidArgument("the ring is a reduce-scatter of one round");
+    }
+    if (!GemmConfigTakesAddends(g.config) || !c.pingpong) {
+      return Status::InvalidArgument(std::string("GEMM config ") + c.name +
+                                     " has no ping-pong kernel with addends (the ring needs one)");
+    }
+  }
+  const int L = LastSentChunk(P, H);
+  const int pieces =
+      ChunkFirstGroup(g, plan.tiles_chunk, L + 1) - ChunkFirstGroup(g, plan.tiles_chunk, L);
+  if (!plan.ring && plan.sum_split == SumSplit::kByRows && pieces > kMaxRowPieces) {
+    return Status::InvalidArgument("sums by rows take at most " + Str(kMaxRowPieces) +
+                                   " groups in the last chunk sent, the plan has " + Str(pieces));
+  }
+  switch (plan.sum_split) {
+    case SumSplit::kOnePass:
+    case SumSplit::kByBands:
+    case SumSplit::kByRows:
+      return Status::Ok();
+  }
+  return Status::InvalidArgument("unknown sum split " + Str(int(plan.sum_split)));
+}
+
+}  // namespace
+
+int LastSentChunk(int P, int rounds) { return (rounds - 1) * P + P - 2; }
+
+int ChunkFirstGroup(const GemmPlan& gemm, int tiles_chunk, int chunk) {
+  const int row = chunk * tiles_chunk;
+  if (row == gemm.group_begin[gemm.num_groups]) return gemm.num_groups;
+  for (int g = 0; g < gemm.num_groups; ++g) {
+    if (gemm.group_begin[g] == row) return g;
+  }
+  return -1;
+}
+
+Status ValidateOverlapPlan(const OverlapPlan& plan, const OverlapShape& shape) {
+  const int P = plan.axis_size;
+  const bool rs = plan.collective == Collective::kReduceScatter;
+  if (plan.collective != Collective::kReduceScatter && plan.collective != Collective::kAllReduce) {
+    return Status::InvalidArgument("unknown collective " + Str(int(plan.collective)));
+  }
+  if (shape.dtype != GemmDtype::kBF16 && shape.dtype != GemmDtype::kF16) {
+    return Status::InvalidArgument("operands must be bf16 or f16");
+  }
+  if (P < 1) return Status::InvalidArgument("axis size " + Str(P));
+  if (rs && shape.m % P) {
+    return Status::InvalidArgument("rows of x (" + Str(shape.m) + ") not divisible by the axis "
+                                   "size " + Str(P));
+  }
+  if (plan.nccl_max_ctas < 0) {
+    return Status::InvalidArgument("nccl_max_ctas " + Str(plan.nccl_max_ctas));
+  }
+  if (plan.transport != Transport::kNccl && plan.transport != Transport::kCopyEngine) {
+    return Status::InvalidArgument("unknown transport " + Str(int(plan.transport)));
+  }
+  // The NCCL reduce-scatter's GEMM writes P bands group-major (signaling_gemm.h); the copy
+  // engine's, all rows in one batch.
+  const int batch = plan.transport == Transport::kNccl && rs ? P : 1;
+  if (plan.gemm.batch != batch) {
+    return Status::InvalidArgument(
+        std::string(plan.transport == Transport::kNccl ? "the NCCL" : "the copy-engine") +
+        " transport's GEMM takes batch " + Str(batch) + " here, the plan has " +
+        Str(plan.gemm.batch));
+  }
+  FO_JAX_RETURN_IF_ERROR(ValidateGemmPlan(plan.gemm, shape.m, shape.n, shape.k).Within("GEMM"));
+  switch (plan.transport) {
+    case Transport::kNccl: {
+      if (plan.rounds != 1 || plan.ring || plan.tiles_chunk != 0 ||
+          plan.sum_split != SumSplit::kOnePass) {
+        return Status::InvalidArgument("an NCCL transport plan with a copy-engine program");
+      }
+      return Status::Ok();
+    }
+    case Transport::kCopyEngine:
+      return ValidateCopyEngine(plan, shape).Within("copy-engine transport");
+  }
+  return Status::InvalidArgument("unknown transport " + Str(int(plan.transport)));
+}
+
+SignalingGemmArgs OverlapGemmArgs(const OverlapPlan& plan, const OverlapShape& shape, int rank) {
+  SignalingGemmArgs args = GemmArgsOf(plan.gemm, shape.dtype, shape.m, shape.n, shape.k);
+  if (plan.transport == Transport::kCopyEngine) {
+    const int P = plan.axis_size;
+    args.rotate_tile_rows = ((rank + 1) % P) * plan.tiles_chunk;
+    args.rotate_period_tile_rows = plan.rounds > 1 ? P * plan.tiles_chunk : 0;
+  }
+  return args;
+}
+
+int64_t OutputRows(const OverlapPlan& plan, const OverlapShape& shape) {
+  return plan.collective == Collective::kReduceScatter ? shape.m / plan.axis_size : shape.m;
+}
+
+}  // namespace fo_jax
