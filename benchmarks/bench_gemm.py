@@ -2,7 +2,9 @@
 
 Methods (bf16, x[M,K] @ w[K,N] per GPU):
   xla.dot                  jnp.dot(x, w) in bf16 (XLA's GEMM, fp32 accumulation inside)
-  fo_jax.matmul            the public fo_jax.matmul: the GEMM kernel, one group, no counters
+  fo_jax.matmul            fo_jax.matmul with allow_fallback=False: the GEMM kernel (its own tile
+                           choice, even where fo_jax.matmul would hand the shape to XLA's dot),
+                           one group, no counters
   fo_jax.matmul.nosignal   fo_jax's GEMM, 8 groups (the overlap's tile order), no counters
   fo_jax.matmul.signal     8 groups with counters (the overlap's producer)
   fo_jax.matmul.remap      + the reduce-scatter row remap (batch 4), counters on
@@ -34,6 +36,7 @@ import benchlib  # noqa: E402
 import fo_jax  # noqa: E402
 
 ODD_SHAPES = ["1000x1032x520", "6000x5000x3000"]
+KERNEL = fo_jax.OverlapConfig(allow_fallback=False)  # fo_jax.matmul on fo_jax's own kernel
 
 
 def main() -> None:
@@ -67,7 +70,7 @@ def main() -> None:
             "xla.dot": jax.jit(jnp.dot),
             "fo_jax.matmul.nosignal": jax.jit(lambda a, b: _cuda_ops.signaling_gemm(
                 a, b, p8, 1, False)[0]),
-            "fo_jax.matmul": jax.jit(fo_jax.matmul),
+            "fo_jax.matmul": jax.jit(lambda a, b: fo_jax.matmul(a, b, config=KERNEL)),
             "fo_jax.matmul.signal": jax.jit(lambda a, b: _cuda_ops.signaling_gemm(
                 a, b, p8, 1, True)[0]),
             "fo_jax.matmul.sm116": jax.jit(lambda a, b: _cuda_ops.signaling_gemm(

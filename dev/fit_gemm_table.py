@@ -2,16 +2,27 @@
 """Fits fo_jax's GEMM choice (fo_jax/_gemm_choice.py) on a sweep and writes fo_jax/_gemm_table.py.
 
 Input: JSON Lines of `benchmarks/bench_gemm_sweep.py --configs all` (rows "fo_jax.gemm" with a
-"config", "xla.dot", "fo_jax.matmul"; one or more files, one device). For each dtype with
-per-config rows and each configuration, the coefficients (a, b, b_avg, g) >= 0 of
-_gemm_choice.features are fitted by least squares on the relative error (every subset of
-non-negative coefficients is solved and the best feasible one kept: 16 tiny solves). Then, per
-shape, the configuration the fitted model picks, the measured ratio ms(xla.dot) / ms(that
-configuration) (XLA_POINTS: what fo_jax.matmul will run there; float16 without per-config rows
-takes bfloat16's choice, its time scaled by the float16 / bfloat16 ratio of the default
-configuration measured in the same run), and the report: how the fitted choice compares with the
-old default, with the best measured configuration (oracle) and with XLA's dot after
-prefer_xla_dot, per shape and in geomean; which configurations the choice never picks (rows of
+"config", "xla.dot", "fo_jax.matmul"; one or more files, one device).
+
+Timing drift: the sweep times every method of a shape in the same traces, so a kernel timed early
+in a trace can run at a higher clock than one timed late (docs/performance.md, 'GEMM coverage').
+The sweep times fo_jax.matmul's configuration twice (as "fo_jax.matmul" and as its
+"fo_jax.gemm" row); where the two readings differ by more than DRIFT, the shape's rows are not
+comparable across methods: such shapes are left out of the fit and of XLA_POINTS (and reported).
+
+Fit: for each dtype with per-config rows and each configuration, the coefficients
+(a, b, b_avg, g) >= 0 of _gemm_choice.features are fitted by least squares on the relative error
+(every subset of non-negative coefficients is solved and the best feasible one kept: 16 tiny
+solves). XLA_POINTS: per shape, the measured ratio ms(xla.dot) / ms(the configuration the fitted
+model picks), what fo_jax.matmul runs there; float16 without per-config rows takes bfloat16's
+choice, its time scaled by the float16 / bfloat16 ratio of the default configuration.
+
+Report: per shape and in geomean the old default, the fitted choice, the best measured
+configuration (oracle) and fo_jax.matmul once prefer_xla_dot hands shapes to XLA's dot; the same
+with the shape held out of the fit and of XLA_POINTS (leave one shape out, one layer (N, K) out,
+one M out: how well the model predicts shapes it has not seen), the predicate's sensitivity to
+_gemm_choice.RADIUS and the threshold; the shapes still under 0.95x where fo_jax must run its own
+kernel (the overlap's producer); the configurations never chosen (rows of
 csrc/kernels/gemm_configs.py that only cost build time).
 
 Usage: python3 dev/fit_gemm_table.py SWEEP.jsonl [...] [--out fo_jax/_gemm_table.py]
@@ -80,6 +91,16 @@ def nnls_relative(x: np.ndarray, t: np.ndarray) -> tuple:
     return best, best_err
 
 
+DRIFT = 0.02  # the two readings of one kernel may differ by this much (relative) and count as one
+FLOOR = 0.95  # the issue's "no shape below" line
+# Held-out schemes of the cross-validation: (name, what one held-out group is, its key).
+CV_SCHEMES = (
+    ("shape", "one shape", lambda s: s),
+    ("layer", "the 5-6 shapes of one (N, K)", lambda s: s[1:]),
+    ("M", "the 11 shapes of one M", lambda s: s[0]),
+)
+
+
 def shapes_of(rows: list, dtype: str) -> dict:
     """{(M, N, K): {"xla": ms, "default": (config, ms), "configs": {name: ms}}}."""
     out: dict = {}
@@ -93,6 +114,23 @@ def shapes_of(rows: list, dtype: str) -> dict:
             d["default"] = (r.get("config"), r["ms"])
         elif r["method"] == "fo_jax.gemm":
             d["configs"][r["config"]] = r["ms"]
+    return out
+
+
+def drift(d: dict) -> Optional[float]:
+    """ms(fo_jax.gemm row) / ms(fo_jax.matmul row) of the configuration fo_jax.matmul ran: one
+    kernel timed twice in the same traces; None without both rows."""
+    name, ms = d.get("default") or (None, None)
+    return d["configs"][name] / ms if name in d["configs"] and ms else None
+
+
+def drifted(shapes: dict) -> dict:
+    """{shape: drift} of the shapes whose two readings of one kernel differ by more than DRIFT."""
+    out = {}
+    for s, d in shapes.items():
+        r = drift(d)
+        if r is not None and abs(r - 1.0) > DRIFT:
+            out[s] = r
     return out
 
 
@@ -122,59 +160,220 @@ def table(header: list, lines: list) -> str:
     return "\n".join(out + ["| " + " | ".join(str(c) for c in ln) + " |" for ln in lines]) + "\n"
 
 
-def evaluate(dtype: str, shapes: dict, configs: list, params: dict, sms: int,
-             bf16: Optional[dict]) -> tuple:
-    """(XLA_POINTS entries, report lines, summary) of the fitted choice on the dtype's shapes."""
-    names = [c["name"] for c in configs]
-    points, lines = [], []
-    ratio_old, ratio_new, ratio_oracle = [], [], []
-    for (m, n, k), d in sorted(shapes.items()):
-        xla = d.get("xla")
-        if not xla:
-            continue
-        idx = _gemm_choice.choose(configs, params, m, n, k, 1, sms)
-        chosen = names[idx] if idx is not None else None
-        ms = d["configs"].get(chosen)
-        if ms is None and bf16 is not None and chosen and "default" in d:
-            # No per-config rows in this dtype: bfloat16's time of the chosen config, scaled by
-            # this dtype's / bfloat16's time of the default config in the same run.
-            b = bf16.get((m, n, k), {})
-            if chosen in b.get("configs", {}) and "default" in b:
-                ms = b["configs"][chosen] * d["default"][1] / b["default"][1]
-        if ms is None:
-            continue
-        points.append((m, n, k, round(xla / ms, 4)))
-        old = d.get("default")
-        best = min(d["configs"], key=d["configs"].get) if d["configs"] else None
-        ratio_old.append(xla / old[1] if old else None)
-        ratio_new.append(xla / ms)
-        if best:
-            ratio_oracle.append(xla / d["configs"][best])
-        lines.append([f"{m}x{n}x{k}", old[0] if old else "-",
-                      f"{xla / old[1]:.3f}" if old else "-", chosen, f"{xla / ms:.3f}",
-                      best or "-", f"{xla / d['configs'][best]:.3f}" if best else "-"])
-    return points, lines, (ratio_old, ratio_new, ratio_oracle)
+def chosen_ms(d: dict, name: Optional[str], bf16: Optional[dict]) -> Optional[float]:
+    """Measured ms of configuration `name` at a shape (d: shapes_of's entry); a dtype without
+    per-config rows (bf16: bfloat16's entry of the shape) scales bfloat16's time by this dtype's
+    / bfloat16's time of the default configuration (its "fo_jax.gemm" row where there is one: it
+    sits at the same point of the traces as the other configurations' rows)."""
+    if name is None:
+        return None
+    ms = d["configs"].get(name)
+    if ms is None and bf16 is not None and "default" in d and name in bf16["configs"]:
+        ref = bf16["configs"].get(d["default"][0]) or (bf16.get("default") or (None, None))[1]
+        if ref:
+            ms = bf16["configs"][name] * d["default"][1] / ref
+    return ms
 
 
-def with_xla(points: list, dtype: str, threshold: float) -> list:
-    """Per point, the ratio fo_jax.matmul gets once prefer_xla_dot is on: 1 where it hands the
-    shape to XLA (the same dot), else the measured ratio (uses the points being written)."""
-    saved = (_gemm_choice._gemm_table.XLA_POINTS, _gemm_choice._gemm_table.XLA_THRESHOLD)
-    _gemm_choice._gemm_table.XLA_POINTS = {dtype: tuple(points)}
-    _gemm_choice._gemm_table.XLA_THRESHOLD = threshold
-    try:
-        return [(m, n, k, 1.0 if _gemm_choice.prefer_xla_dot(m, n, k, dtype) else r)
-                for m, n, k, r in points]
-    finally:
-        _gemm_choice._gemm_table.XLA_POINTS, _gemm_choice._gemm_table.XLA_THRESHOLD = saved
+def choice(configs: list, params: dict, shape: tuple, sms: int) -> Optional[str]:
+    idx = _gemm_choice.choose(configs, params, *shape, 1, sms)
+    return configs[idx]["name"] if idx is not None else None
+
+
+def xla_points(shapes: dict, configs: list, params: dict, sms: int, bf16: Optional[dict],
+               skip) -> list:
+    """[(M, N, K, ms(xla.dot) / ms(fitted choice))] of the shapes not in `skip`."""
+    points = []
+    for s, d in sorted(shapes.items()):
+        if s in skip or not d.get("xla"):
+            continue
+        ms = chosen_ms(d, choice(configs, params, s, sms), (bf16 or {}).get(s))
+        if ms:
+            points.append((*s, round(d["xla"] / ms, 4)))
+    return points
+
+
+def after_xla(ratio: float, estimate: Optional[float], threshold: float) -> float:
+    """fo_jax.matmul's ratio once prefer_xla_dot is on: 1 where it hands the shape to XLA (the
+    same dot), else fo_jax's measured ratio."""
+    return 1.0 if estimate is not None and estimate < threshold else ratio
+
+
+def cross_validate(shapes: dict, configs: list, sms: int, bf16: Optional[dict], skip,
+                   key, fit_shapes: Optional[dict] = None) -> dict:
+    """Each group of shapes (same `key`) held out in turn: the model fitted and XLA_POINTS built
+    without it (and without `skip`), then applied to it. {shape: {"choice", "ratio", "points",
+    "errors": [predicted / measured - 1 per configuration], "regret": ms(choice) / ms(best)}};
+    fit_shapes: the per-config rows to fit on (default `shapes`; float16 borrows bfloat16's)."""
+    fit_shapes = shapes if fit_shapes is None else fit_shapes
+    groups: dict = {}
+    for s in shapes:
+        if s not in skip and shapes[s].get("xla"):
+            groups.setdefault(key(s), []).append(s)
+    out = {}
+    for held in groups.values():
+        train = {s: d for s, d in fit_shapes.items() if s not in held and s not in skip}
+        params, _ = fit_dtype(train, configs, sms)
+        points = xla_points(shapes, configs, params, sms, bf16, set(skip) | set(held))
+        for s in held:
+            d = shapes[s]
+            name = choice(configs, params, s, sms)
+            ms = chosen_ms(d, name, (bf16 or {}).get(s))
+            if not ms:
+                continue
+            own = fit_shapes.get(s, {"configs": {}})["configs"]
+            errors = [_gemm_choice.predicted_us(c, params[c["name"]], *s, 1, sms)
+                      / (own[c["name"]] * 1e3) - 1.0
+                      for c in configs if c["name"] in params and c["name"] in own]
+            best = min(own.values()) if own else None
+            out[s] = {"choice": name, "ratio": d["xla"] / ms, "points": points,
+                      "errors": errors, "regret": own[name] / best if best and name in own
+                      else None}
+    return out
+
+
+def stats(values: list) -> str:
+    values = [v for v in values if v]
+    if not values:
+        return "-"
+    return (f"{geomean(values):.3f}x, min {min(values):.3f}x, "
+            f"{sum(v < FLOOR for v in values)} under {FLOOR}x")
 
 
 def summary(what: str, values: list) -> str:
     values = [v for v in values if v]
     if not values:
         return f"- {what}: -\n"
-    return (f"- {what}: geomean {geomean(values):.3f}x, min {min(values):.3f}x, "
-            f"{sum(v < 0.95 for v in values)} of {len(values)} under 0.95x\n")
+    return f"- {what}: geomean {stats(values)} (of {len(values)})\n"
+
+
+def fmt(name: Optional[str], ratio: Optional[float]) -> str:
+    return f"{name} {ratio:.3f}" if name and ratio else "-"
+
+
+def report_dtype(dt: str, shapes: dict, configs: list, params: dict, fit_err: dict, sms: int,
+                 bf16: Optional[dict], skip: dict, threshold: float,
+                 fit_shapes: Optional[dict]) -> tuple:
+    """(XLA_POINTS entries, markdown) of one dtype."""
+    points = xla_points(shapes, configs, params, sms, bf16, skip)
+    est = {p[:3]: _gemm_choice.estimate_from(points, *p[:3]) for p in points}
+    loo = cross_validate(shapes, configs, sms, bf16, skip, CV_SCHEMES[0][2], fit_shapes)
+    lines, rec = [], {}
+    for s, d in sorted(shapes.items()):
+        if not d.get("xla"):
+            continue
+        xla = d["xla"]
+        old = d.get("default")
+        name = choice(configs, params, s, sms)
+        ms = chosen_ms(d, name, (bf16 or {}).get(s))
+        best = min(d["configs"], key=d["configs"].get) if d["configs"] else None
+        e = _gemm_choice.estimate_from(points, *s) if s in skip else est.get(s)
+        r = {"old": xla / old[1] if old else None, "fitted": xla / ms if ms else None,
+             "best": xla / d["configs"][best] if best else None, "choice": name}
+        r["after"] = after_xla(r["fitted"], e, threshold) if r["fitted"] else None
+        held = loo.get(s)
+        if held:
+            e_held = _gemm_choice.estimate_from(held["points"], *s)
+            held["after"] = after_xla(held["ratio"], e_held, threshold)
+        rec[s] = r
+        mark = " (drift)" if s in skip else ""
+        lines.append([f"{s[0]}x{s[1]}x{s[2]}{mark}", fmt(old[0] if old else None, r["old"]),
+                      fmt(name, r["fitted"]), fmt(best, r["best"]),
+                      "XLA" if r["after"] == 1.0 else f"{r['after']:.3f}" if r["after"] else "-",
+                      fmt(held["choice"], held["ratio"]) if held else "-",
+                      ("XLA" if held["after"] == 1.0 else f"{held['after']:.3f}") if held
+                      else "-"])
+    out = [f"\n## {dt}\n\n"]
+    if skip:
+        out.append(
+            f"Timing drift: at {len(skip)} shape{'s' * (len(skip) != 1)} the two readings of "
+            f"fo_jax.matmul's configuration (its fo_jax.gemm row / its fo_jax.matmul row) "
+            f"differ by more than "
+            f"{DRIFT:.0%}: " + ", ".join(f"{s[0]}x{s[1]}x{s[2]} {r:.3f}"
+                                         for s, r in sorted(skip.items()))
+            + ". Their rows are not comparable across methods: marked (drift) below, left out "
+            "of the fit, of XLA_POINTS, of the cross-validation and of the clean summaries.\n\n")
+    if fit_err:
+        out.append("Fit (rms relative error of the predicted time on the shapes it was fitted "
+                   "on): " + ", ".join(f"{n} {e:.1%}" for n, e in fit_err.items()) + "\n\n")
+    out.append(
+        "Ratios are ms(xla.dot) / ms(fo_jax): above 1, fo_jax is faster. \"matmul after fit\": "
+        "what fo_jax.matmul gets with the table (XLA: prefer_xla_dot hands the shape to XLA's "
+        "dot, ratio 1); \"held out\": the same with the shape left out of the fit and of "
+        "XLA_POINTS.\n\n")
+    out.append(table(["M x N x K", "old default", "fitted choice", "best measured config",
+                      "matmul after fit", "held out: choice", "held out: matmul after fit"],
+                     lines))
+    clean = [s for s in rec if s not in skip]
+    for label, group in (("clean shapes", clean), ("all shapes, drift included", list(rec))):
+        if label != "clean shapes" and not skip:
+            continue
+        out.append(f"\nIn geomean over the {label} (ratio to xla.dot):\n\n")
+        out.append(summary("old default", [rec[s]["old"] for s in group])
+                   + summary("fitted choice (fo_jax's own kernel: the overlap's producer)",
+                             [rec[s]["fitted"] for s in group])
+                   + summary("best measured configuration (oracle)",
+                             [rec[s]["best"] for s in group])
+                   + summary("better of the fitted choice and XLA's dot per shape (the bound "
+                             "of a perfect predicate)",
+                             [max(rec[s]["fitted"], 1.0) for s in group if rec[s]["fitted"]])
+                   + summary(f"fo_jax.matmul after the fit (prefer_xla_dot below {threshold})",
+                             [rec[s]["after"] for s in group]))
+    if loo:
+        out.append(summary("held out one at a time: fitted choice",
+                           [v["ratio"] for v in loo.values()])
+                   + summary("held out one at a time: fo_jax.matmul after the fit",
+                             [v["after"] for v in loo.values()]))
+    below = [s for s in clean if rec[s]["fitted"] and rec[s]["fitted"] < FLOOR]
+    out.append(f"\nUnder {FLOOR}x on fo_jax's own kernel (the overlap's producer, fitted choice, "
+               f"clean shapes): {len(below)}: " + ", ".join(
+                   f"{s[0]}x{s[1]}x{s[2]} {rec[s]['fitted']:.3f}" for s in below) + "\n")
+    if fit_shapes is None:  # per-config rows of this dtype: the model itself is validated
+        out.append(cv_section(shapes, configs, sms, bf16, skip, threshold, fit_shapes, rec))
+    picked = {r["choice"] for r in rec.values()}
+    unused = [c["name"] for c in configs if c["name"] not in picked]
+    out.append(f"\nNever chosen on these shapes: {', '.join(unused) or 'none'}.\n")
+    return points, "".join(out)
+
+
+def cv_section(shapes, configs, sms, bf16, skip, threshold, fit_shapes, rec) -> str:
+    """Cross-validation: held-out groups of each scheme, and the predicate's sensitivity."""
+    out = [f"\n### Cross-validation\n\nEach group held out in turn: the model refitted and "
+           f"XLA_POINTS rebuilt without it, then applied to it (clean shapes only; RADIUS "
+           f"{_gemm_choice.RADIUS}, threshold {threshold}). Regret: ms(choice) / ms(best "
+           f"measured config). Prediction error: predicted / measured time - 1 over every "
+           f"configuration at the held-out shapes.\n\n"]
+    lines, runs = [], {}
+    for name, what, key in CV_SCHEMES:
+        cv = cross_validate(shapes, configs, sms, bf16, skip, key, fit_shapes)
+        runs[name] = cv
+        errs = [e for v in cv.values() for e in v["errors"]]
+        rms = math.sqrt(sum(e * e for e in errs) / len(errs)) if errs else float("nan")
+        regret = [v["regret"] for v in cv.values() if v["regret"]]
+        same = sum(v["choice"] == rec[s]["choice"] for s, v in cv.items())
+        none = sum(_gemm_choice.estimate_from(v["points"], *s) is None for s, v in cv.items())
+        after = [after_xla(v["ratio"], _gemm_choice.estimate_from(v["points"], *s), threshold)
+                 for s, v in cv.items()]
+        lines.append([f"{name}: {what}", stats([v["ratio"] for v in cv.values()]),
+                      f"{geomean(regret):.3f}, max {max(regret):.3f}" if regret else "-",
+                      f"{rms:.1%}", f"{same} of {len(cv)}", f"{none}", stats(after)])
+    out.append(table(["held out", "fitted choice", "regret", "prediction error (rms)",
+                      "same choice as the full fit", "no measured neighbour",
+                      "fo_jax.matmul after the fit"], lines))
+    out.append("\nThe predicate's sensitivity (fo_jax.matmul after the fit, held out as above, "
+               "by RADIUS and threshold):\n\n")
+    lines = []
+    for radius in (1.0, 1.5, 2.0, 3.0):
+        for th in (0.95, threshold, 1.0) if threshold not in (0.95, 1.0) else (0.95, 1.0):
+            cells = []
+            for name, _, _ in CV_SCHEMES:
+                cv = runs[name]
+                cells.append(stats([after_xla(v["ratio"], _gemm_choice.estimate_from(
+                    v["points"], *s, radius=radius), th) for s, v in cv.items()]))
+            lines.append([f"{radius}", f"{th}", *cells])
+    out.append(table(["RADIUS", "threshold", *[f"held out: {n}" for n, _, _ in CV_SCHEMES]],
+                     lines))
+    return "".join(out)
 
 
 def write_table(path: str, device: str, source: str, model: dict, points: dict,
@@ -225,38 +424,34 @@ def main() -> None:
     sms = args.sms or next((r["sms"] for r in rows if r.get("sms")), _gemm_choice.DEFAULT_SMS)
     dtypes = sorted({r["dtype"] for r in rows})
     by_dtype = {dt: shapes_of(rows, dt) for dt in dtypes}
+    skip_of = {dt: drifted(by_dtype[dt]) for dt in dtypes}
     model, fit_err = {}, {}
     for dt in dtypes:
-        params, errors = fit_dtype(by_dtype[dt], configs, sms)
+        clean = {s: d for s, d in by_dtype[dt].items() if s not in skip_of[dt]}
+        params, errors = fit_dtype(clean, configs, sms)
         if params:
             model[dt], fit_err[dt] = params, errors
     if not model:
         sys.exit("fit_gemm_table.py: no per-config rows (run the sweep with --configs all)")
-    report = [f"# GEMM choice fitted on {device} ({sms} SMs)\n\nSources: "
-              + ", ".join(os.path.basename(p) for p in args.sweeps) + "\n"]
+    commits = sorted({str(r.get("commit")) for r in rows})
+    report = [f"# GEMM choice fitted on {device} ({sms} SMs)\n\n"
+              f"Written by `dev/fit_gemm_table.py` (its docstring says how) from "
+              + ", ".join(os.path.basename(p) for p in args.sweeps)
+              + f" (commit {', '.join(commits)}); the table it wrote: fo_jax/_gemm_table.py.\n"]
     points_all = {}
     for dt in dtypes:
+        borrowed = dt not in model
         params = model.get(dt) or model.get("bfloat16", {})
-        bf16 = by_dtype.get("bfloat16") if dt not in model else None
-        points, lines, (old, new, oracle) = evaluate(dt, by_dtype[dt], configs, params, sms,
-                                                     bf16)
-        if not points:
-            continue
-        points_all[dt] = tuple(points)
-        final = [r for *_, r in with_xla(points, dt, args.xla_threshold)]
-        report.append(f"\n## {dt}\n\n")
-        if dt in fit_err:
-            report.append("Fit (rms relative error of the predicted time): " + ", ".join(
-                f"{n} {e:.1%}" for n, e in fit_err[dt].items()) + "\n\n")
-        report.append(table(["M x N x K", "old default", "xla / old", "fitted choice",
-                             "xla / fitted", "best measured", "xla / best"], lines))
-        report.append("\n" + summary("old default", old) + summary("fitted choice", new)
-                      + summary("best measured config (oracle)", oracle)
-                      + summary(f"fitted choice, XLA's dot below {args.xla_threshold} "
-                                "(prefer_xla_dot)", final))
-        picked = {ln[3] for ln in lines}
-        unused = [c["name"] for c in configs if c["name"] not in picked]
-        report.append(f"- never chosen here: {', '.join(unused) or 'none'}\n")
+        bf16 = by_dtype.get("bfloat16") if borrowed else None
+        # A dtype without per-config rows takes bfloat16's drift flags too: its times are
+        # bfloat16's, scaled.
+        skip = {**skip_of[dt], **(skip_of.get("bfloat16", {}) if borrowed else {})}
+        points, text = report_dtype(dt, by_dtype[dt], configs, params, fit_err.get(dt, {}),
+                                    sms, bf16, skip, args.xla_threshold,
+                                    by_dtype.get("bfloat16") if borrowed else None)
+        if points:
+            points_all[dt] = tuple(points)
+            report.append(text)
     source = ", ".join(os.path.relpath(p, ROOT) if os.path.abspath(p).startswith(ROOT)
                        else os.path.basename(p) for p in args.sweeps)
     write_table(args.out, device, source, model, points_all, args.xla_threshold)

@@ -38,7 +38,12 @@ from fo_jax import _gemm_table
 
 DEFAULT_SMS = 132  # H100 SXM / H200: when no GPU is visible at trace time
 TIE = 0.01  # relative: predictions this close to the fastest count as ties
-RADIUS = 1.0  # log2 units: a measured shape informs queries within a factor ~2 of it
+# log2 units: a measured shape informs queries up to a factor 4 away in one of M, N, K (less in
+# several). Chosen by cross-validating the predicate on the sweep (docs/performance.md, 'GEMM
+# coverage'): with all shapes of one (N, K) held out, a radius of 1 finds no neighbour for half
+# of them and keeps fo_jax's GEMM where XLA's is faster; 2 predicts them about as well as shapes
+# of a measured (N, K).
+RADIUS = 2.0
 DTYPE_NAMES = {jnp.dtype(jnp.bfloat16): "bfloat16", jnp.dtype(jnp.float16): "float16"}
 
 
@@ -130,19 +135,25 @@ def select_gemm_config(dtype, m: int, n: int, k: int, batch: int, sm_budget: int
     return choose(configs, params, m, n, k, batch, sms, require_addends)
 
 
-def xla_dot_estimate(m: int, n: int, k: int, dtype) -> Optional[float]:
-    """Estimated ms(xla.dot) / ms(fo_jax.matmul) at this shape from the measured neighbours
-    (module docstring), or None where none was measured within RADIUS."""
-    points = _gemm_table.XLA_POINTS.get(_dtype_name(dtype), ())
+def estimate_from(points: Sequence[tuple], m: int, n: int, k: int,
+                  radius: float = RADIUS) -> Optional[float]:
+    """The geometric mean of the ratios of `points` ((M, N, K, ratio), ...) within `radius` of
+    (m, n, k) in log2 space, nearer ones weighing more; None where none is in reach."""
     q = (math.log2(m), math.log2(n), math.log2(k))
     num = den = 0.0
     for pm, pn, pk, ratio in points:
         d = math.dist(q, (math.log2(pm), math.log2(pn), math.log2(pk)))
-        if d <= RADIUS:
+        if d <= radius:
             weight = 1.0 / (d + 0.25)
             num += weight * math.log(ratio)
             den += weight
     return math.exp(num / den) if den else None
+
+
+def xla_dot_estimate(m: int, n: int, k: int, dtype) -> Optional[float]:
+    """Estimated ms(xla.dot) / ms(fo_jax.matmul) at this shape from the measured neighbours
+    (module docstring), or None where none was measured within RADIUS."""
+    return estimate_from(_gemm_table.XLA_POINTS.get(_dtype_name(dtype), ()), m, n, k)
 
 
 def prefer_xla_dot(m: int, n: int, k: int, dtype) -> bool:

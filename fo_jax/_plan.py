@@ -188,16 +188,19 @@ def explicit_groups(tile_rows: int, sizes: Sequence[int], fn: str) -> tuple:
 
 
 def gemm_config_index(fn: str, dtype, m: int, n: int, k: int, batch: int,
-                      config: Optional[OverlapConfig], sm_budget: int) -> int:
+                      config: Optional[OverlapConfig], sm_budget: int,
+                      require_addends: bool = False) -> int:
     """config.gemm_config if set (ValueError if not compiled), else the measured choice of
-    fo_jax/_gemm_choice.py, else (no table fitted for the dtype) the kernel library's shape
-    heuristic (m is per batch)."""
+    fo_jax/_gemm_choice.py (require_addends: among configurations with a kernel that adds a
+    source), else (no table fitted for the dtype) the kernel library's shape heuristic (m is
+    per batch)."""
     if config is not None and config.gemm_config is not None:
         names = [c["name"] for c in gemm_configs()]
         if config.gemm_config not in names:
             raise ValueError(f"{fn}: unknown gemm_config {config.gemm_config!r}; compiled: {names}")
         return names.index(config.gemm_config)
-    index = _gemm_choice.select_gemm_config(dtype, m, n, k, batch, sm_budget, gemm_configs())
+    index = _gemm_choice.select_gemm_config(dtype, m, n, k, batch, sm_budget, gemm_configs(),
+                                            require_addends=require_addends)
     if index is not None:
         return index
     mod = _cuda.module()

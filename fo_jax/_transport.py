@@ -45,8 +45,12 @@ def _sm_budget(config: Optional[OverlapConfig]) -> int:
     return config.sm_budget if config is not None and config.sm_budget is not None else 0
 
 
-def _config_index(dtype, m_total: int, n: int, k: int, config: Optional[OverlapConfig]) -> int:
-    return _plan.gemm_config_index(FN, dtype, m_total, n, k, 1, config, _sm_budget(config))
+def _config_index(collective: str, dtype, m_total: int, n: int, k: int,
+                  config: Optional[OverlapConfig]) -> int:
+    # A reduce-scatter keeps a configuration with an addend kernel, so that it can run as the
+    # ring (_ring_allowed), even where the measured choice ranks another configuration first.
+    return _plan.gemm_config_index(FN, dtype, m_total, n, k, 1, config, _sm_budget(config),
+                                   require_addends=collective == "reduce_scatter")
 
 
 def copy_engine_problem(collective: str, size: int, dtype, m_total: int, n: int, k: int,
@@ -61,7 +65,7 @@ def copy_engine_problem(collective: str, size: int, dtype, m_total: int, n: int,
         return "a group partition was given (the copy-engine transport uses one group per rank)"
     if m_total % size:
         return f"rows of x ({m_total}) are not divisible into {size} bands, one per rank"
-    c = _plan.gemm_configs()[_config_index(dtype, m_total, n, k, config)]
+    c = _plan.gemm_configs()[_config_index(collective, dtype, m_total, n, k, config)]
     unit = c["tile_m"] * c["cluster_m"]
     if (m_total // size) % unit:
         return (f"rows per band ({m_total // size}) are not a multiple of {unit} (tile rows x "
@@ -206,7 +210,7 @@ def copy_engine_program(fn: str, collective: str, dtype, m_total: int, n: int, k
     model puts it first (_ce_model.ring_first) on up to RING_DEFAULT_MAX_RANKS GPUs. Every SM
     for one round; with more, all but ROUND_SUM_SMS for the round sums next to the GEMM. The
     copy_engine_* fields of `config` and its sm_budget override each choice."""
-    index = _config_index(dtype, m_total, n, k, config)
+    index = _config_index(collective, dtype, m_total, n, k, config)
     c = _plan.gemm_configs()[index]
     unit = c["tile_m"] * c["cluster_m"]
     band_rows = m_total // size

@@ -44,7 +44,9 @@ class OverlapConfig:
       force_reference: always take the XLA reference path (same as FO_JAX_FORCE_REFERENCE=1).
       allow_fallback: let overlapped_matmul take the plain XLA path for calls too small to gain
         from overlap (estimated GEMM time under 250 us with the NCCL transport, 100 us with the
-        copy engine, on H100/H200-class GPUs); False always runs the CUDA pipeline on CUDA.
+        copy engine, on H100/H200-class GPUs), and let a plain GEMM (`matmul`, an overlapped call
+        over one device) run as XLA's dot where the measured table says it is faster (unless
+        `gemm_config` is set); False always runs the CUDA pipeline on CUDA.
       transport: how the collective's bytes move: "copy_engine" (copy-engine writes into the
         other GPUs' memory, plus, for an all-reduce, SM stores of the summed bands into the
         peers' outputs; every rank in one process, peer access between the GPUs; see

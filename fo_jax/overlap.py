@@ -11,7 +11,9 @@ Paths:
   - "reference": XLA dot (fp32 accumulation) then psum / psum_scatter; exact definition.
   - "xla": on CUDA, `x @ w` then the collective, as users write it (XLA's 16-bit GEMM accumulates
     in fp32 and rounds once, like the reference, without its extra conversion pass); taken by
-    calls too small for the overlap to pay (see _plan.MIN_GEMM_SECONDS).
+    calls too small for the overlap to pay (see _plan.MIN_GEMM_SECONDS), and by a plain GEMM
+    (fo_jax.matmul and its backward GEMMs, an overlapped call over an axis of size 1) where the
+    measured table says XLA's dot is faster (fo_jax/_gemm_choice.py, prefer_xla_dot).
   - "cuda": fo_jax's own kernels through XLA FFI: the signaling GEMM, and for overlapped_matmul
     over an axis of more than one device the counter-gated transport: copy-engine writes into the
     peers' memory where possible, NCCL collectives otherwise (fo_jax/_transport.py). Over an axis
@@ -32,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
-from fo_jax import _checks, _cuda, _env, _plan, _transport, _vma, autodiff, reference
+from fo_jax import _checks, _cuda, _env, _gemm_choice, _plan, _transport, _vma, autodiff, reference
 from fo_jax.config import OverlapConfig
 
 log = logging.getLogger("fo_jax")
@@ -43,7 +45,7 @@ class PathChoice:
     """Which implementation a call takes on the platform it runs on, and why (`describe`)."""
 
     op: str
-    path: str  # "reference", "xla" (plain XLA ops, for calls too small to gain) or "cuda"
+    path: str  # "reference", "xla" (plain XLA ops, where fo_jax's kernels would not gain) or "cuda"
     reason: str
     collective: Optional[str] = None
     axis_size: Optional[int] = None
@@ -72,8 +74,20 @@ def _cuda_blocker(dtype, m: int, n: int, k: int) -> Optional[str]:
     return None
 
 
+def _xla_dot_reason(dtype, config, m: int, n: int, k: int) -> Optional[str]:
+    """Why a plain GEMM x[m, k] @ w[k, n] runs as XLA's dot on CUDA devices, or None: where the
+    measured table says XLA's dot is faster, unless the config names a tile configuration or
+    forbids the fallback."""
+    if config is not None and (config.gemm_config is not None or not config.allow_fallback):
+        return None
+    return _gemm_choice.xla_dot_reason(m, n, k, dtype)
+
+
 def _choose_gemm(op: str, dtype, config, m: int, n: int, k: int, platform: str,
-                 **extra) -> PathChoice:
+                 plain: bool = False, **extra) -> PathChoice:
+    """The path of fo_jax's GEMM on x[m, k] @ w[k, n]. plain: nothing needs fo_jax's kernel
+    itself (fo_jax.matmul, an overlapped call over one device), so XLA's dot may take the GEMM;
+    the overlap's producer must be fo_jax's kernel (it signals its tiles)."""
     extra = dict(extra, platform=platform)
     if _force_reference(config):
         why = "forced (FO_JAX_FORCE_REFERENCE=1 or config.force_reference)"
@@ -84,6 +98,9 @@ def _choose_gemm(op: str, dtype, config, m: int, n: int, k: int, platform: str,
     blocker = _cuda_blocker(dtype, m, n, k)
     if blocker is not None:
         return PathChoice(op, "reference", blocker, **extra)
+    why = _xla_dot_reason(dtype, config, m, n, k) if plain else None
+    if why is not None:
+        return PathChoice(op, "xla", why, **extra)
     return PathChoice(op, "cuda", "fo_jax's GEMM on CUDA devices", **extra)
 
 
@@ -94,7 +111,7 @@ def _choose_overlapped(dtype, config, m: int, n: int, k: int, platform: str, col
     op = "overlapped_matmul"
     extra = dict(collective=collective, axis_size=size)
     if size == 1:
-        c = _choose_gemm(op, dtype, config, m, n, k, platform, **extra)
+        c = _choose_gemm(op, dtype, config, m, n, k, platform, plain=True, **extra)
         return dataclasses.replace(c, reason=f"axis of size 1, the collective is the identity: "
                                    f"{c.reason}")
     rows = m // size if collective == "reduce_scatter" else m * size if \
@@ -135,9 +152,13 @@ def _log(fn: str, x, w, choose, what: str = "") -> None:
 # fo_jax.matmul
 # --------------------------------------------------------------------------------------------
 def _gemm_unbatched(x, w, config):
-    """x[R, K] @ w[K, N]: fo_jax's GEMM on CUDA devices where it applies, else the reference."""
+    """x[R, K] @ w[K, N]: fo_jax's GEMM on CUDA devices where it applies (XLA's dot where that is
+    measured faster), else the reference."""
     r, k, n = x.shape[0], x.shape[1], w.shape[1]
-    choice = _choose_gemm("matmul", jnp.dtype(x.dtype), config, r, n, k, "cuda")
+    choice = _choose_gemm("matmul", jnp.dtype(x.dtype), config, r, n, k, "cuda", plain=True)
+    if choice.path == "xla":
+        return jax.lax.platform_dependent(x, w, cuda=reference.plain_matmul,
+                                          default=reference.matmul)
     if choice.path != "cuda":
         return reference.matmul(x, w)
     from fo_jax._cuda_ops import matmul_cuda  # noqa: PLC0415 (needs the module)
@@ -202,16 +223,19 @@ _gemm.defvjp(_gemm_fwd, _gemm_bwd)
 
 def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None) -> jax.Array:
     """x @ w with float32 accumulation, in x's dtype: fo_jax's GEMM on CUDA devices (no
-    collective), the XLA reference elsewhere.
+    collective), or XLA's dot where the measured table says it is faster for this shape
+    (fo_jax/_gemm_choice.py; the DEBUG log says which and why); the XLA reference elsewhere.
 
     Args:
       x: [..., K] (bfloat16 or float16 for the CUDA kernel; float32 runs the reference).
       w: [K, N], same dtype as x.
-      config: optional `OverlapConfig` (its `gemm_config` names the forward's tile config).
+      config: optional `OverlapConfig` (its `gemm_config` names the forward's tile config and
+        keeps fo_jax's GEMM, as does `allow_fallback=False`).
 
     Returns:
-      [..., N] in x's dtype. Differentiable (jax.grad; the backward GEMMs also run on fo_jax's
-      kernel), batchable (jax.vmap), usable under jit, lax.scan and jax.checkpoint.
+      [..., N] in x's dtype. Differentiable (jax.grad; each backward GEMM runs on fo_jax's
+      kernel or XLA's dot, chosen for its own shape as above), batchable (jax.vmap), usable
+      under jit, lax.scan and jax.checkpoint.
     """
     fn = "fo_jax.matmul"
     dtype = _checks.check_operands(fn, x, w)
@@ -220,7 +244,8 @@ def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None
     rows = 1
     for d in x.shape[:-1]:
         rows *= d
-    _log(fn, x, w, lambda platform: _choose_gemm("matmul", dtype, config, rows, n, k, platform))
+    _log(fn, x, w, lambda platform: _choose_gemm("matmul", dtype, config, rows, n, k, platform,
+                                                 plain=True))
     y = _gemm(x.reshape(rows, k), w, config)
     return y.reshape(*x.shape[:-1], n)
 

@@ -131,12 +131,16 @@ def test_odd_sm_budgets_give_identical_results():
 @pytest.mark.parametrize("shape", [(512, 1280, 8192), (512, 4096, 512), (1024, 5504, 4096),
                                    (2048, 1536, 4096)])
 def test_default_choice_on_small_m_sweep_shapes(shape):
-    """fo_jax.matmul with its own choice (the fitted table once there is one) on sweep shapes
-    of the small-M regime, where the new configurations are chosen."""
+    """fo_jax.matmul's own tile choice (the fitted table) on sweep shapes of the small-M regime,
+    where the new configurations are chosen; allow_fallback=False keeps fo_jax's kernel where the
+    table hands the shape to XLA's dot."""
     dev, _, _plan = _setup()
     m, n, k = shape
     dtype = jnp.bfloat16
     x, w, x64, w64 = _operands(dev, m ^ n ^ k, m, k, n, dtype)
-    out = jax.jit(fo_jax.matmul)(x, w)
+    f = jax.jit(lambda x, w: fo_jax.matmul(x, w, config=fo_jax.OverlapConfig(
+        allow_fallback=False)))
+    assert "@fo_jax_gemm" in f.lower(x, w).as_text()  # fo_jax's GEMM, not XLA's dot
+    out = f(x, w)
     assert out.dtype == jnp.dtype(dtype) and out.shape == (m, n)
     assert_close(out, x64 @ w64, dtype)
