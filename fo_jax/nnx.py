@@ -153,8 +153,10 @@ class ColumnParallelDense(nnx.Module):
 
     Inside shard_map each device holds kernel columns [in, out / P] and the matching bias slice,
     and computes its output slice [..., out / P] with a local GEMM (no collective in the forward;
-    under autodiff JAX sums the input cotangent over `axis_name`). `gather_input=True`
-    all-gathers the input's leading axis first (the sequence-parallel layout).
+    under autodiff JAX sums the input cotangent over `axis_name`). `gather_input=True` takes this
+    device's rows of the sequence-parallel layout and all-gathers them into the GEMM
+    (`fo_jax.all_gather_matmul`; its backward scatters the input cotangent with fo_jax's GEMM +
+    reduce-scatter).
 
     Parameters (global shapes; logical names; layout inside shard_map):
       kernel [in, out]: `kernel_axes` (default ("embed", "mlp")); columns split over axis_name.
@@ -162,8 +164,8 @@ class ColumnParallelDense(nnx.Module):
 
     Args:
       in_features, out_features: global sizes (out divisible by the size of `axis_name`).
-      axis_name, gather_input, use_bias, dtype, param_dtype, kernel_init, bias_init: as
-        `fo_jax.flax.ColumnParallelDense`.
+      axis_name, gather_input, use_bias, dtype, param_dtype, kernel_init, bias_init, config:
+        as `fo_jax.flax.ColumnParallelDense`.
       kernel_axes: logical names of the kernel's two dimensions.
       rngs: `nnx.Rngs`; draws the kernel key then (with a bias) the bias key, as nnx.Linear.
     """
@@ -172,11 +174,12 @@ class ColumnParallelDense(nnx.Module):
                  gather_input: bool = False, use_bias: bool = True, dtype: Dtype | None = None,
                  param_dtype: Dtype = jnp.float32, kernel_init: Initializer = default_kernel_init,
                  bias_init: Initializer = default_bias_init, kernel_axes: tuple = (EMBED, MLP),
-                 rngs: nnx.Rngs):
+                 config: OverlapConfig | None = None, rngs: nnx.Rngs):
         fn = "fo_jax.nnx.ColumnParallelDense"
+        _math.check_config(fn, config)
         names = _logical.check_names(fn, "kernel_axes", kernel_axes, 2, 1)
         self.in_features, self.out_features = in_features, out_features
-        self.axis_name, self.gather_input = axis_name, gather_input
+        self.axis_name, self.gather_input, self.config = axis_name, gather_input, config
         self.dtype, self.param_dtype = dtype, param_dtype
         self.kernel = _param(fn, "kernel", kernel_init(rngs.params(), (in_features, out_features),
                                                        param_dtype), names, 1, axis_name)
@@ -195,10 +198,10 @@ class ColumnParallelDense(nnx.Module):
         kernel = _local(fn, self.kernel, "kernel")
         _check_whole(fn, "kernel", kernel.shape[1], self.out_features, 1, self.axis_name, size)
         bias = None if self.bias is None else _local(fn, self.bias, "bias")
-        if self.gather_input:
-            x = _math.gather_rows(x, self.axis_name)
         x, kernel, bias = dtypes.promote_dtype((x, kernel, bias), dtype=self.dtype)
-        return _math.column_parallel(fn, x, kernel, bias)
+        return _math.column_parallel(fn, x, kernel, bias,
+                                     gather_axis=self.axis_name if self.gather_input else None,
+                                     config=self.config)
 
 
 class ParallelMLP(nnx.Module):
@@ -233,7 +236,7 @@ class ParallelMLP(nnx.Module):
         self.axis_name, self.activation = axis_name, activation
         self.up = ColumnParallelDense(in_features, hidden_features,
                                       gather_input=collective == "reduce_scatter",
-                                      kernel_axes=(embed_axis, mlp_axis), **common)
+                                      kernel_axes=(embed_axis, mlp_axis), config=config, **common)
         self.down = RowParallelDense(hidden_features, in_features, collective=collective,
                                      config=config, kernel_axes=(mlp_axis, embed_axis), **common)
 
