@@ -1,7 +1,13 @@
 """The tensor-parallel transformer layers (fo_jax.flax and fo_jax.nnx ParallelSelfAttention and
 ParallelTransformerBlock) on CPU meshes: init equal to the unsharded twins' draws, forward and
 gradients equal to the twins (plain flax: LayerNorm / RMSNorm, Dense / DenseGeneral,
-jax.nn.dot_product_attention) in float32 and bfloat16, the layouts that chain, clear errors."""
+jax.nn.dot_product_attention) in float32 and bfloat16, the layouts that chain, clear errors;
+and benchmarks/train_tp_transformer.py run as a script with a tiny configuration."""
+
+import json
+import os
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -21,6 +27,7 @@ MESHES = {"tp4": ((4,), ("tp",), None), "data2xtp4": ((2, 4), ("data", "tp"), "d
 B, S, D, F = 8, 8, 16, 32  # batch and sequence (each divisible by data * tp), d_model, d_ff
 HEADS, HEAD_DIM = 4, 4
 HIGHEST = jax.lax.Precision.HIGHEST
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(autouse=True)
@@ -398,3 +405,35 @@ def test_nnx_bad_configurations_raise():
                                          r"'tp' \(4\)"):
         jax.jit(f)(state, jnp.ones((B, S, 24), jnp.float32))
 
+# --- benchmarks/train_tp_transformer.py --------------------------------------------------------
+
+def test_training_script_runs_and_writes_rows(tmp_path):
+    """The script on 4 host CPU devices with a tiny model: both methods train, their losses
+    agree step by step, and every row carries the documented fields."""
+    out = tmp_path / "rows.jsonl"
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "train_tp_transformer.py"),
+           "--steps", "3", "--layers", "2", "--d-model", "32", "--heads", "4", "--d-ff", "64",
+           "--seq", "16", "--batch", "2", "--out", str(out), "--profile",
+           str(tmp_path / "trace")]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "NOT GPU MEASUREMENTS" in p.stdout, p.stdout
+    assert "step-time ratio" in p.stdout, p.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["method"] for r in rows} == {"fo_jax", "jax.baseline"}
+    assert sorted(r["step"] for r in rows if r["method"] == "fo_jax") == [0, 1, 2]
+    fields = {"suite", "method", "step", "loss", "step_ms", "device", "num_devices", "date",
+              "commit", "dtype", "param_dtype", "d_model", "layers", "heads", "d_ff", "seq",
+              "batch", "tp", "platform"}
+    for r in rows:
+        assert fields <= set(r), sorted(fields - set(r))
+        assert r["suite"] == "train_tp_transformer" and r["num_devices"] == r["tp"] == 4
+        assert r["commit"] == fo_jax.build_info()["commit"] and r["platform"] == "cpu"
+        assert (r["d_model"], r["layers"], r["seq"], r["batch"]) == (32, 2, 16, 2)
+        assert np.isfinite(r["loss"]) and r["step_ms"] > 0
+    by = {(r["method"], r["step"]): r["loss"] for r in rows}
+    for step in range(3):
+        np.testing.assert_allclose(by[("fo_jax", step)], by[("jax.baseline", step)], rtol=3e-2)
+    assert any(files for _, _, files in os.walk(tmp_path / "trace"))
