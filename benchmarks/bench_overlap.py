@@ -2,13 +2,15 @@
 
 A thin wrapper: the measuring code is fo_jax/bench/ (inside the package, so that the installed
 `python -m fo_jax.bench` runs it too); this script keeps its CLI, methods and file names.
-Methods (bf16; per-GPU x[M,K] @ w[K,N]; collective over the "tp" axis):
+Methods (bf16; per-GPU x[M,K] @ w[K,N]; collective over the "tp" axis; for all_gather M is the
+gathered rows, each GPU holding M / TP of x's rows):
   fo_jax             fo_jax.overlapped_matmul, default configuration (the copy-engine
                      transport where it can run, else NCCL)
   fo_jax.nccl        the same with transport="nccl"
   fo_jax.sequential  the same kernels without overlap: one group, GEMM on all SMs, then NCCL
   jax.baseline       XLA dot (fp32 accumulation) + psum / psum_scatter, inside shard_map
-  gemm_only          XLA dot alone;   comm_only: psum / psum_scatter alone
+                     (all_gather: XLA's all_gather, then the dot)
+  gemm_only          XLA dot alone;   comm_only: psum / psum_scatter / all_gather alone
   fo_jax[...]        with --sweep / --configs: each configuration (groups, sm_budget, nccl_max_ctas)
 Prints speedup over jax.baseline and overlap efficiency
   (T_serial - T_overlap) / (T_serial - max(T_gemm, T_comm)),  T_serial = fo_jax.sequential.
@@ -19,7 +21,7 @@ Times: median of 5 x 20 back-to-back calls. Writes JSON Lines + a markdown table
 Needs a GPU and fo_jax's CUDA module (no CPU fallback); with one GPU (or --tp 1) it times the
 single-GPU rows of `python -m fo_jax.bench` (fo_jax.matmul and overlapped_matmul at axis size 1).
 
-Usage: python benchmarks/bench_overlap.py [--collectives reduce_scatter all_reduce]
+Usage: python benchmarks/bench_overlap.py [--collectives reduce_scatter all_reduce all_gather]
        [--shapes MxNxK ...] [--sweep] [--configs G:SM:C[:GEMM_CONFIG] ...]
        [--dtype bfloat16|float16] [--tp N] [--out benchmarks/results]
 """
@@ -32,7 +34,7 @@ import os
 import sys
 
 from fo_jax import bench
-from fo_jax.bench.core import DESIGN_SHAPES
+from fo_jax.bench.core import BENCH_COLLECTIVES, DESIGN_SHAPES
 
 SWEEP = [dict(num_groups=g, sm_budget=sm, nccl_max_ctas=c)
          for g, sm, c in itertools.product((4, 8, 16), (116, 124), (8, 16))]
@@ -42,7 +44,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--shapes", nargs="*", default=DESIGN_SHAPES)
-    ap.add_argument("--collectives", nargs="*", default=["reduce_scatter", "all_reduce"])
+    ap.add_argument("--collectives", nargs="*", default=list(BENCH_COLLECTIVES),
+                    choices=BENCH_COLLECTIVES)
     ap.add_argument("--sweep", action="store_true", help="also time the SWEEP configurations")
     ap.add_argument("--configs", nargs="*", default=[],
                     help="extra configurations to time, each "

@@ -14,7 +14,6 @@ import datetime
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -26,7 +25,8 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 # Prefer an installed fo_jax (it has the compiled CUDA module when built); fall back to this
 # checkout when none is installed or the installed copy predates fo_jax.flax.
 _SPEC = importlib.util.find_spec("fo_jax")
-if _SPEC is None or not os.path.exists(os.path.join(os.path.dirname(_SPEC.origin), "flax.py")):
+if _SPEC is None or not os.path.exists(
+        os.path.join(os.path.dirname(_SPEC.origin), "flax", "__init__.py")):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import flax.linen as nn
@@ -38,7 +38,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fo_jax
-from fo_jax.flax import ParallelMLP, init_sharded
+from fo_jax.flax import ParallelMLP, init_sharded, partition_specs
 
 LOSS_RTOL = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
 
@@ -104,17 +104,6 @@ def to_dense_psum(tree):
     return {"params": out}
 
 
-def git_commit() -> str:
-    if os.environ.get("FO_JAX_COMMIT"):  # set on GPU machines, whose tree copy has no .git
-        return os.environ["FO_JAX_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def path_taken(mesh, collective, dtype, rows, d_ff, d_model) -> str:
     """fo_jax.describe for the down-projection's local shapes."""
     seen = {}
@@ -144,7 +133,7 @@ def run(args, mesh, devices, collective):
     fo_model = Stack(ParallelMLP, args.layers, args.d_ff, collective, dtype)
     base_model = Stack(DensePsumMLP, args.layers, args.d_ff, collective, dtype)
     variables = init_sharded(fo_model, mesh, kp, x, in_specs=(x_spec,))
-    fo_specs = nn.get_partition_spec(variables)
+    fo_specs = partition_specs(variables)  # mesh layout (nn.get_partition_spec: logical names)
     fo_params = nn.unbox(variables)
     models = {
         "fo_jax_flax": (fo_model, fo_params, fo_specs),
@@ -204,7 +193,8 @@ def run(args, mesh, devices, collective):
         rows_out.append({
             "device": devices[0].device_kind, "num_devices": len(devices),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-            "commit": git_commit(), "dtype": args.dtype, "method": method, "ms": round(ms, 4),
+            "commit": fo_jax.build_info()["commit"], "dtype": args.dtype, "method": method,
+            "ms": round(ms, 4),
             "what": "train_step", "collective": collective, "data": data,
             "tp": mesh.shape["tp"], "layers": args.layers, "d_model": args.d_model,
             "d_ff": args.d_ff, "batch": args.batch, "seq": args.seq, "steps": args.steps,

@@ -14,6 +14,7 @@ from conftest import cpu_mesh
 from jax.sharding import PartitionSpec as P
 from numerics import assert_close
 
+import fo_jax
 import fo_jax.flax as fx
 from fo_jax.flax import (
     ColumnParallelDense,
@@ -165,16 +166,46 @@ def test_row_parallel_dense_matches_dense(mesh_name, collective):
     assert partition_specs(variables)["params"] == {"kernel": P("tp", None), "bias": P(None)}
 
 
+@pytest.mark.parametrize("gather_input", [False, True])
 @pytest.mark.parametrize("use_bias", [True, False])
 @pytest.mark.parametrize("mesh_name", list(MESHES))
-def test_column_parallel_dense_matches_dense(mesh_name, use_bias):
+def test_column_parallel_dense_matches_dense(mesh_name, use_bias, gather_input):
+    """gather_input=True: the input is this device's rows (sequence-parallel layout), gathered
+    into the GEMM; the output holds every row of the device's (data) group, its own columns."""
     mesh, data = _mesh(mesh_name)
     x = jax.random.normal(jax.random.key(9), (B, S, D), jnp.float32)
-    variables, _ = _compare(ColumnParallelDense(F, use_bias=use_bias),
-                            nn.Dense(F, use_bias=use_bias, precision=HIGHEST), x, P(data),
+    rows = ((data, "tp") if data else "tp") if gather_input else data
+    variables, _ = _compare(ColumnParallelDense(F, gather_input=gather_input, use_bias=use_bias),
+                            nn.Dense(F, use_bias=use_bias, precision=HIGHEST), x, P(rows),
                             P(data, None, "tp"), mesh)
     want = {"kernel": P(None, "tp"), "bias": P("tp")} if use_bias else {"kernel": P(None, "tp")}
     assert partition_specs(variables)["params"] == want
+
+
+def test_gathered_input_goes_through_all_gather_matmul(monkeypatch):
+    """The sequence-parallel up-projection is one fo_jax.all_gather_matmul call (its backward
+    pairs the gather with fo_jax's GEMM + reduce-scatter), not all_gather then dot."""
+    from fo_jax.flax import _math
+
+    calls = []
+
+    def spy(x, w, **kw):
+        calls.append((x.shape, w.shape, kw["axis_name"]))
+        return fo_jax.all_gather_matmul(x, w, **kw)
+
+    monkeypatch.setattr(_math, "all_gather_matmul", spy)
+    mesh, _ = _mesh("tp4")
+    x = jax.random.normal(jax.random.key(3), (B, S, D), jnp.float32)
+    variables = init_sharded(ParallelMLP(F), mesh, jax.random.key(0), x, in_specs=(P("tp"),))
+    calls.clear()
+    f = jax.shard_map(ParallelMLP(F).apply, mesh=mesh,
+                      in_specs=(partition_specs(variables), P("tp")), out_specs=P("tp"))
+    jax.jit(jax.grad(lambda p, x: jnp.sum(f(p, x)))).lower(nn.unbox(variables), x)
+    assert calls == [((B // 4, S, D), (D, F // 4), "tp")]
+    calls.clear()
+    init_sharded(ParallelMLP(F, collective="all_reduce"), mesh, jax.random.key(0), x,
+                 in_specs=(P(),))
+    assert calls == []  # replicated input: a local GEMM
 
 
 @pytest.mark.parametrize("mesh_name", list(MESHES))

@@ -20,6 +20,7 @@ from conftest import cpu_mesh  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from numerics import assert_close  # noqa: E402
 
+import fo_jax  # noqa: E402
 import fo_jax.flax  # noqa: E402
 import fo_jax.nnx as fnnx  # noqa: E402
 
@@ -72,6 +73,11 @@ def _case(layer, collective, data, dtype=None):
         "column": (lambda: fnnx.ColumnParallelDense(D, F, dtype=dtype, rngs=nnx.Rngs(0)),
                    lambda: nnx.Linear(D, F, precision=HIGHEST, rngs=nnx.Rngs(0)),
                    (B, S, D), P(data), P(data, None, "tp")),
+        "column_gathered": (lambda: fnnx.ColumnParallelDense(D, F, gather_input=True, dtype=dtype,
+                                                             rngs=nnx.Rngs(0)),
+                            lambda: nnx.Linear(D, F, precision=HIGHEST, rngs=nnx.Rngs(0)),
+                            (B, S, D), P((data, "tp") if data else "tp"),
+                            P(data, None, "tp")),
         "mlp": (lambda: fnnx.ParallelMLP(D, F, collective=collective, dtype=dtype,
                                          rngs=nnx.Rngs(0)),
                 lambda: TwinMLP(D, F, rngs=nnx.Rngs(0)),
@@ -141,7 +147,7 @@ def _compare(layer, collective, mesh_name="tp4", dtype=jnp.float32, seed=0):
 
 
 CASES = [(layer, c) for layer in ("row", "mlp", "attention") for c in COLLECTIVES] + [
-    ("column", None)]  # ColumnParallelDense has no collective
+    ("column", None), ("column_gathered", None)]  # ColumnParallelDense has no collective
 
 
 @pytest.mark.parametrize("mesh_name", list(MESHES))
@@ -153,6 +159,24 @@ def test_layer_matches_twin(layer, collective, mesh_name):
 @pytest.mark.parametrize("layer, collective", CASES)
 def test_bf16_compute_matches_float32_reference(layer, collective):
     _compare(layer, collective or "reduce_scatter", dtype=jnp.bfloat16)
+
+
+def test_gathered_input_goes_through_all_gather_matmul(monkeypatch):
+    """The sequence-parallel up-projection is one fo_jax.all_gather_matmul call."""
+    from fo_jax.flax import _math
+
+    calls = []
+
+    def spy(x, w, **kw):
+        calls.append((x.shape, w.shape, kw["axis_name"]))
+        return fo_jax.all_gather_matmul(x, w, **kw)
+
+    monkeypatch.setattr(_math, "all_gather_matmul", spy)
+    _compare("mlp", "reduce_scatter")
+    assert calls and set(calls) == {((B // 4, S, D), (D, F // 4), "tp")}
+    calls.clear()
+    _compare("mlp", "all_reduce")
+    assert calls == []  # replicated input: a local GEMM
 
 
 def test_parameters_carry_sharding_metadata():

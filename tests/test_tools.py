@@ -143,15 +143,16 @@ def test_bench_cli_on_cpu_writes_every_file(tmp_path):
     assert "REFERENCE PATH ON CPU" in p.stdout
     assert "found 0 CUDA GPUs" in p.stderr and "NOT GPU MEASUREMENTS" in p.stderr, p.stderr
     # Progress: one line per (collective, shape, method) on stderr.
-    assert "[1/2] reduce_scatter 64x128x64: fo_jax.sequential: compile + check" in p.stderr
-    assert "[2/2] all_reduce 64x128x64: jax.baseline: " in p.stderr
+    assert "[1/3] reduce_scatter 64x128x64: fo_jax.sequential: compile + check" in p.stderr
+    assert "[2/3] all_reduce 64x128x64: jax.baseline: " in p.stderr
+    assert "[3/3] all_gather 64x128x64: comm_only: " in p.stderr
     files, rows, md = _rows(out)
     assert all("reference path on CPU" in r["note"] for r in rows)
     assert {(r["platform"], r["tp"], r["num_devices"]) for r in rows} == {("cpu", 8, 8)}
     methods = {r["method"] for r in rows}
     assert {"fo_jax", "fo_jax.sequential", "jax.baseline", "jax.chunked[c2]", "gemm_only",
             "comm_only", "xla.windowed_einsum"} <= methods
-    assert {r["collective"] for r in rows} == {"reduce_scatter", "all_reduce"}
+    assert {r["collective"] for r in rows} == {"reduce_scatter", "all_reduce", "all_gather"}
     assert all(r["ms"] is not None for r in rows if r["method"] != "xla.windowed_einsum")
     assert all(r["path"] == "reference" for r in rows if r["method"] == "fo_jax")
     assert "reference path on cpu" in md.lower() and fo_jax.build_info()["commit"] in md
@@ -173,7 +174,8 @@ def test_bench_cli_single_device_rows_and_dtype(tmp_path):
     got = {(r["collective"], r["method"]) for r in rows}
     assert got == {("none", "xla.dot"), ("none", "fo_jax.matmul"),
                    ("reduce_scatter", "jax.baseline"), ("reduce_scatter", "fo_jax"),
-                   ("all_reduce", "jax.baseline"), ("all_reduce", "fo_jax")}
+                   ("all_reduce", "jax.baseline"), ("all_reduce", "fo_jax"),
+                   ("all_gather", "jax.baseline"), ("all_gather", "fo_jax")}
     assert all(r["ms"] is not None and r["dtype"] == "float16" and r["tp"] == 1 for r in rows)
     assert "| none | 64x128x64 | fo_jax.matmul |" in md
 

@@ -1,6 +1,8 @@
 """`python -m fo_jax.bench`: fo_jax against the JAX options a user could pick, on the local GPUs.
 
-With 2+ GPUs (TP = --tp, default all local GPUs), per-GPU x[M,K] @ w[K,N], collective over "tp":
+With 2+ GPUs (TP = --tp, default all local GPUs), per-GPU x[M,K] @ w[K,N], collective over "tp"
+(reduce_scatter / all_reduce: x's K split; all_gather: M is the gathered rows, each GPU holding
+M / TP of them):
   fo_jax               overlapped_matmul, default configuration (the copy-engine transport where
                        it can run; else NCCL with the tuning cache's entry or the shape
                        heuristic)
@@ -8,10 +10,13 @@ With 2+ GPUs (TP = --tp, default all local GPUs), per-GPU x[M,K] @ w[K,N], colle
   fo_jax.tuned         overlapped_matmul with the configuration `python -m fo_jax.tune` cached
   fo_jax.sequential    the same kernels without overlap: one group, GEMM on all SMs, then NCCL
   fo_jax[g,sm,c]       --configs / --sweep configurations (groups, GEMM SMs, NCCL CTAs)
-  jax.baseline         XLA dot (fp32 accumulation) + psum / psum_scatter, inside shard_map
-  jax.chunked[cC]      M split into C chunks, dot + psum / psum_scatter each, concatenated
+  jax.baseline         XLA dot (fp32 accumulation) + psum / psum_scatter (all_gather: XLA's
+                       all_gather, then the dot), inside shard_map
+  jax.chunked[cC]      M split into C chunks, dot + psum / psum_scatter each (all_gather: each
+                       chunk gathered, then its dot), concatenated
   xla.windowed_einsum  jit + NamedSharding dot under XLA's windowed-einsum flags (own process)
-  gemm_only, comm_only XLA dot alone; psum / psum_scatter alone (the overlap's floor)
+  gemm_only, comm_only XLA dot alone; psum / psum_scatter / all_gather alone (the overlap's
+                       floor)
 With 1 GPU (or --tp 1): the single-GPU rows (fo_jax/bench/single.py): fo_jax.matmul against
 xla.dot, and overlapped_matmul over a 1-device mesh against x @ w + the collective. With no GPU:
 the same methods on host CPU devices, said loudly and recorded in every output (--require-gpu
@@ -95,7 +100,7 @@ def run(shapes: Optional[Sequence[str]], collectives: Sequence[str], out: str,
 
     Args:
       shapes: per-GPU "MxNxK" shapes (None: the design shapes, or tiny ones on CPU).
-      collectives: "reduce_scatter" and/or "all_reduce".
+      collectives: any of "reduce_scatter", "all_reduce", "all_gather".
       out: output folder.
       stem_prefix: file names are {out}/{stem_prefix}_tp{tp}_{date}[_{dtype}]{tag}.*
       configs: extra fo_jax configurations (OverlapConfig fields), labelled
@@ -217,8 +222,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", default="fo_jax_bench", help="output folder")
     ap.add_argument("--shapes", nargs="+", default=None,
                     help="per-GPU shapes MxNxK (default: the design shapes; tiny ones on CPU)")
-    ap.add_argument("--collectives", nargs="+", default=["reduce_scatter", "all_reduce"],
-                    choices=["reduce_scatter", "all_reduce"])
+    from fo_jax.bench.core import BENCH_COLLECTIVES  # noqa: PLC0415 (imports jax)
+
+    ap.add_argument("--collectives", nargs="+", default=list(BENCH_COLLECTIVES),
+                    choices=BENCH_COLLECTIVES)
     ap.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     ap.add_argument("--tp", type=int, default=None,
                     help="GPUs to measure on (default: all local GPUs; at most their count). "

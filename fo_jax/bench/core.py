@@ -22,7 +22,10 @@ import fo_jax
 
 DESIGN_SHAPES = ["4096x8192x2048", "8192x8192x2048", "8192x8192x7168", "16384x8192x7168",
                  "16384x8192x2048"]
-COLLECTIVES = ("reduce_scatter", "all_reduce")
+COLLECTIVES = ("reduce_scatter", "all_reduce")  # the tuner's (NCCL-transport) collectives
+# The benchmark's: for "all_gather" a shape MxNxK is the gathered x[M, K] @ w[K, N] per GPU (x's
+# local shard is [M / TP, K]).
+BENCH_COLLECTIVES = (*COLLECTIVES, "all_gather")
 
 
 def commit() -> str:
@@ -56,8 +59,13 @@ def path_of(mesh: Mesh, collective: str, x: jax.Array, w: jax.Array) -> str:
     operands (x K-sharded, w K-sharded), e.g. "cuda/copy_engine"; abstract evaluation only."""
     from fo_jax import info  # noqa: PLC0415
 
+    x_shape, w_shape = x.shape, w.shape
+    if collective == "all_gather":  # x row-sharded, w column-sharded: the same local shapes
+        tp = mesh.shape["tp"]
+        x_shape, w_shape = (x.shape[0] // tp, x.shape[1] * tp), (w.shape[0] * tp,
+                                                                  w.shape[1] // tp)
     try:
-        c = info.describe_on_mesh(mesh, "tp", collective, x.shape, w.shape, x.dtype)
+        c = info.describe_on_mesh(mesh, "tp", collective, x_shape, w_shape, x.dtype)
     except Exception as e:  # noqa: BLE001 (a report field must not end the run)
         return f"unknown ({e!r:.120})"
     return c.path + (f"/{c.transport}" if c.transport else "")
@@ -158,6 +166,35 @@ def random_operands(mesh: Mesh, m: int, n: int, k: int, dtype, seed: int = 0) ->
     return draw(kx, kw)
 
 
+def gather_operands(mesh: Mesh, m: int, n: int, k: int, dtype, seed: int = 0) -> tuple:
+    """Global x[M, K] (rows sharded: [M / tp, K] per device) and w[K, tp*N] (columns sharded:
+    [K, N] per device), drawn on the devices: the operands of the all_gather rows."""
+    tp = mesh.shape["tp"]
+    kx, kw = jax.random.split(jax.random.key(seed))
+
+    def draw(kx, kw):
+        x = (jax.random.normal(kx, (m, k), jnp.float32) * k ** -0.5).astype(dtype)
+        w = jax.random.normal(kw, (k, tp * n), jnp.float32).astype(dtype)
+        return x, w
+
+    draw = jax.jit(draw, out_shardings=(NamedSharding(mesh, P("tp", None)),
+                                        NamedSharding(mesh, P(None, "tp"))))
+    return draw(kx, kw)
+
+
+def operands(mesh: Mesh, collective: str, m: int, n: int, k: int, dtype, seed: int = 0) -> tuple:
+    """The operands `build`'s functions take for `collective` (gather_operands for
+    all_gather, random_operands otherwise)."""
+    if collective == "all_gather":
+        return gather_operands(mesh, m, n, k, dtype, seed)
+    return random_operands(mesh, m, n, k, dtype, seed=seed)
+
+
+def replicated(mesh: Mesh, x: jax.Array) -> jax.Array:
+    """x whole on every device: the gathered input of the all_gather rows' gemm_only."""
+    return jax.device_put(x, NamedSharding(mesh, P()))
+
+
 def random_partials(mesh: Mesh, m: int, n: int, dtype, seed: int = 1) -> jax.Array:
     """Per-device partial products y[tp*M, N] (one [M, N] block per device), for comm_only."""
     tp = mesh.shape["tp"]
@@ -189,14 +226,58 @@ def _chunked(x, w, collective: str, chunks: int, tp: int):
     return jnp.concatenate(parts, axis=0)
 
 
+def _chunked_gather(x, w, chunks: int):
+    """all_gather(x) @ w in `chunks` chunks of every rank's rows (inside shard_map): chunk c
+    gathers band c of each rank's rows and multiplies it; the bands go back to the tiled
+    all_gather layout (rank-major)."""
+    tp = jax.lax.axis_size("tp")
+    parts = [xla_matmul(jax.lax.all_gather(xc, "tp", axis=0, tiled=True), w)
+             for xc in jnp.split(x, chunks, axis=0)]
+    band = x.shape[0] // chunks
+    parts = [p.reshape(tp, band, -1) for p in parts]
+    return jnp.stack(parts, axis=1).reshape(tp * x.shape[0], -1)
+
+
+def _build_gather(mesh: Mesh, kind: str, config: Optional[fo_jax.OverlapConfig],
+                  chunks: int) -> Callable:
+    """build() for collective "all_gather": functions of (x, w) with x's rows and w's columns
+    sharded (gather_operands), giving each device's [M, N] (global [M, tp*N]); "gemm_only"
+    takes (whole x, w) (see `replicated`), "comm_only" (x,)."""
+    in_specs, out_spec = (P("tp", None), P(None, "tp")), P(None, "tp")
+
+    def body(x, w):
+        if kind == "fo_jax":
+            return fo_jax.overlapped_matmul(x, w, axis_name="tp", collective="all_gather",
+                                            config=config)
+        if kind == "baseline":
+            return fo_jax.reference.plain_all_gather_matmul(x, w, "tp")[0]
+        if kind == "gemm_only":
+            return xla_matmul(x, w)
+        if kind == "chunked":
+            return _chunked_gather(x, w, chunks)
+        raise ValueError(f"unknown kind {kind!r}")
+
+    if kind == "comm_only":
+        def comm(x):  # [M / tp, K] -> [M, K] on every device (stacked over "tp" in the output)
+            return jax.lax.all_gather(x, "tp", axis=0, tiled=True)
+        return jax.jit(jax.shard_map(comm, mesh=mesh, in_specs=P("tp", None),
+                                     out_specs=P("tp", None)))
+    if kind == "gemm_only":
+        in_specs = (P(), P(None, "tp"))
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec))
+
+
 def build(mesh: Mesh, collective: str, kind: str, config: Optional[fo_jax.OverlapConfig] = None,
           chunks: int = 0) -> Callable:
     """A jitted shard_map function of (x, w) (or (y,) for "comm_only").
 
     kinds: "fo_jax" (overlapped_matmul with `config`), "baseline" (XLA dot + psum /
     psum_scatter), "gemm_only" (XLA dot alone), "comm_only" (the collective alone on y),
-    "chunked" (`chunks` row chunks of dot + collective).
+    "chunked" (`chunks` row chunks of dot + collective). collective "all_gather": see
+    `_build_gather` (operands from `gather_operands`).
     """
+    if collective == "all_gather":
+        return _build_gather(mesh, kind, config, chunks)
     out_spec = P("tp", None) if collective == "reduce_scatter" else P()
     tp = mesh.shape["tp"]
 

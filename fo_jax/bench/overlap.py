@@ -1,6 +1,11 @@
 """The overlap rows of `python -m fo_jax.bench`: every method on every (collective, shape) over a
 "tp" mesh of 2+ devices.
 
+For "all_gather" a shape MxNxK is per GPU the gathered x[M, K] @ w[K, N] (each device holds
+[M / TP, K] of x): fo_jax is overlapped_matmul(collective="all_gather"), jax.baseline XLA's
+all_gather then x @ w, gemm_only the [M, K] @ [K, N] GEMM on an already whole x, comm_only the
+all_gather of x alone.
+
 Each method is checked against jax.baseline first (a benchmark of a wrong result is worthless),
 then the working ones are timed with their trials interleaved (A B C, C B A, ...) so that clock
 and power drift hits all of them alike.
@@ -68,9 +73,13 @@ def measure(mesh, shapes: Sequence[str], collectives: Sequence[str], dtype, res:
     for i, (collective, s) in enumerate(work):
         m, n, k = core.parse_shape(s)
         where = f"[{i + 1}/{len(work)}] {collective} {s}"
-        x, w = core.random_operands(mesh, m, n, k, dtype, seed=i)
-        y = core.random_partials(mesh, m, n, dtype, seed=i + 1000)
-        assert x.dtype == dtype and w.dtype == dtype and y.dtype == dtype
+        x, w = core.operands(mesh, collective, m, n, k, dtype, seed=i)
+        # Methods timed on their own arguments (the rest share (x, w), trials interleaved).
+        if collective == "all_gather":
+            alone = {"comm_only": (x,), "gemm_only": (core.replicated(mesh, x), w)}
+        else:
+            alone = {"comm_only": (core.random_partials(mesh, m, n, dtype, seed=i + 1000),)}
+        assert all(a.dtype == dtype for a in (x, w, *alone["comm_only"]))
         fns = _methods(mesh, collective, m, n, k, dtype, on_gpu, configs, extended, chunks,
                        gpu_kind, total_sms)
         path = core.path_of(mesh, collective, x, w)
@@ -78,7 +87,7 @@ def measure(mesh, shapes: Sequence[str], collectives: Sequence[str], dtype, res:
         ok = {}
         for name, f in fns.items():
             core.progress(f"{where}: {name}: compile + check")
-            args = (y,) if name == "comm_only" else (x, w)
+            args = alone.get(name, (x, w))
             extra = {"chunks": int(name[len("jax.chunked[c"):-1])} if "chunked" in name else {}
             if name.startswith("fo_jax") and name != "fo_jax.sequential":
                 extra["path"] = path
@@ -93,12 +102,13 @@ def measure(mesh, shapes: Sequence[str], collectives: Sequence[str], dtype, res:
                 core.progress(f"{where}: {name}: FAILED {e!r:.200}")
                 res.add(M=m, N=n, K=k, collective=collective, method=name + tag, ms=None,
                         error=repr(e)[:500], **extra)
-        on_xw = {name: fns[name] for name in ok if name != "comm_only"}
+        on_xw = {name: fns[name] for name in ok if name not in alone}
         core.progress(f"{where}: timing {len(ok)} methods ({timing['trials']} x "
                       f"{timing['reps']} calls each, interleaved)")
         times = core.time_ms_interleaved(on_xw, x, w, **timing)
-        if "comm_only" in ok:
-            times["comm_only"] = core.time_ms(fns["comm_only"], y, **timing)
+        for name, args in alone.items():
+            if name in ok:
+                times[name] = core.time_ms(fns[name], *args, **timing)
         for name in fns:
             if name in times:
                 core.progress(f"{where}: {name}: {times[name]:.4f} ms")

@@ -3,8 +3,8 @@
 XLA reads XLA_FLAGS once per process, so the parent starts this module with the windowed-einsum
 flags set and the platform and TP it chose, and reads one "FO_JAX_ROW {json}" line per
 (collective, shape) from its stdout. The GEMM is written the way XLA's SPMD partitioner (not
-shard_map) sees it: jit of a dot of K-sharded operands with NamedSharding outputs, so XLA itself
-inserts (and may window) the collective.
+shard_map) sees it: jit of a dot of K-sharded operands (for all_gather: x's rows and w's columns
+sharded) with NamedSharding outputs, so XLA itself inserts (and may window) the collective.
 """
 
 from __future__ import annotations
@@ -44,14 +44,15 @@ def main() -> None:
     mesh = Mesh(np.array(devs[:args.tp]), ("tp",))
     dtype = jnp.dtype(args.dtype)
     for collective in args.collectives:
-        out = NamedSharding(mesh, P("tp", None) if collective == "reduce_scatter" else P())
+        out = NamedSharding(mesh, {"reduce_scatter": P("tp", None),
+                                   "all_gather": P(None, "tp")}.get(collective, P()))
         f = jax.jit(core.xla_matmul, out_shardings=out)
         ref_f = core.build(mesh, collective, "baseline")
         for s in args.shapes:
             m, n, k = core.parse_shape(s)
             row = dict(M=m, N=n, K=k, collective=collective, method="xla.windowed_einsum")
             try:
-                x, w = core.random_operands(mesh, m, n, k, dtype)
+                x, w = core.operands(mesh, collective, m, n, k, dtype)
                 y = f(x, w)
                 assert y.dtype == dtype, y.dtype
                 err = float(core.rel_err(y, ref_f(x, w)))

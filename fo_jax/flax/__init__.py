@@ -1,9 +1,11 @@
 """Flax (linen) tensor-parallel layers on top of `fo_jax.overlapped_matmul`.
 
-Layers: `RowParallelDense`, `ColumnParallelDense`, `ParallelMLP`, `ParallelAttentionOutput`
-(flax.nnx twins in `fo_jax.nnx`). They run inside `jax.shard_map` on local shards and reduce over
-one mesh axis, `axis_name` (default "tp"); called where that axis is not bound (outside
-shard_map, or a mesh without it) they raise ValueError saying so.
+Layers: `RowParallelDense`, `ColumnParallelDense`, `ParallelMLP`, `ParallelAttentionOutput`,
+and the transformer layers built from them, `ParallelSelfAttention` and
+`ParallelTransformerBlock` (flax.nnx twins in `fo_jax.nnx`; docs/layers.md). They run inside
+`jax.shard_map` on local shards and reduce over one mesh axis, `axis_name` (default "tp");
+called where that axis is not bound (outside shard_map, or a mesh without it) they raise
+ValueError saying so.
 
 Parameters carry logical axis names (`ShardMapLogicallyPartitioned`, a no-constraint
 `nn.LogicallyPartitioned`): by default "embed" for d_model, "mlp" for d_ff, "heads" and "kv" for
@@ -47,11 +49,14 @@ from fo_jax.flax.linen import (
     ParallelMLP,
     RowParallelDense,
 )
+from fo_jax.flax.transformer import ParallelSelfAttention, ParallelTransformerBlock
 
 __all__ = [
     "ColumnParallelDense",
     "ParallelAttentionOutput",
     "ParallelMLP",
+    "ParallelSelfAttention",
+    "ParallelTransformerBlock",
     "RowParallelDense",
     "ShardMapLogicallyPartitioned",
     "ShardMapPartitioned",

@@ -6,7 +6,7 @@ import jax
 
 from fo_jax import _checks
 from fo_jax.config import OverlapConfig
-from fo_jax.overlap import overlapped_matmul
+from fo_jax.overlap import all_gather_matmul, overlapped_matmul
 
 
 def check_config(fn: str, config) -> None:
@@ -45,17 +45,28 @@ def row_parallel(fn: str, x: jax.Array, kernel: jax.Array, bias: jax.Array | Non
     return y if bias is None else y + bias  # after the collective: added once, to own rows
 
 
-def column_parallel(fn: str, x: jax.Array, kernel: jax.Array, bias: jax.Array | None) -> jax.Array:
-    """y = x @ kernel + bias with this device's columns [K, N_local] (no collective)."""
+def column_parallel(fn: str, x: jax.Array, kernel: jax.Array, bias: jax.Array | None, *,
+                    gather_axis: str | None = None,
+                    config: OverlapConfig | None = None) -> jax.Array:
+    """y = x @ kernel + bias with this device's columns [K, N_local]; x, kernel, bias already
+    share the compute dtype.
+
+    gather_axis=None: a local GEMM, no collective. gather_axis=name: x holds this device's rows
+    of the sequence-parallel layout and y = all_gather(x, name, axis=0, tiled=True) @ kernel
+    through `fo_jax.all_gather_matmul` (its backward pairs the gather with a GEMM +
+    reduce-scatter)."""
+    check_config(fn, config)
     if x.shape[-1] != kernel.shape[0]:
         raise ValueError(f"{fn}: the input's last axis ({x.shape[-1]}) differs from the kernel's "
                          f"rows ({kernel.shape[0]})")
-    # Like nn.Dense: output in the compute dtype (16-bit GEMMs accumulate in float32 inside
-    # XLA's GEMM); a float32 output plus a cast would add a conversion pass each way.
-    y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
-    return y if bias is None else y + bias
-
-
-def gather_rows(x: jax.Array, axis_name: str) -> jax.Array:
-    """All-gathers the leading axis (the sequence-parallel layout) over `axis_name`."""
-    return jax.lax.all_gather(x, axis_name, axis=0, tiled=True)
+    if gather_axis is not None:
+        if x.ndim < 2:
+            raise ValueError(f"{fn}: gather_input=True all-gathers the input's leading axis over "
+                             f"{gather_axis!r}; the input needs one besides the features, got "
+                             f"shape {tuple(x.shape)}")
+        y, _ = all_gather_matmul(x, kernel, axis_name=gather_axis, config=config)
+    else:
+        # Like nn.Dense: output in the compute dtype (16-bit GEMMs accumulate in float32 inside
+        # XLA's GEMM); a float32 output plus a cast would add a conversion pass each way.
+        y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+    return y if bias is None else y + bias  # after the gather: the bias of own columns

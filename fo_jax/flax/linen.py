@@ -133,6 +133,12 @@ class ColumnParallelDense(nn.Module):
     in the forward. Under autodiff the input cotangent is summed over `axis_name` (by JAX,
     transposing the replication of the input).
 
+    With `gather_input=True` the input is this device's rows of the sequence-parallel layout
+    [A, ..., K] (what `RowParallelDense(collective="reduce_scatter")` returns) and the layer
+    computes all_gather(x, axis_name, axis=0, tiled=True) @ kernel through
+    `fo_jax.all_gather_matmul`, giving [P * A, ..., features / P]; its backward scatters the
+    input cotangent with fo_jax's GEMM + reduce-scatter.
+
     Parameters (logical names, mesh layout inside shard_map):
       kernel [K, features]: `kernel_axes` (default ("embed", "mlp")), columns split over
         axis_name.
@@ -141,14 +147,16 @@ class ColumnParallelDense(nn.Module):
     Attributes:
       features: total output features (divisible by the size of `axis_name`).
       axis_name: tensor-parallel mesh axis.
-      gather_input: all-gather the input's leading axis over `axis_name` first (the input is in
-        the sequence-parallel layout that `RowParallelDense(collective="reduce_scatter")` makes).
+      gather_input: all-gather the input's leading axis over `axis_name` into the GEMM (the
+        input is in the sequence-parallel layout that `RowParallelDense(collective=
+        "reduce_scatter")` makes).
       use_bias: whether to add a (sharded) bias.
       dtype: computation dtype (default: promoted from input and params).
       param_dtype: parameter dtype.
       kernel_init: initializer of the whole [K, features] kernel.
       bias_init: initializer of the whole [features] bias.
       kernel_axes: logical names of the kernel's two dimensions.
+      config: optional `fo_jax.OverlapConfig` passed to `all_gather_matmul` (gather_input=True).
     """
 
     features: int
@@ -160,6 +168,7 @@ class ColumnParallelDense(nn.Module):
     kernel_init: Initializer = nn.initializers.lecun_normal()
     bias_init: Initializer = nn.initializers.zeros_init()
     kernel_axes: tuple = (EMBED, MLP)
+    config: OverlapConfig | None = None
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -171,8 +180,6 @@ class ColumnParallelDense(nn.Module):
                              f"axis {self.axis_name!r} ({size})")
         names = _logical.check_names(fn, "kernel_axes", self.kernel_axes, 2, 1)
         local = self.features // size
-        if self.gather_input:
-            x = _math.gather_rows(x, self.axis_name)
         kernel = _param(self, fn, "kernel", self.kernel_init, (x.shape[-1], local),
                         self.param_dtype, names, 1, size)
         bias = None
@@ -180,7 +187,9 @@ class ColumnParallelDense(nn.Module):
             bias = _param(self, fn, "bias", self.bias_init, (local,), self.param_dtype,
                           names[1:], 0, size)
         x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
-        return _math.column_parallel(fn, x, kernel, bias)
+        return _math.column_parallel(fn, x, kernel, bias,
+                                     gather_axis=self.axis_name if self.gather_input else None,
+                                     config=self.config)
 
 
 class ParallelMLP(nn.Module):
@@ -192,8 +201,9 @@ class ParallelMLP(nn.Module):
 
     - collective="all_reduce": x [..., d_model] replicated over `axis_name` -> same.
     - collective="reduce_scatter" (sequence parallel): x holds this device's share of the leading
-      axis [B / P, ..., d_model]; it is all-gathered before the up-projection and the output is
-      reduce-scattered back to [B / P, ..., d_model].
+      axis [B / P, ..., d_model]; the up-projection all-gathers it into its GEMM
+      (`fo_jax.all_gather_matmul`) and the down-projection reduce-scatters the output back to
+      [B / P, ..., d_model] (`fo_jax.overlapped_matmul`).
 
     Parameters (logical names): up/kernel (embed_axis, mlp_axis) and up/bias (mlp_axis,), split
     over axis_name along mlp_axis; down/kernel (mlp_axis, embed_axis), rows split over axis_name;
@@ -209,7 +219,8 @@ class ParallelMLP(nn.Module):
       param_dtype: parameter dtype.
       kernel_init: kernel initializer (both projections).
       bias_init: bias initializer (both projections).
-      config: optional `fo_jax.OverlapConfig` for the down-projection.
+      config: optional `fo_jax.OverlapConfig` for the down-projection and, sequence parallel,
+        the up-projection's all-gather GEMM.
       embed_axis: logical name of d_model (default "embed").
       mlp_axis: logical name of d_ff (default "mlp").
     """
@@ -238,8 +249,8 @@ class ParallelMLP(nn.Module):
                   "bias_init": self.bias_init}
         h = ColumnParallelDense(self.hidden_features,
                                 gather_input=self.collective == "reduce_scatter",
-                                kernel_axes=(self.embed_axis, self.mlp_axis), name="up",
-                                **common)(x)
+                                kernel_axes=(self.embed_axis, self.mlp_axis), config=self.config,
+                                name="up", **common)(x)
         h = self.activation(h)
         return RowParallelDense(x.shape[-1], collective=self.collective, config=self.config,
                                 kernel_axes=(self.mlp_axis, self.embed_axis), name="down",

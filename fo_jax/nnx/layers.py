@@ -1,30 +1,5 @@
-"""flax.nnx tensor-parallel layers on top of `fo_jax.overlapped_matmul`: the nnx twins of the
-linen layers in `fo_jax.flax`, with the same math and layouts.
-
-A layer is built with GLOBAL sizes (like `nnx.Linear`), its parameters annotated with logical
-names (`out_sharding`) and the mapping the layer needs (`sharding_rules`: its sharded name to
-`axis_name`, the other names to None), so `nnx.get_partition_spec(state)` gives mesh
-PartitionSpecs. It is applied inside `jax.shard_map` on local shards, the usual nnx way:
-
-    model = fo_jax.nnx.init_sharded(lambda: Block(rngs=nnx.Rngs(0)), mesh)  # sharded arrays
-    graphdef, state = nnx.split(model)
-    specs = fo_jax.nnx.partition_specs(state)  # shard_map in_specs
-
-    def apply(state, x):
-        return nnx.merge(graphdef, state)(x)
-
-    y = jax.shard_map(apply, mesh=mesh, in_specs=(specs, P("tp")), out_specs=P("tp"))(state, x)
-
-Called where `axis_name` is not bound (outside shard_map, or a mesh without it) a layer raises
-ValueError saying so. Logical axis rules (`nn.logical_axis_rules` / `flax.core.spmd`) may restate
-the layers' mapping; rules that map a dimension elsewhere raise ValueError (at construction, in
-`partition_specs`/`init_sharded`, and when the layer runs).
-
-Parameters are created with eager sharding (nnx's `use_eager_sharding`) only where a mesh is set
-(`jax.set_mesh`); elsewhere they are plain arrays with the annotations, so the layers build with
-or without a mesh. Needs flax >= 0.12 (the `out_sharding` metadata); `import fo_jax` does not
-import flax.
-"""
+"""The fo_jax.nnx layers: `RowParallelDense`, `ColumnParallelDense`, `ParallelMLP`,
+`ParallelAttentionOutput` (the package docstring says how they are built and applied)."""
 
 from __future__ import annotations
 
@@ -42,13 +17,11 @@ except Exception as e:  # flax.nnx raises AttributeError on jax versions it does
                       f"{jax.__version__}: {e!r}); install a flax release that supports this "
                       "jax") from e
 from flax.core import meta
-from jax.sharding import Mesh, NamedSharding
 
 from fo_jax import _checks
 from fo_jax.config import OverlapConfig
 from fo_jax.flax import _logical, _math
-from fo_jax.flax._boxes import rules_context
-from fo_jax.flax._logical import EMBED, HEADS, KV, MLP, logical_rules
+from fo_jax.flax._logical import EMBED, HEADS, KV, MLP
 
 Array = jax.Array
 Dtype = Any
@@ -62,10 +35,6 @@ __all__ = [
     "ParallelAttentionOutput",
     "ParallelMLP",
     "RowParallelDense",
-    "init_program",
-    "init_sharded",
-    "logical_rules",
-    "partition_specs",
 ]
 
 
@@ -159,8 +128,10 @@ class ColumnParallelDense(nnx.Module):
 
     Inside shard_map each device holds kernel columns [in, out / P] and the matching bias slice,
     and computes its output slice [..., out / P] with a local GEMM (no collective in the forward;
-    under autodiff JAX sums the input cotangent over `axis_name`). `gather_input=True`
-    all-gathers the input's leading axis first (the sequence-parallel layout).
+    under autodiff JAX sums the input cotangent over `axis_name`). `gather_input=True` takes this
+    device's rows of the sequence-parallel layout and all-gathers them into the GEMM
+    (`fo_jax.all_gather_matmul`; its backward scatters the input cotangent with fo_jax's GEMM +
+    reduce-scatter).
 
     Parameters (global shapes; logical names; layout inside shard_map):
       kernel [in, out]: `kernel_axes` (default ("embed", "mlp")); columns split over axis_name.
@@ -168,8 +139,8 @@ class ColumnParallelDense(nnx.Module):
 
     Args:
       in_features, out_features: global sizes (out divisible by the size of `axis_name`).
-      axis_name, gather_input, use_bias, dtype, param_dtype, kernel_init, bias_init: as
-        `fo_jax.flax.ColumnParallelDense`.
+      axis_name, gather_input, use_bias, dtype, param_dtype, kernel_init, bias_init, config:
+        as `fo_jax.flax.ColumnParallelDense`.
       kernel_axes: logical names of the kernel's two dimensions.
       rngs: `nnx.Rngs`; draws the kernel key then (with a bias) the bias key, as nnx.Linear.
     """
@@ -178,11 +149,12 @@ class ColumnParallelDense(nnx.Module):
                  gather_input: bool = False, use_bias: bool = True, dtype: Dtype | None = None,
                  param_dtype: Dtype = jnp.float32, kernel_init: Initializer = default_kernel_init,
                  bias_init: Initializer = default_bias_init, kernel_axes: tuple = (EMBED, MLP),
-                 rngs: nnx.Rngs):
+                 config: OverlapConfig | None = None, rngs: nnx.Rngs):
         fn = "fo_jax.nnx.ColumnParallelDense"
+        _math.check_config(fn, config)
         names = _logical.check_names(fn, "kernel_axes", kernel_axes, 2, 1)
         self.in_features, self.out_features = in_features, out_features
-        self.axis_name, self.gather_input = axis_name, gather_input
+        self.axis_name, self.gather_input, self.config = axis_name, gather_input, config
         self.dtype, self.param_dtype = dtype, param_dtype
         self.kernel = _param(fn, "kernel", kernel_init(rngs.params(), (in_features, out_features),
                                                        param_dtype), names, 1, axis_name)
@@ -201,10 +173,10 @@ class ColumnParallelDense(nnx.Module):
         kernel = _local(fn, self.kernel, "kernel")
         _check_whole(fn, "kernel", kernel.shape[1], self.out_features, 1, self.axis_name, size)
         bias = None if self.bias is None else _local(fn, self.bias, "bias")
-        if self.gather_input:
-            x = _math.gather_rows(x, self.axis_name)
         x, kernel, bias = dtypes.promote_dtype((x, kernel, bias), dtype=self.dtype)
-        return _math.column_parallel(fn, x, kernel, bias)
+        return _math.column_parallel(fn, x, kernel, bias,
+                                     gather_axis=self.axis_name if self.gather_input else None,
+                                     config=self.config)
 
 
 class ParallelMLP(nnx.Module):
@@ -239,7 +211,7 @@ class ParallelMLP(nnx.Module):
         self.axis_name, self.activation = axis_name, activation
         self.up = ColumnParallelDense(in_features, hidden_features,
                                       gather_input=collective == "reduce_scatter",
-                                      kernel_axes=(embed_axis, mlp_axis), **common)
+                                      kernel_axes=(embed_axis, mlp_axis), config=config, **common)
         self.down = RowParallelDense(hidden_features, in_features, collective=collective,
                                      config=config, kernel_axes=(mlp_axis, embed_axis), **common)
 
@@ -311,70 +283,3 @@ class ParallelAttentionOutput(nnx.Module):
         return _math.row_parallel(fn, x, kernel.reshape(heads * head_dim, -1), bias,
                                   axis_name=self.axis_name, collective=self.collective,
                                   config=self.config)
-
-
-def _check_rules(tree: Any) -> None:
-    """Checks every annotated Variable's own mapping against the active rules (clear errors
-    before Flax's generic "inconsistent logical axis annotations")."""
-    leaves = jax.tree_util.tree_leaves_with_path(
-        tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
-    for path, v in leaves:
-        if not isinstance(v, nnx.Variable):
-            continue
-        names, rules = v.get_metadata("out_sharding", None), v.get_metadata("sharding_rules", None)
-        if names and rules:
-            _logical.mesh_spec("fo_jax.nnx", f"variable {jax.tree_util.keystr(path)}", names,
-                               rules, last_wins=True)
-
-
-def partition_specs(state: Any, rules: Any = None) -> Any:
-    """Mesh PartitionSpecs of an nnx State (or Module): `nnx.get_partition_spec` under `rules`
-    (default: the active logical axis rules), after checking them against the fo_jax layers'
-    layouts (ValueError naming the parameter and the rule on a mismatch)."""
-    if isinstance(state, nnx.Module):
-        state = nnx.state(state)
-    with rules_context(rules):
-        _check_rules(state)
-        return nnx.get_partition_spec(state)
-
-
-def init_program(make: Callable[[], nnx.Module], mesh: Mesh, *,
-                 rules: Any = None) -> tuple[Callable[[], Any], Any]:
-    """The jitted init of `init_sharded` and the graphdef: `nnx.merge(graphdef, program())` is
-    `init_sharded`'s result; `program.lower().compile().memory_analysis()` its per-device
-    memory."""
-    with rules_context(rules), nnx.use_eager_sharding(False):
-        graphdef, abstract = nnx.split(nnx.eval_shape(make))
-        specs = partition_specs(abstract)
-    shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
-
-    def program():
-        with rules_context(rules), nnx.use_eager_sharding(False):
-            return nnx.split(make())[1]
-
-    return jax.jit(program, out_shardings=shardings), graphdef
-
-
-def init_sharded(make: Callable[[], nnx.Module], mesh: Mesh, *, rules: Any = None) -> nnx.Module:
-    """Builds the module `make()` returns with every parameter a global array sharded as the
-    fo_jax layers hold it inside shard_map, each device computing about one shard.
-
-    `make` builds the module from its own keys (e.g. `lambda: Block(rngs=nnx.Rngs(0))`); it runs
-    under jax.jit with the parameters' NamedShardings as output shardings, so XLA partitions the
-    initializers (partitionable threefry, JAX's default) and no device holds a whole sharded
-    parameter. Per-device memory as `fo_jax.flax.init_sharded` (measured there: [8192, 8192]
-    float32 kernel on 4 CPU devices, 192 MiB temporaries + 64 MiB output, against 1024 + 64 MiB
-    when every device draws the whole kernel). The values equal what `make()` builds eagerly
-    (and so the unsharded twins built from the same keys) on the same platform.
-
-    Args:
-      make: function of no arguments returning the module (built from fo_jax.nnx layers and any
-        other nnx modules; those without sharding annotations are replicated).
-      mesh: the mesh; its axis names must include the layers' `axis_name`.
-      rules: logical axis rules to check the layouts against (default: the active ones).
-
-    Returns:
-      The module, its Variables holding sharded global arrays.
-    """
-    program, graphdef = init_program(make, mesh, rules=rules)
-    return nnx.merge(graphdef, program())
