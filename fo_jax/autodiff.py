@@ -1,11 +1,11 @@
 """Reverse-mode autodiff of the overlapped ops: custom VJPs around opaque forwards, with the
 forward and backward collectives paired by the op (as in a sequence-parallel layer):
 
-| forward                      | dx                                   | dw                          |
-|------------------------------|--------------------------------------|-----------------------------|
-| y = psum_scatter(x @ w)      | all-gather + GEMM: AG(dy) @ w^T      | x^T @ AG(dy) (gathered dy)  |
-| y = psum(x @ w)              | dy @ w^T, no communication           | x^T @ dy                    |
-| y = AG(x) @ w                | GEMM + reduce-scatter: RS(dy @ w^T)  | AG(x)^T @ dy (forward's AG) |
+| forward                 | dx                                  | dw                          |
+|-------------------------|-------------------------------------|-----------------------------|
+| y = psum_scatter(x @ w) | all-gather + GEMM: AG(dy) @ w^T     | x^T @ AG(dy) (gathered dy)  |
+| y = psum(x @ w)         | dy @ w^T, no communication          | x^T @ dy                    |
+| y = AG(x) @ w           | GEMM + reduce-scatter: RS(dy @ w^T) | AG(x)^T @ dy (forward's AG) |
 
 The CUDA forwards are XLA FFI custom calls that JAX cannot differentiate, so each op carries its
 own rule; the reference forwards go through the same rules, so both paths train the same way.

@@ -90,14 +90,14 @@ def test_matmul_scan_checkpoint_grad():
     # float64 reference of a linear stack: d/dW_l sum(x W_0 ... W_L) = (x W_0..W_{l-1})^T 1
     # (W_{l+1} .. W_L)^T
     acts = [x64]
-    for l in range(3):
-        acts.append(acts[-1] @ ws64[l])
+    for i in range(3):
+        acts.append(acts[-1] @ ws64[i])
     ones = np.ones((512, 256))
     back = [None] * 3
     up = ones
-    for l in reversed(range(3)):
-        back[l] = acts[l].T @ up
-        up = up @ ws64[l].T
+    for i in reversed(range(3)):
+        back[i] = acts[i].T @ up
+        up = up @ ws64[i].T
     assert_close(got.reshape(-1, 256), np.concatenate(back).reshape(-1, 256), jnp.bfloat16,
                  factor=2.0)
 
