@@ -2,7 +2,8 @@
 ParallelTransformerBlock; the nnx twins: tests/test_transformer_nnx.py) on CPU meshes: init
 equal to the unsharded twins' draws, forward and gradients equal to the twins (plain flax:
 LayerNorm / RMSNorm, Dense / DenseGeneral, jax.nn.dot_product_attention) in float32 and
-bfloat16, the layouts that chain, clear errors; and benchmarks/train_tp_transformer.py run as a script with a tiny configuration."""
+bfloat16, the layouts that chain, clear errors; and benchmarks/train_tp_transformer.py run as a
+script with a tiny configuration."""
 
 import json
 import os
