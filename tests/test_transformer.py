@@ -333,4 +333,4 @@ def test_block_training_step_lowers_for_cuda():
                       out_specs=P("tp"))
     grad = jax.jit(jax.grad(lambda p, x: jnp.sum(jnp.square(f(p, x).astype(jnp.float32)))))
     text = grad.trace(nn.unbox(variables), x).lower(lowering_platforms=("cuda",)).as_text()
-    assert text.count("stablehlo.custom_call @fo_jax_overlapped_matmul_ffi") >= 4
+    assert text.count("stablehlo.custom_call @fo_jax_overlapped_matmul_v2") >= 4
