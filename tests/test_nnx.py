@@ -5,6 +5,8 @@ a few optax training steps that follow the twin's step by step."""
 
 import pytest
 
+pytest.importorskip("flax", minversion="0.12", reason="fo_jax.nnx needs flax 0.12 or later")
+
 try:  # flax.nnx raises AttributeError, not ImportError, on jax versions it does not support
     from flax import nnx
 except Exception as e:  # noqa: BLE001

@@ -10,11 +10,15 @@ import os
 import subprocess
 import sys
 
-import flax.linen as nn
+import pytest
+
+pytest.importorskip("flax", minversion="0.12",
+                    reason="fo_jax.flax needs flax 0.12 or later")
+
+import flax.linen as nn  # noqa: E402
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from conftest import cpu_mesh
 from jax.sharding import PartitionSpec as P
 from numerics import assert_close

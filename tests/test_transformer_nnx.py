@@ -3,6 +3,8 @@ unsharded nnx twins (the linen layers and the shared helpers: tests/test_transfo
 
 import pytest
 
+pytest.importorskip("flax", minversion="0.12", reason="fo_jax.nnx needs flax 0.12 or later")
+
 try:  # flax.nnx raises AttributeError, not ImportError, on jax versions it does not support
     from flax import nnx
 except Exception as e:  # noqa: BLE001
