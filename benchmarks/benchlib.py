@@ -51,8 +51,9 @@ def tp_mesh_or_exit(script: str) -> Mesh:
 
 def build_rs_variant(mesh: Mesh, variant: str, x, w):
     """A reduce-scatter variant's jitted function, traced and warmed up (5 calls) with its
-    settings in the environment: "METHOD[:ENV=VALUE...]", e.g. "fo_jax:FO_JAX_CE_SPLIT_SUM=0"
-    (the probes compare such variants interleaved in one process)."""
+    settings in the environment: "METHOD[:ENV=VALUE...]" (the probes compare such variants
+    interleaved in one process; plan variants are OverlapConfig fields, the environment holds only
+    process-wide switches such as FO_JAX_FORCE_REFERENCE=1)."""
     method, *settings = variant.split(":")
     saved = dict(os.environ)
     os.environ.update(s.split("=", 1) for s in settings)
