@@ -46,13 +46,13 @@ for step in "$@"; do
   case "$step" in
     info) nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv
           python3 -c "import jax, fo_jax; print(jax.__version__, jax.devices(), fo_jax.cuda_module_available())";;
-    smoke) python3 -m pytest -q -rs -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/test_gpu_smoke.py" "$R/tests/test_package.py" 2>&1 | tee -a "$OUT/tests.log" | tail -5 || rc=1;;
-    test-gemm) timeout 600 python3 -m pytest -q -x -rs -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/test_gemm_gpu.py" 2>&1 | tee -a "$OUT/tests.log" | tail -25 || rc=1;;
-    test-autodiff) timeout 300 python3 -m pytest -q -x -rs --timeout 150 -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/test_autodiff_gpu.py" 2>&1 | tee -a "$OUT/tests.log" | tail -8 || rc=1;;
+    smoke) python3 -m pytest -q -rs -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/gpu/gemm/test_gpu_smoke.py" "$R/tests/cpu/test_package.py" 2>&1 | tee -a "$OUT/tests.log" | tail -5 || rc=1;;
+    test-gemm) timeout 600 python3 -m pytest -q -x -rs -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/gpu/gemm/test_gemm_gpu.py" 2>&1 | tee -a "$OUT/tests.log" | tail -25 || rc=1;;
+    test-autodiff) timeout 300 python3 -m pytest -q -x -rs --timeout 150 -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/gpu/overlap/test_autodiff_gpu.py" 2>&1 | tee -a "$OUT/tests.log" | tail -8 || rc=1;;
     train) for mesh in 1,4; do python3 "$R/benchmarks/train_tp_mlp.py" --dtype bfloat16 --mesh $mesh \
              --d-model 4096 --d-ff 16384 --batch 16 --seq 2048 --layers 2 --steps 10 \
              --out "$OUT/train_tp_mlp.jsonl" 2>&1 | tail -14 || rc=1; done;;
-    test-overlap) timeout 560 python3 -m pytest -q -x -rs --timeout 150 -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/test_overlap_gpu.py" 2>&1 | tee -a "$OUT/tests.log" | tail -30 || rc=1;;
+    test-overlap) timeout 560 python3 -m pytest -q -x -rs --timeout 150 -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/gpu/overlap/test_overlap_gpu.py" 2>&1 | tee -a "$OUT/tests.log" | tail -30 || rc=1;;
     bench-gemm) python3 "$R/benchmarks/bench_gemm.py" --out "$OUT" 2>&1 | tail -22 || rc=1;;
     bench-overlap) python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" ${COLLS:+--collectives $COLLS} \
                      ${SHAPES:+--shapes $SHAPES} 2>&1 | tail -22 || rc=1;;

@@ -34,7 +34,7 @@ print(_hw_queues.status())' 2>&1 | tail -1)"
   for i in $(seq 1 "${RUNS:-3}"); do
     log="$OUT/stall_${v}_$i.log"
     env ${envs[$v]} timeout 200 python3 -m pytest -q -rs --tb=short --timeout 300 \
-      -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/test_overlap_gpu.py" -k "$select" \
+      -p no:cacheprovider -c "$R/pyproject.toml" "$R/tests/gpu/overlap/test_overlap_gpu.py" -k "$select" \
       > "$log" 2>&1
     rc=$?
     echo "$v run $i: rc=$rc $(grep -m1 -oE 'STALL after [0-9]+ s: .*|[0-9]+ passed.*' "$log")"

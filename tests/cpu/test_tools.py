@@ -27,7 +27,7 @@ from fo_jax.bench.devices import SelectionError
 
 from conftest import cpu_mesh
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The subprocesses import the fo_jax this process imported (a source tree or an install).
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))
 

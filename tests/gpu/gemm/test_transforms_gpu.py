@@ -1,7 +1,7 @@
 """fo_jax's ops as JAX ops on one GPU, through the CUDA kernels: x[..., K], jax.grad of matmul
 (forward and backward GEMMs on fo_jax's kernel), jax.vmap over x and over w, lax.scan with
 jax.checkpoint, and overlapped_matmul over an axis of size 1 (fo_jax's GEMM alone), each against
-a float64 NumPy reference. tests/test_jax_transforms.py checks the same on CPU devices."""
+a float64 NumPy reference. tests/cpu/test_jax_transforms.py checks the same on CPU devices."""
 
 import jax
 import jax.numpy as jnp

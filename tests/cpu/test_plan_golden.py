@@ -1,5 +1,5 @@
 """Every plan of the recorded table (tests/data/plans_golden.json, recorded by
-tests/plan_golden.py with the code before the plan became one struct attribute) recomputed with
+tests/cpu/plan_golden.py with the code before the plan became one struct attribute) recomputed with
 this code, on CPU: the path, the FFI target's operand and result types and every value the
 handler receives must be what they were. The old loose attributes are read from the new `plan`
 and `mesh` struct attributes (OLD_NAMES below), and what the old handler derived from them

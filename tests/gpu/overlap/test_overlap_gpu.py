@@ -415,7 +415,8 @@ def _one_process_per_gpu(worker: str, hang: str, **env_extra) -> list:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    path = os.path.join(os.path.dirname(__file__), worker)
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "workers",
+                        worker)
     # No preallocation: this process's JAX already holds most of every GPU's memory.
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", XLA_PYTHON_CLIENT_PREALLOCATE="false",
                **env_extra)

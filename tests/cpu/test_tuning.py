@@ -1,5 +1,5 @@
 """CPU tests of fo_jax.tuning (pipeline model, cache, the search on a simulated GPU) and of the
-tune CLI without GPUs (the bench CLI: tests/test_tools.py).
+tune CLI without GPUs (the bench CLI: tests/cpu/test_tools.py).
 
 The model cases are computed by hand in the comments.
 """
@@ -19,7 +19,7 @@ from fo_jax.tuning import cache
 from fo_jax.tuning.model import (Candidate, CommCurve, GemmTiming, group_work, pick_curve,
                                  pipeline_seconds, predict_seconds)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The subprocesses import the fo_jax this process imported (a source tree or an install).
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))
 BF16 = jnp.bfloat16

@@ -1,5 +1,5 @@
 """The CUDA plans of a table of calls, as the FFI handler receives them: recorded once into
-tests/data/plans_golden.json, compared by tests/test_plan_golden.py.
+tests/data/plans_golden.json, compared by tests/cpu/test_plan_golden.py.
 
 Each case is lowered for the "cuda" platform from CPU devices (jax.jit(jax.shard_map(...))
 .trace(x, w).lower(lowering_platforms=("cuda",))) and the record keeps which path the call takes
@@ -9,8 +9,8 @@ the copy-engine transport is chosen wherever the shape lets it; that is what the
 
 The file was recorded with the code before the plan became one struct attribute (loose
 attributes, target fo_jax_overlapped_matmul_ffi) and is the evidence the restructured code is
-compared against: tests/test_plan_golden.py reads the new `plan` and `mesh` attributes under the
-old names. `python3 tests/plan_golden.py` prints the first records this code makes; `--write`
+compared against: tests/cpu/test_plan_golden.py reads the new `plan` and `mesh` attributes under the
+old names. `python3 tests/cpu/plan_golden.py` prints the first records this code makes; `--write`
 records the table again, in this code's format, which that test does not read: write it only
 together with a test for the new format, when a plan is meant to change.
 """
@@ -34,10 +34,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 import fo_jax  # noqa: E402
 
-GOLDEN = pathlib.Path(__file__).resolve().parent / "data" / "plans_golden.json"
+GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "data" / "plans_golden.json"
 
 DESIGN_SHAPES = [(4096, 8192, 2048), (8192, 8192, 2048), (8192, 8192, 7168),
                  (16384, 8192, 7168), (16384, 8192, 2048)]

@@ -8,7 +8,7 @@ import sys
 
 import fo_jax
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def quickstart_code() -> str:

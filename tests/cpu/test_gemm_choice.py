@@ -17,7 +17,7 @@ import pytest
 from fo_jax import _gemm_choice, _gemm_table, _plan
 from fo_jax.config import OverlapConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BF16 = jnp.dtype(jnp.bfloat16)
 F16 = jnp.dtype(jnp.float16)
 

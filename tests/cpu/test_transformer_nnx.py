@@ -1,5 +1,5 @@
 """fo_jax.nnx's ParallelSelfAttention and ParallelTransformerBlock on CPU meshes against their
-unsharded nnx twins (the linen layers and the shared helpers: tests/test_transformer.py)."""
+unsharded nnx twins (the linen layers and the shared helpers: tests/cpu/test_transformer.py)."""
 
 import pytest
 

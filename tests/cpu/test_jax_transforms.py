@@ -1,8 +1,8 @@
 """fo_jax's ops behave like JAX ops on CPU devices (the reference path, with fo_jax's own custom
 VJP and batching rules around it, which the CUDA path shares): x[..., K] with leading dimensions,
 jax.grad, jax.vmap over x, w or both, lax.scan, jax.checkpoint, an axis of size 1, and describe()
-agreeing with the DEBUG log. tests/test_gemm_gpu.py and tests/test_autodiff_gpu.py run the same
-transforms through the CUDA kernels."""
+agreeing with the DEBUG log. tests/gpu/gemm/test_transforms_gpu.py and
+tests/gpu/overlap/test_autodiff_gpu.py run the same transforms through the CUDA kernels."""
 
 import logging
 

@@ -34,7 +34,7 @@ def test_cache_home_and_attach(monkeypatch, tmp_path):
 
 
 def test_the_compiled_module_reads_no_environment():
-    csrc = pathlib.Path(__file__).resolve().parents[1] / "csrc"
+    csrc = pathlib.Path(__file__).resolve().parents[2] / "csrc"
     for layer in ("kernels", "comm", "ffi"):
         for path in (csrc / layer).glob("*.*"):
             assert "getenv" not in path.read_text(), path
