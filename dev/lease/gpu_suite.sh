@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Device run (from the repo root on a lent GPU machine): install the carried wheels (.whl/: the
+# nvidia-cutlass wheel for the build, flax and its pure-Python dependencies for the tests), build
+# fo_jax from this tree (pip, ~2.5 minutes on 16 cores), then the steps named in $STEPS:
+#   tests           the whole suite (README's test command) with FO_JAX_REQUIRE_GPU=1
+#   gemm-tests      only $TESTS (file names, searched under tests/)
+#   info, bench     python -m fo_jax.info / python -m fo_jax.bench ($BENCH_ARGS)
+#   bench-overlap   benchmarks/bench_overlap.py ($BENCH_ARGS)
+#   consumer-bench  benchmarks/bench_consumer_gemm.py
+#   sweep           benchmarks/bench_gemm_sweep.py ($SWEEP_ARGS)
+# SKIP_BUILD=1 reuses the previous call's install on a machine still warm. Logs and results go to
+# $OUT; FO_JAX_COMMIT names the commit (the copied tree has no .git).
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; R=$PWD
+t0=$(date +%s); stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
+if [[ -z "${SKIP_BUILD:-}" ]]; then
+stamp wheels
+rm -rf /tmp/site /tmp/fo; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --upgrade --target /tmp/site .whl/*.whl > "$OUT/wheels.log" 2>&1 || { tail -20 "$OUT/wheels.log"; exit 1; }
+export PYTHONPATH=/tmp/site
+stamp build
+python3 -m pip install -v --no-build-isolation --no-deps --target /tmp/fo \
+  -C cmake.define.FO_JAX_COMMIT="${FO_JAX_COMMIT:-}" . > "$OUT/install.log" 2>&1 \
+  || { tail -60 "$OUT/install.log"; exit 1; }
+grep -iE "warning|error" "$OUT/install.log" | grep -v -i deprecat | grep -v "Registers are spilled" | head -20
+fi
+export PYTHONPATH=/tmp/fo:/tmp/site
+cd /tmp
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import jax, fo_jax; print('jax', jax.__version__, jax.devices(), 'cuda module', fo_jax.cuda_module_available(), fo_jax.__file__)"
+for step in ${STEPS:-tests}; do
+  stamp "$step"
+  case "$step" in
+    tests) FO_JAX_REQUIRE_GPU=1 timeout ${TEST_TIMEOUT:-900} python3 -m pytest -q -rs -p no:cacheprovider \
+             --rootdir "$R" -c "$R/pyproject.toml" "$R/tests" 2>&1 | tee "$OUT/tests_full.log" | tail -40;;
+    gemm-tests) FO_JAX_REQUIRE_GPU=1 timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -rs -p no:cacheprovider \
+             --rootdir "$R" -c "$R/pyproject.toml" $(for t in ${TESTS:?}; do find "$R/tests" -name "$t"; done) 2>&1 \
+             | tee "$OUT/tests_sel.log" | tail -40;;
+    consumer-bench) timeout 200 python3 "$R/benchmarks/bench_consumer_gemm.py" --out "$OUT" 2>&1 | tail -20;;
+    sweep) timeout ${SWEEP_TIMEOUT:-560} python3 "$R/benchmarks/bench_gemm_sweep.py" ${SWEEP_ARGS:-} --out "$OUT" 2>&1 | tail -30;;
+    info) python3 -m fo_jax.info 2>&1 | tee "$OUT/info.log";;
+    bench-overlap) timeout ${BENCH_TIMEOUT:-300} python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" \
+                     ${BENCH_ARGS:-} 2>&1 | tail -30;;
+    bench) timeout ${BENCH_TIMEOUT:-300} python3 -m fo_jax.bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tail -40;;
+    *) echo "unknown step $step";;
+  esac
+done
+stamp done
