@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 from typing import Optional
 
 import jax
@@ -137,6 +138,11 @@ def _choose_overlapped(dtype, config, m: int, n: int, k: int, platform: str, col
                       transport=transport, platform=platform, **extra)
 
 
+def _rows(x) -> int:
+    """Rows of x[..., K] as the GEMM sees them (its leading dimensions flattened)."""
+    return math.prod(x.shape[:-1])
+
+
 def _log(fn: str, x, w, choose, what: str = "") -> None:
     """Logs `choose(platform)` for the platform the call runs on (what `describe` returns), and
     ends with the path CUDA devices take (the branch the program carries for them)."""
@@ -174,6 +180,14 @@ def _gemm_unbatched(x, w, config):
     return jax.lax.platform_dependent(x, w, cuda=cuda, default=reference.matmul)
 
 
+def _map_over_weights(f, x, w, x_batched: bool):
+    """f(x, w) for each weight of a batched w (its leading axis), with x's element alongside
+    where x is batched too: one call each (fo_jax's kernels take one weight)."""
+    if x_batched:
+        return jax.lax.map(lambda a: f(a[0], a[1]), (x, w))
+    return jax.lax.map(lambda wi: f(x, wi), w)
+
+
 def _gemm_batchable(x, w, config):
     """_gemm_unbatched with a batching rule: a batched x joins the GEMM's rows; a batched w (one
     GEMM per weight) maps over the batch."""
@@ -186,9 +200,8 @@ def _gemm_batchable(x, w, config):
     def gemm_batched(axis_size, in_batched, x, w):
         x_batched, w_batched = in_batched
         if w_batched:
-            if x_batched:
-                return jax.lax.map(lambda a: _gemm_batchable(a[0], a[1], config), (x, w)), True
-            return jax.lax.map(lambda wi: _gemm_batchable(x, wi, config), w), True
+            return _map_over_weights(lambda x, w: _gemm_batchable(x, w, config), x, w,
+                                     x_batched), True
         rows = x.reshape(-1, x.shape[-1])
         return _gemm_batchable(rows, w, config).reshape(axis_size, -1, w.shape[-1]), True
 
@@ -241,9 +254,7 @@ def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None
     dtype = _checks.check_operands(fn, x, w)
     _checks.check_config(fn, config)
     k, n = w.shape
-    rows = 1
-    for d in x.shape[:-1]:
-        rows *= d
+    rows = _rows(x)
     _log(fn, x, w, lambda platform: _choose_gemm("matmul", dtype, config, rows, n, k, platform,
                                                  plain=True))
     y = _gemm(x.reshape(rows, k), w, config)
@@ -290,9 +301,7 @@ def _overlap_batchable(axis_name: str, collective: str, config, size: int):
         x_batched, w_batched = in_batched
         inner = _overlap_batchable(axis_name, collective, config, size)
         if w_batched:
-            if x_batched:
-                return jax.lax.map(lambda a: inner(a[0], a[1]), (x, w)), True
-            return jax.lax.map(lambda wi: inner(x, wi), w), True
+            return _map_over_weights(inner, x, w, x_batched), True
         b, r, k = x.shape
         n = w.shape[1]
         if collective == "all_reduce":
@@ -315,13 +324,6 @@ def _validate_overlapped(x, w, axis_name, collective, config) -> tuple:
     if collective == "reduce_scatter":
         _checks.check_scatter_rows(fn, x.shape[0], size, axis_name)
     return dtype, size
-
-
-def _rows(x) -> int:
-    rows = 1
-    for d in x.shape[:-1]:
-        rows *= d
-    return rows
 
 
 def describe(x, w, *, axis_name: str, collective: str = "reduce_scatter",

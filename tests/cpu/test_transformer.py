@@ -288,8 +288,11 @@ def test_training_script_runs_and_writes_rows(tmp_path):
     """The script on 4 host CPU devices with a tiny model: both methods train, their losses
     agree step by step, and every row carries the documented fields."""
     out = tmp_path / "rows.jsonl"
+    # The fo_jax this test process imported (installed, or the source tree), not another one.
+    where = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+               XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               PYTHONPATH=os.pathsep.join(p for p in (where, os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "train_tp_transformer.py"),
            "--steps", "3", "--layers", "2", "--d-model", "32", "--heads", "4", "--d-ff", "64",
            "--seq", "16", "--batch", "2", "--out", str(out), "--profile",
