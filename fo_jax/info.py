@@ -4,10 +4,10 @@ Prints fo_jax's version and build commit, the jax/jaxlib versions, the platform,
 (ordinal, name, SMs, memory), whether fo_jax's CUDA module loads (and why not), NCCL's version,
 the CUDA hardware-queue setting, and which path and transport `overlapped_matmul` would take on a
 mesh of all local GPUs for each collective, with the reason (fo_jax.describe, evaluated
-abstractly: nothing runs on a GPU), then what this process holds outside XLA (communicators,
-copy-engine states, device memory: `device_resources`; from inside a program, call
-`fo_jax.info.device_resources()` after its overlapped calls). On a machine without GPUs it says so and describes a mesh of
-the host CPU devices instead. Paste its output into bug reports.
+abstractly: nothing runs on a GPU), then what this process holds outside XLA: communicators,
+copy-engine states and device memory (`device_resources`, which a program calls after its
+overlapped calls). On a machine without GPUs it says so and describes a mesh of the host CPU
+devices instead. Paste its output into bug reports.
 
     python -m fo_jax.info [--shape 8192x8192x2048] [--dtype bfloat16]
 """
@@ -99,7 +99,7 @@ def device_resources() -> dict:
     state, epoch: that state's call count); "memory", one dict per (device, kind) of device
     memory fo_jax allocated itself (bytes and allocations held now, bytes freed so far:
     superseded receive buffers); "bytes_by_device", the bytes held per device. Empty lists when
-    the CUDA module is not available. docs/troubleshooting.md, "Memory outside XLA"."""
+    the CUDA module is not available. docs/troubleshooting.md, "Memory outside XLA's pool"."""
     from fo_jax import _cuda  # noqa: PLC0415
 
     if not _cuda.module_available(warn=False):

@@ -104,7 +104,7 @@ std::vector<CommState*> AllCommStatesForDebug();
 
 // The index of state's group (its unique id) among the groups this process created, in creation
 // order: two states of one group have the same index. Diagnostics (one communicator per group
-// and options: docs/troubleshooting.md, "Memory outside XLA").
+// and options: docs/troubleshooting.md, "Memory outside XLA's pool").
 int CommGroupIndex(const CommState& state);
 
 }  // namespace fo_jax

@@ -39,7 +39,7 @@ Status DeviceAlloc(int device, const char* what, size_t bytes, void** ptr) {
         std::to_string(device) + " failed (" + cudaGetErrorString(e) + "; fo_jax already holds " +
         MiB(HeldOn(device)) + " there, outside XLA's memory pool): leave room for it, e.g. "
         "XLA_PYTHON_CLIENT_MEM_FRACTION=0.85 or XLA_PYTHON_CLIENT_PREALLOCATE=false, or use "
-        "OverlapConfig(transport='nccl') (docs/troubleshooting.md, 'Memory outside XLA')");
+        "OverlapConfig(transport='nccl') (docs/troubleshooting.md, \"Memory outside XLA's pool\")");
   }
   DeviceBytes& row = Table()[{device, what}];
   row.device = device;

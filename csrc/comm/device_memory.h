@@ -1,7 +1,7 @@
 // Device memory that fo_jax allocates itself, outside XLA's pool (cudaMalloc): every such
 // allocation goes through here, so that fo_jax can say how much it holds per GPU
 // (`python -m fo_jax.info`, fo_jax.info.device_resources) and a failed allocation says what to
-// do. docs/troubleshooting.md, "Memory outside XLA", lists what is allocated and when.
+// do. docs/troubleshooting.md, "Memory outside XLA's pool", lists what is allocated and when.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-"""Reliability logic that runs without a GPU (docs/troubleshooting.md, "Reliability"): the
+"""Reliability logic that runs without a GPU (docs/troubleshooting.md, "Reliability limits"): the
 flags' wrap-safe epoch comparison (the module's own function), the test hooks' parsing, the
 copy-engine communicator's naming (one per group), the plan-agreement check between processes
 (a shared in-memory store standing in for JAX's key-value store; tests/workers/
