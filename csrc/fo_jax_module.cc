@@ -10,8 +10,11 @@
 #include <nanobind/stl/vector.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "comm/call_timeline.h"
@@ -21,6 +24,7 @@
 #include "comm/copy_engine_buffers.h"
 #include "comm/copy_engine_debug.h"
 #include "comm/device_memory.h"
+#include "comm/host_worker.h"
 #include "comm/overlap_plan.h"
 #include "comm/status.h"
 #include "ffi/registrations.h"
@@ -127,6 +131,27 @@ NB_MODULE(_fo_jax_cuda, m) {
       "epoch_reached",
       [](uint32_t seen, uint32_t value) { return fo_jax::EpochReached(seen, value); },
       nb::arg("seen"), nb::arg("value"));
+
+  // Tests: the copy thread's signals across the epoch wrap (comm/host_worker.h). A worker whose
+  // signal starts at `first_signal` runs a job that awaits first_signal + 1 (mod 2^32); returns
+  // whether the job had finished before that signal (it must not have) and after it.
+  m.def(
+      "host_worker_wrap_check",
+      [](uint32_t first_signal) {
+        fo_jax::HostWorker worker(/*device=*/0, first_signal);
+        std::atomic<bool> done{false};
+        const uint32_t next = first_signal + 1;
+        worker.Push([&] {
+          worker.AwaitSignal(next);
+          done = true;
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        const bool before = done.load();
+        worker.Signal(next);
+        worker.Drain();
+        return std::make_pair(before, done.load());
+      },
+      nb::arg("first_signal"), nb::call_guard<nb::gil_scoped_release>());
 
   // Test hooks, from FO_JAX_TEST_EPOCH_START and FO_JAX_TEST_FAIL (fo_jax/_env.py): the epoch
   // start of copy-engine states created afterwards; a stage ("alloc" or "") failing on a rank.

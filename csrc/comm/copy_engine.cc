@@ -52,7 +52,7 @@ Status CreateCopyEngineState(CommState& s) {
       }
     });
   });
-  w.thread = std::make_unique<HostWorker>(s.device);
+  w.thread = std::make_unique<HostWorker>(s.device, ce->epoch);  // signals: epochs
   s.copy_engine = std::move(ce);
   return Status::Ok();
 }

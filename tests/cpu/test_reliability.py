@@ -214,3 +214,12 @@ def test_device_resources_without_gpu_work():
     assert res["communicators"] == [] and res["bytes_by_device"] == {}
     assert any(line.startswith("held outside XLA by this process: 0 communicators")
                for line in info._resource_lines())
+
+
+@needs_module
+@pytest.mark.parametrize("first_signal", [0, 2**32 - 8, 2**32 - 1])
+def test_copy_thread_signals_are_wrap_safe(first_signal):
+    """The copy thread awaits each call's signal (its epoch) before its acknowledgements; at the
+    wrap (2^32 - 1, then 0) a plain >= would let the job run before the call signalled it."""
+    before, after = fo_jax._cuda.module().host_worker_wrap_check(first_signal)
+    assert (before, after) == (False, True)
