@@ -131,9 +131,9 @@ def check_plan_agreement(group: Sequence, fields: dict, process_index: int, time
     client = _distributed_client() if client is None else client
     base = f"fo_jax/plan/{devs}/{call}"
     client.key_value_set(f"{base}/{process_index}", json.dumps(fields, sort_keys=True))
-    for other in processes:
-        if other == process_index:
-            continue
+    others = [p for p in processes if p != process_index]
+    mismatch = None
+    for other in others:
         try:
             text = client.blocking_key_value_get(f"{base}/{other}", int(timeout_s * 1000))
         except Exception as e:  # noqa: BLE001 (the store's timeout error type varies by version)
@@ -142,9 +142,18 @@ def check_plan_agreement(group: Sequence, fields: dict, process_index: int, time
                 f"#{call} on devices {devs} within {timeout_s:g} s (FO_JAX_PLAN_TIMEOUT_S): it "
                 "lowered no such call (e.g. it took the reference path: FO_JAX_FORCE_REFERENCE, "
                 f"no CUDA module) or stopped; this process's plan: {fields} ({e})") from None
-        message = plan_mismatch(fields, json.loads(text), process_index, other)
-        if message is not None:
-            raise ValueError(message)
+        mismatch = mismatch or plan_mismatch(fields, json.loads(text), process_index, other)
+    # Before anyone raises (and its process, perhaps the one serving the store, exits): every
+    # process has read every plan, so that each reports the mismatch itself. Best effort: a
+    # process gone by now has read them already.
+    try:
+        client.key_value_set(f"{base}/read/{process_index}", "1")
+        for other in others:
+            client.blocking_key_value_get(f"{base}/read/{other}", int(timeout_s * 1000))
+    except Exception:  # noqa: BLE001 (each process reports its own outcome)
+        pass
+    if mismatch is not None:
+        raise ValueError(mismatch)
 
 
 def _unique_id(group: Sequence, nccl_max_ctas: int, process_index: int, process_count: int,

@@ -24,7 +24,7 @@ def _run(groups_by_process, timeout_s=120):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))  # this fo_jax
     env = dict(os.environ, JAX_PLATFORMS="cpu", FO_JAX_PLAN_TIMEOUT_S="30",
                PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("XLA_FLAGS", None)  # one CPU device per process

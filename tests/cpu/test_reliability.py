@@ -223,3 +223,33 @@ def test_copy_thread_signals_are_wrap_safe(first_signal):
     wrap (2^32 - 1, then 0) a plain >= would let the job run before the call signalled it."""
     before, after = fo_jax._cuda.module().host_worker_wrap_check(first_signal)
     assert (before, after) == (False, True)
+
+
+@needs_module
+@pytest.mark.parametrize("transport", ["copy_engine", "nccl"])
+def test_lowered_unique_ids_follow_the_communicator_naming(transport):
+    """H5 at lowering: two copy-engine calls with different NCCL CTA bounds carry the same
+    unique id (one communicator); on the NCCL transport each bound has its own."""
+    import re
+
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    from conftest import cpu_mesh
+
+    mesh = cpu_mesh((2,), ("tp",))
+
+    def unique_ids(ctas):
+        config = fo_jax.OverlapConfig(allow_fallback=False, transport=transport,
+                                      nccl_max_ctas=ctas)
+        f = jax.jit(jax.shard_map(
+            lambda x, w: fo_jax.overlapped_matmul(x, w, axis_name="tp",
+                                                  collective="reduce_scatter", config=config),
+            mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
+        x = jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16)
+        w = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
+        text = f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+        return re.search(r"unique_ids = (dense<[^>]*>)", text).group(1)
+
+    same = unique_ids(8) == unique_ids(32)
+    assert same is (transport == "copy_engine")

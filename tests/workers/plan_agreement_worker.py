@@ -8,6 +8,7 @@ needed: the plan agreement runs at lowering); on "gpu" it also runs the call. Pr
 
 import os
 import sys
+import time
 
 import jax
 
@@ -47,5 +48,9 @@ try:
     print(f"PLAN AGREED {proc}", flush=True)
 except Exception as e:  # noqa: BLE001 (reported for the test to check)
     print(f"RAISED {proc} {type(e).__name__}: {e}", flush=True)
-    os._exit(0)  # the other processes may have raised too: no orderly distributed shutdown
+    # Process 0 serves the key-value store: give the others time to finish their last request
+    # (the agreement's acknowledgement) before it goes; then leave without the distributed
+    # shutdown, whose barrier a process that raised elsewhere may never reach.
+    time.sleep(3)
+    os._exit(0)
 jax.distributed.shutdown()

@@ -24,13 +24,16 @@ pytestmark = pytest.mark.gpu
 
 WORKERS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "workers")
 WRAP_START = 2**32 - 8
+# The workers import the fo_jax this process imported (not another one installed).
+_FO_JAX_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))
 
 
 def _worker(name, n_gpus, timeout_s=300, args=(), **env_extra):
     """Runs tests/workers/<name> on the first n_gpus GPUs in a process of its own; returns
     (returncode, output) or fails the test if it hangs."""
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", NCCL_NVLS_ENABLE="0",
-               CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(n_gpus)), **env_extra)
+               CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(n_gpus)),
+               PYTHONPATH=_FO_JAX_ROOT, **env_extra)
     env.pop("XLA_FLAGS", None)
     p = subprocess.Popen([sys.executable, os.path.join(WORKERS, name), *args], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -130,7 +133,8 @@ def test_plan_agreement_across_gpu_processes():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", FO_JAX_PLAN_TIMEOUT_S="60")
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", FO_JAX_PLAN_TIMEOUT_S="60",
+               PYTHONPATH=_FO_JAX_ROOT)
     env.pop("XLA_FLAGS", None)
     procs = [subprocess.Popen([sys.executable, os.path.join(WORKERS, "plan_agreement_worker.py"),
                                str(i), str(nproc), str(port), "gpu", str(4 if i else 2)],
