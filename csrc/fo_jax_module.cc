@@ -10,8 +10,11 @@
 #include <nanobind/stl/vector.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "comm/call_timeline.h"
@@ -20,8 +23,12 @@
 #include "comm/copy_engine.h"
 #include "comm/copy_engine_buffers.h"
 #include "comm/copy_engine_debug.h"
+#include "comm/device_memory.h"
+#include "comm/host_worker.h"
 #include "comm/overlap_plan.h"
+#include "comm/status.h"
 #include "ffi/registrations.h"
+#include "kernels/epoch_compare.h"
 #include "kernels/signaling_gemm.h"
 
 namespace nb = nanobind;
@@ -119,6 +126,91 @@ NB_MODULE(_fo_jax_cuda, m) {
   // about communicator i (comm/copy_engine_debug.h), "" past the end. Without the GIL: on a hung
   // machine the CUDA calls that read the flags may block, and the caller's watchdog thread must
   // still be able to report (fo_jax/_diagnostics.py prints each line as it comes).
+  // The flags' wrap-safe comparison (kernels/epoch_compare.h), the one every wait uses.
+  m.def(
+      "epoch_reached",
+      [](uint32_t seen, uint32_t value) { return fo_jax::EpochReached(seen, value); },
+      nb::arg("seen"), nb::arg("value"));
+
+  // Tests: the copy thread's signals across the epoch wrap (comm/host_worker.h). A worker whose
+  // signal starts at `first_signal` runs a job that awaits first_signal + 1 (mod 2^32); returns
+  // whether the job had finished before that signal (it must not have) and after it.
+  m.def(
+      "host_worker_wrap_check",
+      [](uint32_t first_signal) {
+        fo_jax::HostWorker worker(/*device=*/0, first_signal);
+        std::atomic<bool> done{false};
+        const uint32_t next = first_signal + 1;
+        worker.Push([&] {
+          worker.AwaitSignal(next);
+          done = true;
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        const bool before = done.load();
+        worker.Signal(next);
+        worker.Drain();
+        return std::make_pair(before, done.load());
+      },
+      nb::arg("first_signal"), nb::call_guard<nb::gil_scoped_release>());
+
+  // Test hooks, from FO_JAX_TEST_EPOCH_START and FO_JAX_TEST_FAIL (fo_jax/_env.py): the epoch
+  // start of copy-engine states created afterwards; a stage ("alloc" or "") failing on a rank.
+  m.def(
+      "set_test_hooks",
+      [](uint32_t epoch_start, const std::string& fail_stage, int fail_rank) {
+        if (!fail_stage.empty() && fail_stage != "alloc") {
+          throw std::invalid_argument("set_test_hooks: unknown stage \"" + fail_stage + "\"");
+        }
+        fo_jax::SetTestEpochStartForTests(epoch_start);
+        fo_jax::SetFailReceiveAllocForTests(fail_stage == "alloc" ? fail_rank : -1);
+      },
+      nb::arg("epoch_start"), nb::arg("fail_stage"), nb::arg("fail_rank"));
+
+  // Tests (one GPU): the overlap handler's capture guard (comm/status.h, RejectStreamCapture) on
+  // a stream of the current device that is being captured; returns its message ("" if it let
+  // the capture pass).
+  m.def(
+      "capture_guard_message",
+      []() {
+        cudaStream_t stream = nullptr;
+        if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+          throw std::runtime_error("capture_guard_message: cudaStreamCreate failed");
+        }
+        std::string message = "capture_guard_message: cudaStreamBeginCapture failed";
+        if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed) == cudaSuccess) {
+          message = fo_jax::RejectStreamCapture(stream, "fo_jax.overlapped_matmul").message();
+          cudaGraph_t graph = nullptr;
+          if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph != nullptr) {
+            (void)cudaGraphDestroy(graph);
+          }
+        }
+        (void)cudaStreamDestroy(stream);
+        (void)cudaGetLastError();
+        return message;
+      },
+      nb::call_guard<nb::gil_scoped_release>());
+
+  // What fo_jax holds outside XLA (fo_jax/info.py, device_resources): one row per communicator
+  // (device, rank, ranks, group index, NCCL CTA bound, whether it has a copy-engine state and
+  // that state's epoch), and one per (device, kind) of device memory (device, kind, bytes held,
+  // allocations held, bytes freed so far).
+  m.def("comm_resources", []() {
+    std::vector<std::tuple<int, int, int, int, int, bool, uint32_t>> rows;
+    for (fo_jax::CommState* s : fo_jax::AllCommStatesForDebug()) {
+      rows.emplace_back(s->device, s->rank, s->nranks, fo_jax::CommGroupIndex(*s),
+                        s->options.max_ctas, s->copy_engine != nullptr,
+                        s->copy_engine ? s->copy_engine->epoch : 0u);
+    }
+    return rows;
+  });
+  m.def("device_memory", []() {
+    std::vector<std::tuple<int, std::string, size_t, int, size_t>> rows;
+    for (const fo_jax::DeviceBytes& b : fo_jax::DeviceBytesHeld()) {
+      rows.emplace_back(b.device, b.what, b.bytes, b.allocations, b.freed_bytes);
+    }
+    return rows;
+  });
+
   m.def("debug_comm_state_count",
         []() { return static_cast<int>(fo_jax::AllCommStatesForDebug().size()); });
   m.def(

@@ -8,18 +8,29 @@ that XLA's collectives use. Unique ids: one process (all local devices) generate
 with one process per GPU (after jax.distributed.initialize) the process owning a group's rank 0
 generates the id and publishes it through JAX's distributed key-value store, the others read it.
 Ids are cached per (group devices, NCCL CTA bound), so every call on the same group reuses one
-communicator.
+communicator; the copy-engine transport asks with bound 0 (it runs no NCCL collective but its
+address exchange), so it has one communicator per group whatever the shape's NCCL settings.
+
+Plan agreement: with one process per GPU every process plans on its own (its tuning cache, its
+environment, its CUDA module), and ranks that run different plans hang or sum garbage. So each
+overlapped call's lowering publishes its plan's fields through the same key-value store and
+compares them with every other process of the group, raising on every process, within
+FO_JAX_PLAN_TIMEOUT_S, with the differing fields (docs/troubleshooting.md, "Plan mismatch").
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import threading
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 _lock = threading.Lock()
 _unique_ids: dict = {}
+_plan_calls: dict = {}  # (group devices, process) -> overlapped lowerings of that group so far
 _KV_TIMEOUT_MS = 300_000
 
 
@@ -51,6 +62,100 @@ def _owner_process(group: Sequence) -> int:
     return int(group[0].process_index)
 
 
+def _distributed_client():
+    from jax._src import distributed  # noqa: PLC0415
+
+    client = distributed.global_state.client
+    if client is None:
+        raise RuntimeError("fo_jax: several JAX processes but no distributed client; call "
+                           "jax.distributed.initialize() first")
+    return client
+
+
+def communicator_ctas(plan) -> int:
+    """The NCCL CTA bound that names the communicator of an overlap plan: the plan's bound on the
+    NCCL transport; 0 on the copy-engine transport, whose communicator runs no NCCL collective
+    but its address exchange (csrc/comm/overlap_call.cc keys its communicator alike)."""
+    return int(plan.nccl_max_ctas) if plan.transport == "nccl" else 0
+
+
+def plan_fields(plan, operands: Sequence = ()) -> dict:
+    """What shapes an overlapped call, flat and JSON-able: every field of the plan (the GEMM
+    plan's as "gemm.<field>") and each operand's shape and dtype. Two processes of one group must
+    agree on all of it."""
+    fields = {}
+    for name, value in dataclasses.asdict(plan).items():
+        if isinstance(value, dict):
+            fields.update({f"{name}.{k}": v for k, v in value.items()})
+        else:
+            fields[name] = value
+    for i, aval in enumerate(operands):
+        fields[f"operand{i}"] = f"{getattr(aval, 'dtype', '?')}{list(getattr(aval, 'shape', ()))}"
+    return json.loads(json.dumps(fields, default=str))  # tuples as lists, as the peers read them
+
+
+def plan_digest(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def plan_mismatch(mine: dict, theirs: dict, process: int, other: int) -> Optional[str]:
+    """None when the two processes' plan fields agree, else a message naming each differing
+    field with both values."""
+    diffs = [f"{name}: {mine.get(name, '<absent>')!r} here, {theirs.get(name, '<absent>')!r} "
+             f"on process {other}" for name in sorted(set(mine) | set(theirs))
+             if mine.get(name) != theirs.get(name)]
+    if not diffs:
+        return None
+    return (f"fo_jax.overlapped_matmul: plan mismatch between process {process} and process "
+            f"{other} for the same overlapped call: " + "; ".join(diffs) + ". Every process "
+            "must plan alike: give them the same tuning cache (XDG_CACHE_HOME), the same "
+            "FO_JAX_* environment and the same OverlapConfig, or set the differing fields "
+            "explicitly in OverlapConfig (docs/troubleshooting.md, 'Plan mismatch')")
+
+
+def check_plan_agreement(group: Sequence, fields: dict, process_index: int, timeout_s: float,
+                         client=None) -> None:
+    """Publishes this process's plan fields for the group's next overlapped call and compares
+    them with every other process of the group; raises ValueError on a mismatch (every process
+    sees it, so all of them raise) or RuntimeError when a process published nothing within
+    `timeout_s` (it lowered no such call: e.g. it took the reference path). The n-th overlapped
+    lowering of a group is compared with the n-th of the others: every process of an SPMD program
+    lowers the same calls in the same order."""
+    devs = "-".join(str(int(d.id)) for d in group)
+    processes = sorted({int(d.process_index) for d in group})
+    if len(processes) < 2 or process_index not in processes:
+        return
+    with _lock:  # counted per process index too: the tests run processes as threads
+        call = _plan_calls.get((devs, process_index), 0)
+        _plan_calls[(devs, process_index)] = call + 1
+    client = _distributed_client() if client is None else client
+    base = f"fo_jax/plan/{devs}/{call}"
+    client.key_value_set(f"{base}/{process_index}", json.dumps(fields, sort_keys=True))
+    others = [p for p in processes if p != process_index]
+    mismatch = None
+    for other in others:
+        try:
+            text = client.blocking_key_value_get(f"{base}/{other}", int(timeout_s * 1000))
+        except Exception as e:  # noqa: BLE001 (the store's timeout error type varies by version)
+            raise RuntimeError(
+                f"fo_jax.overlapped_matmul: process {other} published no plan for overlapped call "
+                f"#{call} on devices {devs} within {timeout_s:g} s (FO_JAX_PLAN_TIMEOUT_S): it "
+                "lowered no such call (e.g. it took the reference path: FO_JAX_FORCE_REFERENCE, "
+                f"no CUDA module) or stopped; this process's plan: {fields} ({e})") from None
+        mismatch = mismatch or plan_mismatch(fields, json.loads(text), process_index, other)
+    # Before anyone raises (and its process, perhaps the one serving the store, exits): every
+    # process has read every plan, so that each reports the mismatch itself. Best effort: a
+    # process gone by now has read them already.
+    try:
+        client.key_value_set(f"{base}/read/{process_index}", "1")
+        for other in others:
+            client.blocking_key_value_get(f"{base}/read/{other}", int(timeout_s * 1000))
+    except Exception:  # noqa: BLE001 (each process reports its own outcome)
+        pass
+    if mismatch is not None:
+        raise ValueError(mismatch)
+
+
 def _unique_id(group: Sequence, nccl_max_ctas: int, process_index: int, process_count: int,
                make_id: Callable[[], bytes]) -> bytes:
     key = (tuple(int(d.id) for d in group), int(nccl_max_ctas))
@@ -61,13 +166,7 @@ def _unique_id(group: Sequence, nccl_max_ctas: int, process_index: int, process_
         if process_count == 1:
             uid = make_id()
         else:
-            from jax._src import distributed
-
-            client = distributed.global_state.client
-            if client is None:
-                raise RuntimeError(
-                    "fo_jax: several JAX processes but no distributed client; call "
-                    "jax.distributed.initialize() first")
+            client = _distributed_client()
             kv_key = "fo_jax/nccl_unique_id/%d/%s" % (key[1], "-".join(map(str, key[0])))
             if _owner_process(group) == process_index:
                 uid = make_id()
@@ -108,3 +207,19 @@ def mesh_attributes(mesh, axis_name: str, nccl_max_ctas: int, process_index: int
         ),
         unique_ids=np.frombuffer(bytes(uids), dtype=np.uint8),
     )
+
+
+def overlap_mesh_attributes(mesh, axis_name: str, plan, operands: Sequence, process_index: int,
+                            process_count: int, make_id: Callable[[], bytes]) -> dict:
+    """mesh_attributes for an overlapped call's lowering, with the communicator named as
+    `communicator_ctas` says; with several processes, first checks that every process of each
+    group this process takes part in runs the same plan (check_plan_agreement)."""
+    axis = list(mesh.axis_names).index(axis_name)
+    if process_count > 1:
+        from fo_jax import _env  # noqa: PLC0415
+
+        fields = plan_fields(plan, operands)
+        for group in group_table(mesh.devices, axis):
+            check_plan_agreement(group, fields, process_index, _env.plan_timeout_s())
+    return mesh_attributes(mesh, axis_name, communicator_ctas(plan), process_index,
+                           process_count, make_id)

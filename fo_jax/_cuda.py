@@ -61,6 +61,7 @@ def _load() -> tuple[Optional[object], str]:
     from fo_jax import _env  # noqa: PLC0415
 
     _fo_jax_cuda.set_comm_timeout_s(_env.comm_timeout_s())  # the module reads no environment
+    _fo_jax_cuda.set_test_hooks(_env.test_epoch_start(), *_env.test_fail())  # unset: none
     return _fo_jax_cuda, ""
 
 

@@ -154,8 +154,8 @@ def _overlap_lowering(ctx, x, w, *, result_avals, axis_name, plan):
     if mesh.shape[axis_name] != plan.axis_size:
         raise ValueError(f"{fn}: the plan is for {plan.axis_size} ranks, axis {axis_name!r} of "
                          f"the lowering mesh has {mesh.shape[axis_name]}")
-    mesh_attrs = _bootstrap.mesh_attributes(
-        mesh, axis_name, plan.nccl_max_ctas, jax.process_index(), jax.process_count(),
+    mesh_attrs = _bootstrap.overlap_mesh_attributes(
+        mesh, axis_name, plan, ctx.avals_in, jax.process_index(), jax.process_count(),
         _cuda.module().nccl_unique_id)
     rule = jax.ffi.ffi_lowering(OVERLAP_TARGET)
     return rule(ctx, x, w, plan=overlap_attribute(plan), **mesh_attrs)

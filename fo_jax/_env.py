@@ -35,6 +35,55 @@ def comm_timeout_s() -> float:
     return value if value >= 0 else DEFAULT_COMM_TIMEOUT_S
 
 
+PLAN_TIMEOUT_S = "FO_JAX_PLAN_TIMEOUT_S"
+DEFAULT_PLAN_TIMEOUT_S = 300.0
+TEST_EPOCH_START = "FO_JAX_TEST_EPOCH_START"
+TEST_FAIL = "FO_JAX_TEST_FAIL"
+TEST_FAIL_STAGES = ("alloc",)
+
+
+def plan_timeout_s() -> float:
+    """FO_JAX_PLAN_TIMEOUT_S: with several JAX processes, how long an overlapped call's lowering
+    waits for the other processes of its group to publish their plans (fo_jax/_bootstrap.py,
+    plan agreement) before it raises; default 300. Read at lowering time."""
+    try:
+        value = float(os.environ.get(PLAN_TIMEOUT_S, ""))
+    except ValueError:
+        return DEFAULT_PLAN_TIMEOUT_S
+    return value if value > 0 else DEFAULT_PLAN_TIMEOUT_S
+
+
+def test_epoch_start() -> int:
+    """FO_JAX_TEST_EPOCH_START (tests only): the 32-bit epoch at which every copy-engine state
+    created afterwards starts counting its calls, e.g. 4294967288 (2^32 - 8) to run calls across
+    the wrap (docs/design.md, "Flags and epochs"); unset: 0. Read once, when the CUDA module is
+    loaded. A value that is not an integer in [0, 2^32) raises."""
+    text = os.environ.get(TEST_EPOCH_START, "")
+    if not text:
+        return 0
+    try:
+        value = int(text, 0)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**32:
+        raise ValueError(f"{TEST_EPOCH_START}={text!r}: expected an integer in [0, 2**32)")
+    return value
+
+
+def test_fail() -> tuple:
+    """FO_JAX_TEST_FAIL=<stage>:<rank> (tests only): make that rank of every fo_jax group fail at
+    that stage, as the real failure would ("alloc": the copy-engine receive-buffer allocation);
+    unset: ("", -1). Read once, when the CUDA module is loaded. A malformed value raises."""
+    text = os.environ.get(TEST_FAIL, "")
+    if not text:
+        return ("", -1)
+    stage, _, rank = text.partition(":")
+    if stage not in TEST_FAIL_STAGES or not rank.isdigit():
+        raise ValueError(f"{TEST_FAIL}={text!r}: expected <stage>:<rank> with stage one of "
+                         f"{TEST_FAIL_STAGES}")
+    return (stage, int(rank))
+
+
 def cache_home() -> str:
     """XDG_CACHE_HOME, else ~/.cache: where the tuning cache lives (fo_jax/tuning/cache.py)."""
     return os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

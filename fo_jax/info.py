@@ -4,8 +4,10 @@ Prints fo_jax's version and build commit, the jax/jaxlib versions, the platform,
 (ordinal, name, SMs, memory), whether fo_jax's CUDA module loads (and why not), NCCL's version,
 the CUDA hardware-queue setting, and which path and transport `overlapped_matmul` would take on a
 mesh of all local GPUs for each collective, with the reason (fo_jax.describe, evaluated
-abstractly: nothing runs on a GPU). On a machine without GPUs it says so and describes a mesh of
-the host CPU devices instead. Paste its output into bug reports.
+abstractly: nothing runs on a GPU), then what this process holds outside XLA: communicators,
+copy-engine states and device memory (`device_resources`, which a program calls after its
+overlapped calls). On a machine without GPUs it says so and describes a mesh of the host CPU
+devices instead. Paste its output into bug reports.
 
     python -m fo_jax.info [--shape 8192x8192x2048] [--dtype bfloat16]
 """
@@ -90,6 +92,43 @@ def _nccl_line(module_loaded: bool) -> str:
     return f"nvidia-nccl-cu13 {wheel} installed (not loaded: fo_jax's CUDA module is not available)"
 
 
+def device_resources() -> dict:
+    """What fo_jax holds outside XLA in this process, from its CUDA module (nothing runs on a
+    GPU): "communicators", one dict per communicator (device, rank, nranks, group: index of its
+    tensor-parallel group's unique id, nccl_max_ctas, copy_engine: whether it has a copy-engine
+    state, epoch: that state's call count); "memory", one dict per (device, kind) of device
+    memory fo_jax allocated itself (bytes and allocations held now, bytes freed so far:
+    superseded receive buffers); "bytes_by_device", the bytes held per device. Empty lists when
+    the CUDA module is not available. docs/troubleshooting.md, "Memory outside XLA's pool"."""
+    from fo_jax import _cuda  # noqa: PLC0415
+
+    if not _cuda.module_available(warn=False):
+        return dict(communicators=[], memory=[], bytes_by_device={})
+    mod = _cuda.module()
+    comms = [dict(device=d, rank=r, nranks=p, group=g, nccl_max_ctas=c, copy_engine=ce, epoch=e)
+             for d, r, p, g, c, ce, e in mod.comm_resources()]
+    memory = [dict(device=d, kind=kind, bytes=b, allocations=a, freed_bytes=f)
+              for d, kind, b, a, f in mod.device_memory()]
+    by_device: dict = {}
+    for row in memory:
+        by_device[row["device"]] = by_device.get(row["device"], 0) + row["bytes"]
+    return dict(communicators=comms, memory=memory, bytes_by_device=by_device)
+
+
+def _resource_lines() -> list:
+    """The report's lines about what this process holds outside XLA (device_resources)."""
+    res = device_resources()
+    comms = res["communicators"]
+    lines = [f"held outside XLA by this process: {len(comms)} communicator"
+             f"{'s' if len(comms) != 1 else ''}, "
+             f"{sum(c['copy_engine'] for c in comms)} copy-engine state(s)"]
+    for device, total in sorted(res["bytes_by_device"].items()):
+        kinds = ", ".join(f"{r['kind']} {r['bytes'] / 2**20:.1f} MiB"
+                          for r in res["memory"] if r["device"] == device and r["bytes"])
+        lines.append(f"  GPU {device}: {total / 2**20:.1f} MiB ({kinds or 'none'})")
+    return lines
+
+
 def report(shape: str = EXAMPLE_SHAPE, dtype: str = "bfloat16") -> list:
     """The lines `python -m fo_jax.info` prints."""
     import jax  # noqa: PLC0415
@@ -140,6 +179,8 @@ def report(shape: str = EXAMPLE_SHAPE, dtype: str = "bfloat16") -> list:
             lines.append(f"  {collective}: path={c.path}{transport} ({c.reason})")
         except Exception as e:  # noqa: BLE001 (say what failed, go on)
             lines.append(f"  {collective}: cannot describe: {e!r}")
+    if loaded:
+        lines += _resource_lines()
     return lines
 
 

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "comm/device_memory.h"
 #include "comm/stream_wait.h"
 
 namespace fo_jax {
@@ -45,8 +46,11 @@ std::string NcclMessage(const char* what, ncclResult_t r, ncclComm_t comm) {
 std::string WarmUp(CommState& s) {
   constexpr size_t kElems = size_t{1} << 21;  // 4 MiB of 16-bit values per rank chunk
   void* buf = nullptr;
-  if (cudaMalloc(&buf, kElems * 2 * s.nranks) != cudaSuccess) return "cudaMalloc for warm-up";
-  // Kept, not freed: cudaFree would synchronize the whole device.
+  const Status allocated = DeviceAlloc(s.device, "NCCL warm-up buffer", kElems * 2 * s.nranks,
+                                       &buf);
+  if (!allocated.ok()) return allocated.message();
+  // Kept, not freed: cudaFree would synchronize the whole device, and the communicator is
+  // created inside a call, while other work on this GPU may wait for the group's other ranks.
   for (ncclDataType_t dt : {ncclBfloat16, ncclFloat16}) {
     for (size_t count : {size_t{1024}, kElems}) {
       ncclResult_t r = ncclGroupStart();
@@ -88,6 +92,7 @@ std::string Create(CommState& s, const ncclUniqueId& id, const CommOptions& opti
 }  // namespace
 
 struct CommGroup {
+  int index = 0;                    // in creation order, for diagnostics
   std::mutex mu;                    // failure, members
   std::string failure;              // "" while healthy
   std::vector<CommState*> members;  // created states of this process (never destroyed)
@@ -160,11 +165,15 @@ Status GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, int 
     state->device = device;
     state->nranks = nranks;
     state->rank = rank;
+    state->options = options;
     std::string err = Create(*state, id, options);
     if (err.empty()) {
       std::lock_guard<std::mutex> lock(g_mutex);
       auto& group = Groups()[std::string(id.internal, sizeof(id.internal))];
-      if (!group) group = std::make_shared<CommGroup>();
+      if (!group) {
+        group = std::make_shared<CommGroup>();
+        group->index = static_cast<int>(Groups().size()) - 1;
+      }
       state->group = group;
       std::lock_guard<std::mutex> members(group->mu);
       group->members.push_back(state.get());
@@ -318,5 +327,7 @@ std::vector<CommState*> AllCommStatesForDebug() {
   }
   return all;
 }
+
+int CommGroupIndex(const CommState& state) { return state.group ? state.group->index : -1; }
 
 }  // namespace fo_jax

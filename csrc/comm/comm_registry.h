@@ -1,6 +1,7 @@
 // Per-device state for overlapped collectives: a dedicated NCCL communicator per tensor-parallel
 // group (never one that XLA's own collectives use), a high-priority comm stream and two events.
-// Created on first use for a (device, unique id, options) key and kept for the process lifetime;
+// Created on first use for a (device, unique id, options) key (the copy-engine transport asks
+// with default options, so it has one per group) and kept for the process lifetime;
 // thread-safe, since XLA drives each local device from its own host thread.
 #pragma once
 
@@ -34,6 +35,7 @@ struct CommState {
   int device = -1;
   int nranks = 0;
   int rank = -1;
+  CommOptions options;  // as created (part of the registry's key)
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;       // comm stream, highest priority
   cudaEvent_t inputs_ready = nullptr;  // recorded on XLA's stream, waited on by the comm stream
@@ -99,5 +101,10 @@ void InjectAsyncErrorForTests(int code, int rank, bool broken);
 
 // Every communicator state this process created (never destroyed), for diagnostics.
 std::vector<CommState*> AllCommStatesForDebug();
+
+// The index of state's group (its unique id) among the groups this process created, in creation
+// order: two states of one group have the same index. Diagnostics (one communicator per group
+// and options: docs/troubleshooting.md, "Memory outside XLA's pool").
+int CommGroupIndex(const CommState& state);
 
 }  // namespace fo_jax

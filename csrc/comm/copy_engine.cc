@@ -37,6 +37,7 @@ Status CreateCopyEngineState(CommState& s) {
   FO_JAX_RETURN_IF_ERROR(
       CudaStatus(e, "creating the copy, flag and sum streams and their events"));
   FO_JAX_RETURN_IF_ERROR(CreateCopyEngineBuffers(s, ce->buffers));
+  ce->epoch = ce->buffers.epoch_start;  // the flags' "no call yet" (epoch_compare.h)
   std::string err;
   FO_JAX_RETURN_IF_ERROR(LaunchStatus(LoadBandSumKernels(&err), "loading the band sums", err));
   // At exit, before the CUDA runtime's own teardown (registered earlier, so run later): let the
@@ -51,7 +52,7 @@ Status CreateCopyEngineState(CommState& s) {
       }
     });
   });
-  w.thread = std::make_unique<HostWorker>(s.device);
+  w.thread = std::make_unique<HostWorker>(s.device, ce->epoch);  // signals: epochs
   s.copy_engine = std::move(ce);
   return Status::Ok();
 }

@@ -1,7 +1,8 @@
 // The copy-engine transport's memory (copy_engine.h): this rank's flags and receive slots, and
 // the peers' addresses of theirs, learnt by an all-gather over the group's NCCL communicator.
-// Every buffer lives as long as the process: freeing one would synchronize the device while
-// other work may be in flight.
+// The memory is fo_jax's own, outside XLA's pool (device_memory.h counts it). The flags and the
+// exchange scratch live as long as the process; a receive buffer lives until a larger one
+// supersedes it (GrowCopyEngineBuffers frees it where no call can be using it).
 #pragma once
 
 #include <cstddef>
@@ -15,23 +16,39 @@
 namespace fo_jax {
 
 struct CopyEngineBuffers {
-  CopyEngineFlags* flags = nullptr;  // this rank's, device memory (zeroed once)
+  CopyEngineFlags* flags = nullptr;  // this rank's, device memory (every epoch word set once)
   void* recv = nullptr;              // receive slots: rounds * (P - 1) chunks
   size_t recv_bytes = 0;
   void* exchange = nullptr;  // device scratch of the address all-gather
   void* peer_recv[kMaxCopyEngineRanks] = {};
   CopyEngineFlags* peer_flags[kMaxCopyEngineRanks] = {};
+  // The epoch of "no call yet": every flag starts at it and the state's epoch counts on from it
+  // (0; SetTestEpochStartForTests moves it near the 32-bit wrap).
+  uint32_t epoch_start = 0;
 };
 
-// Allocates the flags (zeroed in `state`'s comm stream order) and the exchange scratch.
+// Allocates the flags (every epoch word set to the epoch start, in `state`'s comm stream order)
+// and the exchange scratch.
 Status CreateCopyEngineBuffers(CommState& state, CopyEngineBuffers& buffers);
 
 // Before a call's GEMM: on first use, and when a larger call arrives, allocates a receive buffer
-// of `recv_bytes` at least (doubling; the old one is kept) and exchanges addresses with the
-// other ranks over the communicator: collective, blocks until every rank arrives (all ranks make
-// the same calls in the same order, so they grow their buffers in the same calls). Checks that
-// every rank is in this process and that this GPU reaches every peer's memory.
+// of `recv_bytes` at least (doubling) and exchanges addresses with the other ranks over the
+// communicator: collective, blocks until every rank arrives (all ranks make the same calls in
+// the same order, so they grow their buffers in the same calls). A rank whose allocation fails
+// still takes part in the exchange and reports it there, so every rank of the group fails the
+// same call (none enqueues work that waits for it) and keeps its previous buffer. The buffer a
+// larger one supersedes is freed once the exchange has shown every rank past all its earlier
+// calls' enqueueing (see the definition). Checks that every rank is in this process and that
+// this GPU reaches every peer's memory.
 Status GrowCopyEngineBuffers(CommState& state, CopyEngineBuffers& buffers, size_t recv_bytes);
+
+// Test hook (FO_JAX_TEST_EPOCH_START, fo_jax/_env.py): the epoch start of every copy-engine
+// state created from now on, e.g. 2^32 - 8 so that a few calls cross the 32-bit wrap.
+void SetTestEpochStartForTests(uint32_t start);
+
+// Test hook (FO_JAX_TEST_FAIL=alloc:<rank>, fo_jax/_env.py): the receive-buffer allocation of
+// that rank fails as if the GPU were out of memory (-1: none).
+void SetFailReceiveAllocForTests(int rank);
 
 // "" when every ordered pair of these local device ordinals has peer access, else why not.
 std::string PeerAccessProblem(const std::vector<int>& ordinals);

@@ -5,6 +5,8 @@
 
 #include <utility>
 
+#include "kernels/epoch_compare.h"
+
 namespace fo_jax {
 namespace {
 
@@ -26,7 +28,8 @@ bool SpinFor(Pred pred) {
 
 }  // namespace
 
-HostWorker::HostWorker(int device) : device_(device), thread_([this] { Run(); }) {}
+HostWorker::HostWorker(int device, uint32_t first_signal)
+    : signal_(first_signal), device_(device), thread_([this] { Run(); }) {}
 
 HostWorker::~HostWorker() {
   {
@@ -58,16 +61,16 @@ uint64_t HostWorker::Push(std::function<void()> job) {
   return n;
 }
 
-void HostWorker::AwaitSignal(uint64_t value) {
-  if (SpinFor([&] { return signal_.load() >= value; })) return;
+void HostWorker::AwaitSignal(uint32_t value) {
+  if (SpinFor([&] { return EpochReached(signal_.load(), value); })) return;
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return signal_.load() >= value; });
+  cv_.wait(lock, [&] { return EpochReached(signal_.load(), value); });
 }
 
-void HostWorker::Signal(uint64_t value) {
+void HostWorker::Signal(uint32_t value) {
   {
     std::lock_guard<std::mutex> lock(mu_);  // a waiter between its check and its sleep sees it
-    if (value > signal_.load()) signal_.store(value);
+    if (!EpochReached(signal_.load(), value)) signal_.store(value);
   }
   cv_.notify_all();
 }

@@ -19,7 +19,8 @@ namespace fo_jax {
 
 class HostWorker {
  public:
-  explicit HostWorker(int device);
+  // `first_signal`: the signal value before any Signal call (the copy engine's epoch start).
+  explicit HostWorker(int device, uint32_t first_signal = 0);
   ~HostWorker();  // finishes the pushed jobs, then joins the thread
   HostWorker(const HostWorker&) = delete;
   HostWorker& operator=(const HostWorker&) = delete;
@@ -34,9 +35,11 @@ class HostWorker {
   bool DrainFor(std::chrono::milliseconds timeout);
 
   // For a job: blocks until Signal(n) was called with n >= `value` (the pusher's later progress
-  // on something the job must follow, e.g. an event recorded after the push).
-  void AwaitSignal(uint64_t value);
-  void Signal(uint64_t value);
+  // on something the job must follow, e.g. an event recorded after the push). Values are 32-bit
+  // epochs compared cyclically, as the flags are (kernels/epoch_compare.h): the copy engine
+  // signals its call epochs, which wrap after 2^32 calls.
+  void AwaitSignal(uint32_t value);
+  void Signal(uint32_t value);
 
  private:
   void Run();
@@ -44,7 +47,8 @@ class HostWorker {
   std::mutex mu_;
   std::condition_variable cv_;  // every change of the counters, and stop_
   std::deque<std::function<void()>> queue_;  // pushed, not yet started (mu_)
-  std::atomic<uint64_t> pushed_{0}, finished_{0}, signal_{0};
+  std::atomic<uint64_t> pushed_{0}, finished_{0};
+  std::atomic<uint32_t> signal_;  // the latest signal (cyclically)
   bool stop_ = false;  // mu_
   int device_;
   std::thread thread_;

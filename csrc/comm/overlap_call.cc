@@ -39,8 +39,11 @@ Status OverlapCall::Prepare() {
   FO_JAX_RETURN_IF_ERROR(CheckBuffers());
   const bool copy_engine = plan_.transport == Transport::kCopyEngine;
   FO_JAX_RETURN_IF_ERROR(LoadGemmKernelsOnce(place_.device));
+  // The copy-engine transport runs no NCCL collective but its address exchange, so the NCCL CTA
+  // bound stays out of its communicator's key: one communicator and one copy-engine state per
+  // group, whatever the shape's NCCL settings (fo_jax/_bootstrap.py keys the unique id alike).
   CommOptions options;
-  options.max_ctas = plan_.nccl_max_ctas;
+  options.max_ctas = copy_engine ? 0 : plan_.nccl_max_ctas;
   FO_JAX_RETURN_IF_ERROR(GetOrCreateCommState(place_.device, place_.id, plan_.axis_size,
                                               place_.rank, options, &state_));
 

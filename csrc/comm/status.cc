@@ -24,4 +24,15 @@ Status NcclStatus(ncclResult_t result, const std::string& what, ncclComm_t comm)
   return Status::Internal(std::move(message));
 }
 
+Status RejectStreamCapture(cudaStream_t stream, const std::string& what) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FO_JAX_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamIsCapturing(stream, &capture), "asking whether the stream captures"));
+  if (capture == cudaStreamCaptureStatusNone) return Status::Ok();
+  return Status::InvalidArgument(
+      what + " cannot run on a stream that is being captured into a CUDA graph: each call "
+      "changes host-side state that a replay would not change, so a replayed graph would hang; "
+      "call it outside the captured region (the plain fo_jax.matmul may be captured)");
+}
+
 }  // namespace fo_jax

@@ -52,6 +52,10 @@ Status LaunchStatus(cudaError_t err, const std::string& what, const std::string&
 // communicator's last error>)"); comm may be null.
 Status NcclStatus(ncclResult_t result, const std::string& what, ncclComm_t comm);
 
+// Ok unless `stream` is being captured into a CUDA graph; then InvalidArgument saying that `what`
+// (a function's name) cannot run inside a capture, why, and what to do.
+Status RejectStreamCapture(cudaStream_t stream, const std::string& what);
+
 }  // namespace fo_jax
 
 // Returns the Status of `expr` from the enclosing function unless it is ok.

@@ -6,6 +6,8 @@
 #include <mutex>
 #include <string>
 
+#include "kernels/epoch_compare.h"
+
 namespace fo_jax {
 namespace {
 
@@ -19,7 +21,7 @@ __global__ void SpinWaitGeqKernel(const uint32_t* counter, uint32_t value) {
   uint32_t seen;
   do {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
-    if (seen >= value) break;
+    if (EpochReached(seen, value)) break;  // as CU_STREAM_WAIT_VALUE_GEQ: epoch_compare.h
     __nanosleep(200);
   } while (true);
 }

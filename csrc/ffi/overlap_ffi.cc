@@ -28,6 +28,14 @@ Status Overlap(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBu
                ffi::Result<ffi::Buffer<ffi::U32>> counters, const OverlapPlanAttr& plan_attr,
                const MeshAttr& mesh, ffi::Span<const uint8_t> unique_ids) {
   const int64_t host_enter_ns = TimelineNowNs();
+  // A call cannot be captured into a CUDA graph: each one advances host-side state that its GPU
+  // work matches (the communicator's epoch, the copy worker's event ring, receive buffers grown
+  // and exchanged with the peers), so a replayed capture would wait for flags of an epoch that
+  // no peer writes again and hang. XLA does not put the handler in its command buffers (it
+  // declares no ffi::Traits::kCmdBufferCompatible); this rejects a capture that the user or a
+  // framework starts around XLA's stream. The plain GEMM (fo_jax.matmul, gemm_ffi.cc) keeps no
+  // such state and stays capturable.
+  FO_JAX_RETURN_IF_ERROR(RejectStreamCapture(stream, "fo_jax.overlapped_matmul"));
   OverlapShape shape;
   FO_JAX_RETURN_IF_ERROR(GemmDtypeOf(x.element_type(), &shape.dtype));
   if (w.element_type() != x.element_type() || out->element_type() != x.element_type()) {
@@ -81,6 +89,7 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
 }  // namespace
 }  // namespace fo_jax
 
+// No ffi::Traits::kCmdBufferCompatible: XLA must run every call live (see Overlap).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     FoJaxOverlappedMatmulFfi, fo_jax::OverlapImpl,
     ffi::Ffi::Bind()

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/epoch_compare.h"
+
 namespace fo_jax {
 namespace {
 
@@ -51,7 +53,7 @@ __global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs 
       uint32_t seen;
       while (true) {
         asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
-        if (seen >= wait.value) break;
+        if (EpochReached(seen, wait.value)) break;  // wrap-safe: epoch_compare.h
         __nanosleep(100);
       }
     }

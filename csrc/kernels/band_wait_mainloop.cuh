@@ -8,6 +8,7 @@
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
+#include "epoch_compare.h"
 
 namespace fo_jax::detail {
 
@@ -79,15 +80,15 @@ struct BandWaitMainloop : Base {
 
  private:
   // Every lane of the producer warp waits until flags[band] has reached the call's value. The
-  // comparison is wrap-safe: the flags are never reset, each call waits for the next value, and a
-  // flag up to 2^31 values behind (left by earlier calls) reads as negative.
+  // comparison is wrap-safe (epoch_compare.h): the flags are never reset, each call waits for the
+  // next value, and a flag up to 2^31 values behind (left by earlier calls) reads as not reached.
   CUTLASS_DEVICE void wait_for_band(Params const& params, int band) {
     if (band == seen_band_) return;
     uint32_t const* flag = params.band_flags + band;
     while (true) {
       uint32_t seen;
       asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
-      if (static_cast<int32_t>(seen - params.flag_value) >= 0) break;
+      if (EpochReached(seen, params.flag_value)) break;
       __nanosleep(256);
     }
     asm volatile("fence.proxy.async.global;" ::: "memory");

@@ -23,6 +23,7 @@
 #include "cutlass/numeric_conversion.h"
 #include "cutlass/pipeline/pipeline.hpp"
 #include "band_wait_mainloop.cuh"
+#include "epoch_compare.h"
 #include "group_tile_scheduler.cuh"
 #include "signaling_gemm.h"
 #include "signaling_gemm_internal.h"
@@ -375,7 +376,7 @@ class SignalingTmaEpilogue
       uint32_t seen;
       asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(p.addend_flags + g)
                    : "memory");
-      if (seen >= p.addend_flag_value) break;
+      if (EpochReached(seen, p.addend_flag_value)) break;  // wrap-safe: epoch_compare.h
       __nanosleep(256);
     }
     asm volatile("fence.proxy.async.global;" ::: "memory");

@@ -1,0 +1,150 @@
+"""Reliability on GPUs (docs/troubleshooting.md, "Reliability limits"): flags across the 32-bit
+epoch wrap give bit-identical results for every copy-engine form; one communicator and one
+copy-engine state per group whatever the shapes' NCCL settings, with the receive buffer's
+superseded allocations freed; a receive-buffer allocation failing on one rank fails the call on
+every rank instead of hanging; the capture guard; plan agreement between processes on GPUs."""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+import fo_jax
+from conftest import gpu_devices_or_skip
+from numerics import assert_close, random_operands
+
+pytestmark = pytest.mark.gpu
+
+WORKERS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "workers")
+WRAP_START = 2**32 - 8
+# The workers import the fo_jax this process imported (not another one installed).
+_FO_JAX_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))
+
+
+def _worker(name, n_gpus, timeout_s=300, args=(), **env_extra):
+    """Runs tests/workers/<name> on the first n_gpus GPUs in a process of its own; returns
+    (returncode, output) or fails the test if it hangs."""
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", NCCL_NVLS_ENABLE="0",
+               CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(n_gpus)),
+               PYTHONPATH=_FO_JAX_ROOT, **env_extra)
+    env.pop("XLA_FLAGS", None)
+    p = subprocess.Popen([sys.executable, os.path.join(WORKERS, name), *args], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail(f"{name} hung (killed after {timeout_s} s)")
+    return p.returncode, out
+
+
+def test_capture_guard_refuses_a_capturing_stream():
+    gpu_devices_or_skip(1)
+    message = fo_jax._cuda.module().capture_guard_message()
+    assert "being captured into a CUDA graph" in message, message
+    assert "fo_jax.overlapped_matmul" in message and "outside the captured region" in message
+
+
+def test_epoch_wrap_gives_bit_identical_results():
+    """H2: 32 calls of every copy-engine form from epoch 2^32 - 8 (crossing the wrap) give the
+    same bits as from epoch 0. Unsigned comparisons would let the calls after the wrap read
+    flags of the calls before it as set: wrong sums, or a store through a stale address."""
+    gpu_devices_or_skip(2)
+    n = min(4, len(jax.devices("gpu")))
+    runs = {}
+    for start in (0, WRAP_START):
+        code, out = _worker("epoch_wrap_worker.py", n, FO_JAX_TEST_EPOCH_START=str(start))
+        assert code == 0 and "WORKER OK" in out, out[-4000:]
+        runs[start] = dict(re.findall(r"^FORM (\S+) (\S+)$", out, re.M))
+        epochs = [int(e) for e in re.search(r"^EPOCHS (.*)$", out, re.M).group(1).split()]
+        assert epochs and all(e == epochs[0] for e in epochs), out[-2000:]  # ranks in step
+        if start == WRAP_START:
+            assert epochs[0] < 2**31, epochs  # the count went past 2^32 and wrapped
+    assert runs[0] and runs[0] == runs[WRAP_START], runs
+
+
+def _ce_call(mesh, collective, m, n, k, config):
+    rng = np.random.default_rng(m + n + k)
+    tp = mesh.shape["tp"]
+    x, w, x64, w64 = random_operands(rng, m, k * tp, n, jnp.bfloat16)
+    f = jax.jit(jax.shard_map(
+        lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective=collective,
+                                              config=config),
+        mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)),
+        out_specs=P("tp", None) if collective == "reduce_scatter" else P()))
+    out = f(x, w)
+    assert_close(np.asarray(out.astype(jnp.float32), np.float64), x64 @ w64, jnp.bfloat16)
+
+
+def test_one_communicator_per_group_and_freed_receive_buffers():
+    """H5/H6: copy-engine calls at growing shapes with different NCCL CTA bounds share one
+    communicator and one copy-engine state per GPU; each GPU holds one receive buffer (the
+    superseded ones freed) and the report counts it."""
+    from fo_jax import info
+
+    devs = gpu_devices_or_skip(2)
+    tp = min(4, len(devs))
+    # Its own mesh of devices in reverse order: a group (unique id) no other test uses.
+    mesh = Mesh(np.array(devs[:tp][::-1]), ("tp",))
+    before = {c["group"] for c in info.device_resources()["communicators"]}
+    for rows, ctas in [(1024, 8), (2048, 32), (4096, 16), (8192, 8)]:
+        for collective in ("reduce_scatter", "all_reduce"):
+            config = fo_jax.OverlapConfig(allow_fallback=False, transport="copy_engine",
+                                          nccl_max_ctas=ctas)
+            _ce_call(mesh, collective, rows * tp, 1024, 512, config)
+    res = info.device_resources()
+    mine = [c for c in res["communicators"] if c["group"] not in before]
+    assert len(mine) == tp, mine  # one per GPU of the group, whatever nccl_max_ctas
+    assert all(c["copy_engine"] and c["nccl_max_ctas"] == 0 for c in mine), mine
+    assert len({c["group"] for c in mine}) == 1, mine
+    recv = [r for r in res["memory"] if r["kind"] == "copy-engine receive buffer"]
+    for d in {c["device"] for c in mine}:
+        rows = [r for r in recv if r["device"] == d]
+        assert rows and rows[0]["allocations"] == 1, rows  # only the newest is held
+        assert rows[0]["freed_bytes"] > 0, rows  # it grew: the older ones were freed
+        assert res["bytes_by_device"][d] >= rows[0]["bytes"] > 0
+    assert any(line.startswith("held outside XLA") for line in info._resource_lines())
+
+
+def test_receive_allocation_failure_fails_every_rank():
+    """H1: the receive-buffer allocation of rank 1 fails (FO_JAX_TEST_FAIL=alloc:1): it still
+    takes part in the address exchange, so every rank fails the call (XLA raises) instead of
+    its peers waiting for it; the next call fails the same way, promptly."""
+    gpu_devices_or_skip(2)
+    code, out = _worker("alloc_failure_worker.py", 2, timeout_s=240,
+                        FO_JAX_TEST_FAIL="alloc:1")
+    assert code == 0 and "WORKER OK" in out, out[-4000:]
+    assert out.count("RAISED") == 2, out[-4000:]
+    assert "injected by FO_JAX_TEST_FAIL=alloc" in out or "rank 1 of the group" in out, out
+
+
+def test_plan_agreement_across_gpu_processes():
+    """H3 on GPUs: one process per GPU, the last with another num_groups (as another tuning-cache
+    entry would give): every process raises 'plan mismatch' at lowering, none hangs."""
+    devs = gpu_devices_or_skip(2)
+    nproc = min(2, len(devs))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", FO_JAX_PLAN_TIMEOUT_S="60",
+               PYTHONPATH=_FO_JAX_ROOT)
+    env.pop("XLA_FLAGS", None)
+    procs = [subprocess.Popen([sys.executable, os.path.join(WORKERS, "plan_agreement_worker.py"),
+                               str(i), str(nproc), str(port), "gpu", str(4 if i else 2)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for i in range(nproc)]
+    for i, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a process hung after a plan mismatch")
+        assert f"RAISED {i} ValueError" in out and "plan mismatch" in out, out[-3000:]

@@ -1,0 +1,56 @@
+"""One JAX process of a plan-agreement run (tests/cpu/test_plan_agreement.py on CPU,
+tests/gpu/overlap/test_reliability_gpu.py on GPUs): argv = process, processes, port, platform
+("cpu" or "gpu"), num_groups. Lowers an overlapped reduce-scatter over a mesh with one device
+per process, with OverlapConfig(num_groups=<num_groups>): a test gives one process another
+value, as another tuning-cache entry would. On "cpu" it lowers for the "cuda" platform (no GPU
+needed: the plan agreement runs at lowering); on "gpu" it also runs the call. Prints
+"PLAN AGREED <process>" or "RAISED <process> <type>: <message>"."""
+
+import os
+import sys
+import time
+
+import jax
+
+proc, nproc, port = (int(a) for a in sys.argv[1:4])
+platform, num_groups = sys.argv[4], int(sys.argv[5])
+if platform == "gpu":
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=proc,
+                               local_device_ids=[proc])
+else:
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=proc)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import fo_jax  # noqa: E402
+
+mesh = Mesh(np.array(jax.devices()[:nproc]), ("tp",))
+config = fo_jax.OverlapConfig(allow_fallback=False, num_groups=num_groups, transport="nccl")
+m, n, k = 1024, 512, 256 * nproc
+f = jax.jit(jax.shard_map(
+    lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective="reduce_scatter",
+                                          config=config),
+    mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
+x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, "tp")))
+w = jax.ShapeDtypeStruct((k, n), jnp.bfloat16, sharding=NamedSharding(mesh, P("tp", None)))
+try:
+    if platform == "gpu":
+        text = f.lower(x, w).as_text()
+        assert "fo_jax_overlapped_matmul_v2" in text
+        ones = np.ones((m, k), jnp.bfloat16), np.ones((k, n), jnp.bfloat16)
+        xg, wg = (jax.make_array_from_callback(a.shape, s.sharding, lambda i, a=a: a[i])
+                  for a, s in zip(ones, (x, w)))
+        jax.block_until_ready(f(xg, wg))
+    else:
+        text = f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+        assert "fo_jax_overlapped_matmul_v2" in text
+    print(f"PLAN AGREED {proc}", flush=True)
+except Exception as e:  # noqa: BLE001 (reported for the test to check)
+    print(f"RAISED {proc} {type(e).__name__}: {e}", flush=True)
+    # Process 0 serves the key-value store: give the others time to finish their last request
+    # (the agreement's acknowledgement) before it goes; then leave without the distributed
+    # shutdown, whose barrier a process that raised elsewhere may never reach.
+    time.sleep(3)
+    os._exit(0)
+jax.distributed.shutdown()
