@@ -7,6 +7,7 @@
 #   info, bench     python -m fo_jax.info / python -m fo_jax.bench ($BENCH_ARGS)
 #   bench-overlap   benchmarks/bench_overlap.py ($BENCH_ARGS)
 #   consumer-bench  benchmarks/bench_consumer_gemm.py
+#   fp8-bench       benchmarks/bench_fp8.py ($FP8_ARGS)
 #   sweep           benchmarks/bench_gemm_sweep.py ($SWEEP_ARGS)
 # SKIP_BUILD=1 reuses the previous call's install on a machine still warm. Logs and results go to
 # $OUT; FO_JAX_COMMIT names the commit (the copied tree has no .git).
@@ -37,6 +38,7 @@ for step in ${STEPS:-tests}; do
     gemm-tests) FO_JAX_REQUIRE_GPU=1 timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -rs -p no:cacheprovider \
              --rootdir "$R" -c "$R/pyproject.toml" $(for t in ${TESTS:?}; do find "$R/tests" -name "$t"; done) 2>&1 \
              | tee "$OUT/tests_sel.log" | tail -40;;
+    fp8-bench) timeout ${FP8_TIMEOUT:-300} python3 "$R/benchmarks/bench_fp8.py" --out "$OUT" ${FP8_ARGS:-} 2>&1 | tail -25;;
     consumer-bench) timeout 200 python3 "$R/benchmarks/bench_consumer_gemm.py" --out "$OUT" 2>&1 | tail -20;;
     sweep) timeout ${SWEEP_TIMEOUT:-560} python3 "$R/benchmarks/bench_gemm_sweep.py" ${SWEEP_ARGS:-} --out "$OUT" 2>&1 | tail -30;;
     info) python3 -m fo_jax.info 2>&1 | tee "$OUT/info.log";;
