@@ -78,8 +78,9 @@ def check_fp8_args(fn: str, dtype, x_scale, w_scale, out_dtype):
 # --------------------------------------------------------------------------------------------
 # quantize_fp8
 # --------------------------------------------------------------------------------------------
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _quantize(x, dtype):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _quantize(x, dtype, x_dtype):
+    del x_dtype  # (for the backward: the cotangent's dtype)
     fmax = _finfo_max(dtype)
     amax = jnp.max(jnp.abs(x.astype(jnp.float32)))
     scale = jnp.where(amax > 0, amax / fmax, jnp.float32(1.0)).astype(jnp.float32)
@@ -87,17 +88,16 @@ def _quantize(x, dtype):
     return q, scale
 
 
-def _quantize_fwd(x, dtype):
-    q, scale = _quantize(x, dtype)
-    return (q, scale), (scale, x.dtype)
+def _quantize_fwd(x, dtype, x_dtype):
+    q, scale = _quantize(x, dtype, x_dtype)
+    return (q, scale), scale
 
 
-def _quantize_bwd(dtype, res, cts):
+def _quantize_bwd(dtype, x_dtype, scale, cts):
     # Straight through: q = x / scale, so dL/dx = dL/dq / scale. The scale's own cotangent is
     # dropped: through q * scale its path and q's dependence on the scale cancel exactly
     # (q * scale = x inside the range), which makes the round trip's derivative the identity.
     del dtype
-    scale, x_dtype = res
     ct_q, _ = cts
     return ((ct_q.astype(jnp.float32) / scale).astype(x_dtype),)
 
@@ -120,7 +120,7 @@ def quantize_fp8(x: jax.Array, dtype=jnp.float8_e4m3fn) -> tuple:
         raise TypeError(f"{fn}: dtype must be float8_e4m3fn, got {jnp.dtype(dtype)}")
     if not jnp.issubdtype(x.dtype, jnp.floating) or is_fp8(x.dtype):
         raise TypeError(f"{fn}: x must be float32, bfloat16 or float16, got {jnp.dtype(x.dtype)}")
-    return _quantize(x, jnp.dtype(dtype))
+    return _quantize(x, jnp.dtype(dtype), jnp.dtype(x.dtype))
 
 
 def dequantize(q: jax.Array, scale: jax.Array) -> jax.Array:
