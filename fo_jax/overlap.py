@@ -521,10 +521,10 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
         "all_gather" (NotImplementedError).
 
     Returns:
-      The result in x's dtype (bfloat16 for fp8 operands), accumulated in float32. Differentiable (jax.grad; the backward
-      pairs the collectives: a reduce-scatter's dx is an all-gather + GEMM and an all-gather's
-      dx a GEMM + reduce-scatter), batchable (jax.vmap), usable under jit, lax.scan and
-      jax.checkpoint.
+      The result in x's dtype (bfloat16 for fp8 operands), accumulated in float32.
+      Differentiable (jax.grad; the backward pairs the collectives: a reduce-scatter's dx is an
+      all-gather + GEMM and an all-gather's dx a GEMM + reduce-scatter), batchable (jax.vmap),
+      usable under jit, lax.scan and jax.checkpoint.
 
     Raises:
       TypeError / ValueError at trace time for bad input (ranks, shapes, dtypes, collective, an

@@ -1,6 +1,6 @@
 """fp8 (float8_e4m3fn) on the CPU: trace-time validation, quantize_fp8's bounds and gradient, the
 reference path's numerics against float64 NumPy of the dequantized operands, jax transforms,
-overlapped_matmul at TP=2/4 on CPU meshes, and the fp8 GEMM's lowering for CUDA (plan and target)."""
+overlapped_matmul at TP=2/4 on CPU meshes, and the fp8 GEMM's lowering for CUDA (plan, target)."""
 
 import jax
 import jax.numpy as jnp
@@ -233,6 +233,31 @@ def test_overlapped_fp8_reference(size, collective):
              for r in range(size)]
     tol = 2.0**-8 * sum(np.abs(p) for p in parts) + 2.0**-8 * np.abs(ref)
     assert np.all(np.abs(np.asarray(y, np.float64) - ref) <= tol + 1e-6)
+
+
+def test_overlapped_fp8_grad_under_vmap():
+    mesh = cpu_mesh((2,), ("tp",))
+    x = jax.random.normal(jax.random.key(10), (3, 64, 128))
+    w = 0.1 * jax.random.normal(jax.random.key(11), (128, 32))
+    specs = dict(mesh=mesh, in_specs=(P(None, None, "tp"), P("tp", None)),
+                 out_specs=(P(None, None, "tp"), P("tp", None)))
+
+    def fp8_loss(x, w):  # each rank quantizes its own shards (its own scales)
+        (xq, xs), (wq, ws) = fo_jax.quantize_fp8(x), fo_jax.quantize_fp8(w)
+        y = jax.vmap(lambda xb: fo_jax.overlapped_matmul(xb, wq, axis_name="tp", x_scale=xs,
+                                                         w_scale=ws))(xq)
+        return jnp.sum(y.astype(jnp.float32) * 100.0)
+
+    def loss(x, w):
+        y = jax.vmap(lambda xb: jax.lax.psum_scatter(
+            jnp.dot(xb, w, precision=jax.lax.Precision.HIGHEST), "tp", scatter_dimension=0,
+            tiled=True))(x)
+        return jnp.sum(y * 100.0)
+
+    g8 = jax.jit(jax.shard_map(jax.grad(fp8_loss, argnums=(0, 1)), **specs))(x, w)
+    g = jax.jit(jax.shard_map(jax.grad(loss, argnums=(0, 1)), **specs))(x, w)
+    for a, b in zip(g8, g):
+        assert float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b)) < 0.08  # fp8 roundings
 
 
 def test_overlapped_fp8_all_gather_not_implemented_and_describe():
