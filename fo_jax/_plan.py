@@ -147,6 +147,13 @@ def gemm_configs() -> tuple:
     return tuple(dict(c) for c in _cuda.module().gemm_configs())
 
 
+def gemm_configs_for(dtype) -> tuple:
+    """The compiled GEMM configurations with kernels for operands of `dtype` (the fp8 rows take
+    float8_e4m3fn only, the others bfloat16 and float16)."""
+    name = jnp.dtype(dtype).name
+    return tuple(c for c in gemm_configs() if name in c.get("dtypes", ("bfloat16", "float16")))
+
+
 def uniform_groups(tile_rows: int, num_groups: int) -> tuple:
     """Boundaries splitting `tile_rows` tile-rows into min(num_groups, tile_rows) near-equal
     groups (earlier groups take the remainder)."""
