@@ -134,3 +134,47 @@ def test_fp8_overlapped_axis_size_one():
         f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(), P()),
                                   out_specs=out))
         _check(f(xq, wq, xs, ws), xq, xs, wq, ws)
+
+
+def _remap(ref, plan, batch, m):
+    """The group-major layout of a batched launch (signaling_gemm.h) from the plain product."""
+    out = np.empty_like(ref)
+    for g in range(plan.num_groups):
+        r0 = min(plan.group_begin[g] * plan.tile_m, m)
+        r1 = min(plan.group_begin[g + 1] * plan.tile_m, m)
+        for b in range(batch):
+            dst = batch * r0 + b * (r1 - r0)
+            out[dst:dst + r1 - r0] = ref[b * m + r0:b * m + r1]
+    return out
+
+
+@pytest.mark.parametrize("batch", [2, 4])
+@pytest.mark.parametrize("m", [72, 200])
+def test_fp8_batched_remap(batch, m):
+    """The reduce-scatter producer's layout: bands shorter than a tile take the direct store,
+    which applies the scales itself; every tile is counted."""
+    gpu_devices_or_skip(1)
+    if not _fp8_configs():
+        pytest.skip("the compiled CUDA module has no fp8 kernels")
+    from fo_jax import _cuda_ops, _plan
+
+    n, k = 392, 208
+    xq, xs, wq, ws = _operands(batch * m, k, n, seed=batch * m)
+    X = np.asarray(xq, np.float64) * float(xs)
+    W = np.asarray(wq, np.float64) * float(ws)
+    for cfg in _fp8_configs():
+        config = fo_jax.OverlapConfig(gemm_config=cfg["name"], num_groups=3)
+        plan = _plan.plan_gemm("test", jnp.dtype(jnp.float8_e4m3fn), m, n, k, batch, config, 1,
+                               0)
+        d_init = jnp.full((batch * m, n), POISON, jnp.bfloat16)
+        y, counters = jax.jit(lambda x, w, a, b, d, plan=plan: _cuda_ops.signaling_gemm_fp8(
+            x, w.T, a, b, plan, d_init=d))(xq, wq, xs, ws, d_init)
+        got = np.asarray(y, np.float64)
+        assert np.all(np.isfinite(got)), cfg["name"]
+        ref = _remap(X @ W, plan, batch, m)
+        mag = _remap(np.abs(X) @ np.abs(W), plan, batch, m)
+        assert np.all(np.abs(got - ref) <= 2.0**-8 * np.abs(ref) + 2.0**-10 * mag), cfg["name"]
+        tiles_n = -(-n // plan.tile_n)
+        b = plan.group_begin
+        want = [batch * (b[g + 1] - b[g]) * tiles_n for g in range(plan.num_groups)]
+        np.testing.assert_array_equal(np.asarray(counters), want)
