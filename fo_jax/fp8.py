@@ -16,9 +16,10 @@ Derivatives: JAX gives an fp8 primal an fp8 cotangent, so the gradient with resp
 operand is the float32 derivative (computed from the dequantized operands) rounded to e4m3 with
 saturation: it keeps e4m3's 3 mantissa bits and its range (down to 2^-9). The scales' gradients
 are float32. `quantize_fp8` passes gradients straight through (d dequant(quantize(x)) / dx = 1),
-so that training through `matmul(*quantize_fp8(x), *quantize_fp8(w))` sees the bf16 gradient up
-to that rounding; gradients far below 2^-9 * scale underflow (scale the loss, or keep the
-backward in bf16 by differentiating a bf16 matmul).
+so that training through `matmul(xq, wq, x_scale=xs, w_scale=ws)` of quantized operands sees
+the bf16 gradient up to that rounding where q's cotangent, scale * dL/dX, is an e4m3 normal
+number (>= 2^-6); below that it loses bits, and below 2^-9 it underflows to zero (scale the loss
+up, or differentiate a bf16 matmul instead).
 """
 
 from __future__ import annotations

@@ -119,6 +119,7 @@ Status ValidateOverlapPlan(const OverlapPlan& plan, const OverlapShape& shape) {
         Str(plan.gemm.batch));
   }
   FO_JAX_RETURN_IF_ERROR(ValidateGemmPlan(plan.gemm, shape.m, shape.n, shape.k).Within("GEMM"));
+  FO_JAX_RETURN_IF_ERROR(ValidateGemmPlanDtype(plan.gemm, shape.dtype, shape.k).Within("GEMM"));
   switch (plan.transport) {
     case Transport::kNccl: {
       if (plan.rounds != 1 || plan.ring || plan.tiles_chunk != 0 ||

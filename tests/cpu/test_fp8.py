@@ -341,3 +341,19 @@ def test_overlap_handler_refuses_fp8():
                               1024, None, "nccl")
     with pytest.raises(Exception, match="fp8 operands are not overlapped"):
         _cuda_ops.check_overlap_plan(_cuda_ops.overlap_attribute(plan), E4M3, 4096, 1024, 1024)
+
+
+@needs_fp8_module
+def test_overlap_handler_refuses_an_fp8_config_for_bf16():
+    import dataclasses
+
+    from fo_jax import _cuda_ops, _plan
+
+    plan = _plan.plan_overlap("t", "reduce_scatter", 2, jnp.dtype(jnp.bfloat16), 4096, 1024,
+                              1024, None, "nccl")
+    fp8_row = _plan.gemm_configs_for(E4M3)[0]
+    broken = dataclasses.replace(plan, gemm=dataclasses.replace(
+        plan.gemm, config_index=fp8_row["index"]))
+    with pytest.raises(Exception, match=f"GEMM config {fp8_row['name']} has no bf16/f16 kernel"):
+        _cuda_ops.check_overlap_plan(_cuda_ops.overlap_attribute(broken), jnp.bfloat16, 4096,
+                                     1024, 1024)
