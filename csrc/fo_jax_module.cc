@@ -62,7 +62,8 @@ NB_MODULE(_fo_jax_cuda, m) {
       .value("rows", fo_jax::SumSplit::kByRows);
   nb::enum_<fo_jax::GemmDtype>(m, "GemmDtype")
       .value("bfloat16", fo_jax::GemmDtype::kBF16)
-      .value("float16", fo_jax::GemmDtype::kF16);
+      .value("float16", fo_jax::GemmDtype::kF16)
+      .value("float8_e4m3fn", fo_jax::GemmDtype::kE4M3);
 
   m.def("gemm_configs", []() {
     nb::list configs;
@@ -78,6 +79,13 @@ NB_MODULE(_fo_jax_cuda, m) {
       d["cluster_n"] = c.cluster_n;
       d["pingpong"] = c.pingpong;
       d["takes_addends"] = fo_jax::GemmConfigTakesAddends(i);
+      nb::list dtypes;  // operand dtypes with kernels (fp8 rows: float8_e4m3fn only)
+      for (auto [name, dtype] : {std::pair{"bfloat16", fo_jax::GemmDtype::kBF16},
+                                 std::pair{"float16", fo_jax::GemmDtype::kF16},
+                                 std::pair{"float8_e4m3fn", fo_jax::GemmDtype::kE4M3}}) {
+        if (fo_jax::GemmConfigSupportsDtype(i, dtype)) dtypes.append(std::string(name));
+      }
+      d["dtypes"] = nb::tuple(dtypes);
       configs.append(d);
     }
     return configs;

@@ -16,6 +16,7 @@ from fo_jax.config import OverlapConfig  # noqa: E402
 from fo_jax.overlap import (  # noqa: E402
     PathChoice, all_gather_matmul, describe, matmul, overlapped_matmul)
 from fo_jax import reference  # noqa: E402
+from fo_jax.fp8 import quantize_fp8  # noqa: E402
 from fo_jax._version import __version__, build_info  # noqa: E402,F401
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "describe",
     "matmul",
     "overlapped_matmul",
+    "quantize_fp8",
     "reference",
     "cuda_module_available",
 ]

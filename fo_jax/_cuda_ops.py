@@ -1,6 +1,8 @@
 """The CUDA forwards: JAX-side bindings of fo_jax's FFI targets.
 
-- `matmul_cuda` / `signaling_gemm`: the signaling GEMM alone (target fo_jax_gemm_v2).
+- `matmul_cuda` / `signaling_gemm`: the signaling GEMM alone (target fo_jax_gemm_v2); its fp8
+  form `matmul_fp8_cuda` / `signaling_gemm_fp8` (target fo_jax_gemm_fp8_v1: the weight K-major,
+  two float32 scalar scales as extra operands, bfloat16 output).
 - `overlapped_matmul_cuda`: GEMM + counter-gated collective (target fo_jax_overlapped_matmul_v2),
   bound through a small primitive because its lowering needs the concrete mesh (to know each
   device's tensor-parallel group and rank; see _bootstrap.py).
@@ -24,6 +26,8 @@ from fo_jax._plan import GemmPlan, OverlapPlan
 
 GEMM_TARGET = "fo_jax_gemm_v2"
 GEMM_INTO_TARGET = "fo_jax_gemm_into_v2"
+GEMM_FP8_TARGET = "fo_jax_gemm_fp8_v1"
+GEMM_FP8_INTO_TARGET = "fo_jax_gemm_fp8_into_v1"
 OVERLAP_TARGET = "fo_jax_overlapped_matmul_v2"
 
 
@@ -132,6 +136,29 @@ def signaling_gemm(a: jax.Array, b: jax.Array, plan: GemmPlan, batch: Optional[i
 
 def matmul_cuda(x: jax.Array, w: jax.Array, plan: GemmPlan) -> jax.Array:
     return signaling_gemm(x, w, plan, signal=False)[0]
+
+
+def signaling_gemm_fp8(a: jax.Array, b_nk: jax.Array, a_scale: jax.Array, b_scale: jax.Array,
+                       plan: GemmPlan, signal: bool = True, d_init: jax.Array | None = None):
+    """(d, counters) of the fp8 kernel: a[B*m, k] and b_nk[n, k] (the weight K-major)
+    float8_e4m3fn, a_scale and b_scale float32 scalars, d = a_scale * b_scale * (a @ b_nk^T) in
+    bfloat16 (target fo_jax_gemm_fp8_v1). With `d_init` the kernel writes into that buffer
+    (aliased), so tests can poison it."""
+    _cuda.register_targets()
+    like = (a, b_nk)
+    results = (_result_aval(like, (a.shape[0], b_nk.shape[0]), np.dtype(jax.numpy.bfloat16)),
+               _result_aval(like, (plan.num_groups,), np.uint32))
+    attrs = dict(plan=gemm_attribute(plan), signal=bool(signal))
+    args = (a, b_nk, a_scale, b_scale)
+    if d_init is None:
+        return tuple(_ffi_call(GEMM_FP8_TARGET, args, results, attrs))
+    return tuple(_ffi_call(GEMM_FP8_INTO_TARGET, args + (d_init,), results, attrs,
+                           aliases=((4, 0),)))
+
+
+def matmul_fp8_cuda(x: jax.Array, w_nk: jax.Array, x_scale: jax.Array, w_scale: jax.Array,
+                    plan: GemmPlan) -> jax.Array:
+    return signaling_gemm_fp8(x, w_nk, x_scale, w_scale, plan, signal=False)[0]
 
 
 overlap_p = Primitive("fo_jax_overlapped_matmul")

@@ -35,7 +35,8 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
-from fo_jax import _checks, _cuda, _env, _gemm_choice, _plan, _transport, _vma, autodiff, reference
+from fo_jax import (_checks, _cuda, _env, _gemm_choice, _plan, _transport, _vma, autodiff, fp8,
+                    reference)
 from fo_jax.config import OverlapConfig
 
 log = logging.getLogger("fo_jax")
@@ -138,6 +139,36 @@ def _choose_overlapped(dtype, config, m: int, n: int, k: int, platform: str, col
                       transport=transport, platform=platform, **extra)
 
 
+def choose_fp8(op: str, config, m: int, n: int, k: int, platform: str, **extra) -> PathChoice:
+    """The path of an fp8 GEMM x[m, k] @ w[k, n]: fo_jax's fp8 kernel on CUDA devices (no fp8
+    table is measured yet, so XLA's fp8 dot is never chosen; docs/performance.md, "fp8"), the
+    dequantizing reference elsewhere."""
+    extra = dict(extra, platform=platform)
+    if _force_reference(config):
+        why = "forced (FO_JAX_FORCE_REFERENCE=1 or config.force_reference)"
+        return PathChoice(op, "reference", why, **extra)
+    if platform not in CUDA_PLATFORMS:
+        return PathChoice(op, "reference", f"platform {platform!r}: the CUDA path runs only on "
+                          "CUDA devices", **extra)
+    blocker = fp8.blocker(m, n, k)
+    if blocker is not None:
+        return PathChoice(op, "reference", blocker, **extra)
+    return PathChoice(op, "cuda", "fo_jax's fp8 GEMM on CUDA devices (no measured fp8 table "
+                      "yet: XLA's fp8 dot is not chosen)", **extra)
+
+
+def _choose_fp8_overlapped(config, m: int, n: int, k: int, platform: str, collective: str,
+                           size: int) -> PathChoice:
+    """fp8 overlapped calls: the fp8 GEMM (choose_fp8), then XLA's collective on its bf16
+    output (no overlapped fp8 transport yet)."""
+    c = choose_fp8("overlapped_matmul", config, m, n, k, platform, collective=collective,
+                   axis_size=size)
+    if size == 1 or c.path != "cuda":
+        return c
+    return dataclasses.replace(c, reason=f"{c.reason}, then XLA's {collective} on its bfloat16 "
+                               "output (not overlapped: no fp8 transport yet)")
+
+
 def _rows(x) -> int:
     """Rows of x[..., K] as the GEMM sees them (its leading dimensions flattened)."""
     return math.prod(x.shape[:-1])
@@ -234,7 +265,48 @@ def _gemm_bwd(config, res, dy):
 _gemm.defvjp(_gemm_fwd, _gemm_bwd)
 
 
-def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None) -> jax.Array:
+def _fp8_matmul(fn, x, w, config, x_scale, w_scale, out_dtype, w_transposed):
+    """fo_jax.matmul on float8_e4m3fn operands (fo_jax/fp8.py)."""
+    _checks.check_config(fn, config)
+    k, n = (w.shape[1], w.shape[0]) if w_transposed else w.shape
+    rows = _rows(x)
+    _log(fn, x, w, lambda platform: choose_fp8("matmul", config, rows, n, k, platform))
+    y = fp8.fp8_gemm(x.reshape(rows, k), w, x_scale, w_scale, out_dtype, w_transposed, config)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def _check_fp8_call(fn, x, w, x_scale, w_scale, out_dtype, w_transposed, min_x_rank=1):
+    """Trace-time checks of an fp8 call (or of fp8 arguments given to a 16-bit one); returns
+    whether the call is fp8 and its output dtype."""
+    for name, a in (("x", x), ("w", w)):
+        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+            raise TypeError(f"{fn}: {name} must be a JAX array, got {type(a).__name__}")
+    if not (fp8.is_fp8(x.dtype) or fp8.is_fp8(w.dtype)):
+        if w_transposed:
+            raise TypeError(f"{fn}: w_transposed applies to float8_e4m3fn operands only")
+        fp8.check_fp8_args(fn, x.dtype, x_scale, w_scale, out_dtype)
+        return False, None
+    if jnp.dtype(x.dtype) != jnp.dtype(w.dtype):
+        raise TypeError(f"{fn}: x and w must have the same dtype, got {jnp.dtype(x.dtype)} and "
+                        f"{jnp.dtype(w.dtype)}")
+    out = fp8.check_fp8_args(fn, x.dtype, x_scale, w_scale, out_dtype)
+    w_kn = w.T if w_transposed and len(w.shape) == 2 else w
+    _checks.check_operands(fn, _ShapeOnly(x, out), _ShapeOnly(w_kn, out), min_x_rank)
+    return True, out
+
+
+class _ShapeOnly:
+    """An operand's shape with a stand-in dtype, for _checks.check_operands' rank and size checks
+    of fp8 operands (whose dtype it does not list)."""
+
+    def __init__(self, a, dtype):
+        self.shape = tuple(a.shape)
+        self.dtype = dtype
+
+
+def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None,
+           x_scale: Optional[jax.Array] = None, w_scale: Optional[jax.Array] = None,
+           out_dtype=None, w_transposed: bool = False) -> jax.Array:
     """x @ w with float32 accumulation, in x's dtype: fo_jax's GEMM on CUDA devices (no
     collective), or XLA's dot where the measured table says it is faster for this shape
     (fo_jax/_gemm_choice.py; the DEBUG log says which and why); the XLA reference elsewhere.
@@ -244,13 +316,23 @@ def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None
       w: [K, N], same dtype as x.
       config: optional `OverlapConfig` (its `gemm_config` names the forward's tile config and
         keeps fo_jax's GEMM, as does `allow_fallback=False`).
+      x_scale, w_scale: float8_e4m3fn operands only, and required then: float32 scalars, the
+        operands' dequantization scales (`fo_jax.quantize_fp8` returns them); the result is
+        (x * x_scale) @ (w * w_scale), accumulated in float32 (fo_jax/fp8.py).
+      out_dtype: fp8 operands only: the result's dtype, bfloat16 (the default and the only one).
+      w_transposed: fp8 operands only: w is given as [N, K] (the layout the fp8 kernel reads),
+        which saves the op's transpose of a [K, N] weight.
 
     Returns:
-      [..., N] in x's dtype. Differentiable (jax.grad; each backward GEMM runs on fo_jax's
-      kernel or XLA's dot, chosen for its own shape as above), batchable (jax.vmap), usable
-      under jit, lax.scan and jax.checkpoint.
+      [..., N] in x's dtype (bfloat16 for fp8 operands). Differentiable (jax.grad; each
+      backward GEMM runs on fo_jax's kernel or XLA's dot, chosen for its own shape as above; fp8
+      operands differentiate in float32, fo_jax/fp8.py), batchable (jax.vmap), usable under jit,
+      lax.scan and jax.checkpoint.
     """
     fn = "fo_jax.matmul"
+    is_fp8, out = _check_fp8_call(fn, x, w, x_scale, w_scale, out_dtype, w_transposed)
+    if is_fp8:
+        return _fp8_matmul(fn, x, w, config, x_scale, w_scale, out, w_transposed)
     dtype = _checks.check_operands(fn, x, w)
     _checks.check_config(fn, config)
     k, n = w.shape
@@ -330,10 +412,52 @@ def describe(x, w, *, axis_name: str, collective: str = "reduce_scatter",
              config: Optional[OverlapConfig] = None) -> PathChoice:
     """Says which path `overlapped_matmul` takes for these arguments on the platform it runs on,
     and why (call it where you would call `overlapped_matmul`, i.e. inside shard_map; it
-    validates the same way). The DEBUG log of the call says the same."""
+    validates the same way, but takes no fp8 scales: float8_e4m3fn operands describe the fp8
+    path). The DEBUG log of the call says the same."""
+    if fp8.is_fp8(x.dtype) or fp8.is_fp8(w.dtype):
+        fn = "fo_jax.describe"
+        scale = jnp.float32(1)
+        _check_fp8_call(fn, x, w, scale, scale, None, False,
+                        min_x_rank=1 if collective == "all_reduce" else 2)
+        size = _validate_fp8_overlapped(fn, x, axis_name, collective, config)
+        return _choose_fp8_overlapped(config, _rows(x), w.shape[1], w.shape[0],
+                                      _checks.trace_platform(), collective, size)
     dtype, size = _validate_overlapped(x, w, axis_name, collective, config)
     return _choose_overlapped(dtype, config, _rows(x), w.shape[1], w.shape[0],
                               _checks.trace_platform(), collective, size)
+
+
+def _validate_fp8_overlapped(fn, x, axis_name, collective, config) -> int:
+    _checks.check_collective(fn, collective)
+    if collective == "all_gather":
+        raise NotImplementedError(f"{fn}: collective='all_gather' does not take fp8 operands yet; "
+                                  "gather the bf16 input and quantize it after the gather, or "
+                                  "use reduce_scatter / all_reduce")
+    _checks.check_config(fn, config)
+    size = _checks.axis_size(fn, axis_name)
+    if collective == "reduce_scatter":
+        _checks.check_scatter_rows(fn, x.shape[0], size, axis_name)
+    return size
+
+
+def _fp8_overlapped(x, w, axis_name, collective, config, x_scale, w_scale, out_dtype):
+    """overlapped_matmul on float8_e4m3fn operands: the fp8 GEMM, then the collective on its
+    bf16 output (XLA's psum / psum_scatter; not overlapped yet)."""
+    fn = "fo_jax.overlapped_matmul"
+    _, out = _check_fp8_call(fn, x, w, x_scale, w_scale, out_dtype, False,
+                             min_x_rank=1 if collective == "all_reduce" else 2)
+    size = _validate_fp8_overlapped(fn, x, axis_name, collective, config)
+    k, n = w.shape
+    rows = _rows(x)
+    _log(fn, x, w, lambda platform: _choose_fp8_overlapped(config, rows, n, k, platform,
+                                                           collective, size),
+         f" over {axis_name!r}")
+    y2 = fp8.fp8_gemm(x.reshape(rows, k), w, x_scale, w_scale, out, False, config)
+    y2 = reference.apply_collective(y2, axis_name, collective)
+    lead = x.shape[:-1]
+    if collective == "reduce_scatter":
+        lead = (lead[0] // size, *lead[1:])
+    return y2.reshape(*lead, n)
 
 
 def _overlapped_2d(x, w, axis_name: str, collective: str, config, size: int):
@@ -374,7 +498,9 @@ def _all_gather_matmul_2d(x, w, axis_name: str, config, size: int, recompute: bo
 
 def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
                       collective: str = "reduce_scatter",
-                      config: Optional[OverlapConfig] = None) -> jax.Array:
+                      config: Optional[OverlapConfig] = None,
+                      x_scale: Optional[jax.Array] = None, w_scale: Optional[jax.Array] = None,
+                      out_dtype=None) -> jax.Array:
     """GEMM and a collective over `axis_name`, for use inside `jax.shard_map`.
 
     Args:
@@ -390,18 +516,27 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
         [P * x.shape[0], ..., N] (column-parallel layer on a sequence-parallel input; see
         `all_gather_matmul` for the gathered x too).
       config: optional `OverlapConfig`.
+      x_scale, w_scale, out_dtype: for float8_e4m3fn operands, as in `fo_jax.matmul`: the fp8
+        GEMM's bfloat16 output, then the collective on it (XLA's, not overlapped yet); not for
+        "all_gather" (NotImplementedError).
 
     Returns:
-      The result in x's dtype, accumulated in float32. Differentiable (jax.grad; the backward
-      pairs the collectives: a reduce-scatter's dx is an all-gather + GEMM and an all-gather's
-      dx a GEMM + reduce-scatter), batchable (jax.vmap), usable under jit, lax.scan and
-      jax.checkpoint.
+      The result in x's dtype (bfloat16 for fp8 operands), accumulated in float32.
+      Differentiable (jax.grad; the backward pairs the collectives: a reduce-scatter's dx is an
+      all-gather + GEMM and an all-gather's dx a GEMM + reduce-scatter), batchable (jax.vmap),
+      usable under jit, lax.scan and jax.checkpoint.
 
     Raises:
       TypeError / ValueError at trace time for bad input (ranks, shapes, dtypes, collective, an
       axis name not bound by shard_map, x.shape[0] not divisible by the axis size for
       reduce_scatter).
     """
+    if hasattr(x, "dtype") and hasattr(w, "dtype") and (fp8.is_fp8(x.dtype) or
+                                                        fp8.is_fp8(w.dtype)):
+        return _fp8_overlapped(x, w, axis_name, collective, config, x_scale, w_scale, out_dtype)
+    if x_scale is not None or w_scale is not None or out_dtype is not None:
+        fp8.check_fp8_args("fo_jax.overlapped_matmul", getattr(x, "dtype", jnp.float32),
+                           x_scale, w_scale, out_dtype)
     if collective == "all_gather":
         return all_gather_matmul(x, w, axis_name=axis_name, config=config)[0]
     fn = "fo_jax.overlapped_matmul"

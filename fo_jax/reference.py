@@ -17,6 +17,19 @@ def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     return out.astype(x.dtype)
 
 
+def fp8_matmul(x: jax.Array, w: jax.Array, x_scale: jax.Array, w_scale: jax.Array,
+               out_dtype=jnp.bfloat16) -> jax.Array:
+    """(x * x_scale) @ (w * w_scale) for fp8 x[..., K], w[K, N] and float32 scalar scales:
+    both operands dequantized to float32, multiplied at HIGHEST precision, returned in
+    out_dtype."""
+    xf = x.astype(jnp.float32) * x_scale
+    wf = w.astype(jnp.float32) * w_scale
+    out = jax.lax.dot_general(xf, wf, (((x.ndim - 1,), (0,)), ((), ())),
+                              precision=jax.lax.Precision.HIGHEST,
+                              preferred_element_type=jnp.float32)
+    return out.astype(out_dtype)
+
+
 def apply_collective(y: jax.Array, axis_name: str, collective: str) -> jax.Array:
     """psum(y) for "all_reduce", psum_scatter(y, scatter_dimension=0, tiled=True) for
     "reduce_scatter", over `axis_name`."""

@@ -41,6 +41,25 @@ Status ValidateGemmPlan(const GemmPlan& plan, int64_t rows, int64_t n, int64_t k
   return Status::Ok();
 }
 
+Status ValidateGemmPlanDtype(const GemmPlan& plan, GemmDtype dtype, int64_t k) {
+  if (plan.config < 0 || plan.config >= NumGemmConfigs()) {
+    return Status::InvalidArgument("GEMM config index " + std::to_string(plan.config) +
+                                   " out of range");
+  }
+  const bool fp8 = dtype == GemmDtype::kE4M3;
+  if (!GemmConfigSupportsDtype(plan.config, dtype)) {
+    return Status::InvalidArgument(
+        std::string("GEMM config ") + GetGemmConfig(plan.config).name + " has no " +
+        (fp8 ? "fp8 kernel (fp8 operands need an fp8_* config)"
+             : "bf16/f16 kernel (fp8_* configs take fp8 operands only)"));
+  }
+  if (fp8 && k % 16 != 0) {
+    return Status::InvalidArgument("fp8 operands need k a multiple of 16, got " +
+                                   std::to_string(k));
+  }
+  return Status::Ok();
+}
+
 SignalingGemmArgs GemmArgsOf(const GemmPlan& plan, GemmDtype dtype, int64_t rows, int64_t n,
                              int64_t k) {
   SignalingGemmArgs args;

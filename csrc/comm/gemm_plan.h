@@ -24,6 +24,10 @@ struct GemmPlan {
 // increasing from 0 to the tile-row count ceil(m / tile_m).
 Status ValidateGemmPlan(const GemmPlan& plan, int64_t rows, int64_t n, int64_t k);
 
+// Checks that the plan's config has kernels for `dtype` (fp8 rows for fp8 operands, the others
+// for bf16 and f16) and, for fp8, k a multiple of 16 (the operands' rows are 16-byte TMA rows).
+Status ValidateGemmPlanDtype(const GemmPlan& plan, GemmDtype dtype, int64_t k);
+
 // The kernel arguments of a validated plan, without buffers or counters; sm_budget as planned
 // (ResolveSmBudget turns a negative one into SMs on the calling thread's device).
 SignalingGemmArgs GemmArgsOf(const GemmPlan& plan, GemmDtype dtype, int64_t rows, int64_t n,

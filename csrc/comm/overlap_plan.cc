@@ -90,6 +90,11 @@ Status ValidateOverlapPlan(const OverlapPlan& plan, const OverlapShape& shape) {
   if (plan.collective != Collective::kReduceScatter && plan.collective != Collective::kAllReduce) {
     return Status::InvalidArgument("unknown collective " + Str(int(plan.collective)));
   }
+  if (shape.dtype == GemmDtype::kE4M3) {
+    return Status::InvalidArgument(
+        "fp8 operands are not overlapped (no fp8 producer plan: fo_jax.overlapped_matmul runs "
+        "the fp8 GEMM, then XLA's collective on its bf16 output)");
+  }
   if (shape.dtype != GemmDtype::kBF16 && shape.dtype != GemmDtype::kF16) {
     return Status::InvalidArgument("operands must be bf16 or f16");
   }
@@ -114,6 +119,7 @@ Status ValidateOverlapPlan(const OverlapPlan& plan, const OverlapShape& shape) {
         Str(plan.gemm.batch));
   }
   FO_JAX_RETURN_IF_ERROR(ValidateGemmPlan(plan.gemm, shape.m, shape.n, shape.k).Within("GEMM"));
+  FO_JAX_RETURN_IF_ERROR(ValidateGemmPlanDtype(plan.gemm, shape.dtype, shape.k).Within("GEMM"));
   switch (plan.transport) {
     case Transport::kNccl: {
       if (plan.rounds != 1 || plan.ring || plan.tiles_chunk != 0 ||

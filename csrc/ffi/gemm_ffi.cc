@@ -1,5 +1,5 @@
-// fo_jax_gemm_v2: decode the plan, check it against the buffers, launch the GEMM on XLA's
-// stream, map the status.
+// fo_jax_gemm_v2 and fo_jax_gemm_fp8_v1: decode the plan, check it against the buffers, launch
+// the GEMM on XLA's stream, map the status.
 #include "ffi/gemm_ffi.h"
 
 #include <cuda_runtime.h>
@@ -19,31 +19,64 @@ namespace fo_jax {
 namespace {
 
 constexpr char kTarget[] = "fo_jax_gemm_v2";
+constexpr char kFp8Target[] = "fo_jax_gemm_fp8_v1";
 
+// fp8 scales: the two f32 scalars, nullptr for bf16/f16.
+struct Scales {
+  const float* a = nullptr;
+  const float* b = nullptr;
+};
+
+// bf16/f16: a[B*m, k] @ b[k, n], d of the same dtype. fp8 (scales given): a[B*m, k] and b[n, k]
+// (the weight K-major) float8_e4m3fn, d bf16.
 Status Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
-            ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::Buffer<ffi::U32>> counters,
-            const GemmPlanAttr& plan_attr, bool signal) {
+            const Scales* scales, ffi::Result<ffi::AnyBuffer> d,
+            ffi::Result<ffi::Buffer<ffi::U32>> counters, const GemmPlanAttr& plan_attr,
+            bool signal) {
   GemmDtype dtype;
   FO_JAX_RETURN_IF_ERROR(GemmDtypeOf(a.element_type(), &dtype));
-  if (b.element_type() != a.element_type() || d->element_type() != a.element_type()) {
-    return Status::InvalidArgument("a, b, d must all be bf16 or all f16");
-  }
+  const bool fp8 = scales != nullptr;
   auto ad = a.dimensions(), bd = b.dimensions(), dd = d->dimensions();
-  if (ad.size() != 2 || bd.size() != 2 || dd.size() != 2 || ad[1] != bd[0] || dd[0] != ad[0] ||
-      dd[1] != bd[1]) {
-    return Status::InvalidArgument("shapes must be a[B*m,k] b[k,n] d[B*m,n]");
+  int64_t n = 0;
+  if (fp8) {
+    if (dtype != GemmDtype::kE4M3 || b.element_type() != a.element_type() ||
+        d->element_type() != ffi::DataType::BF16) {
+      return Status::InvalidArgument("a, b must be float8_e4m3fn and d bf16");
+    }
+    if (ad.size() != 2 || bd.size() != 2 || dd.size() != 2 || ad[1] != bd[1] ||
+        dd[0] != ad[0] || dd[1] != bd[0]) {
+      return Status::InvalidArgument("shapes must be a[B*m,k] b[n,k] d[B*m,n]");
+    }
+    n = bd[0];
+  } else {
+    if (dtype == GemmDtype::kE4M3) {
+      return Status::InvalidArgument("fp8 operands go through " + std::string(kFp8Target));
+    }
+    if (b.element_type() != a.element_type() || d->element_type() != a.element_type()) {
+      return Status::InvalidArgument("a, b, d must all be bf16 or all f16");
+    }
+    if (ad.size() != 2 || bd.size() != 2 || dd.size() != 2 || ad[1] != bd[0] ||
+        dd[0] != ad[0] || dd[1] != bd[1]) {
+      return Status::InvalidArgument("shapes must be a[B*m,k] b[k,n] d[B*m,n]");
+    }
+    n = bd[1];
   }
   GemmPlan plan;
   FO_JAX_RETURN_IF_ERROR(DecodeGemmPlan(plan_attr, &plan));
-  FO_JAX_RETURN_IF_ERROR(ValidateGemmPlan(plan, ad[0], bd[1], ad[1]));
+  FO_JAX_RETURN_IF_ERROR(ValidateGemmPlan(plan, ad[0], n, ad[1]));
+  FO_JAX_RETURN_IF_ERROR(ValidateGemmPlanDtype(plan, dtype, ad[1]));
   if (counters->element_count() != static_cast<size_t>(plan.num_groups)) {
     return Status::InvalidArgument("counters must have one entry per group");
   }
   FO_JAX_RETURN_IF_ERROR(LoadGemmKernelsOnce(device));
-  SignalingGemmArgs args = GemmArgsOf(plan, dtype, ad[0], bd[1], ad[1]);
+  SignalingGemmArgs args = GemmArgsOf(plan, dtype, ad[0], n, ad[1]);
   args.a = a.untyped_data();
   args.b = b.untyped_data();
   args.d = d->untyped_data();
+  if (fp8) {
+    args.a_scale = scales->a;
+    args.b_scale = scales->b;
+  }
   args.sm_budget = ResolveSmBudget(plan.sm_budget);
   // Counters are zeroed by the launcher right before the kernel (no GPU idle time while the host
   // builds the kernel's parameters); without signals they are zeroed after it (defined output).
@@ -64,7 +97,7 @@ Status Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffe
 ffi::Error GemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
                     ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::Buffer<ffi::U32>> counters,
                     GemmPlanAttr plan, bool signal) {
-  return ToFfiError(Gemm(stream, device, a, b, d, counters, plan, signal), kTarget);
+  return ToFfiError(Gemm(stream, device, a, b, nullptr, d, counters, plan, signal), kTarget);
 }
 
 // Test entry: d_init is aliased to d by the caller (input_output_aliases), so elements the kernel
@@ -76,8 +109,32 @@ ffi::Error GemmIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, f
   if (d_init.untyped_data() != d->untyped_data()) {
     return ffi::Error::InvalidArgument("fo_jax_gemm_into_v2: d_init must be aliased to d");
   }
-  return ToFfiError(Gemm(stream, device, a, b, d, counters, plan, signal),
+  return ToFfiError(Gemm(stream, device, a, b, nullptr, d, counters, plan, signal),
                     "fo_jax_gemm_into_v2");
+}
+
+ffi::Error GemmFp8Impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                       ffi::Buffer<ffi::F32> a_scale, ffi::Buffer<ffi::F32> b_scale,
+                       ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::Buffer<ffi::U32>> counters,
+                       GemmPlanAttr plan, bool signal) {
+  if (a_scale.element_count() != 1 || b_scale.element_count() != 1) {
+    return ffi::Error::InvalidArgument("fo_jax_gemm_fp8_v1: the scales must be f32 scalars");
+  }
+  const Scales scales{a_scale.typed_data(), b_scale.typed_data()};
+  return ToFfiError(Gemm(stream, device, a, b, &scales, d, counters, plan, signal), kFp8Target);
+}
+
+// The fp8 GEMM writing into d_init (aliased to d), for tests that poison the output.
+ffi::Error GemmFp8IntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a,
+                           ffi::AnyBuffer b, ffi::Buffer<ffi::F32> a_scale,
+                           ffi::Buffer<ffi::F32> b_scale, ffi::AnyBuffer d_init,
+                           ffi::Result<ffi::AnyBuffer> d,
+                           ffi::Result<ffi::Buffer<ffi::U32>> counters, GemmPlanAttr plan,
+                           bool signal) {
+  if (d_init.untyped_data() != d->untyped_data()) {
+    return ffi::Error::InvalidArgument("fo_jax_gemm_fp8_into_v1: d_init must be aliased to d");
+  }
+  return GemmFp8Impl(stream, device, a, b, a_scale, b_scale, d, counters, plan, signal);
 }
 
 }  // namespace
@@ -102,6 +159,33 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FoJaxGemmIntoFfi, fo_jax::GemmIntoImpl,
                                   .Arg<ffi::AnyBuffer>()                     // b [k, n]
                                   .Arg<ffi::AnyBuffer>()                     // d_init (aliased)
                                   .Ret<ffi::AnyBuffer>()                     // d [B*m, n]
+                                  .Ret<ffi::Buffer<ffi::U32>>()              // counters [G]
+                                  .Attr<fo_jax::GemmPlanAttr>("plan")        // _plan.GemmPlan
+                                  .Attr<bool>("signal"));                    // bump counters
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FoJaxGemmFp8Ffi, fo_jax::GemmFp8Impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Ctx<ffi::DeviceOrdinal>()                 // device
+                                  .Arg<ffi::AnyBuffer>()                     // a [B*m, k] e4m3
+                                  .Arg<ffi::AnyBuffer>()                     // b [n, k] e4m3
+                                  .Arg<ffi::Buffer<ffi::F32>>()              // a_scale []
+                                  .Arg<ffi::Buffer<ffi::F32>>()              // b_scale []
+                                  .Ret<ffi::AnyBuffer>()                     // d [B*m, n] bf16
+                                  .Ret<ffi::Buffer<ffi::U32>>()              // counters [G]
+                                  .Attr<fo_jax::GemmPlanAttr>("plan")        // _plan.GemmPlan
+                                  .Attr<bool>("signal"));                    // bump counters
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FoJaxGemmFp8IntoFfi, fo_jax::GemmFp8IntoImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Ctx<ffi::DeviceOrdinal>()                 // device
+                                  .Arg<ffi::AnyBuffer>()                     // a [B*m, k] e4m3
+                                  .Arg<ffi::AnyBuffer>()                     // b [n, k] e4m3
+                                  .Arg<ffi::Buffer<ffi::F32>>()              // a_scale []
+                                  .Arg<ffi::Buffer<ffi::F32>>()              // b_scale []
+                                  .Arg<ffi::AnyBuffer>()                     // d_init (aliased)
+                                  .Ret<ffi::AnyBuffer>()                     // d [B*m, n] bf16
                                   .Ret<ffi::Buffer<ffi::U32>>()              // counters [G]
                                   .Attr<fo_jax::GemmPlanAttr>("plan")        // _plan.GemmPlan
                                   .Attr<bool>("signal"));                    // bump counters

@@ -7,3 +7,7 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FoJaxGemmFfi);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FoJaxGemmIntoFfi);
+// fp8 (float8_e4m3fn operands, the weight K-major [n, k], two f32 scalar scales, bf16 output):
+// fo_jax_gemm_fp8_v1 and its aliased test form fo_jax_gemm_fp8_into_v1.
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FoJaxGemmFp8Ffi);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FoJaxGemmFp8IntoFfi);

@@ -53,7 +53,8 @@ Status GemmDtypeOf(xla::ffi::DataType type, GemmDtype* dtype) {
   switch (type) {
     case xla::ffi::DataType::BF16: *dtype = GemmDtype::kBF16; return Status::Ok();
     case xla::ffi::DataType::F16: *dtype = GemmDtype::kF16; return Status::Ok();
-    default: return Status::InvalidArgument("operands must be bf16 or f16");
+    case xla::ffi::DataType::F8E4M3FN: *dtype = GemmDtype::kE4M3; return Status::Ok();
+    default: return Status::InvalidArgument("operands must be bf16, f16 or float8_e4m3fn");
   }
 }
 

@@ -54,7 +54,8 @@ struct MeshPlace {
 };
 Status FindInMesh(const MeshAttr& mesh, int32_t device, MeshPlace* place);
 
-// The GEMM operands' element type as the kernels' dtype: bf16 or f16, else InvalidArgument.
+// The GEMM operands' element type as the kernels' dtype: bf16, f16 or float8_e4m3fn, else
+// InvalidArgument.
 Status GemmDtypeOf(xla::ffi::DataType type, GemmDtype* dtype);
 
 }  // namespace fo_jax

@@ -13,6 +13,8 @@ std::vector<std::pair<std::string, void*>> FfiHandlers() {
       {"fo_jax_scale_ffi", reinterpret_cast<void*>(FoJaxScaleFfi)},
       {"fo_jax_gemm_v2", reinterpret_cast<void*>(FoJaxGemmFfi)},
       {"fo_jax_gemm_into_v2", reinterpret_cast<void*>(FoJaxGemmIntoFfi)},
+      {"fo_jax_gemm_fp8_v1", reinterpret_cast<void*>(FoJaxGemmFp8Ffi)},
+      {"fo_jax_gemm_fp8_into_v1", reinterpret_cast<void*>(FoJaxGemmFp8IntoFfi)},
       {"fo_jax_overlapped_matmul_v2", reinterpret_cast<void*>(FoJaxOverlappedMatmulFfi)},
   };
 }

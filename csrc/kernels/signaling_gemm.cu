@@ -18,6 +18,31 @@ namespace {
 
 constexpr int kNumConfigs = int(sizeof(detail::kGemmConfigs) / sizeof(detail::kGemmConfigs[0]));
 
+// The dispatch arrays of a dtype: plain, with a source, consumer (nullptr where a row has none).
+struct DtypeKernels {
+  const detail::RunGemmFn* run;
+  const detail::RunGemmFn* run_source;
+  const detail::RunGemmFn* run_consumer;
+  const detail::LoadGemmFn* load;
+  const detail::LoadGemmFn* load_source;
+  const detail::LoadGemmFn* load_consumer;
+};
+
+constexpr DtypeKernels kKernels[] = {
+    {detail::kRunGemm_bf16, detail::kRunGemmSource_bf16, detail::kRunGemmConsumer_bf16,
+     detail::kLoadGemm_bf16, detail::kLoadGemmSource_bf16, detail::kLoadGemmConsumer_bf16},
+    {detail::kRunGemm_f16, detail::kRunGemmSource_f16, detail::kRunGemmConsumer_f16,
+     detail::kLoadGemm_f16, detail::kLoadGemmSource_f16, detail::kLoadGemmConsumer_f16},
+    {detail::kRunGemm_e4m3, detail::kRunGemmSource_e4m3, detail::kRunGemmConsumer_e4m3,
+     detail::kLoadGemm_e4m3, detail::kLoadGemmSource_e4m3, detail::kLoadGemmConsumer_e4m3},
+};
+
+bool KnownDtype(GemmDtype dtype) {
+  return dtype == GemmDtype::kBF16 || dtype == GemmDtype::kF16 || dtype == GemmDtype::kE4M3;
+}
+
+const DtypeKernels& KernelsOf(GemmDtype dtype) { return kKernels[static_cast<int>(dtype)]; }
+
 int ConfigIndex(const char* name) {
   for (int i = 0; i < kNumConfigs; ++i) {
     if (std::strcmp(detail::kGemmConfigs[i].name, name) == 0) return i;
@@ -47,9 +72,16 @@ cudaError_t DeviceSms(int device, int* sms) {
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// A consumer (or source) kernel for every dtype the row serves: the 16-bit rows have both
+// dtypes' or neither, the fp8 rows none.
 bool HasConsumer(int config) {
   return config >= 0 && config < kNumConfigs && detail::kRunGemmConsumer_bf16[config] != nullptr &&
          detail::kRunGemmConsumer_f16[config] != nullptr;
+}
+
+bool SupportsDtype(int config, GemmDtype dtype) {
+  return config >= 0 && config < kNumConfigs && KnownDtype(dtype) &&
+         KernelsOf(dtype).run[config] != nullptr;
 }
 
 // The configuration a launch runs: args.config, or the heuristic's pick.
@@ -122,6 +154,8 @@ bool GemmConfigTakesAddends(int config) {
 
 bool GemmConfigHasConsumer(int config) { return HasConsumer(config); }
 
+bool GemmConfigSupportsDtype(int config, GemmDtype dtype) { return SupportsDtype(config, dtype); }
+
 const GemmTileConfig& GetGemmConfig(int index) {
   if (index < 0 || index >= kNumConfigs) index = 0;
   return detail::kGemmConfigs[index];
@@ -133,12 +167,19 @@ const GemmTileConfig& GetGemmConfig(int index) {
 // 0.97-0.99x XLA's cuBLASLt kernel, 2-10% ahead of the cooperative 128x256/256x128 tiles. When it
 // would not fill two waves of the SM budget, the ping-pong 128x128 tile keeps more SMs busy.
 // The small-M rows (64-row tiles) are left to the measured choice (fo_jax/_gemm_choice.py).
+// fp8 (not measured yet, docs/performance.md, "fp8"): the same rule on the fp8 rows (the
+// 128x192 tile from two waves of tiles on), and the 64-row tile when 128x128 tiles would not
+// fill the SMs once.
 int SelectGemmConfig(GemmDtype dtype, int m, int n, int k, int batch, int sm_budget) {
-  (void)dtype;
   (void)k;
   const int sms = sm_budget > 0 ? sm_budget : 132;
   const long long rows = static_cast<long long>(m) * (batch > 0 ? batch : 1);
   const long long tiles_big = ((rows + 127) / 128) * ((n + 191) / 192);
+  if (dtype == GemmDtype::kE4M3) {
+    if (tiles_big >= 2LL * sms) return ConfigIndex("fp8_coop_128x192x128_c2");
+    const long long tiles_128 = ((rows + 127) / 128) * ((n + 127) / 128);
+    return ConfigIndex(tiles_128 < sms ? "fp8_pp_64x192x128_c2" : "fp8_coop_128x128x128_c1");
+  }
   if (tiles_big >= 2LL * sms) return ConfigIndex("pp_128x192x64_c2");
   return ConfigIndex("pp_128x128x64_c1");
 }
@@ -146,6 +187,7 @@ int SelectGemmConfig(GemmDtype dtype, int m, int n, int k, int batch, int sm_bud
 int SelectConsumerGemmConfig(GemmDtype dtype, int m, int n, int k, int band_rows,
                              int sm_budget) {
   const int cfg = SelectGemmConfig(dtype, m, n, k, 1, sm_budget);
+  if (dtype == GemmDtype::kE4M3) return cfg;  // no fp8 consumer: the launcher says so
   const GemmTileConfig& c = detail::kGemmConfigs[cfg];
   const bool fits = band_rows > 0 && band_rows % (c.tile_m * c.cluster_m) == 0;
   return HasConsumer(cfg) && fits ? cfg : ConfigIndex("pp_128x128x64_c1");
@@ -161,8 +203,22 @@ int ExpectedGroupCount(const SignalingGemmArgs& args, int g) {
 cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& args,
                                 std::string* error) {
   const cudaError_t kBad = cudaErrorInvalidValue;
-  if (args.dtype != GemmDtype::kBF16 && args.dtype != GemmDtype::kF16) {
-    return Fail(error, kBad, "dtype must be bf16 or f16");
+  if (!KnownDtype(args.dtype)) return Fail(error, kBad, "dtype must be bf16, f16 or e4m3");
+  const bool fp8 = args.dtype == GemmDtype::kE4M3;
+  if (fp8 && args.k % 16 != 0) {
+    return Fail(error, kBad, "fp8 needs k a multiple of 16 (16-byte rows of A and B; got " +
+                                 std::to_string(args.k) + ")");
+  }
+  if (fp8 && (args.addend != nullptr || args.wait_flags != nullptr)) {
+    return Fail(error, kBad, "fp8 kernels take no addend and no wait_flags (no source or "
+                             "consumer form)");
+  }
+  if (!fp8 && (args.a_scale != nullptr || args.b_scale != nullptr)) {
+    return Fail(error, kBad, "a_scale and b_scale are for fp8 (e4m3) operands only");
+  }
+  if ((reinterpret_cast<uintptr_t>(args.a_scale) & 3u) != 0 ||
+      (reinterpret_cast<uintptr_t>(args.b_scale) & 3u) != 0) {
+    return Fail(error, kBad, "a_scale and b_scale must be 4-byte aligned");
   }
   if (args.m <= 0 || args.n <= 0 || args.k <= 0 || args.m % 8 || args.n % 8 || args.k % 8) {
     return Fail(error, kBad,
@@ -186,6 +242,11 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
   const int cfg = ResolveConfig(args);
   if (cfg >= kNumConfigs) return Fail(error, kBad, "config index out of range");
   const GemmTileConfig& c = detail::kGemmConfigs[cfg];
+  if (!SupportsDtype(cfg, args.dtype)) {
+    const char* why = fp8 ? "fp8 needs an fp8_* config" : "fp8_* configs are fp8 only";
+    return Fail(error, kBad,
+                std::string("config ") + c.name + " has no kernel for this dtype (" + why + ")");
+  }
   const int tiles_m = (args.m + c.tile_m - 1) / c.tile_m;
   if (args.group_begin[0] != 0 || args.group_begin[args.num_groups] != tiles_m) {
     return Fail(error, kBad,
@@ -251,12 +312,12 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
   if (e != cudaSuccess) {
     return Fail(error, e, std::string("device query: ") + cudaGetErrorString(e));
   }
-  const bool bf16 = args.dtype == GemmDtype::kBF16;
-  const detail::RunGemmFn* table = bf16 ? detail::kRunGemm_bf16 : detail::kRunGemm_f16;
+  const DtypeKernels& kernels = KernelsOf(args.dtype);
+  const detail::RunGemmFn* table = kernels.run;
   if (args.addend != nullptr) {
-    table = bf16 ? detail::kRunGemmSource_bf16 : detail::kRunGemmSource_f16;
+    table = kernels.run_source;
   } else if (args.wait_flags != nullptr) {
-    table = bf16 ? detail::kRunGemmConsumer_bf16 : detail::kRunGemmConsumer_f16;
+    table = kernels.run_consumer;
   }
   return table[cfg](run, stream, error);
 }
@@ -273,16 +334,13 @@ cudaError_t LoadAllGemmKernels(std::string* error) {
     return Fail(error, e, std::string("device query: ") + cudaGetErrorString(e));
   }
   for (int i = 0; i < kNumConfigs; ++i) {
-    e = detail::kLoadGemm_bf16[i](device, error);
-    if (e != cudaSuccess) return e;
-    e = detail::kLoadGemm_f16[i](device, error);
-    if (e != cudaSuccess) return e;
-    for (const detail::LoadGemmFn load :
-         {detail::kLoadGemmSource_bf16[i], detail::kLoadGemmSource_f16[i],
-          detail::kLoadGemmConsumer_bf16[i], detail::kLoadGemmConsumer_f16[i]}) {
-      if (load == nullptr) continue;
-      e = load(device, error);
-      if (e != cudaSuccess) return e;
+    for (const DtypeKernels& kernels : kKernels) {
+      for (const detail::LoadGemmFn load :
+           {kernels.load[i], kernels.load_source[i], kernels.load_consumer[i]}) {
+        if (load == nullptr) continue;  // the row has no such kernel for this dtype
+        e = load(device, error);
+        if (e != cudaSuccess) return e;
+      }
     }
   }
   return cudaSuccess;

@@ -1,4 +1,5 @@
-// Signaling GEMM for Hopper (sm90a): D = A @ B with fp32 accumulation, bf16/fp16 in and out.
+// Signaling GEMM for Hopper (sm90a): D = A @ B with fp32 accumulation, bf16/fp16 in and out, or
+// fp8 e4m3 in (B given K-major) and bf16 out with per-tensor scales (GemmDtype::kE4M3).
 // The persistent kernel visits output tiles group by group and, once a tile's output is fully in
 // global memory, adds 1 to counters[group]. A second stream can then consume finished groups.
 // Its consumer variant (SignalingGemmArgs::wait_flags) reads A band by band as the bands arrive
@@ -13,7 +14,10 @@
 
 namespace fo_jax {
 
-enum class GemmDtype : int { kBF16 = 0, kF16 = 1 };
+// kE4M3: A and B float8_e4m3fn, D bf16, B given K-major ([n, k] row-major: fp8 wgmma reads both
+// operands K-major from shared memory), D = a_scale * b_scale * (A @ B) (SignalingGemmArgs).
+// Only the table's fp8 rows (tile_k 128) have kernels for it, and the bf16/f16 rows none.
+enum class GemmDtype : int { kBF16 = 0, kF16 = 1, kE4M3 = 2 };
 
 // Most groups one launch accepts (the group table travels in the kernel parameters).
 inline constexpr int kMaxGemmGroups = 64;
@@ -29,6 +33,9 @@ struct GemmTileConfig {
 };
 
 int NumGemmConfigs();
+// Whether the configuration (index) has kernels for the operand dtype (fp8 rows serve kE4M3
+// only, the others kBF16 and kF16).
+bool GemmConfigSupportsDtype(int config, GemmDtype dtype);
 // Whether the configuration (index) has a kernel that takes SignalingGemmArgs' addend.
 bool GemmConfigTakesAddends(int config);
 // Whether the configuration (index) has a consumer kernel (SignalingGemmArgs' wait_flags).
@@ -36,19 +43,24 @@ bool GemmConfigHasConsumer(int config);
 const GemmTileConfig& GetGemmConfig(int index);
 
 // Heuristic pick of a configuration for a problem (index into the table). Contract: every row
-// of the table serves every use of the kernel (groups, counters, the batched reduce-scatter
-// remap, tile-row rotation, any SM budget of at least one cluster), so any index is a valid
-// producer of an overlapped call; only GemmConfigTakesAddends rows take an addend. fo_jax's
+// of the table that supports the dtype (GemmConfigSupportsDtype) serves every use of the kernel
+// (groups, counters, the batched reduce-scatter remap, tile-row rotation, any SM budget of at
+// least one cluster), so any such index is a valid producer of an overlapped call; only
+// GemmConfigTakesAddends rows take an addend and only GemmConfigHasConsumer rows wait for A's
+// bands (no fp8 row does either); the pick is always a row of the dtype. fo_jax's
 // Python planner chooses with the table measured on the GPU (fo_jax/_gemm_choice.py) and passes
 // the index; this rule serves C++ callers (config -1) and the planner when no table is fitted.
 int SelectGemmConfig(GemmDtype dtype, int m, int n, int k, int batch, int sm_budget);
 // The pick for a consumer launch (SignalingGemmArgs::wait_flags) whose A has bands of band_rows
 // rows: SelectGemmConfig's, unless that config has no consumer kernel or its cluster rows
 // (tile_m * cluster_m) do not divide band_rows; then the consumer config with one 128-row tile.
+// fp8 has no consumer kernel: SelectGemmConfig's fp8 pick (which LaunchSignalingGemm refuses
+// with wait_flags set).
 int SelectConsumerGemmConfig(GemmDtype dtype, int m, int n, int k, int band_rows, int sm_budget);
 
 // Arguments of one launch. A is [batch * m, k] row-major (batch l starts at row l * m), B is
-// [k, n] row-major and shared by all batches, D is [batch * m, n] row-major.
+// [k, n] row-major (kE4M3: [n, k] row-major) and shared by all batches, D is [batch * m, n]
+// row-major.
 //
 // Tile order and groups: group_begin[g] .. group_begin[g+1] are tile-rows (units of tile_m, within
 // one batch) of group g; group_begin[0] == 0 and group_begin[num_groups] == ceil(m / tile_m).
@@ -71,11 +83,15 @@ int SelectConsumerGemmConfig(GemmDtype dtype, int m, int n, int k, int band_rows
 // sets zero_counters_on_launch (below).
 struct SignalingGemmArgs {
   GemmDtype dtype = GemmDtype::kBF16;
-  int m = 0, n = 0, k = 0;  // multiples of 8
+  int m = 0, n = 0, k = 0;  // multiples of 8 (kE4M3: k of 16, 16-byte rows of A and B)
   int batch = 1;
   const void* a = nullptr;
   const void* b = nullptr;
   void* d = nullptr;
+  // kE4M3 only: device float scalars (nullptr: 1) whose product scales the fp32 accumulator in
+  // the epilogue before the one rounding to bf16. Read by the kernel, so the host never waits.
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
   int num_groups = 1;
   int group_begin[kMaxGemmGroups + 1] = {};
   uint32_t* counters = nullptr;  // device memory, num_groups entries, or nullptr: no signal

@@ -17,6 +17,7 @@
 #include "cutlass/device_kernel.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/epilogue/collective/detail.hpp"
+#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
@@ -53,12 +54,17 @@ struct EpilogueParams {
   // of D.
   void* tail_out = nullptr;
   int tail_first = 0;
+  // fp8 kernels: SignalingGemmArgs' a_scale and b_scale (nullptr: 1), for StoreDirect (the TMA
+  // store path gets them through the epilogue's fusion, ScaledAccumulator).
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
 };
 
 // Predicated register -> global store of one tile whose first destination row is dst_row0 and
 // whose first valid_rows rows exist. GMMA accumulator values 2j and 2j+1 of a thread are adjacent
 // columns of one row; n is a multiple of 8, so a pair is either fully inside or fully outside.
-template <class Element, int kTileM, int kTileN, class Acc, class TiledMma>
+// kScaled: multiplied by a_scale * b_scale first (the fp8 kernels).
+template <class Element, int kTileM, int kTileN, bool kScaled, class Acc, class TiledMma>
 CUTLASS_DEVICE void StoreDirect(EpilogueParams const& p, int64_t dst_row0, int valid_rows,
                                 int n_idx, Acc const& accumulators, TiledMma const& tiled_mma,
                                 int thread_idx) {
@@ -72,6 +78,10 @@ CUTLASS_DEVICE void StoreDirect(EpilogueParams const& p, int64_t dst_row0, int v
       thr_mma.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
   static_assert(decltype(size(accumulators))::value % 2 == 0);
   cutlass::NumericArrayConverter<Element, float, 2> convert;
+  float alpha = 1.0f;
+  if constexpr (kScaled) {
+    alpha = (p.a_scale != nullptr ? *p.a_scale : 1.0f) * (p.b_scale != nullptr ? *p.b_scale : 1.0f);
+  }
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size(accumulators); i += 2) {
     const int r = get<0>(coord(i));
@@ -79,6 +89,10 @@ CUTLASS_DEVICE void StoreDirect(EpilogueParams const& p, int64_t dst_row0, int v
     cutlass::Array<float, 2> v;
     v[0] = accumulators(i);
     v[1] = accumulators(i + 1);
+    if constexpr (kScaled) {
+      v[0] *= alpha;
+      v[1] *= alpha;
+    }
     cutlass::Array<Element, 2> o = convert(v);
     if (r < valid_rows && c < valid_cols) {
       *reinterpret_cast<cutlass::Array<Element, 2>*>(base + r * ld + c) = o;
@@ -133,16 +147,32 @@ CUTLASS_DEVICE void StoreDirect(EpilogueParams const& p, int64_t dst_row0, int v
 // hold the tail's TMA store descriptor, made for each such tile: its only state across tiles,
 // the count of issued stores, starts at 0, as the kernel's own object's does after store_tail(),
 // which the ping-pong kernel calls after every tile (the launcher allows no other kernel).
-template <class Element, class TileShape, class ClusterShape, bool kPingpong, bool kSource>
+//
+// kScaled (the fp8 kernels): D = a_scale * b_scale * acc, the two scales device scalars read by
+// CUTLASS's scalar broadcast (which multiplies its inputs), so the host never reads them.
+template <class Element>
+using ScaledAccumulator = cutlass::epilogue::fusion::Sm90EVT<
+    cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, Element, float,
+                                           cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90ScalarBroadcast<
+        float, cute::Stride<cute::_0, cute::_0, cute::_0>, 2>,
+    cutlass::epilogue::fusion::Sm90AccFetch>;
+
+template <class Element, class TileShape, class ClusterShape, bool kPingpong, bool kSource,
+          bool kScaled = false>
 struct TmaEpilogueInner {
+  static_assert(!(kSource && kScaled), "no kernel both adds a source and scales");
   using Stride = cute::Stride<int64_t, cute::Int<1>, int64_t>;
   using Schedule = std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
                                       cutlass::epilogue::TmaWarpSpecializedCooperative>;
   using ElementC = std::conditional_t<kSource, Element, void>;
+  using Fusion = std::conditional_t<
+      kScaled, ScaledAccumulator<Element>,
+      cutlass::epilogue::fusion::LinearCombination<Element, float, ElementC, float>>;
   using type = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, Stride, 8, Element,
-      Stride, 8, Schedule>::CollectiveOp;
+      Stride, 8, Schedule, Fusion>::CollectiveOp;
 };
 
 // With a source, CUTLASS's builder shares C's shared memory with D (ReuseSmemC): a source
@@ -155,7 +185,7 @@ struct TmaEpilogueInner {
 // soon as they are read, not stored; the mainloop keeps its 5 stages).
 inline constexpr int kSourceStagesC = 4;
 template <class Element, class TileShape, class ClusterShape>
-struct TmaEpilogueInner<Element, TileShape, ClusterShape, true, true> {
+struct TmaEpilogueInner<Element, TileShape, ClusterShape, true, true, false> {
   using Stride = cute::Stride<int64_t, cute::Int<1>, int64_t>;
   using Schedule = cutlass::epilogue::TmaWarpSpecialized;
   using EpilogueTile = decltype(cutlass::epilogue::collective::detail::
@@ -173,12 +203,14 @@ struct TmaEpilogueInner<Element, TileShape, ClusterShape, true, true> {
       Policy>::CollectiveOp;
 };
 
-template <class Element, class TileShape, class ClusterShape, bool kPingpong, bool kSource>
+template <class Element, class TileShape, class ClusterShape, bool kPingpong, bool kSource,
+          bool kScaled = false>
 class SignalingTmaEpilogue
-    : public TmaEpilogueInner<Element, TileShape, ClusterShape, kPingpong, kSource>::type {
+    : public TmaEpilogueInner<Element, TileShape, ClusterShape, kPingpong, kSource,
+                              kScaled>::type {
  public:
-  using Inner =
-      typename TmaEpilogueInner<Element, TileShape, ClusterShape, kPingpong, kSource>::type;
+  using Inner = typename TmaEpilogueInner<Element, TileShape, ClusterShape, kPingpong, kSource,
+                                          kScaled>::type;
   using typename Inner::LoadPipeline;
   using typename Inner::LoadPipelineState;
   using typename Inner::StorePipeline;
@@ -334,8 +366,8 @@ class SignalingTmaEpilogue
                                 thread_idx, shared, rest...);
         }
       } else {
-        StoreDirect<Element, kTileM, kTileN>(p, dst_row0, valid_rows, n_idx, accumulators,
-                                             tiled_mma, thread_idx);
+        StoreDirect<Element, kTileM, kTileN, kScaled>(p, dst_row0, valid_rows, n_idx,
+                                                      accumulators, tiled_mma, thread_idx);
       }
       if (p.counters != nullptr) {
         pending_group_ = g;
@@ -449,25 +481,38 @@ class SignalingTmaEpilogue
 // ---------------------------------------------------------------------------------------------
 // Kernel type from a config row. kConsumer: the consumer ("all-gather") kernel, whose mainloop
 // waits for A's bands and whose scheduler visits groups in the host's band order.
+// ElementOut_ (default: the input type) is D's type. fp8 inputs (one-byte Element_): B is read
+// K-major ([n, k] row-major; fp8 wgmma takes both operands K-major from shared memory), and the
+// epilogue scales by a_scale * b_scale. The builder then picks CUTLASS's fp8 mainloop
+// (MainloopSm90TmaGmmaWarpSpecializedFP8), which adds the tensor cores' partial sums into fp32
+// registers every few k-blocks: the FP8FastAccum schedules keep the whole K sum in the tensor
+// cores' accumulator, whose fp8 additions keep fewer mantissa bits, so a long K loses accuracy.
 // ---------------------------------------------------------------------------------------------
 template <class Element_, int kTM, int kTN, int kTK, int kCM, int kCN, bool kPingpong,
-          bool kSource = false, bool kConsumer = false>
+          bool kSource = false, bool kConsumer = false, class ElementOut_ = Element_>
 struct GemmKernelConfig {
   static_assert(kCN == 1, "clusters along N are not supported by the group scheduler");
   static_assert(!(kSource && kConsumer), "no kernel both adds a source and waits for bands");
   using Element = Element_;
+  using ElementOut = ElementOut_;
+  static constexpr bool kFp8 = sizeof(Element) == 1;
+  static_assert(!kFp8 || (!kSource && !kConsumer), "fp8 kernels have no source or consumer form");
+  static constexpr int kAlignIn = 16 / int(sizeof(Element));  // elements in 16 bytes
   using TileShape = cute::Shape<cute::Int<kTM>, cute::Int<kTN>, cute::Int<kTK>>;
   using ClusterShape = cute::Shape<cute::Int<kCM>, cute::Int<kCN>, cute::_1>;
   using StrideA = cute::Stride<int64_t, cute::Int<1>, int64_t>;          // x[m,k], batch m*k
-  using StrideB = cute::Stride<cute::Int<1>, int64_t, cute::Int<0>>;     // w[k,n], shared
-  using Epilogue = SignalingTmaEpilogue<Element, TileShape, ClusterShape, kPingpong, kSource>;
+  using StrideB = std::conditional_t<kFp8,
+                                     cute::Stride<int64_t, cute::Int<1>, cute::Int<0>>,  // w[n,k]
+                                     cute::Stride<cute::Int<1>, int64_t, cute::Int<0>>>; // w[k,n]
+  using Epilogue =
+      SignalingTmaEpilogue<ElementOut, TileShape, ClusterShape, kPingpong, kSource, kFp8>;
   static constexpr bool kHasSource = kSource;
   static constexpr bool kIsConsumer = kConsumer;
   using Schedule = std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                       cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, StrideA, 8, Element, StrideB,
-      8, float, TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, StrideA, kAlignIn, Element,
+      StrideB, kAlignIn, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       Schedule>::CollectiveOp;
@@ -555,6 +600,7 @@ template <class Cfg>
 cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* error) {
   using Kernel = typename Cfg::Kernel;
   using Element = typename Cfg::Element;
+  using ElementOut = typename Cfg::ElementOut;
   constexpr int kTM = Cfg::kTileM, kTN = Cfg::kTileN, kCM = Cfg::kClusterM;
   // Tile-rows per raster chunk within a group: a wave's B columns stay hot in L2
   // (group_tile_scheduler.cuh).
@@ -620,6 +666,10 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
     epi.tail_out = a.tail_out;
     epi.tail_first = a.tail_first_tile_row;
   }
+  if constexpr (Cfg::kFp8) {
+    epi.a_scale = a.a_scale;
+    epi.b_scale = a.b_scale;
+  }
 
   int budget = a.sm_budget > 0 && a.sm_budget < run.device_sms ? a.sm_budget : run.device_sms;
   int clusters = budget / kCM;
@@ -636,7 +686,11 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   args.mainloop.ptr_A = reinterpret_cast<Element const*>(a.a);
   args.mainloop.dA = cute::make_stride(int64_t(a.k), cute::Int<1>{}, int64_t(a.m) * a.k);
   args.mainloop.ptr_B = reinterpret_cast<Element const*>(a.b);
-  args.mainloop.dB = cute::make_stride(cute::Int<1>{}, int64_t(a.n), cute::Int<0>{});
+  if constexpr (Cfg::kFp8) {
+    args.mainloop.dB = cute::make_stride(int64_t(a.k), cute::Int<1>{}, cute::Int<0>{});
+  } else {
+    args.mainloop.dB = cute::make_stride(cute::Int<1>{}, int64_t(a.n), cute::Int<0>{});
+  }
   if constexpr (Cfg::kIsConsumer) {
     args.mainloop.band_flags = a.wait_flags;
     args.mainloop.flag_value = a.wait_flag_value;
@@ -648,7 +702,12 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
     args.epilogue.inner.thread.alpha = 1.0f;
     args.epilogue.inner.thread.beta = 1.0f;
   }
-  args.epilogue.inner.ptr_D = reinterpret_cast<Element*>(a.d);
+  if constexpr (Cfg::kFp8) {
+    // ScaledAccumulator's arguments: {scalar broadcast, accumulator fetch, multiply}; a null
+    // pointer reads the scalar beside it instead.
+    args.epilogue.inner.thread = {{{1.0f, 1.0f}, {a.a_scale, a.b_scale}, {}}, {}, {}};
+  }
+  args.epilogue.inner.ptr_D = reinterpret_cast<ElementOut*>(a.d);
   // D as [batch * m, n]; L = 1 (its stride only needs to be a valid TMA stride).
   args.epilogue.inner.dD =
       cute::make_stride(int64_t(a.n), cute::Int<1>{}, int64_t(a.m) * a.batch * a.n);

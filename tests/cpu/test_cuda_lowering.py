@@ -122,4 +122,4 @@ def test_plan_enums_come_from_the_module():
     assert [e.name for e in mod.Collective] == ["reduce_scatter", "all_reduce"]
     assert [e.name for e in mod.Transport] == ["nccl", "copy_engine"]
     assert [e.name for e in mod.SumSplit] == ["one", "bands", "rows"]
-    assert [e.name for e in mod.GemmDtype] == ["bfloat16", "float16"]
+    assert [e.name for e in mod.GemmDtype] == ["bfloat16", "float16", "float8_e4m3fn"]

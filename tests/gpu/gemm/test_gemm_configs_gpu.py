@@ -81,7 +81,7 @@ def test_every_config_on_small_and_odd_m(shape, dtype):
     m, n, k = shape
     x, w, x64, w64 = _operands(dev, m + n + k, m, k, n, dtype)
     ref = x64 @ w64
-    for c in _plan.gemm_configs():
+    for c in _plan.gemm_configs_for(dtype):
         for plan in _group_variants(_plan, c["name"], dtype, m, n, k, 1):
             d, counters = _run(dev, _cuda_ops, plan, x, w)
             what = f"{c['name']} groups {plan.group_begin}"
@@ -99,7 +99,7 @@ def test_every_config_remap_with_bands_smaller_than_a_tile(batch, m):
     n, k, dtype = 392, 200, jnp.bfloat16
     x, w, x64, w64 = _operands(dev, m * batch, batch * m, k, n, dtype)
     ref = x64 @ w64
-    for c in _plan.gemm_configs():
+    for c in _plan.gemm_configs_for(dtype):
         for plan in _group_variants(_plan, c["name"], dtype, m, n, k, batch):
             d, counters = _run(dev, _cuda_ops, plan, x, w, batch)
             what = f"{c['name']} groups {plan.group_begin}"
@@ -115,7 +115,7 @@ def test_odd_sm_budgets_give_identical_results():
     m, n, k, dtype = 1088, 1280, 1024, jnp.bfloat16  # 17 tile-rows of 64
     x, w, x64, w64 = _operands(dev, 11, m, k, n, dtype)
     ref = x64 @ w64
-    for c in _plan.gemm_configs():
+    for c in _plan.gemm_configs_for(dtype):
         outs = []
         for budget in (0, 3, 7, -5):
             cfg = fo_jax.OverlapConfig(gemm_config=c["name"], num_groups=4)

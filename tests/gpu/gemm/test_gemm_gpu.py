@@ -80,7 +80,7 @@ def _run_raw(dev, _cuda_ops, plan, x, w, batch, poison=True, signal=True):
 
 
 def _configs(_plan):
-    return [c["name"] for c in _plan.gemm_configs()]
+    return [c["name"] for c in _plan.gemm_configs_for(jnp.bfloat16)]  # the 16-bit rows
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])

@@ -1,0 +1,214 @@
+"""fp8 GEMM benchmark: fo_jax's fp8 (e4m3) kernel against XLA's fp8 dot and both bf16 GEMMs.
+
+Shapes: the five design shapes and LLM tensor-parallel shapes (bench_gemm_sweep.py's picks),
+including K = 7168 with M >= 8192, where XLA's fp8 dot is measured 1.27-1.58x faster than its
+bf16 dot and below which it is slower (docs/performance.md, "fp8"). `--shapes MxNxK ...`: yours.
+
+Methods per shape (x[M, K] ~ N(0, 1/K), w[K, N] ~ N(0, 1); fp8 operands from
+fo_jax.quantize_fp8 of the same values, scales float32 device scalars):
+  dtype bfloat16:
+    xla.dot            jnp.dot(x, w) in bf16 (XLA's autotuned GEMM)
+    fo_jax.matmul      fo_jax.matmul(x, w)
+  dtype float8_e4m3fn (output bf16):
+    xla.dot            lax.dot_general(xq, wq, preferred_element_type=bfloat16), then the two
+                       scales (XLA's fp8 dot: cuBLASLt's fp8 GEMM where XLA rewrites it)
+    fo_jax.matmul      fo_jax.matmul(xq, wq, x_scale=, w_scale=): w [K, N], so the op transposes
+                       it to [N, K] per call (an XLA transpose kernel, timed with it)
+    fo_jax.matmul_wt   the same with w stored [N, K] (w_transposed=True): the kernel alone
+Every fp8 result is checked against the float32 product of the dequantized operands (relative
+Frobenius error <= 1e-2, bf16 output rounding and fp32 accumulation only); a failing method's
+row carries "error" and no time.
+
+Timing ("ms"): GPU kernel time per call from JAX profiler traces (trace_timing.py), every method
+of a shape in the same traces, rotated order, median over --rounds rounds of --calls calls: the
+timing of bench_gemm_sweep.py. The markdown's ratio columns: XLA's fp8 dot over fo_jax's fp8
+kernel time (> 1: fo_jax faster), fo_jax's bf16 over fo_jax's fp8 (the fp8 speedup) and XLA's
+fp8 over XLA's bf16.
+
+Output (--out DIR): gemm_fp8_<gpu>_<date>_<commit>.jsonl (rows {"suite": "gemm_fp8", "device",
+"date", "commit", "dtype", "M", "N", "K", "method", "ms", "tflops", "kernel", "config"}) and .md.
+
+Usage: python3 benchmarks/bench_fp8.py [--shapes MxNxK ...] [--rounds 3] [--calls 8] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+import gemm_sweep_report  # noqa: E402
+import trace_timing  # noqa: E402
+
+import fo_jax  # noqa: E402
+from fo_jax.bench import core as _benchcore  # noqa: E402
+
+SHAPES = _benchcore.DESIGN_SHAPES + [
+    "2048x8192x7168", "32768x8192x7168", "4096x8192x7168", "1024x1280x8192", "4096x1280x8192",
+    "2048x5120x1728", "8192x5120x1728", "512x4096x512", "8192x4096x512", "4096x7168x8192",
+    "16384x2304x16384",
+]
+TOLERANCE = 1e-2
+
+
+def named_jit(fn, key: int):
+    """jax.jit of fn(*args) under the name trace_f<key> (trace_timing attributes kernels by it)."""
+    def wrapper(*args):
+        return fn(*args)
+    wrapper.__name__ = wrapper.__qualname__ = f"trace_f{key}"
+    return jax.jit(wrapper)
+
+
+def operands(m: int, n: int, k: int, seed: int) -> dict:
+    kx, kw = jax.random.split(jax.random.key(seed))
+
+    @jax.jit
+    def draw(kx, kw):
+        x = jax.random.normal(kx, (m, k), jnp.float32) / math.sqrt(k)
+        w = jax.random.normal(kw, (k, n), jnp.float32)
+        (xq, xs), (wq, ws) = fo_jax.quantize_fp8(x), fo_jax.quantize_fp8(w)
+        return x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), xq, wq, wq.T, xs, ws
+
+    x, w, xq, wq, wq_t, xs, ws = draw(kx, kw)
+    return dict(bf16=(x, w), fp8=(xq, wq, xs, ws), fp8_t=(xq, wq_t, xs, ws))
+
+
+def xla_fp8_dot(xq, wq, xs, ws):
+    y = jax.lax.dot_general(xq, wq, (((1,), (0,)), ((), ())),
+                            preferred_element_type=jnp.bfloat16)
+    return (y * (xs * ws).astype(jnp.bfloat16)).astype(jnp.bfloat16)
+
+
+def methods() -> list:
+    """[(dtype, method, operands key, function)]."""
+    return [
+        ("bfloat16", "xla.dot", "bf16", jnp.dot),
+        ("bfloat16", "fo_jax.matmul", "bf16", fo_jax.matmul),
+        ("float8_e4m3fn", "xla.dot", "fp8", xla_fp8_dot),
+        ("float8_e4m3fn", "fo_jax.matmul", "fp8",
+         lambda xq, wq, xs, ws: fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws)),
+        ("float8_e4m3fn", "fo_jax.matmul_wt", "fp8_t",
+         lambda xq, wt, xs, ws: fo_jax.matmul(xq, wt, x_scale=xs, w_scale=ws,
+                                              w_transposed=True)),
+    ]
+
+
+def fp8_config(m: int, n: int, k: int) -> str:
+    from fo_jax import _plan  # noqa: PLC0415
+
+    return _plan.plan_matmul("bench_fp8", jnp.dtype(jnp.float8_e4m3fn), m, n, k,
+                             None).config_name
+
+
+def measure(res, shape: tuple, timer, first_key: int) -> dict:
+    m, n, k = shape
+    ops = operands(m, n, k, seed=m * 7 + n * 3 + k)
+    xq, wq, xs, ws = ops["fp8"]
+    ref = fo_jax.reference.fp8_matmul(xq, wq, xs, ws)
+    entries, ok = [], {}
+    for j, (dtype, method, key, f) in enumerate(methods()):
+        fn = named_jit(f, first_key + j)
+        error = None
+        try:
+            y = fn(*ops[key])
+            jax.block_until_ready(y)
+            if dtype == "float8_e4m3fn":
+                err = float(_benchcore.rel_err(y, ref))
+                if not err <= TOLERANCE:
+                    raise AssertionError(f"relative error {err:.2e} against the dequantized "
+                                         f"float32 product")
+            for _ in range(3):
+                jax.block_until_ready(fn(*ops[key]))
+            ok[first_key + j] = (fn, ops[key])
+        except Exception as e:  # noqa: BLE001 (one failing method must not end the run)
+            error = f"{type(e).__name__}: {e}"[:300]
+            print(f"    {m}x{n}x{k} {dtype} {method}: {error}", file=sys.stderr)
+        entries.append((first_key + j, dtype, method, error))
+    gpu = timer(ok)
+    flops = 2.0 * m * n * k
+    summary = {}
+    for key, dtype, method, error in entries:
+        config = fp8_config(m, n, k) if method.startswith("fo_jax") and dtype != "bfloat16" \
+            else None
+        row = dict(dtype=dtype, M=m, N=n, K=k, method=method, config=config)
+        if key in gpu:
+            ms, kernel = gpu[key]
+            row.update(ms=round(ms, 5), tflops=round(flops / ms / 1e9, 1),
+                       kernel=trace_timing.short_kernel(kernel))
+            summary[(dtype, method)] = ms
+        else:
+            row.update(ms=None, error=error)
+        res.add(**row)
+    return summary
+
+
+def ratio(a, b) -> str:
+    return f"{a / b:.3f}" if a and b else "-"
+
+
+def markdown(base: dict, table: list) -> str:
+    header = ["M", "N", "K", "xla bf16 ms", "fo_jax bf16 ms", "xla fp8 ms", "fo_jax fp8 ms",
+              "fo_jax fp8 (w [N,K]) ms", "xla fp8 / fo_jax fp8", "fo_jax bf16 / fo_jax fp8",
+              "xla bf16 / xla fp8"]
+    rows = []
+    for (m, n, k), s in table:
+        g = lambda d, meth: s.get((d, meth))  # noqa: E731
+        b16x, b16f = g("bfloat16", "xla.dot"), g("bfloat16", "fo_jax.matmul")
+        f8x, f8f, f8t = (g("float8_e4m3fn", "xla.dot"), g("float8_e4m3fn", "fo_jax.matmul"),
+                         g("float8_e4m3fn", "fo_jax.matmul_wt"))
+        fmt = lambda v: f"{v:.4f}" if v else "-"  # noqa: E731
+        rows.append([m, n, k, fmt(b16x), fmt(b16f), fmt(f8x), fmt(f8f), fmt(f8t),
+                     ratio(f8x, f8t), ratio(b16f, f8t), ratio(b16x, f8x)])
+    title = (f"# fp8 GEMM: fo_jax vs XLA\n\n{_benchcore.provenance(base)}\n\nGPU kernel time "
+             "per call (JAX profiler, median of rounds); ratios over fo_jax's fp8 kernel with a "
+             "pre-transposed weight (> 1: fo_jax faster).\n\n")
+    return title + _benchcore.markdown_table(header, rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--shapes", nargs="*", default=None, help="MxNxK ... instead of the list")
+    ap.add_argument("--rounds", type=int, default=3, help="traces per shape (median)")
+    ap.add_argument("--calls", type=int, default=8, help="calls per method in each trace")
+    args = ap.parse_args()
+
+    gpus = benchlib.cuda_gpus_or_exit("bench_fp8.py")
+    info = benchlib.device_info(gpus[:1])
+    res = benchlib.Results({"suite": "gemm_fp8", **info}, echo=False)
+    stem = os.path.join(args.out, gemm_sweep_report.file_stem(res.base).replace(
+        "gemm_sweep_", "gemm_fp8_", 1))
+    shapes = [_benchcore.parse_shape(s) for s in (args.shapes or SHAPES)]
+    timer = trace_timing.TraceTimer(args.rounds, args.calls)
+    os.makedirs(args.out, exist_ok=True)
+    table = []
+    t0 = time.perf_counter()
+    with open(stem + ".jsonl", "w") as jsonl:  # written shape by shape: a crash keeps the rest
+        for j, shape in enumerate(shapes):
+            first = len(res.rows)
+            summary = measure(res, shape, timer, first_key=len(res.rows))
+            jsonl.writelines(json.dumps(r) + "\n" for r in res.rows[first:])
+            jsonl.flush()
+            table.append((shape, summary))
+            f8x = summary.get(("float8_e4m3fn", "xla.dot"))
+            f8t = summary.get(("float8_e4m3fn", "fo_jax.matmul_wt"))
+            b16 = summary.get(("bfloat16", "fo_jax.matmul"))
+            print(f"[{j + 1}/{len(shapes)}] {'x'.join(map(str, shape))}: xla fp8 / fo_jax fp8 "
+                  f"{ratio(f8x, f8t)}, fo_jax bf16 / fp8 {ratio(b16, f8t)} "
+                  f"[{time.perf_counter() - t0:.0f} s]", file=sys.stderr, flush=True)
+    md = markdown(res.base, table)
+    res.write_markdown(stem + ".md", md)
+    print(md)
+    print(f"wrote {stem}.jsonl, {stem}.md", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

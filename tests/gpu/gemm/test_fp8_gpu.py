@@ -1,0 +1,180 @@
+"""fp8 (float8_e4m3fn) GEMM on a GPU: every fp8 tile configuration against a float64 reference of
+the dequantized operands, outputs poisoned before each run; fo_jax.matmul's fp8 path end to end;
+overlapped_matmul with fp8 operands over an axis of size 1.
+
+Tolerance: quantize_fp8's outputs are exact fp8 values, so the float64 product of the dequantized
+operands is the exact answer; the kernel's only errors are its accumulation and the one bf16
+rounding of the output (2^-8 relative). Accumulation: the tensor cores add fp8 products into a
+partial sum that keeps ~13 fraction bits relative to the block's largest product, and CUTLASS's
+fp8 mainloop adds that partial sum into float32 registers every 4 MMAs (128 of K); each block's
+error is then at most ~2^-13 x 128 x its largest |product|, i.e. ~2^-11 of the sum of its
+|products| for random data (largest ~4x the mean). So
+|y - ref| <= 2^-8 |ref| + 2^-10 sum_k |x_ik w_kj|, twice that accumulation bound (the second
+term also covers entries that cancel to near zero). A wrong layout, a missing scale or a
+skipped k-block is off by far more: sum_k |x w| is only ~sqrt(K) times |ref| for random data."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fo_jax
+from conftest import gpu_devices_or_skip
+
+pytestmark = pytest.mark.gpu
+
+POISON = float("nan")
+
+
+def _fp8_configs():
+    from fo_jax import _plan
+
+    return [c for c in _plan.gemm_configs() if "float8_e4m3fn" in c.get("dtypes", ())]
+
+
+def _operands(m, k, n, seed):
+    kx, kw = jax.random.split(jax.random.key(seed))
+    x = 2.0 * jax.random.normal(kx, (m, k), jnp.float32)
+    w = 0.1 * jax.random.normal(kw, (k, n), jnp.float32)
+    return (*fo_jax.quantize_fp8(x), *fo_jax.quantize_fp8(w))
+
+
+def _check(y, xq, xs, wq, ws):
+    X = np.asarray(xq, np.float64) * float(xs)
+    W = np.asarray(wq, np.float64) * float(ws)
+    ref = X @ W
+    mag = np.abs(X) @ np.abs(W)
+    got = np.asarray(y, np.float64)
+    assert np.all(np.isfinite(got)), "poisoned (NaN) outputs left"
+    err = np.abs(got - ref)
+    bound = 2.0**-8 * np.abs(ref) + 2.0**-10 * mag
+    worst = np.unravel_index(np.argmax(err - bound), err.shape)
+    assert np.all(err <= bound), (worst, got[worst], ref[worst], bound[worst])
+    # In norm the roundings average out (bf16's is ~2^-9 rms): a skipped k-block would not.
+    rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert rel <= 2.0**-7, rel
+
+
+# Odd multiples of 16 (K) and of 8 (M, N), small M, and a few tiles' worth of rows.
+SHAPES = [(128, 256, 128), (8, 16, 8), (72, 208, 40), (1000, 784, 1032), (4096, 1024, 4096),
+          (32, 7168, 1536)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fp8_configs_against_float64(shape):
+    gpu_devices_or_skip(1)
+    configs = _fp8_configs()
+    if not configs:
+        pytest.skip("the compiled CUDA module has no fp8 kernels")
+    from fo_jax import _cuda_ops, _plan
+
+    m, k, n = shape
+    xq, xs, wq, ws = _operands(m, k, n, seed=m + k + n)
+    for cfg in configs:
+        config = fo_jax.OverlapConfig(gemm_config=cfg["name"], num_groups=1)
+        plan = _plan.plan_matmul("test", jnp.dtype(jnp.float8_e4m3fn), m, n, k, config)
+        d_init = jnp.full((m, n), POISON, jnp.bfloat16)
+        f = jax.jit(lambda x, w, a, b, d, plan=plan: _cuda_ops.signaling_gemm_fp8(
+            x, w.T, a, b, plan, signal=False, d_init=d))
+        y, _ = f(xq, wq, xs, ws, d_init)
+        _check(y, xq, xs, wq, ws)
+
+
+def test_fp8_signals_every_group():
+    gpu_devices_or_skip(1)
+    if not _fp8_configs():
+        pytest.skip("the compiled CUDA module has no fp8 kernels")
+    from fo_jax import _cuda_ops, _plan
+
+    m, k, n = 2048, 512, 768
+    xq, xs, wq, ws = _operands(m, k, n, seed=5)
+    for cfg in _fp8_configs():
+        config = fo_jax.OverlapConfig(gemm_config=cfg["name"], num_groups=4)
+        plan = _plan.plan_matmul("test", jnp.dtype(jnp.float8_e4m3fn), m, n, k, config)
+        y, counters = jax.jit(lambda x, w, a, b, plan=plan: _cuda_ops.signaling_gemm_fp8(
+            x, w.T, a, b, plan))(xq, wq, xs, ws)
+        _check(y, xq, xs, wq, ws)
+        tiles_n = -(-n // cfg["tile_n"])
+        bounds = plan.group_begin
+        want = [(bounds[g + 1] - bounds[g]) * tiles_n for g in range(len(bounds) - 1)]
+        np.testing.assert_array_equal(np.asarray(counters), want)
+
+
+def test_fp8_matmul_end_to_end():
+    gpu_devices_or_skip(1)
+    m, k, n = 512, 1024, 768
+    xq, xs, wq, ws = _operands(m, k, n, seed=11)
+    y = jax.jit(lambda x, w, a, b: fo_jax.matmul(x, w, x_scale=a, w_scale=b))(xq, wq, xs, ws)
+    assert y.dtype == jnp.bfloat16
+    _check(y, xq, xs, wq, ws)
+    yt = jax.jit(lambda x, w, a, b: fo_jax.matmul(x, w, x_scale=a, w_scale=b,
+                                                  w_transposed=True))(xq, wq.T, xs, ws)
+    np.testing.assert_array_equal(np.asarray(yt, np.float32), np.asarray(y, np.float32))
+    # Gradients and vmap take the same kernel in the forward.
+    g = jax.grad(lambda a: jnp.sum(fo_jax.matmul(xq, wq, x_scale=a, w_scale=ws)
+                                   .astype(jnp.float32)))(xs)
+    assert np.isfinite(float(g))
+
+
+def test_fp8_overlapped_axis_size_one():
+    devices = gpu_devices_or_skip(1)
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    mesh = Mesh(np.array(devices[:1]), ("tp",))
+    m, k, n = 1024, 512, 256
+    xq, xs, wq, ws = _operands(m, k, n, seed=13)
+    for collective in ("reduce_scatter", "all_reduce"):
+        def body(x, w, a, b, collective=collective):
+            c = fo_jax.describe(x, w, axis_name="tp", collective=collective)
+            assert c.path == "cuda", c
+            return fo_jax.overlapped_matmul(x, w, axis_name="tp", collective=collective,
+                                            x_scale=a, w_scale=b)
+
+        out = P("tp", None) if collective == "reduce_scatter" else P()
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(), P()),
+                                  out_specs=out))
+        _check(f(xq, wq, xs, ws), xq, xs, wq, ws)
+
+
+def _remap(ref, plan, batch, m):
+    """The group-major layout of a batched launch (signaling_gemm.h) from the plain product."""
+    out = np.empty_like(ref)
+    for g in range(plan.num_groups):
+        r0 = min(plan.group_begin[g] * plan.tile_m, m)
+        r1 = min(plan.group_begin[g + 1] * plan.tile_m, m)
+        for b in range(batch):
+            dst = batch * r0 + b * (r1 - r0)
+            out[dst:dst + r1 - r0] = ref[b * m + r0:b * m + r1]
+    return out
+
+
+@pytest.mark.parametrize("batch", [2, 4])
+@pytest.mark.parametrize("m", [72, 200])
+def test_fp8_batched_remap(batch, m):
+    """The reduce-scatter producer's layout: bands shorter than a tile take the direct store,
+    which applies the scales itself; every tile is counted."""
+    gpu_devices_or_skip(1)
+    if not _fp8_configs():
+        pytest.skip("the compiled CUDA module has no fp8 kernels")
+    from fo_jax import _cuda_ops, _plan
+
+    n, k = 392, 208
+    xq, xs, wq, ws = _operands(batch * m, k, n, seed=batch * m)
+    X = np.asarray(xq, np.float64) * float(xs)
+    W = np.asarray(wq, np.float64) * float(ws)
+    for cfg in _fp8_configs():
+        config = fo_jax.OverlapConfig(gemm_config=cfg["name"], num_groups=3)
+        plan = _plan.plan_gemm("test", jnp.dtype(jnp.float8_e4m3fn), m, n, k, batch, config, 1,
+                               0)
+        d_init = jnp.full((batch * m, n), POISON, jnp.bfloat16)
+        y, counters = jax.jit(lambda x, w, a, b, d, plan=plan: _cuda_ops.signaling_gemm_fp8(
+            x, w.T, a, b, plan, d_init=d))(xq, wq, xs, ws, d_init)
+        got = np.asarray(y, np.float64)
+        assert np.all(np.isfinite(got)), cfg["name"]
+        ref = _remap(X @ W, plan, batch, m)
+        mag = _remap(np.abs(X) @ np.abs(W), plan, batch, m)
+        assert np.all(np.abs(got - ref) <= 2.0**-8 * np.abs(ref) + 2.0**-10 * mag), cfg["name"]
+        tiles_n = -(-n // plan.tile_n)
+        b = plan.group_begin
+        want = [batch * (b[g + 1] - b[g]) * tiles_n for g in range(plan.num_groups)]
+        np.testing.assert_array_equal(np.asarray(counters), want)
