@@ -127,7 +127,8 @@ def test_quantize_straight_through_gradient():
 @pytest.mark.parametrize("shape", [(64, 128, 32), (48, 80, 24), (3, 16, 8)])
 def test_reference_numerics(shape):
     m, k, n = shape
-    xq, xs, wq, ws = _operands(m, k, n, seed=m)
+    # On the CPU (committed operands): the reference path, whatever the default backend is.
+    xq, xs, wq, ws = jax.device_put(_operands(m, k, n, seed=m), jax.devices("cpu")[0])
     y = jax.jit(lambda *a: fo_jax.matmul(a[0], a[2], x_scale=a[1], w_scale=a[3]))(xq, xs, wq, ws)
     assert y.dtype == jnp.bfloat16 and y.shape == (m, n)
     ref = _dequant64(xq, xs) @ _dequant64(wq, ws)
