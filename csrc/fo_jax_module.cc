@@ -45,7 +45,8 @@ NB_MODULE(_fo_jax_cuda, m) {
   // The plan's enums: Python names a value, C++ owns its number (fo_jax/_cuda_ops.py).
   nb::enum_<fo_jax::Collective>(m, "Collective")
       .value("reduce_scatter", fo_jax::Collective::kReduceScatter)
-      .value("all_reduce", fo_jax::Collective::kAllReduce);
+      .value("all_reduce", fo_jax::Collective::kAllReduce)
+      .value("all_gather", fo_jax::Collective::kAllGather);
   nb::enum_<fo_jax::Transport>(m, "Transport")
       .value("nccl", fo_jax::Transport::kNccl)
       .value("copy_engine", fo_jax::Transport::kCopyEngine);
@@ -71,6 +72,7 @@ NB_MODULE(_fo_jax_cuda, m) {
       d["cluster_n"] = c.cluster_n;
       d["pingpong"] = c.pingpong;
       d["takes_addends"] = fo_jax::GemmConfigTakesAddends(i);
+      d["has_consumer"] = fo_jax::GemmConfigHasConsumer(i);
       configs.append(d);
     }
     return configs;
@@ -82,6 +84,15 @@ NB_MODULE(_fo_jax_cuda, m) {
         return fo_jax::SelectGemmConfig(dtype, m, n, k, batch, sm_budget);
       },
       nb::arg("dtype"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("batch"),
+      nb::arg("sm_budget"));
+
+  // The consumer GEMM's pick (the all-gather's) for bands of band_rows rows.
+  m.def(
+      "select_consumer_gemm_config",
+      [](fo_jax::GemmDtype dtype, int m, int n, int k, int band_rows, int sm_budget) {
+        return fo_jax::SelectConsumerGemmConfig(dtype, m, n, k, band_rows, sm_budget);
+      },
+      nb::arg("dtype"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("band_rows"),
       nb::arg("sm_budget"));
 
   m.def("max_gemm_groups", []() { return fo_jax::kMaxGemmGroups; });

@@ -146,6 +146,19 @@ def choose(fn: str, collective: str, size: int, dtype, m_total: int, n: int, k: 
     return "nccl", f"NCCL transport ({problem})"
 
 
+def choose_all_gather(fn: str, config: Optional[OverlapConfig]) -> tuple:
+    """The overlapped all-gather's transport: ("nccl", why). The copy-engine all-gather (the
+    rule above would pick it where every rank is in one process with peer access) is not built
+    yet, so NCCL takes every call; asking for the copy engine raises ValueError."""
+    requested = config.transport if config is not None else None
+    if requested == "copy_engine":
+        raise ValueError(f"{fn}: OverlapConfig(transport='copy_engine'): the copy-engine "
+                         "all-gather is not built yet; use transport='nccl' or None")
+    if requested == "nccl":
+        return "nccl", "NCCL transport (requested)"
+    return "nccl", "NCCL transport (the copy-engine all-gather is not built yet)"
+
+
 def _explicit_bounds(fn: str, bounds: tuple, chunks: int, tiles_chunk: int, cluster_m: int,
                      max_groups: int) -> tuple:
     """OverlapConfig.copy_engine_group_bounds, checked against the call: group boundaries in

@@ -121,9 +121,7 @@ def _choose_overlapped(dtype, config, m: int, n: int, k: int, platform: str, col
     if c.path != "cuda":
         return c
     if collective == "all_gather":
-        return PathChoice(op, "xla", "no overlapped all-gather transport yet: XLA's all_gather, "
-                          "then its dot (the pairing with the other ops' backward holds)",
-                          platform=platform, **extra)
+        return _choose_all_gather(dtype, config, m, n, k, platform, size)
     transport, how = _transport.choose("fo_jax.overlapped_matmul", collective, size, dtype, m, n,
                                        k, config)
     floor = (_plan.MIN_GEMM_SECONDS_COPY_ENGINE if transport == "copy_engine"
@@ -136,6 +134,39 @@ def _choose_overlapped(dtype, config, m: int, n: int, k: int, platform: str, col
             platform=platform, **extra)
     return PathChoice(op, "cuda", f"fo_jax CUDA kernels on CUDA devices; {how}",
                       transport=transport, platform=platform, **extra)
+
+
+def _choose_all_gather(dtype, config, m: int, n: int, k: int, platform: str,
+                       size: int) -> PathChoice:
+    """The CUDA path of all_gather(x[m, k]) @ w[k, n] over `size` ranks once fo_jax's kernels
+    can take its GEMM: the overlapped pipeline where the config opts in and the shape fits,
+    else XLA's all_gather then its dot (the pairing with the other ops' backward holds)."""
+    op = "overlapped_matmul"
+    extra = dict(collective="all_gather", axis_size=size, platform=platform)
+    plain = "XLA's all_gather, then its dot"
+    if config is None or config.all_gather != "overlap":
+        return PathChoice(op, "xla", f"{plain}: the overlapped all-gather is opt-in until it has "
+                          "passed its multi-GPU runs (OverlapConfig(all_gather='overlap'))",
+                          **extra)
+    problem = _plan.all_gather_problem(dtype, m, n, k, size, config)
+    if problem is not None:
+        return PathChoice(op, "xla", f"{plain}: {problem}", **extra)
+    transport, how = _transport.choose_all_gather("fo_jax.all_gather_matmul", config)
+    t_gemm = _plan.estimate_seconds("all_gather", m * size, n, k)[0]
+    if config.allow_fallback and t_gemm < _plan.MIN_GEMM_SECONDS:
+        return PathChoice(op, "xla", (
+            f"{plain}: too small to gain from overlap (estimated GEMM {t_gemm * 1e6:.0f} us < "
+            f"{_plan.MIN_GEMM_SECONDS * 1e6:.0f} us)"), transport=transport, **extra)
+    return PathChoice(op, "cuda", f"fo_jax's overlapped all-gather (opted in, not yet verified "
+                      f"on multi-GPU machines); {how}", transport=transport, **extra)
+
+
+def _all_gather_config(config: Optional[OverlapConfig]) -> Optional[OverlapConfig]:
+    """The config of a reduce-scatter's backward all-gather: the forward's opt-in only (its
+    other fields describe the forward's GEMM)."""
+    if config is None or config.all_gather is None:
+        return None
+    return OverlapConfig(all_gather=config.all_gather)
 
 
 def _rows(x) -> int:
@@ -344,8 +375,9 @@ def _overlapped_2d(x, w, axis_name: str, collective: str, config, size: int):
     forward = _overlap_batchable(axis_name, collective, config, size)
     gather_matmul = None
     if collective == "reduce_scatter":
-        gather_matmul = functools.partial(_all_gather_matmul_2d, axis_name=axis_name, config=None,
-                                          size=size, recompute=False)
+        gather_matmul = functools.partial(_all_gather_matmul_2d, axis_name=axis_name,
+                                          config=_all_gather_config(config), size=size,
+                                          recompute=False)
     return autodiff.overlapped_matmul_vjp(forward, x, w, axis_name, collective, gather_matmul)
 
 
@@ -357,7 +389,17 @@ def _all_gather_forward(x, w, axis_name: str, config, size: int) -> tuple:
     if choice.path == "xla":
         plain = functools.partial(reference.plain_all_gather_matmul, axis_name=axis_name)
         return jax.lax.platform_dependent(x, w, cuda=plain, default=ref)
-    return ref(x, w)
+    if choice.path != "cuda":
+        return ref(x, w)
+    from fo_jax._cuda_ops import all_gather_matmul_cuda  # noqa: PLC0415 (needs the module)
+
+    fn = "fo_jax.all_gather_matmul"
+    m, k, n = x.shape[0], x.shape[1], w.shape[1]
+    plan = _plan.plan_overlap(fn, "all_gather", size, jnp.dtype(x.dtype), m, n, k, config,
+                              choice.transport)
+    log.debug("%s: plan: %s", fn, plan.describe())
+    cuda = functools.partial(all_gather_matmul_cuda, axis_name=axis_name, plan=plan)
+    return jax.lax.platform_dependent(x, w, cuda=cuda, default=ref)
 
 
 def _all_gather_matmul_2d(x, w, axis_name: str, config, size: int, recompute: bool) -> tuple:
