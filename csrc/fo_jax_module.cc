@@ -95,6 +95,29 @@ NB_MODULE(_fo_jax_cuda, m) {
       nb::arg("dtype"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("band_rows"),
       nb::arg("sm_budget"));
 
+  // Tests: the consumer GEMM's band visit order on rank `rank` of an all-gather over axis_size
+  // ranks whose rows are sent in bands_per_rank bands (OverlapGemmArgs, comm/overlap_plan.h).
+  m.def(
+      "all_gather_band_order",
+      [](int axis_size, int bands_per_rank, int rank) {
+        if (axis_size < 1 || bands_per_rank < 1 || rank < 0 || rank >= axis_size ||
+            axis_size * bands_per_rank > fo_jax::kMaxGemmBands) {
+          throw std::invalid_argument("all_gather_band_order: bad axis_size, bands_per_rank or "
+                                      "rank");
+        }
+        fo_jax::OverlapPlan plan;
+        plan.collective = fo_jax::Collective::kAllGather;
+        plan.axis_size = axis_size;
+        plan.tiles_chunk = 1;
+        fo_jax::OverlapShape shape;
+        shape.m = int64_t(axis_size) * bands_per_rank *
+                  fo_jax::GetGemmConfig(plan.gemm.config).tile_m;
+        shape.n = shape.k = 128;
+        const fo_jax::SignalingGemmArgs args = fo_jax::OverlapGemmArgs(plan, shape, rank);
+        return std::vector<int>(args.band_order, args.band_order + axis_size * bands_per_rank);
+      },
+      nb::arg("axis_size"), nb::arg("bands_per_rank"), nb::arg("rank"));
+
   m.def("max_gemm_groups", []() { return fo_jax::kMaxGemmGroups; });
 
   // The NCCL transport's progress watchdog limit (fo_jax/_env.py, FO_JAX_COMM_TIMEOUT_S), set
