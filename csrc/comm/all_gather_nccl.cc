@@ -72,6 +72,16 @@ Status EnqueueAllGatherNccl(CommState& state, cudaStream_t xla_stream, const Ove
                             const OverlapShape& shape, SignalingGemmArgs gemm,
                             const AllGatherBuffers& buffers) {
   const AllGatherBands bands = AllGatherBandsOf(plan, shape);
+  // NCCL's kernels need SMs that the waiting GEMM does not hold, or it waits forever.
+  int sms = 0;
+  FO_JAX_RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, state.device), "SM count"));
+  if (gemm.sm_budget <= 0 || gemm.sm_budget >= sms) {
+    return Status::InvalidArgument(
+        "the all-gather's GEMM must leave NCCL SMs: its sm_budget resolves to " +
+        std::to_string(gemm.sm_budget) + " of this GPU's " + std::to_string(sms) +
+        " SMs (pass OverlapConfig.sm_budget below the SM count, or leave it unset)");
+  }
   FO_JAX_RETURN_IF_ERROR(EnqueueOwnRows(xla_stream, shape, bands, state.rank, buffers));
   FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(state.inputs_ready, xla_stream),
                                     "recording the all-gather's inputs_ready"));

@@ -30,7 +30,8 @@ struct AllGatherBuffers {
   uint32_t* flags = nullptr;
 };
 
-// Enqueues the whole call on `xla_stream` and the comm stream. `gemm`: OverlapGemmArgs of the
+// Enqueues the whole call on `xla_stream` and the comm stream; InvalidArgument, before
+// enqueueing anything, when gemm.sm_budget leaves NCCL no SM. `gemm`: OverlapGemmArgs of the
 // validated plan for state.rank, with b, d and sm_budget set; a and wait_flags are set here.
 // Afterwards XLA's stream waits for the comm stream, and the call's end is noted for the
 // progress watchdog (comm_registry.h).

@@ -293,3 +293,14 @@ def test_opted_in_op_on_cpu_equals_the_plain_ops(tp):
     np.testing.assert_allclose(v1, v2, rtol=1e-5)
     np.testing.assert_allclose(dx1, dx2, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dw1, dw2, rtol=1e-4, atol=1e-4)
+
+
+def test_bench_rows_opt_in():
+    """The benchmarks' fo_jax all_gather rows run the overlapped all-gather; a configuration
+    with an SM budget (fo_jax.sequential: every SM, none left to NCCL) keeps XLA's path."""
+    from fo_jax.bench import core
+
+    assert core.gather_config(None).all_gather == "overlap"
+    assert core.gather_config(fo_jax.OverlapConfig(transport="nccl")).all_gather == "overlap"
+    assert core.gather_config(fo_jax.OverlapConfig(num_groups=1, sm_budget=1024)).all_gather \
+        is None
