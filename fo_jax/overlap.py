@@ -402,13 +402,39 @@ def _all_gather_forward(x, w, axis_name: str, config, size: int) -> tuple:
     return jax.lax.platform_dependent(x, w, cuda=cuda, default=ref)
 
 
+def _all_gather_batchable(axis_name: str, config, size: int):
+    """The forward (x, w) -> (y, gathered x) with a batching rule: a batched x joins the GEMM's
+    rows (the gather then orders them rank-major, element-major within each rank's block, and
+    they are put back element by element); a batched w maps over the batch."""
+
+    @custom_vmap
+    def forward(x, w):
+        return _all_gather_forward(x, w, axis_name, config, size)
+
+    @forward.def_vmap
+    def forward_batched(axis_size, in_batched, x, w):
+        x_batched, w_batched = in_batched
+        inner = _all_gather_batchable(axis_name, config, size)
+        if w_batched:
+            return _map_over_weights(inner, x, w, x_batched), (True, True)
+        b, r, k = x.shape
+        n = w.shape[1]
+        y, g = inner(x.reshape(b * r, k), w)
+
+        def unfold(a, cols):  # rows (rank, element, row) -> (element, rank, row)
+            return a.reshape(size, b, r, cols).transpose(1, 0, 2, 3).reshape(b, size * r, cols)
+
+        return (unfold(y, n), unfold(g, k)), (True, True)
+
+    return forward
+
+
 def _all_gather_matmul_2d(x, w, axis_name: str, config, size: int, recompute: bool) -> tuple:
     """(all_gather(x) @ w, all_gather(x)) for x[M, K], w[K, N], with its VJP (dx through the
     GEMM + reduce-scatter op)."""
     if size == 1:
         return _gemm(x, w, config), x
-    forward = functools.partial(_all_gather_forward, axis_name=axis_name, config=config,
-                                size=size)
+    forward = _all_gather_batchable(axis_name, config, size)
     matmul_scatter = functools.partial(_overlapped_2d, axis_name=axis_name,
                                        collective="reduce_scatter", config=None, size=size)
     return autodiff.all_gather_matmul_vjp(forward, x, w, axis_name, matmul_scatter, recompute)

@@ -304,3 +304,43 @@ def test_bench_rows_opt_in():
     assert core.gather_config(fo_jax.OverlapConfig(transport="nccl")).all_gather == "overlap"
     assert core.gather_config(fo_jax.OverlapConfig(num_groups=1, sm_budget=1024)).all_gather \
         is None
+
+
+@pytest.mark.parametrize("w_batched", [False, True])
+def test_vmap_of_the_opted_in_op(w_batched):
+    """vmap folds a batched x into the GEMM's rows (and maps over a batched w): on CPU devices
+    equal to the plain ops per element; with the module, it lowers for cuda to the overlapped
+    call."""
+    tp = 4
+    mesh = cpu_mesh((tp,), ("tp",))
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((3, 128 * tp, 64)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((3, 64, 16 * tp) if w_batched else (64, 16 * tp)),
+                    jnp.float32)
+    w_axis = 0 if w_batched else None
+    w_spec = P(None, None, "tp") if w_batched else P(None, "tp")
+
+    def fo(x, w):
+        return jax.vmap(lambda a, b: fo_jax.all_gather_matmul(a, b, axis_name="tp",
+                                                              config=OPT_IN),
+                        in_axes=(0, w_axis))(x, w)
+
+    def plain(x, w):
+        def one(a, b):
+            g = jax.lax.all_gather(a, "tp", axis=0, tiled=True)
+            return jnp.dot(g, b, precision=jax.lax.Precision.HIGHEST), g
+        return jax.vmap(one, in_axes=(0, w_axis))(x, w)
+
+    def run(op):
+        return jax.jit(jax.shard_map(op, mesh=mesh, in_specs=(P(None, "tp", None), w_spec),
+                                     out_specs=(P(None, None, "tp"), P(None, "tp", None))))
+
+    (y1, g1), (y2, g2) = run(fo)(x, w), run(plain)(x, w)
+    np.testing.assert_allclose(y1, y2, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(g1, g2)
+    if fo_jax.cuda_module_available():
+        xb = jax.ShapeDtypeStruct((3, 1024 * tp, 1024), jnp.bfloat16)
+        wb = jax.ShapeDtypeStruct((3, 1024, 1024 * tp) if w_batched else (1024, 1024 * tp),
+                                  jnp.bfloat16)
+        text = run(fo).trace(xb, wb).lower(lowering_platforms=("cuda",)).as_text()
+        assert _custom_calls(text)
