@@ -311,16 +311,17 @@ def plan_all_gather(fn: str, axis_size: int, dtype, rows: int, n: int, k: int,
                     config: Optional[OverlapConfig], transport: str) -> OverlapPlan:
     """The plan of an overlapped all_gather(x) @ w, x[rows, k] per rank (all_gather_problem
     says None): the consumer GEMM over the rows * axis_size gathered rows, one group per band
-    (each rank's rows in all_gather_bands_per_rank bands), on the SMs NCCL leaves it."""
-    if transport != "nccl":
-        raise ValueError(f"{fn}: the all-gather runs on the NCCL transport only (the "
-                         f"copy-engine all-gather is not built), not {transport!r}")
+    (each rank's rows in all_gather_bands_per_rank bands), on the SMs NCCL leaves it (every SM
+    on the copy engine)."""
+    if transport not in ("nccl", "copy_engine"):
+        raise ValueError(f"{fn}: unknown transport {transport!r}")
     m = rows * axis_size
     d = overlap_defaults("all_gather", m, n, k, dtype=dtype, tp=axis_size)
     max_ctas = d["nccl_max_ctas"]
     if config is not None and config.nccl_max_ctas is not None:
         max_ctas = config.nccl_max_ctas
-    sm_budget = -d["sms_for_nccl"]
+    # The copy engine moves the rows without SMs: the GEMM keeps them all.
+    sm_budget = 0 if transport == "copy_engine" else -d["sms_for_nccl"]
     if config is not None and config.sm_budget is not None:
         sm_budget = config.sm_budget
     per_rank = all_gather_bands_per_rank(config)

@@ -151,7 +151,7 @@ def _choose_all_gather(dtype, config, m: int, n: int, k: int, platform: str,
     problem = _plan.all_gather_problem(dtype, m, n, k, size, config)
     if problem is not None:
         return PathChoice(op, "xla", f"{plain}: {problem}", **extra)
-    transport, how = _transport.choose_all_gather("fo_jax.all_gather_matmul", config)
+    transport, how = _transport.choose_all_gather("fo_jax.all_gather_matmul", size, config)
     t_gemm = _plan.estimate_seconds("all_gather", m * size, n, k)[0]
     if config.allow_fallback and t_gemm < _plan.MIN_GEMM_SECONDS:
         return PathChoice(op, "xla", (

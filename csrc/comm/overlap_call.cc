@@ -1,6 +1,7 @@
 // See overlap_call.h.
 #include "comm/overlap_call.h"
 
+#include "comm/all_gather_copy_engine.h"
 #include "comm/all_gather_nccl.h"
 #include "comm/call_timeline.h"
 #include "comm/copy_engine.h"
@@ -93,7 +94,9 @@ Status OverlapCall::Enqueue(cudaStream_t stream) {
     ag.x = buffers_.x;
     ag.gathered = buffers_.workspace;
     ag.flags = buffers_.counters;
-    FO_JAX_RETURN_IF_ERROR(EnqueueAllGatherNccl(state, stream, plan_, shape_, gemm_, ag));
+    FO_JAX_RETURN_IF_ERROR(
+        copy_engine ? EnqueueAllGatherCopyEngine(state, stream, plan_, shape_, gemm_, ag)
+                    : EnqueueAllGatherNccl(state, stream, plan_, shape_, gemm_, ag));
     return Finish();
   }
   // Stream order on XLA's stream: zero counters -> inputs_ready -> GEMM, the first two issued by

@@ -4,7 +4,7 @@
 // failure policy (comm_registry.h) and prepares the transport (the copy engine's buffers, ring
 // and graphs); Enqueue launches the signaling GEMM on XLA's stream and the transport's work after
 // it (gated_collectives.h for NCCL, copy_engine.h for the copy engine); an all-gather's
-// consumer GEMM and NCCL transport are all_gather_nccl.h's. The communicator's lock
+// consumer GEMM and transports are all_gather_nccl.h's and all_gather_copy_engine.h's. The communicator's lock
 // is held from Prepare to the object's end, so a call's work is enqueued in one piece.
 #pragma once
 

@@ -71,13 +71,13 @@ Status ValidateCopyEngine(const OverlapPlan& plan, const OverlapShape& shape) {
   return Status::InvalidArgument("unknown sum split " + Str(int(plan.sum_split)));
 }
 
-// The all-gather's requirements (docs/design.md, "The all-gather"): the NCCL transport, rows per
-// rank in bands of whole clusters of a consumer config, one group per band.
+// The all-gather's requirements (docs/design.md, "The all-gather"): rows per rank in bands of
+// whole clusters of a consumer config, one group per band; 2 to 16 ranks on the copy engine.
 Status ValidateAllGather(const OverlapPlan& plan, const OverlapShape& shape) {
   const int P = plan.axis_size;
-  if (plan.transport != Transport::kNccl) {
-    return Status::InvalidArgument("the all-gather runs on the NCCL transport only (the "
-                                   "copy-engine all-gather is not built)");
+  if (plan.transport == Transport::kCopyEngine && (P < 2 || P > kMaxCopyEngineRanks)) {
+    return Status::InvalidArgument("the copy-engine transport takes 2 to " +
+                                   Str(kMaxCopyEngineRanks) + " ranks, the plan has " + Str(P));
   }
   if (plan.rounds != 1 || plan.ring || plan.sum_split != SumSplit::kOnePass) {
     return Status::InvalidArgument("an all-gather plan with a reduce-scatter's copy-engine "
@@ -184,7 +184,7 @@ Status ValidateOverlapPlan(const OverlapPlan& plan, const OverlapShape& shape) {
 
 SignalingGemmArgs OverlapGemmArgs(const OverlapPlan& plan, const OverlapShape& shape, int rank) {
   SignalingGemmArgs args = GemmArgsOf(plan.gemm, shape.dtype, shape.m, shape.n, shape.k);
-  if (plan.transport == Transport::kCopyEngine) {
+  if (plan.transport == Transport::kCopyEngine && plan.collective != Collective::kAllGather) {
     const int P = plan.axis_size;
     args.rotate_tile_rows = ((rank + 1) % P) * plan.tiles_chunk;
     args.rotate_period_tile_rows = plan.rounds > 1 ? P * plan.tiles_chunk : 0;

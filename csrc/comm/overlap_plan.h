@@ -44,7 +44,7 @@ struct OverlapPlan {
   bool ring = false;  // the ring reduce-scatter: partial sums added in the GEMM's epilogue
   SumSplit sum_split = SumSplit::kOnePass;
   int tiles_chunk = 0;  // GEMM tile-rows per chunk
-  // An all-gather's plan (NCCL transport only) uses tiles_chunk as the tile-rows of one band:
+  // An all-gather's plan uses tiles_chunk as the tile-rows of one band:
   // each rank's rows are rows_per_rank / (tiles_chunk * tile_m) bands, one group each, and the
   // GEMM is a consumer config's (SignalingGemmArgs::wait_flags).
 };

@@ -1,6 +1,6 @@
 """The overlapped all-gather + GEMM (OverlapConfig(all_gather="overlap")) without a GPU: its
-plans (consumer GEMM config, bands of whole clusters, one group per band, own bands first in the
-visit order, the SMs left to NCCL), the handler's decoding and validation of them (run on the
+plans on both transports (consumer GEMM config, bands of whole clusters, one group per band, own
+bands first in the visit order, the SMs left to NCCL, every SM on the copy engine), the handler's decoding and validation of them (run on the
 CPU), the paths describe() names (opt-in, fallbacks with their reasons), the custom call lowered
 for "cuda" from CPU devices (the plan attribute and its three results: y, the gathered x, the
 band flags) for a table of shapes, dtypes and axis sizes, and the opted-in op on CPU devices
@@ -43,38 +43,44 @@ TABLE = [
 ]
 
 
-def _config(bands):
-    return fo_jax.OverlapConfig(all_gather="overlap", allow_fallback=False, num_groups=bands)
+def _config(bands, **extra):
+    return fo_jax.OverlapConfig(all_gather="overlap", allow_fallback=False, num_groups=bands,
+                                **extra)
 
 
 @needs_module
+@pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
 @pytest.mark.parametrize("size,rows,n,k,dtype,bands", TABLE)
-def test_plan(size, rows, n, k, dtype, bands):
+def test_plan(size, rows, n, k, dtype, bands, transport):
     from fo_jax import _plan as plan_mod
 
-    plan = _plan(size, rows, n, k, dtype, _config(bands))
+    plan = _plan(size, rows, n, k, dtype, _config(bands), transport)
     per_rank = bands or 1
     c = plan_mod.gemm_configs()[plan.gemm.config_index]
-    assert plan.collective == "all_gather" and plan.transport == "nccl"
+    assert plan.collective == "all_gather" and plan.transport == transport
     assert c["has_consumer"] and c["name"] in ("pp_128x192x64_c2", "pp_128x128x64_c1")
     band_rows = plan.tiles_chunk * plan.gemm.tile_m
     assert band_rows * per_rank == rows and band_rows % (c["tile_m"] * c["cluster_m"]) == 0
     assert plan.gemm.group_begin == tuple(i * plan.tiles_chunk
                                           for i in range(size * per_rank + 1))
     assert plan.gemm.batch == 1 and plan.rounds == 1 and not plan.ring
-    assert plan.gemm.sm_budget < 0 and plan.nccl_max_ctas <= -plan.gemm.sm_budget  # NCCL fits
+    if transport == "nccl":  # NCCL's CTAs fit on the SMs the GEMM leaves
+        assert plan.gemm.sm_budget < 0 and plan.nccl_max_ctas <= -plan.gemm.sm_budget
+    else:  # no SM moves data
+        assert plan.gemm.sm_budget == 0
     assert f"bands of {band_rows} rows ({per_rank} per rank)" in plan.describe()
 
 
 @needs_module
+@pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
 @pytest.mark.parametrize("size,rows,n,k,dtype,bands", TABLE)
-def test_handler_decodes_the_plan(size, rows, n, k, dtype, bands):
+def test_handler_decodes_the_plan(size, rows, n, k, dtype, bands, transport):
     """The plan attribute as lowered, decoded and validated by the handler's own code (on the
     CPU), for every rank: a consumer GEMM over all gathered rows, one group per band, output
     rows = the gathered rows."""
     from fo_jax import _cuda_ops
 
-    plan = _plan(size, rows, n, k, dtype, _config(bands))
+    plan = _plan(size, rows, n, k, dtype, _config(bands), transport)
     for rank in range(size):
         got = _cuda_ops.check_overlap_plan(_cuda_ops.overlap_attribute(plan), dtype, rows * size,
                                            n, k, rank=rank)
@@ -116,7 +122,6 @@ def _config_index(name):
 
 @needs_module
 @pytest.mark.parametrize("change,message", [
-    (dict(transport="copy_engine"), "NCCL transport only"),
     (dict(config_index="coop_128x256x64_c1"), "has no consumer kernel"),
     (dict(group_begin=(0, 8, 16, 24, 32, 48, 64)), "one group per band"),
     (dict(tiles_chunk=3), "bands of a multiple"),
@@ -133,6 +138,17 @@ def test_handler_refuses_broken_plans(change, message):
     with pytest.raises(Exception, match=message):
         _cuda_ops.check_overlap_plan(_cuda_ops.overlap_attribute(plan), jnp.bfloat16, 8192,
                                      4096, 2048)
+
+
+@needs_module
+def test_handler_refuses_a_copy_engine_all_gather_of_too_many_ranks():
+    from fo_jax import _cuda_ops
+
+    plan = _plan(32, 128, 1024, 1024, transport="copy_engine",
+                 config=fo_jax.OverlapConfig(all_gather="overlap", allow_fallback=False))
+    with pytest.raises(Exception, match="copy-engine transport takes 2 to 16 ranks"):
+        _cuda_ops.check_overlap_plan(_cuda_ops.overlap_attribute(plan), jnp.bfloat16, 4096,
+                                     1024, 1024)
 
 
 @needs_module
@@ -158,9 +174,12 @@ def test_paths_and_reasons():
     assert default.path == "xla" and "opt-in" in default.reason
     xla = _choose(2048, 4096, 4096, fo_jax.OverlapConfig(all_gather="xla"))
     assert xla.path == "xla" and "opt-in" in xla.reason
-    on = _choose(2048, 4096, 4096, OPT_IN)
-    assert on.path == "cuda" and on.transport == "nccl" and "opted in" in on.reason
-    assert "copy-engine all-gather is not built" in on.reason
+    on = _choose(2048, 4096, 4096, OPT_IN)  # one process, no GPUs to lack peer access
+    assert on.path == "cuda" and on.transport == "copy_engine" and "opted in" in on.reason
+    nccl = _choose(2048, 4096, 4096, _config(None, transport="nccl"))
+    assert nccl.path == "cuda" and nccl.transport == "nccl" and "requested" in nccl.reason
+    many = _choose(128, 8192, 8192, OPT_IN, size=32)  # more ranks than the copy engine takes
+    assert many.transport == "nccl" and "2 to 16 ranks" in many.reason
     odd = _choose(136, 4096, 4096, OPT_IN)  # rows per rank not whole 128-row tiles
     assert odd.path == "xla" and "not a multiple of 128" in odd.reason
     split = _choose(2048, 4096, 4096, _config(3))
@@ -172,9 +191,9 @@ def test_paths_and_reasons():
 
 @needs_module
 def test_explicit_requests_that_cannot_run_raise():
-    with pytest.raises(ValueError, match="copy-engine all-gather is not built"):
-        _choose(2048, 4096, 4096, fo_jax.OverlapConfig(all_gather="overlap",
-                                                       transport="copy_engine"))
+    with pytest.raises(ValueError, match="transport='copy_engine'.*2 to 16 ranks"):
+        _choose(128, 8192, 8192, fo_jax.OverlapConfig(all_gather="overlap",
+                                                      transport="copy_engine"), size=32)
     with pytest.raises(ValueError, match="has no consumer kernel"):
         _choose(2048, 4096, 4096, fo_jax.OverlapConfig(all_gather="overlap",
                                                        gemm_config="coop_128x256x64_c1"))
@@ -205,15 +224,19 @@ def _custom_calls(text):
 
 
 @needs_module
+@pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
 @pytest.mark.parametrize("size,rows,n,k,dtype,bands", TABLE)
-def test_lowering_for_cuda(size, rows, n, k, dtype, bands):
-    """The custom call: collective all_gather (2), the plan's band table, and three results:
-    y [P * rows, n], the gathered x [P * rows, k], one flag word per band."""
-    plan = _plan(size, rows, n, k, dtype, _config(bands))
-    calls = _custom_calls(_lowered(size, rows, n, k, dtype, _config(bands)))
+def test_lowering_for_cuda(size, rows, n, k, dtype, bands, transport):
+    """The custom call: collective all_gather (2), the transport, the plan's band table, and
+    three results: y [P * rows, n], the gathered x [P * rows, k], one flag word per band."""
+    config = _config(bands, transport=transport)
+    plan = _plan(size, rows, n, k, dtype, config, transport)
+    calls = _custom_calls(_lowered(size, rows, n, k, dtype, config))
     assert len(calls) == 1
     call = calls[0]
     assert "collective = 2 : i32" in call and f"axis_size = {size} : i32" in call
+    code = 0 if transport == "nccl" else 1
+    assert f"transport = {code} : i32" in call
     assert f"tiles_chunk = {plan.tiles_chunk} : i32" in call
     ty = "bf16" if dtype == jnp.bfloat16 else "f16"
     m = rows * size

@@ -3,7 +3,8 @@
 One GPU: the whole call (the FFI handler, the own rows copied into the gathered output, the band
 flags zeroed and set in stream order, the consumer GEMM waiting on them) over a 1-rank group,
 against fo_jax's plain GEMM of the same tile configuration: bit-identical, call after call.
-2 or 4 GPUs: the NCCL transport against XLA's all_gather followed by fo_jax's plain GEMM of the
+2 or 4 GPUs: both transports (NCCL, and the copy engine where the GPUs have peer access)
+against XLA's all_gather followed by fo_jax's plain GEMM of the
 same configuration (bit-identical: the consumer changes only the tile visit order), bf16/fp16,
 shapes with several bands per rank and odd N and K, 1000 back-to-back calls, XLA's own
 collectives in the same jit, and gradients through the paired VJPs against the reference's."""
@@ -40,11 +41,25 @@ def _config(bands=None, **extra):
                                 **extra)
 
 
-def _plan(size, rows, n, k, dtype, config):
+def _plan(size, rows, n, k, dtype, config, transport="nccl"):
     from fo_jax import _plan as plan_mod
 
     return plan_mod.plan_overlap("test", "all_gather", size, jnp.dtype(dtype), rows, n, k, config,
-                                 "nccl")
+                                 transport)
+
+
+TRANSPORTS = ["nccl", "copy_engine"]
+
+
+def _transport_config(bands, transport, tp):
+    """The opted-in config on `transport`; skips the copy engine where it cannot run."""
+    from fo_jax import _transport
+
+    if transport == "copy_engine":
+        problem = _transport.all_gather_copy_engine_problem(tp)
+        if problem is not None:
+            pytest.skip(problem)
+    return _config(bands, transport=transport)
 
 
 def _plain_gemm(g, w, config_name):
@@ -99,13 +114,14 @@ SHAPES = [  # rows per rank, N per rank, K, bands per rank
 ]
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("rows,n,k,bands", SHAPES)
-def test_nccl_all_gather_is_bit_identical(rows, n, k, bands, dtype):
+def test_all_gather_is_bit_identical(rows, n, k, bands, dtype, transport):
     tp = _ntp()
     mesh = _mesh(tp)
-    config = _config(bands)
-    plan = _plan(tp, rows, n, k, dtype, config)
+    config = _transport_config(bands, transport, tp)
+    plan = _plan(tp, rows, n, k, dtype, config, transport)
     rng = np.random.default_rng(rows * tp + n)
     x, w, x64, w64 = random_operands(rng, rows * tp, k, n * tp, dtype)
     y, g = _ag_fn(mesh, config)(x, w)
@@ -130,18 +146,20 @@ def test_describe_on_gpus():
     w = jnp.zeros((1024, 1024 * tp), jnp.bfloat16)
     jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
                           out_specs=P("tp", None))).trace(x, w)
-    assert seen["on"].path == "cuda" and seen["on"].transport == "nccl"
+    assert seen["on"].path == "cuda" and seen["on"].transport in ("nccl", "copy_engine")
     assert seen["off"].path == "xla" and "opt-in" in seen["off"].reason
 
 
-def test_thousand_calls_with_xla_collectives_in_one_jit():
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_thousand_calls_with_xla_collectives_in_one_jit(transport):
     """1000 calls in a row, each jit also running XLA's own psum and all_gather around the
-    overlapped call (shared NCCL resources, XLA's buffers reused across calls)."""
+    overlapped call (shared NCCL resources, XLA's buffers reused across calls; on the copy
+    engine more calls than its ring of "call started" events)."""
     tp = _ntp()
     mesh = _mesh(tp)
-    config = _config(2)
+    config = _transport_config(2, transport, tp)
     rows, n, k = 512, 512, 1024
-    plan = _plan(tp, rows, n, k, jnp.bfloat16, config)
+    plan = _plan(tp, rows, n, k, jnp.bfloat16, config, transport)
 
     def body(x, w):
         y, g = fo_jax.all_gather_matmul(x, w, axis_name="tp", config=config)
@@ -163,14 +181,15 @@ def test_thousand_calls_with_xla_collectives_in_one_jit():
         np.testing.assert_array_equal(np.asarray(y), np.asarray(expects[(1000 - 8 + i) % 4]))
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_grads_through_the_paired_vjps(dtype):
+def test_grads_through_the_paired_vjps(dtype, transport):
     """all_gather_matmul's VJP (dx through GEMM + reduce-scatter) and the reduce-scatter's (dx
     through the opted-in all-gather + GEMM) against the reference ops' gradients on the same
     GPUs."""
     tp = _ntp()
     mesh = _mesh(tp)
-    config = _config()
+    config = _transport_config(None, transport, tp)
     rows, n, k = 1024, 1024, 2048
     rng = np.random.default_rng(5)
     x, w1, _, _ = random_operands(rng, rows * tp, k, n * tp, dtype)
