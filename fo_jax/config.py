@@ -83,7 +83,8 @@ class OverlapConfig:
       all_gather: the all-gather feeding a GEMM (`all_gather_matmul`,
         `overlapped_matmul(collective="all_gather")`, and the all-gather of a reduce-scatter's
         backward) on CUDA devices: "overlap" runs the overlapped pipeline (the GEMM consumes
-        the gathered rows as NCCL brings them; docs/design.md, "The all-gather"), "xla" (and
+        the gathered rows as they arrive, on the copy engine or NCCL by `transport`'s rule;
+        docs/design.md, "The all-gather"), "xla" (and
         None, today's default) XLA's all_gather then its dot. Opt-in until the overlapped
         all-gather has passed its multi-GPU runs. With "overlap", `num_groups` is the bands each
         rank's rows are sent in (default 1).

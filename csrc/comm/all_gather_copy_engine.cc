@@ -197,8 +197,8 @@ Status AwaitRingSlot(Exchange& ex, int P, int me, uint32_t e) {
   return Status::Ok();
 }
 
-Status PreparePeers(AgState& ag, int P, int me, uint32_t e, const AllGatherBands& bands,
-                    size_t band_bytes, const void* x) {
+Status PreparePeers(AgState& ag, int device, int P, int me, uint32_t e,
+                    const AllGatherBands& bands, size_t band_bytes, const void* x) {
   for (int s = 1; s < P; ++s) {
     const int q = (me + s) % P;
     bool graphs_built = true;
@@ -212,9 +212,8 @@ Status PreparePeers(AgState& ag, int P, int me, uint32_t e, const AllGatherBands
     Entry peer;
     FO_JAX_RETURN_IF_ERROR(AwaitEntry(*ag.exchange, q, e, &peer));
     if (!ag.peer_ready[q]) {
-      int device = -1, ok = 0;
-      cudaError_t err = cudaGetDevice(&device);
-      if (err == cudaSuccess) err = cudaDeviceCanAccessPeer(&ok, device, peer.device);
+      int ok = 0;
+      cudaError_t err = cudaDeviceCanAccessPeer(&ok, device, peer.device);
       FO_JAX_RETURN_IF_ERROR(CudaStatus(err, "peer access query"));
       if (!ok) {
         return Status::Internal("GPU " + std::to_string(device) + " cannot access GPU " +
@@ -290,7 +289,7 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   // The copy graphs, built here (building may wait for this GPU to drain: never on the copy
   // thread). Both need the peer's entry, which this waits for only then. On a failure the call
   // still runs (the copy thread releases every flag it can), its own flags released here.
-  const Status prepared = PreparePeers(*ag, P, me, e, bands, band_bytes, buffers.x);
+  const Status prepared = PreparePeers(*ag, state.device, P, me, e, bands, band_bytes, buffers.x);
   if (!prepared.ok()) {
     Fail(*ag, prepared);
     for (int b = 0; b < bands.count; ++b) {
