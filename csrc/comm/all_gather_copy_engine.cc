@@ -153,21 +153,22 @@ void RunJob(AgState& ag, const Job& job) {
       if (status.ok()) status = got;
       continue;  // without its entry the peer has not launched its GEMM for this call
     }
-    if (status.ok()) {
-      status = CudaStatus(cudaStreamWaitEvent(ag.copy_stream, peer.started, 0),
-                          "waiting for rank " + std::to_string(q) + "'s call to start");
-    }
+    // Always, even after a failure: a flag written before the peer zeroed its flags would be
+    // lost, and the peer's GEMM would wait for it forever.
+    const Status started =
+        CudaStatus(cudaStreamWaitEvent(ag.copy_stream, peer.started, 0),
+                   "waiting for rank " + std::to_string(q) + "'s call to start");
+    if (status.ok()) status = started;
     note_waited(q);
-    for (int c = 0; c < job.bands.per_rank; ++c) {
-      const int band = job.me * job.bands.per_rank + c;
-      if (status.ok()) {
-        status = LaunchCopyGraph(ag.graphs, q, c,
-                                 static_cast<char*>(peer.gathered) + band * job.band_bytes,
-                                 job.x + c * job.band_bytes, job.band_bytes, ag.copy_stream);
+    if (!status.ok()) {  // no copies, only the flags that release the peer's GEMM
+      for (int c = 0; c < job.bands.per_rank; ++c) {
+        (void)EnqueueWriteValue(ag.copy_stream, peer.flags + job.me * job.bands.per_rank + c, 1);
       }
-      const Status flagged = EnqueueWriteValue(ag.copy_stream, peer.flags + band, 1);
-      if (status.ok()) status = flagged;
+      continue;
     }
+    status = EnqueueBandPushes(ag.graphs, q, ag.copy_stream, job.x,
+                               static_cast<char*>(peer.gathered), peer.flags,
+                               job.me * job.bands.per_rank, job.bands.per_rank, job.band_bytes);
   }
   const Status done = EnqueueWriteValue(ag.copy_stream, ag.copies_done, job.epoch);
   if (status.ok()) status = done;
@@ -239,6 +240,22 @@ Status PreparePeers(AgState& ag, int device, int P, int me, uint32_t e,
 }
 
 }  // namespace
+
+Status EnqueueBandPushes(CopyGraphs& graphs, int peer, cudaStream_t stream, const char* src,
+                         char* gathered, uint32_t* flags, int first_band, int per_rank,
+                         size_t band_bytes) {
+  Status status = Status::Ok();
+  for (int c = 0; c < per_rank; ++c) {
+    const int band = first_band + c;
+    if (status.ok()) {
+      status = LaunchCopyGraph(graphs, peer, c, gathered + band * band_bytes,
+                               src + c * band_bytes, band_bytes, stream);
+    }
+    const Status flagged = EnqueueWriteValue(stream, flags + band, 1);
+    if (status.ok()) status = flagged;
+  }
+  return status;
+}
 
 Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
                                   const OverlapPlan& plan, const OverlapShape& shape,

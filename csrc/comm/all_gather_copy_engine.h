@@ -13,7 +13,10 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 #include "comm/all_gather_nccl.h"
+#include "comm/copy_engine_graphs.h"
 #include "comm/comm_registry.h"
 #include "comm/overlap_plan.h"
 #include "comm/status.h"
@@ -28,5 +31,15 @@ namespace fo_jax {
 Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
                                   const OverlapPlan& plan, const OverlapShape& shape,
                                   SignalingGemmArgs gemm, const AllGatherBuffers& buffers);
+
+// The copies of one sender's rows into one receiver, on `stream`: for each of its per_rank bands
+// c, a launch of copy graph (peer, c) from src + c * band_bytes to band first_band + c of
+// `gathered`, then that band's flag in `flags` set to 1 (a stream write, which fences the copy).
+// Every flag is written even after a failed copy (the receiver's GEMM waits for them); the first
+// failure is returned. The transport's copy thread and the one-GPU check
+// (comm/all_gather_check.h) both push this way.
+Status EnqueueBandPushes(CopyGraphs& graphs, int peer, cudaStream_t stream, const char* src,
+                         char* gathered, uint32_t* flags, int first_band, int per_rank,
+                         size_t band_bytes);
 
 }  // namespace fo_jax

@@ -1,6 +1,9 @@
 """The overlapped all-gather + GEMM (OverlapConfig(all_gather="overlap")) on GPUs.
 
-One GPU: the whole call (the FFI handler, the own rows copied into the gathered output, the band
+One GPU: the copy-engine transport's data path with the GPU playing the receiving rank of 2 to
+8 (the senders' rows in its memory, pushed by the transport's own copy-graph launches and flag
+writes, in its arrival order, each sender late), against the plain GEMM bit for bit; and the
+whole call (the FFI handler, the own rows copied into the gathered output, the band
 flags zeroed and set in stream order, the consumer GEMM waiting on them) over a 1-rank group,
 against fo_jax's plain GEMM of the same tile configuration: bit-identical, call after call.
 2 or 4 GPUs: both transports (NCCL, and the copy engine where the GPUs have peer access)
@@ -66,6 +69,25 @@ def _plain_gemm(g, w, config_name):
     """fo_jax's plain GEMM of the named configuration (the consumer's own tile math)."""
     return fo_jax.matmul(g, w, config=fo_jax.OverlapConfig(gemm_config=config_name,
                                                            allow_fallback=False))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("ranks,rank,rows,n,k,bands,config", [
+    (2, 0, 512, 768, 1024, 1, ""),
+    (4, 1, 1024, 392, 136, 4, ""),        # odd N and K, 4 bands per rank
+    (4, 3, 512, 4096, 2048, 2, "pp_128x192x64_c2"),
+    (8, 5, 256, 1024, 512, 1, "pp_128x128x64_c1"),
+])
+def test_copy_engine_data_path_on_one_gpu(ranks, rank, rows, n, k, bands, config, dtype):
+    from fo_jax import _cuda
+
+    gpu_devices_or_skip(1)
+    got = _cuda.module().all_gather_copy_check(
+        ranks=ranks, rank=rank, rows=rows, n=n, k=k, bands_per_rank=bands, dtype=dtype,
+        config=config, calls=5, delay_us=300, seed=ranks * 100 + rank)
+    assert got["error"] == "" and not got["timed_out"], got
+    assert got["gathered_equal"], got
+    assert got["product_equal"] and got["mismatches"] == 0, got
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
