@@ -5,7 +5,8 @@ A thin wrapper: the measuring code is fo_jax/bench/ (inside the package, so that
 Methods (bf16; per-GPU x[M,K] @ w[K,N]; collective over the "tp" axis; for all_gather M is the
 gathered rows, each GPU holding M / TP of x's rows):
   fo_jax             fo_jax.overlapped_matmul, default configuration (the copy-engine
-                     transport where it can run, else NCCL)
+                     transport where it can run, else NCCL); all_gather: the overlapped
+                     all-gather, opted in (OverlapConfig(all_gather="overlap"))
   fo_jax.nccl        the same with transport="nccl"
   fo_jax.sequential  the same kernels without overlap: one group, GEMM on all SMs, then NCCL
   jax.baseline       XLA dot (fp32 accumulation) + psum / psum_scatter, inside shard_map

@@ -17,6 +17,7 @@
 #include <thread>
 #include <tuple>
 
+#include "comm/all_gather_check.h"
 #include "comm/call_timeline.h"
 #include "comm/comm_registry.h"
 #include "comm/consumer_gemm_check.h"
@@ -52,7 +53,8 @@ NB_MODULE(_fo_jax_cuda, m) {
   // The plan's enums: Python names a value, C++ owns its number (fo_jax/_cuda_ops.py).
   nb::enum_<fo_jax::Collective>(m, "Collective")
       .value("reduce_scatter", fo_jax::Collective::kReduceScatter)
-      .value("all_reduce", fo_jax::Collective::kAllReduce);
+      .value("all_reduce", fo_jax::Collective::kAllReduce)
+      .value("all_gather", fo_jax::Collective::kAllGather);
   nb::enum_<fo_jax::Transport>(m, "Transport")
       .value("nccl", fo_jax::Transport::kNccl)
       .value("copy_engine", fo_jax::Transport::kCopyEngine);
@@ -86,6 +88,7 @@ NB_MODULE(_fo_jax_cuda, m) {
         if (fo_jax::GemmConfigSupportsDtype(i, dtype)) dtypes.append(std::string(name));
       }
       d["dtypes"] = nb::tuple(dtypes);
+      d["has_consumer"] = fo_jax::GemmConfigHasConsumer(i);
       configs.append(d);
     }
     return configs;
@@ -98,6 +101,89 @@ NB_MODULE(_fo_jax_cuda, m) {
       },
       nb::arg("dtype"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("batch"),
       nb::arg("sm_budget"));
+
+  // The consumer GEMM's pick (the all-gather's) for bands of band_rows rows.
+  m.def(
+      "select_consumer_gemm_config",
+      [](fo_jax::GemmDtype dtype, int m, int n, int k, int band_rows, int sm_budget) {
+        return fo_jax::SelectConsumerGemmConfig(dtype, m, n, k, band_rows, sm_budget);
+      },
+      nb::arg("dtype"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("band_rows"),
+      nb::arg("sm_budget"));
+
+  // Tests: the copy-engine all-gather's data path on one GPU playing the receiving rank
+  // (comm/all_gather_check.h says what each option and result means). config: a config name,
+  // "" for the consumer pick. Bad options come back in "error".
+  m.def(
+      "all_gather_copy_check",
+      [](int ranks, int rank, int rows, int n, int k, int bands_per_rank,
+         const std::string& dtype, const std::string& config, int sm_budget, int calls,
+         int delay_us, uint64_t seed, double timeout_s) {
+        fo_jax::AllGatherCheckOptions o;
+        if (dtype != "bfloat16" && dtype != "float16") {
+          throw std::invalid_argument("all_gather_copy_check: dtype must be \"bfloat16\" or "
+                                      "\"float16\"");
+        }
+        o.dtype = dtype == "bfloat16" ? fo_jax::GemmDtype::kBF16 : fo_jax::GemmDtype::kF16;
+        o.config = -1;
+        for (int i = 0; i < fo_jax::NumGemmConfigs() && !config.empty(); ++i) {
+          if (config == fo_jax::GetGemmConfig(i).name) o.config = i;
+        }
+        if (!config.empty() && o.config < 0) {
+          throw std::invalid_argument("all_gather_copy_check: no GEMM config named " + config);
+        }
+        o.ranks = ranks;
+        o.rank = rank;
+        o.rows = rows;
+        o.n = n;
+        o.k = k;
+        o.bands_per_rank = bands_per_rank;
+        o.sm_budget = sm_budget;
+        o.calls = calls;
+        o.delay_us = delay_us;
+        o.seed = seed;
+        o.timeout_s = timeout_s;
+        fo_jax::AllGatherCheckResult r;
+        {
+          nb::gil_scoped_release release;
+          r = fo_jax::RunAllGatherCheck(o);
+        }
+        nb::dict d;
+        d["gathered_equal"] = r.gathered_equal;
+        d["product_equal"] = r.product_equal;
+        d["mismatches"] = r.mismatches;
+        d["timed_out"] = r.timed_out;
+        d["config"] = r.config >= 0 ? std::string(fo_jax::GetGemmConfig(r.config).name) : "";
+        d["error"] = r.error;
+        return d;
+      },
+      nb::arg("ranks"), nb::arg("rank"), nb::arg("rows"), nb::arg("n"), nb::arg("k"),
+      nb::arg("bands_per_rank") = 1, nb::arg("dtype") = "bfloat16", nb::arg("config") = "",
+      nb::arg("sm_budget") = 0, nb::arg("calls") = 3, nb::arg("delay_us") = 200,
+      nb::arg("seed") = 0, nb::arg("timeout_s") = 60.0);
+
+  // Tests: the consumer GEMM's band visit order on rank `rank` of an all-gather over axis_size
+  // ranks whose rows are sent in bands_per_rank bands (OverlapGemmArgs, comm/overlap_plan.h).
+  m.def(
+      "all_gather_band_order",
+      [](int axis_size, int bands_per_rank, int rank) {
+        if (axis_size < 1 || bands_per_rank < 1 || rank < 0 || rank >= axis_size ||
+            axis_size * bands_per_rank > fo_jax::kMaxGemmBands) {
+          throw std::invalid_argument("all_gather_band_order: bad axis_size, bands_per_rank or "
+                                      "rank");
+        }
+        fo_jax::OverlapPlan plan;
+        plan.collective = fo_jax::Collective::kAllGather;
+        plan.axis_size = axis_size;
+        plan.tiles_chunk = 1;
+        fo_jax::OverlapShape shape;
+        shape.m = int64_t(axis_size) * bands_per_rank *
+                  fo_jax::GetGemmConfig(plan.gemm.config).tile_m;
+        shape.n = shape.k = 128;
+        const fo_jax::SignalingGemmArgs args = fo_jax::OverlapGemmArgs(plan, shape, rank);
+        return std::vector<int>(args.band_order, args.band_order + axis_size * bands_per_rank);
+      },
+      nb::arg("axis_size"), nb::arg("bands_per_rank"), nb::arg("rank"));
 
   m.def("max_gemm_groups", []() { return fo_jax::kMaxGemmGroups; });
 

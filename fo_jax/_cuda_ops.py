@@ -212,6 +212,22 @@ def overlapped_matmul_cuda(x: jax.Array, w: jax.Array, axis_name: str,
     return outs[0]
 
 
+def all_gather_matmul_cuda(x: jax.Array, w: jax.Array, axis_name: str,
+                           plan: OverlapPlan) -> tuple:
+    """(all_gather(x) @ w, all_gather(x)) by the overlapped CUDA pipeline (the consumer GEMM
+    reading the gathered rows as NCCL brings them), as `plan` says (fo_jax/_plan.py,
+    plan_all_gather). The gathered x is the call's second result, an XLA buffer."""
+    _cuda.register_targets()
+    m, k, n = x.shape[0] * plan.axis_size, x.shape[1], w.shape[1]
+    result_avals = (
+        _result_aval((x, w), (m, n), x.dtype),
+        _result_aval((x,), (m, k), x.dtype),  # the gathered x: x's varying axes, as all_gather
+        _result_aval((x, w), (plan.num_groups,), np.uint32),  # one flag per band
+    )
+    outs = overlap_p.bind(x, w, result_avals=result_avals, axis_name=axis_name, plan=plan)
+    return outs[0], outs[1]
+
+
 CHECK_TARGET = "fo_jax_check_overlap_plan"
 # The words of fo_jax_check_overlap_plan's output (csrc/ffi/plan_check_ffi.cc, PlanCheckWord),
 # then one expected counter value per group (max_gemm_groups of them).

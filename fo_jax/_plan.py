@@ -27,15 +27,20 @@ from fo_jax.config import OverlapConfig
 # gains from a small first group (its NCCL call starts sooner): relative group sizes
 # 1 : 2 : 2.5 : 2.5 measured 3-7% faster than equal groups on 8192 and 16384 x 8192 x 2048; a
 # reduce-scatter did not gain.
+# The all-gather moves as many bytes per GPU as a reduce-scatter of the same rows and takes the
+# reduce-scatter's SMs and CTAs until its own are measured (num_groups there: the bands of each
+# rank's rows, see plan_all_gather).
 _SHORT = dict(num_groups=4, sms_for_nccl=32, nccl_max_ctas=32)
 SHORT_GEMM = {"reduce_scatter": _SHORT,
-              "all_reduce": dict(_SHORT, group_weights=(1.0, 2.0, 2.5, 2.5))}
+              "all_reduce": dict(_SHORT, group_weights=(1.0, 2.0, 2.5, 2.5)),
+              "all_gather": dict(_SHORT, num_groups=1)}
 LONG_GEMM = {"reduce_scatter": dict(num_groups=8, sms_for_nccl=8, nccl_max_ctas=8),
-             "all_reduce": dict(num_groups=4, sms_for_nccl=16, nccl_max_ctas=32)}
+             "all_reduce": dict(num_groups=4, sms_for_nccl=16, nccl_max_ctas=32),
+             "all_gather": dict(num_groups=1, sms_for_nccl=8, nccl_max_ctas=8)}
 RATIO_THRESHOLD = 1.5
 # Rough H100/H200 rates for the ratio only (bf16 GEMM; NCCL algorithm bandwidth over NVLink).
 GEMM_FLOPS = 780e12  # fo_jax's ping-pong 128x192 kernel on the TP shapes
-ALGBW = {"reduce_scatter": 330e9, "all_reduce": 180e9}
+ALGBW = {"reduce_scatter": 330e9, "all_reduce": 180e9, "all_gather": 330e9}
 # Below this estimated GEMM time the overlap does not repay its costs (SMs given to NCCL, the last
 # group's tail, per-group NCCL calls): take the plain XLA path. Measured on 4x H200:
 # 4096x8192x2048 (estimated 0.21 ms) ran 1.00x (reduce-scatter) and 0.94x (all-reduce) of plain
@@ -48,8 +53,10 @@ MIN_GEMM_SECONDS_COPY_ENGINE = 100e-6
 
 
 def estimate_seconds(collective: str, m: int, n: int, k: int, itemsize: int = 2) -> tuple:
-    """(T_gemm, T_comm) rough estimates for a per-GPU x[m, k] @ w[k, n] and its collective."""
-    return 2.0 * m * n * k / GEMM_FLOPS, m * n * itemsize / ALGBW[collective]
+    """(T_gemm, T_comm) rough estimates for a per-GPU x[m, k] @ w[k, n] and its collective (an
+    all-gather's m: the gathered rows; it moves x, the others the product)."""
+    moved = m * k if collective == "all_gather" else m * n
+    return 2.0 * m * n * k / GEMM_FLOPS, moved * itemsize / ALGBW[collective]
 
 
 def heuristic_defaults(collective: str, m: int, n: int, k: int) -> dict:
@@ -113,7 +120,7 @@ class OverlapPlan:
     the custom call's `plan` attribute (fo_jax/_cuda_ops.py) and csrc/comm/overlap_plan.h's
     OverlapPlan on the other side."""
 
-    collective: str  # "reduce_scatter" | "all_reduce"
+    collective: str  # "reduce_scatter" | "all_reduce" | "all_gather"
     transport: str  # "nccl" | "copy_engine"
     axis_size: int  # ranks of the reduced axis
     gemm: GemmPlan
@@ -125,7 +132,7 @@ class OverlapPlan:
     rounds: int = 1  # the all-reduce's rounds: each band is `rounds` chunks
     ring: bool = False  # the ring reduce-scatter (no sums after the GEMM)
     sum_split: str = "one"  # the direct form's last-round sums: "one", "bands" or "rows"
-    tiles_chunk: int = 0  # GEMM tile-rows per chunk
+    tiles_chunk: int = 0  # GEMM tile-rows per chunk (an all-gather's: per band)
 
     @property
     def num_groups(self) -> int:
@@ -135,7 +142,11 @@ class OverlapPlan:
         text = (f"{self.transport} transport, {self.collective} over {self.axis_size} ranks, GEMM "
                 f"{self.gemm.config_name} batch {self.gemm.batch}, groups {self.gemm.group_begin}, "
                 f"sm_budget {self.gemm.sm_budget}, nccl_max_ctas {self.nccl_max_ctas}")
-        if self.transport == "copy_engine":
+        if self.collective == "all_gather":
+            rows = self.tiles_chunk * self.gemm.tile_m
+            text += (f", consumer GEMM on bands of {rows} rows "
+                     f"({self.num_groups // self.axis_size} per rank)")
+        elif self.transport == "copy_engine":
             text += (f", rounds {self.rounds}, {'ring' if self.ring else 'direct'}, sums "
                      f"{self.sum_split}, {self.tiles_chunk} tile-rows per chunk")
         return text
@@ -257,13 +268,96 @@ def plan_matmul(fn: str, dtype, m: int, n: int, k: int,
     return plan_gemm(fn, dtype, m, n, k, 1, config, 1, 0)
 
 
+def consumer_config_index(fn: str, dtype, m: int, n: int, k: int, band_rows: int,
+                          config: Optional[OverlapConfig], sm_budget: int) -> int:
+    """The consumer GEMM's configuration for x[m, k] @ w[k, n] read in bands of band_rows rows:
+    config.gemm_config if set (ValueError if it has no consumer kernel), else the kernel
+    library's consumer pick (SelectConsumerGemmConfig)."""
+    if config is not None and config.gemm_config is not None:
+        index = gemm_config_index(fn, dtype, m, n, k, 1, config, sm_budget)
+        if not gemm_configs()[index].get("has_consumer"):
+            raise ValueError(f"{fn}: gemm_config {config.gemm_config!r} has no consumer kernel "
+                             f"(the all-gather's GEMM needs one); these have: "
+                             f"{consumer_config_names()}")
+        return index
+    mod = _cuda.module()
+    return int(mod.select_consumer_gemm_config(mod.GemmDtype[jnp.dtype(dtype).name], m, n, k,
+                                               band_rows, max(sm_budget, 0)))
+
+
+def consumer_config_names() -> list:
+    return [c["name"] for c in gemm_configs() if c.get("has_consumer")]
+
+
+def all_gather_bands_per_rank(config: Optional[OverlapConfig]) -> int:
+    """Bands each rank's rows are sent in: config.num_groups, else the heuristic's (1)."""
+    if config is not None and config.num_groups is not None:
+        return config.num_groups
+    return SHORT_GEMM["all_gather"]["num_groups"]
+
+
+def all_gather_problem(dtype, rows: int, n: int, k: int, axis_size: int,
+                       config: Optional[OverlapConfig]) -> Optional[str]:
+    """Why the overlapped all-gather cannot take x[rows, k] per rank (gathered over axis_size
+    ranks) @ w[k, n], or None: its bands must be whole clusters of a consumer config's tiles,
+    at most max_gemm_groups of them."""
+    bands_per_rank = all_gather_bands_per_rank(config)
+    if rows % bands_per_rank:
+        return (f"rows per rank ({rows}) do not split into {bands_per_rank} bands "
+                "(OverlapConfig.num_groups)")
+    band_rows = rows // bands_per_rank
+    sm_budget = config.sm_budget if config is not None and config.sm_budget is not None else 0
+    index = consumer_config_index("fo_jax.all_gather_matmul", dtype, rows * axis_size, n, k,
+                                  band_rows, config, sm_budget)
+    c = gemm_configs()[index]
+    unit = c["tile_m"] * c["cluster_m"]
+    if band_rows % unit:
+        return (f"bands of {band_rows} rows (rows per rank {rows} / {bands_per_rank}) are not a "
+                f"multiple of {unit} (tile rows x cluster of the consumer GEMM config "
+                f"{c['name']})")
+    bands = bands_per_rank * axis_size
+    if bands > int(_cuda.module().max_gemm_groups()):
+        return f"{bands} bands, more than the GEMM's {int(_cuda.module().max_gemm_groups())}"
+    return None
+
+
+def plan_all_gather(fn: str, axis_size: int, dtype, rows: int, n: int, k: int,
+                    config: Optional[OverlapConfig], transport: str) -> OverlapPlan:
+    """The plan of an overlapped all_gather(x) @ w, x[rows, k] per rank (all_gather_problem
+    says None): the consumer GEMM over the rows * axis_size gathered rows, one group per band
+    (each rank's rows in all_gather_bands_per_rank bands), on the SMs NCCL leaves it (every SM
+    on the copy engine)."""
+    if transport not in ("nccl", "copy_engine"):
+        raise ValueError(f"{fn}: unknown transport {transport!r}")
+    m = rows * axis_size
+    d = overlap_defaults("all_gather", m, n, k, dtype=dtype, tp=axis_size)
+    max_ctas = d["nccl_max_ctas"]
+    if config is not None and config.nccl_max_ctas is not None:
+        max_ctas = config.nccl_max_ctas
+    # The copy engine moves the rows without SMs: the GEMM keeps them all.
+    sm_budget = 0 if transport == "copy_engine" else -d["sms_for_nccl"]
+    if config is not None and config.sm_budget is not None:
+        sm_budget = config.sm_budget
+    per_rank = all_gather_bands_per_rank(config)
+    band_rows = rows // per_rank
+    index = consumer_config_index(fn, dtype, m, n, k, band_rows, config, sm_budget)
+    c = gemm_configs()[index]
+    tiles = band_rows // c["tile_m"]
+    bounds = tuple(i * tiles for i in range(per_rank * axis_size + 1))
+    gemm = GemmPlan(index, c["name"], c["tile_m"], c["tile_n"], bounds, sm_budget, 1,
+                    c["cluster_m"])
+    return OverlapPlan("all_gather", transport, axis_size, gemm, max_ctas, tiles_chunk=tiles)
+
+
 def plan_overlap(fn: str, collective: str, axis_size: int, dtype, rows: int, n: int, k: int,
                  config: Optional[OverlapConfig], transport: str) -> OverlapPlan:
     """The whole plan of one overlapped call on `transport` (as chosen by
     fo_jax/_transport.py's `choose`): x[rows, k] @ w[k, n] per rank, reduced over `axis_size`
     ranks. Defaults come from the tuning cache or the shape heuristic (`overlap_defaults`), the
     copy engine's program from its timing model (fo_jax/_transport.py, fo_jax/_ce_model.py);
-    `config` overrides them."""
+    `config` overrides them. An all-gather's rows are this rank's x (plan_all_gather)."""
+    if collective == "all_gather":
+        return plan_all_gather(fn, axis_size, dtype, rows, n, k, config, transport)
     d = overlap_defaults(collective, rows, n, k, dtype=dtype, tp=axis_size)
     max_ctas = d["nccl_max_ctas"]
     if config is not None and config.nccl_max_ctas is not None:

@@ -146,6 +146,39 @@ def choose(fn: str, collective: str, size: int, dtype, m_total: int, n: int, k: 
     return "nccl", f"NCCL transport ({problem})"
 
 
+def all_gather_copy_engine_problem(size: int) -> Optional[str]:
+    """Why the copy-engine all-gather cannot take a call over `size` ranks, or None: the other
+    collectives' rule (every rank in this process, peer access between every pair; its bands
+    were checked by the planner)."""
+    if not 2 <= size <= MAX_RANKS:
+        return f"the copy-engine transport needs 2 to {MAX_RANKS} ranks, the axis has {size}"
+    if jax.process_count() != 1:
+        return ("the copy-engine transport needs every rank in one process (this program runs "
+                f"{jax.process_count()} processes)")
+    problem = _peer_access_problem(_local_gpu_ordinals())
+    if problem:
+        return f"no peer access between this process's GPUs ({problem})"
+    return None
+
+
+def choose_all_gather(fn: str, size: int, config: Optional[OverlapConfig]) -> tuple:
+    """The overlapped all-gather's transport, by the other collectives' rule: ("copy_engine" |
+    "nccl", why). Raises ValueError when the copy engine is requested but cannot take the
+    call."""
+    requested = config.transport if config is not None else None
+    if requested == "nccl":
+        return "nccl", "NCCL transport (requested)"
+    problem = all_gather_copy_engine_problem(size)
+    if requested == "copy_engine":
+        if problem is not None:
+            raise ValueError(f"{fn}: OverlapConfig(transport='copy_engine'): {problem}")
+        return "copy_engine", "copy-engine transport (requested)" + _hw_queues.caution(fn)
+    if problem is None:
+        return ("copy_engine", "copy-engine transport (GEMM on every SM, the rows pushed into "
+                "the peers' gathered outputs)" + _hw_queues.caution(fn))
+    return "nccl", f"NCCL transport ({problem})"
+
+
 def _explicit_bounds(fn: str, bounds: tuple, chunks: int, tiles_chunk: int, cluster_m: int,
                      max_groups: int) -> tuple:
     """OverlapConfig.copy_engine_group_bounds, checked against the call: group boundaries in

@@ -13,6 +13,8 @@ from typing import Optional, Tuple
 
 # How a copy-engine call sums its last round (OverlapConfig.copy_engine_sum_split).
 SUM_SPLITS = ("one", "bands", "rows")
+# How a CUDA device runs an all-gather feeding a GEMM (OverlapConfig.all_gather).
+ALL_GATHER_PATHS = ("xla", "overlap")
 
 
 def _is_int(value) -> bool:
@@ -78,6 +80,14 @@ class OverlapConfig:
       copy_engine_sum_sms: copy-engine all-reduce in more than one round: the GEMM leaves this
         many SMs to the sums of the rounds before the last (default 8), unless `sm_budget` is
         set.
+      all_gather: the all-gather feeding a GEMM (`all_gather_matmul`,
+        `overlapped_matmul(collective="all_gather")`, and the all-gather of a reduce-scatter's
+        backward) on CUDA devices: "overlap" runs the overlapped pipeline (the GEMM consumes
+        the gathered rows as they arrive, on the copy engine or NCCL by `transport`'s rule;
+        docs/design.md, "The all-gather"), "xla" (and
+        None, today's default) XLA's all_gather then its dot. Opt-in until the overlapped
+        all-gather has passed its multi-GPU runs. With "overlap", `num_groups` is the bands each
+        rank's rows are sent in (default 1).
     """
 
     gemm_config: Optional[str] = None
@@ -94,6 +104,7 @@ class OverlapConfig:
     copy_engine_group_bounds: Optional[Tuple[int, ...]] = None
     copy_engine_sum_split: Optional[str] = None
     copy_engine_sum_sms: Optional[int] = None
+    all_gather: Optional[str] = None
 
     def __post_init__(self):
         for name in ("num_groups", "sm_budget", "nccl_max_ctas", "copy_engine_rounds",
@@ -125,6 +136,10 @@ class OverlapConfig:
             raise ValueError(
                 f"OverlapConfig.copy_engine_sum_split must be one of {SUM_SPLITS} or None, got "
                 f"{self.copy_engine_sum_split!r}")
+        if self.all_gather not in (None,) + ALL_GATHER_PATHS:
+            raise ValueError(
+                f"OverlapConfig.all_gather must be one of {ALL_GATHER_PATHS} or None, got "
+                f"{self.all_gather!r}")
         if self.transport not in (None, "nccl", "copy_engine"):
             raise ValueError(
                 "OverlapConfig.transport must be 'nccl', 'copy_engine' or None, got "

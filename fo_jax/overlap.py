@@ -122,9 +122,7 @@ def _choose_overlapped(dtype, config, m: int, n: int, k: int, platform: str, col
     if c.path != "cuda":
         return c
     if collective == "all_gather":
-        return PathChoice(op, "xla", "no overlapped all-gather transport yet: XLA's all_gather, "
-                          "then its dot (the pairing with the other ops' backward holds)",
-                          platform=platform, **extra)
+        return _choose_all_gather(dtype, config, m, n, k, platform, size)
     transport, how = _transport.choose("fo_jax.overlapped_matmul", collective, size, dtype, m, n,
                                        k, config)
     floor = (_plan.MIN_GEMM_SECONDS_COPY_ENGINE if transport == "copy_engine"
@@ -167,6 +165,37 @@ def _choose_fp8_overlapped(config, m: int, n: int, k: int, platform: str, collec
         return c
     return dataclasses.replace(c, reason=f"{c.reason}, then XLA's {collective} on its bfloat16 "
                                "output (not overlapped: no fp8 transport yet)")
+def _choose_all_gather(dtype, config, m: int, n: int, k: int, platform: str,
+                       size: int) -> PathChoice:
+    """The CUDA path of all_gather(x[m, k]) @ w[k, n] over `size` ranks once fo_jax's kernels
+    can take its GEMM: the overlapped pipeline where the config opts in and the shape fits,
+    else XLA's all_gather then its dot (the pairing with the other ops' backward holds)."""
+    op = "overlapped_matmul"
+    extra = dict(collective="all_gather", axis_size=size, platform=platform)
+    plain = "XLA's all_gather, then its dot"
+    if config is None or config.all_gather != "overlap":
+        return PathChoice(op, "xla", f"{plain}: the overlapped all-gather is opt-in until it has "
+                          "passed its multi-GPU runs (OverlapConfig(all_gather='overlap'))",
+                          **extra)
+    problem = _plan.all_gather_problem(dtype, m, n, k, size, config)
+    if problem is not None:
+        return PathChoice(op, "xla", f"{plain}: {problem}", **extra)
+    transport, how = _transport.choose_all_gather("fo_jax.all_gather_matmul", size, config)
+    t_gemm = _plan.estimate_seconds("all_gather", m * size, n, k)[0]
+    if config.allow_fallback and t_gemm < _plan.MIN_GEMM_SECONDS:
+        return PathChoice(op, "xla", (
+            f"{plain}: too small to gain from overlap (estimated GEMM {t_gemm * 1e6:.0f} us < "
+            f"{_plan.MIN_GEMM_SECONDS * 1e6:.0f} us)"), transport=transport, **extra)
+    return PathChoice(op, "cuda", f"fo_jax's overlapped all-gather (opted in, not yet verified "
+                      f"on multi-GPU machines); {how}", transport=transport, **extra)
+
+
+def _all_gather_config(config: Optional[OverlapConfig]) -> Optional[OverlapConfig]:
+    """The config of a reduce-scatter's backward all-gather: the forward's opt-in only (its
+    other fields describe the forward's GEMM)."""
+    if config is None or config.all_gather is None:
+        return None
+    return OverlapConfig(all_gather=config.all_gather)
 
 
 def _rows(x) -> int:
@@ -468,8 +497,9 @@ def _overlapped_2d(x, w, axis_name: str, collective: str, config, size: int):
     forward = _overlap_batchable(axis_name, collective, config, size)
     gather_matmul = None
     if collective == "reduce_scatter":
-        gather_matmul = functools.partial(_all_gather_matmul_2d, axis_name=axis_name, config=None,
-                                          size=size, recompute=False)
+        gather_matmul = functools.partial(_all_gather_matmul_2d, axis_name=axis_name,
+                                          config=_all_gather_config(config), size=size,
+                                          recompute=False)
     return autodiff.overlapped_matmul_vjp(forward, x, w, axis_name, collective, gather_matmul)
 
 
@@ -481,7 +511,44 @@ def _all_gather_forward(x, w, axis_name: str, config, size: int) -> tuple:
     if choice.path == "xla":
         plain = functools.partial(reference.plain_all_gather_matmul, axis_name=axis_name)
         return jax.lax.platform_dependent(x, w, cuda=plain, default=ref)
-    return ref(x, w)
+    if choice.path != "cuda":
+        return ref(x, w)
+    from fo_jax._cuda_ops import all_gather_matmul_cuda  # noqa: PLC0415 (needs the module)
+
+    fn = "fo_jax.all_gather_matmul"
+    m, k, n = x.shape[0], x.shape[1], w.shape[1]
+    plan = _plan.plan_overlap(fn, "all_gather", size, jnp.dtype(x.dtype), m, n, k, config,
+                              choice.transport)
+    log.debug("%s: plan: %s", fn, plan.describe())
+    cuda = functools.partial(all_gather_matmul_cuda, axis_name=axis_name, plan=plan)
+    return jax.lax.platform_dependent(x, w, cuda=cuda, default=ref)
+
+
+def _all_gather_batchable(axis_name: str, config, size: int):
+    """The forward (x, w) -> (y, gathered x) with a batching rule: a batched x joins the GEMM's
+    rows (the gather then orders them rank-major, element-major within each rank's block, and
+    they are put back element by element); a batched w maps over the batch."""
+
+    @custom_vmap
+    def forward(x, w):
+        return _all_gather_forward(x, w, axis_name, config, size)
+
+    @forward.def_vmap
+    def forward_batched(axis_size, in_batched, x, w):
+        x_batched, w_batched = in_batched
+        inner = _all_gather_batchable(axis_name, config, size)
+        if w_batched:
+            return _map_over_weights(inner, x, w, x_batched), (True, True)
+        b, r, k = x.shape
+        n = w.shape[1]
+        y, g = inner(x.reshape(b * r, k), w)
+
+        def unfold(a, cols):  # rows (rank, element, row) -> (element, rank, row)
+            return a.reshape(size, b, r, cols).transpose(1, 0, 2, 3).reshape(b, size * r, cols)
+
+        return (unfold(y, n), unfold(g, k)), (True, True)
+
+    return forward
 
 
 def _all_gather_matmul_2d(x, w, axis_name: str, config, size: int, recompute: bool) -> tuple:
@@ -489,8 +556,7 @@ def _all_gather_matmul_2d(x, w, axis_name: str, config, size: int, recompute: bo
     GEMM + reduce-scatter op)."""
     if size == 1:
         return _gemm(x, w, config), x
-    forward = functools.partial(_all_gather_forward, axis_name=axis_name, config=config,
-                                size=size)
+    forward = _all_gather_batchable(axis_name, config, size)
     matmul_scatter = functools.partial(_overlapped_2d, axis_name=axis_name,
                                        collective="reduce_scatter", config=None, size=size)
     return autodiff.all_gather_matmul_vjp(forward, x, w, axis_name, matmul_scatter, recompute)

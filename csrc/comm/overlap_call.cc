@@ -1,6 +1,8 @@
 // See overlap_call.h.
 #include "comm/overlap_call.h"
 
+#include "comm/all_gather_copy_engine.h"
+#include "comm/all_gather_nccl.h"
 #include "comm/call_timeline.h"
 #include "comm/copy_engine.h"
 #include "comm/gated_collectives.h"
@@ -16,8 +18,10 @@ OverlapCall::OverlapCall(const OverlapPlan& plan, const OverlapShape& shape,
 
 Status OverlapCall::CheckBuffers() const {
   const bool rs = plan_.collective == Collective::kReduceScatter;
+  const bool ag = plan_.collective == Collective::kAllGather;
   if (buffers_.out_elems != static_cast<size_t>(OutputRows(plan_, shape_) * shape_.n) ||
       (rs && buffers_.workspace_elems != static_cast<size_t>(shape_.m * shape_.n)) ||
+      (ag && buffers_.workspace_elems != static_cast<size_t>(shape_.m * shape_.k)) ||
       buffers_.counters_elems != static_cast<size_t>(plan_.gemm.num_groups)) {
     return Status::InvalidArgument("result sizes do not match the plan");
   }
@@ -73,6 +77,12 @@ Status OverlapCall::Prepare() {
   gemm_.d = rs ? buffers_.workspace : buffers_.out;
   gemm_.sm_budget = ResolveSmBudget(plan_.gemm.sm_budget);
   gemm_.counters = buffers_.counters;
+  if (plan_.collective == Collective::kAllGather) {
+    gemm_.a = buffers_.workspace;  // the gathered x; the rest is all_gather_nccl.h's
+    gemm_.d = buffers_.out;
+    gemm_.counters = nullptr;
+    return Status::Ok();
+  }
   if (copy_engine) {
     return PrepareCopyEngineCall(*state_, plan_, shape_, buffers_.out, gemm_, &copy_engine_);
   }
@@ -82,6 +92,16 @@ Status OverlapCall::Prepare() {
 Status OverlapCall::Enqueue(cudaStream_t stream) {
   const bool copy_engine = plan_.transport == Transport::kCopyEngine;
   CommState& state = *state_;
+  if (plan_.collective == Collective::kAllGather) {
+    AllGatherBuffers ag;
+    ag.x = buffers_.x;
+    ag.gathered = buffers_.workspace;
+    ag.flags = buffers_.counters;
+    FO_JAX_RETURN_IF_ERROR(
+        copy_engine ? EnqueueAllGatherCopyEngine(state, stream, plan_, shape_, gemm_, ag)
+                    : EnqueueAllGatherNccl(state, stream, plan_, shape_, gemm_, ag));
+    return Finish();
+  }
   // Stream order on XLA's stream: zero counters -> inputs_ready -> GEMM, the first two issued by
   // the launcher right before the kernel, after its host-side setup (zeroing first left the GPU
   // idle ~20 us while the host built the GEMM's parameters). The gated waits are enqueued after

@@ -3,7 +3,8 @@
 // plan against the operands, gets the group's communicator (created on first use), applies the
 // failure policy (comm_registry.h) and prepares the transport (the copy engine's buffers, ring
 // and graphs); Enqueue launches the signaling GEMM on XLA's stream and the transport's work after
-// it (gated_collectives.h for NCCL, copy_engine.h for the copy engine). The communicator's lock
+// it (gated_collectives.h for NCCL, copy_engine.h for the copy engine); an all-gather's
+// consumer GEMM and transports are all_gather_nccl.h's and all_gather_copy_engine.h's. The communicator's lock
 // is held from Prepare to the object's end, so a call's work is enqueued in one piece.
 #pragma once
 
@@ -25,13 +26,14 @@ namespace fo_jax {
 
 // The call's device memory, from XLA, with element counts.
 struct OverlapBuffers {
-  const void* x = nullptr;  // [m, k]
+  const void* x = nullptr;  // [m, k] (the all-gather: [m / P, k])
   const void* w = nullptr;  // [k, n]
-  void* out = nullptr;      // [m / P, n] (reduce-scatter) or [m, n] (all-reduce)
+  void* out = nullptr;      // [m / P, n] (reduce-scatter) or [m, n] (all-reduce, all-gather)
   size_t out_elems = 0;
-  void* workspace = nullptr;  // [m, n] (reduce-scatter: the GEMM's output)
+  // [m, n] (reduce-scatter: the GEMM's output); the all-gather: the gathered x [m, k]
+  void* workspace = nullptr;
   size_t workspace_elems = 0;
-  uint32_t* counters = nullptr;  // one per group
+  uint32_t* counters = nullptr;  // one per group (the all-gather: its band flags)
   size_t counters_elems = 0;
 };
 

@@ -13,7 +13,9 @@
 
 namespace fo_jax {
 
-enum class Collective : int32_t { kReduceScatter = 0, kAllReduce = 1 };
+// kAllGather: all_gather(x) @ w, the GEMM consuming the gathered rows band by band as they
+// arrive (docs/design.md, "The all-gather").
+enum class Collective : int32_t { kReduceScatter = 0, kAllReduce = 1, kAllGather = 2 };
 enum class Transport : int32_t { kNccl = 0, kCopyEngine = 1 };
 // How a copy-engine call sums its last round after the GEMM (docs/design.md, "Direct form").
 // kOnePass: every part at once, once the last chunk has landed. kByBands: the
@@ -42,9 +44,13 @@ struct OverlapPlan {
   bool ring = false;  // the ring reduce-scatter: partial sums added in the GEMM's epilogue
   SumSplit sum_split = SumSplit::kOnePass;
   int tiles_chunk = 0;  // GEMM tile-rows per chunk
+  // An all-gather's plan uses tiles_chunk as the tile-rows of one band:
+  // each rank's rows are rows_per_rank / (tiles_chunk * tile_m) bands, one group each, and the
+  // GEMM is a consumer config's (SignalingGemmArgs::wait_flags).
 };
 
-// The operands of a call: x[m, k] @ w[k, n] per rank.
+// The operands of a call: x[m, k] @ w[k, n] per rank; for an all-gather m is the GEMM's rows,
+// the gathered x (x is [m / P, k] per rank).
 struct OverlapShape {
   GemmDtype dtype = GemmDtype::kBF16;
   int64_t m = 0, n = 0, k = 0;
@@ -63,7 +69,7 @@ Status ValidateOverlapPlan(const OverlapPlan& plan, const OverlapShape& shape);
 // comes last).
 SignalingGemmArgs OverlapGemmArgs(const OverlapPlan& plan, const OverlapShape& shape, int rank);
 
-// Rows of the call's output: m / P for a reduce-scatter, m for an all-reduce.
+// Rows of the call's output: m / P for a reduce-scatter, m for an all-reduce and an all-gather.
 int64_t OutputRows(const OverlapPlan& plan, const OverlapShape& shape);
 
 // Logical chunk of the last round's last step: the chunk whose arrival the last sum waits for.
@@ -71,5 +77,18 @@ int LastSentChunk(int P, int rounds);
 // The group that starts logical chunk `chunk` (chunks of tiles_chunk tile-rows; chunk = the
 // chunk count gives num_groups), or -1 when no group starts there.
 int ChunkFirstGroup(const GemmPlan& gemm, int tiles_chunk, int chunk);
+
+// An all-gather's bands: `per_rank` bands of `rows` rows per rank, band q * per_rank + c being
+// chunk c of rank q's rows. Arrival order on rank `rank` (the NCCL transport's steps, and the
+// consumer GEMM's visit order): the own bands first (no wait), then step s = 1 .. P-1 brings
+// rank (rank - s) mod P's bands, chunk by chunk.
+struct AllGatherBands {
+  int per_rank = 0;
+  int64_t rows = 0;
+  int count = 0;  // P * per_rank
+};
+AllGatherBands AllGatherBandsOf(const OverlapPlan& plan, const OverlapShape& shape);
+// The rank whose rows arrive at step s on rank `rank` (step 0: its own).
+inline int AllGatherSource(int rank, int step, int P) { return (rank - step % P + P) % P; }
 
 }  // namespace fo_jax

@@ -1,5 +1,6 @@
 // fo_jax_overlapped_matmul_v2: decode the plan (one struct attribute), the operands and this
-// device's place in the mesh, run an OverlapCall (comm/overlap_call.h: prepare, then enqueue on
+// device's place in the mesh (an all-gather's x is this rank's [M/P, K] and its second result the
+// gathered [M, K]), run an OverlapCall (comm/overlap_call.h: prepare, then enqueue on
 // XLA's stream) and map its status.
 #include "ffi/overlap_ffi.h"
 
@@ -50,6 +51,13 @@ Status Overlap(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBu
   shape.n = wd[1];
   OverlapPlan plan;
   FO_JAX_RETURN_IF_ERROR(DecodeOverlapPlan(plan_attr, &plan));
+  if (plan.collective == Collective::kAllGather) {
+    // The GEMM's rows are the gathered x's; the second result is the gathered x itself.
+    shape.m *= plan.axis_size;
+    if (workspace->element_type() != x.element_type()) {
+      return Status::InvalidArgument("the gathered x must have x's dtype");
+    }
+  }
 
   MeshPlace me;
   FO_JAX_RETURN_IF_ERROR(FindInMesh(mesh, device, &me));
@@ -99,7 +107,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::AnyBuffer>()                           // w [K, N]
         .Ret<ffi::AnyBuffer>()                           // out [M/P or M, N]
         .Ret<ffi::AnyBuffer>()                           // workspace [M, N] (reduce-scatter)
-        .Ret<ffi::Buffer<ffi::U32>>()                    // counters [G]
+                                                         // or the gathered x [M, K] (all-gather)
+        .Ret<ffi::Buffer<ffi::U32>>()                    // counters [G] (all-gather: flags)
         .Attr<fo_jax::OverlapPlanAttr>("plan")           // _plan.OverlapPlan
         .Attr<fo_jax::MeshAttr>("mesh")                  // the mesh table
         .Attr<ffi::Span<const uint8_t>>("unique_ids"));  // 128 bytes per group

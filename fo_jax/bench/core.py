@@ -7,6 +7,7 @@ block_until_ready each), so all numbers compare. It lives in the package, not in
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -64,8 +65,9 @@ def path_of(mesh: Mesh, collective: str, x: jax.Array, w: jax.Array) -> str:
         tp = mesh.shape["tp"]
         x_shape, w_shape = (x.shape[0] // tp, x.shape[1] * tp), (w.shape[0] * tp,
                                                                   w.shape[1] // tp)
+    config = gather_config(None) if collective == "all_gather" else None
     try:
-        c = info.describe_on_mesh(mesh, "tp", collective, x_shape, w_shape, x.dtype)
+        c = info.describe_on_mesh(mesh, "tp", collective, x_shape, w_shape, x.dtype, config)
     except Exception as e:  # noqa: BLE001 (a report field must not end the run)
         return f"unknown ({e!r:.120})"
     return c.path + (f"/{c.transport}" if c.transport else "")
@@ -238,12 +240,24 @@ def _chunked_gather(x, w, chunks: int):
     return jnp.stack(parts, axis=1).reshape(tp * x.shape[0], -1)
 
 
+def gather_config(config: Optional[fo_jax.OverlapConfig]) -> fo_jax.OverlapConfig:
+    """The all_gather rows' fo_jax configuration: the overlapped all-gather, opted in
+    (OverlapConfig.all_gather), unless the configuration says otherwise or gives the GEMM an SM
+    budget (fo_jax.sequential's all SMs would leave NCCL none: it stays XLA's path)."""
+    config = config or fo_jax.OverlapConfig()
+    if config.all_gather is not None or config.sm_budget is not None:
+        return config
+    return dataclasses.replace(config, all_gather="overlap")
+
+
 def _build_gather(mesh: Mesh, kind: str, config: Optional[fo_jax.OverlapConfig],
                   chunks: int) -> Callable:
     """build() for collective "all_gather": functions of (x, w) with x's rows and w's columns
     sharded (gather_operands), giving each device's [M, N] (global [M, tp*N]); "gemm_only"
     takes (whole x, w) (see `replicated`), "comm_only" (x,)."""
     in_specs, out_spec = (P("tp", None), P(None, "tp")), P(None, "tp")
+
+    config = gather_config(config)
 
     def body(x, w):
         if kind == "fo_jax":

@@ -2,8 +2,9 @@
 "tp" mesh of 2+ devices.
 
 For "all_gather" a shape MxNxK is per GPU the gathered x[M, K] @ w[K, N] (each device holds
-[M / TP, K] of x): fo_jax is overlapped_matmul(collective="all_gather"), jax.baseline XLA's
-all_gather then x @ w, gemm_only the [M, K] @ [K, N] GEMM on an already whole x, comm_only the
+[M / TP, K] of x): fo_jax is overlapped_matmul(collective="all_gather") with the overlapped
+all-gather opted in (core.gather_config; fo_jax.sequential stays on XLA's path), jax.baseline
+XLA's all_gather then x @ w, gemm_only the [M, K] @ [K, N] GEMM on an already whole x, comm_only the
 all_gather of x alone.
 
 Each method is checked against jax.baseline first (a benchmark of a wrong result is worthless),

@@ -124,7 +124,7 @@ def test_axis_of_size_one():
     np.testing.assert_array_equal(g, x)
 
 
-def test_describe_says_all_gather_is_not_overlapped_yet_on_cuda():
+def test_describe_says_the_overlapped_all_gather_is_opt_in_on_cuda():
     from fo_jax import overlap
 
     choice = overlap._choose_overlapped(jnp.dtype(jnp.bfloat16), None, 2048, 8192, 8192, "cpu",
@@ -133,4 +133,4 @@ def test_describe_says_all_gather_is_not_overlapped_yet_on_cuda():
     if fo_jax.cuda_module_available():
         choice = overlap._choose_overlapped(jnp.dtype(jnp.bfloat16), None, 2048, 8192, 8192,
                                             "gpu", "all_gather", 4)
-        assert choice.path == "xla" and "no overlapped all-gather" in choice.reason
+        assert choice.path == "xla" and "opt-in" in choice.reason

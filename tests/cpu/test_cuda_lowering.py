@@ -119,7 +119,7 @@ def test_plan_enums_come_from_the_module():
     from fo_jax import _cuda
 
     mod = _cuda.module()
-    assert [e.name for e in mod.Collective] == ["reduce_scatter", "all_reduce"]
+    assert [e.name for e in mod.Collective] == ["reduce_scatter", "all_reduce", "all_gather"]
     assert [e.name for e in mod.Transport] == ["nccl", "copy_engine"]
     assert [e.name for e in mod.SumSplit] == ["one", "bands", "rows"]
     assert [e.name for e in mod.GemmDtype] == ["bfloat16", "float16", "float8_e4m3fn"]

@@ -1,0 +1,264 @@
+// See all_gather_check.h.
+#include "comm/all_gather_check.h"
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "comm/all_gather_copy_engine.h"
+#include "comm/copy_engine_graphs.h"
+#include "comm/gemm_plan.h"
+#include "comm/overlap_plan.h"
+#include "comm/stream_wait.h"
+
+namespace fo_jax {
+namespace {
+
+// Random 16-bit floats of magnitude 0.25 .. 2 (no zeros, infinities or NaNs), as bit patterns.
+std::vector<uint16_t> RandomHalves(size_t count, GemmDtype dtype, std::mt19937_64& rng) {
+  std::vector<uint16_t> v(count);
+  for (auto& x : v) {
+    const uint64_t r = rng();
+    const uint16_t sign = (r & 1) << 15;
+    if (dtype == GemmDtype::kBF16) {
+      x = sign | uint16_t((125 + (r >> 1) % 3) << 7) | uint16_t((r >> 8) & 0x7F);
+    } else {
+      x = sign | uint16_t((13 + (r >> 1) % 3) << 10) | uint16_t((r >> 8) & 0x3FF);
+    }
+  }
+  return v;
+}
+
+void Sleep(void* us) {
+  std::this_thread::sleep_for(std::chrono::microseconds(reinterpret_cast<intptr_t>(us)));
+}
+
+// Device memory and streams of one check, released at its end (the check owns the GPU).
+struct Resources {
+  std::vector<void*> memory;
+  cudaStream_t gemm = nullptr, copy = nullptr, release = nullptr;
+  cudaEvent_t started = nullptr, copies_end = nullptr;
+  ~Resources() {
+    (void)cudaDeviceSynchronize();
+    for (void* p : memory) (void)cudaFree(p);
+    for (cudaStream_t s : {gemm, copy, release}) {
+      if (s) (void)cudaStreamDestroy(s);
+    }
+    for (cudaEvent_t e : {started, copies_end}) {
+      if (e) (void)cudaEventDestroy(e);
+    }
+  }
+  cudaError_t Alloc(void** p, size_t bytes) {
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e == cudaSuccess) memory.push_back(*p);
+    return e;
+  }
+};
+
+std::string Error(cudaError_t e, const char* what) {
+  return std::string(what) + ": " + cudaGetErrorString(e);
+}
+
+}  // namespace
+
+AllGatherCheckResult RunAllGatherCheck(const AllGatherCheckOptions& o) {
+  AllGatherCheckResult result;
+  const int P = o.ranks;
+  if (P < 1 || o.rank < 0 || o.rank >= P || o.rows <= 0 || o.n <= 0 || o.k <= 0 ||
+      o.bands_per_rank < 1 || o.rows % o.bands_per_rank || o.calls < 1) {
+    result.error = "bad options (ranks, rank, rows, n, k, bands_per_rank, calls)";
+    return result;
+  }
+  int device = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) {
+    result.error = Error(e, "device query");
+    return result;
+  }
+  const int sm_budget = o.sm_budget > 0 ? o.sm_budget : sms - 16;
+  if (sm_budget <= 0 || sm_budget >= sms) {
+    result.error = "sm_budget must be between 1 and " + std::to_string(sms - 1) +
+                   " (a same-GPU copy may need an SM)";
+    return result;
+  }
+  Status s = LoadGemmKernelsOnce(device);
+  if (s.ok()) s = PrepareStreamWait();
+  if (!s.ok()) {
+    result.error = s.message();
+    return result;
+  }
+
+  // The plan as the planner makes it: one group per band, a consumer config.
+  const int64_t M = int64_t(P) * o.rows, band_rows = o.rows / o.bands_per_rank;
+  const int config = o.config >= 0 ? o.config
+                                   : SelectConsumerGemmConfig(o.dtype, int(M), o.n, o.k,
+                                                              int(band_rows), sm_budget);
+  result.config = config;
+  const GemmTileConfig& c = GetGemmConfig(config);
+  OverlapPlan plan;
+  plan.collective = Collective::kAllGather;
+  plan.transport = Transport::kCopyEngine;
+  plan.axis_size = P;
+  plan.tiles_chunk = static_cast<int>(band_rows / c.tile_m);
+  plan.gemm.config = config;
+  plan.gemm.batch = 1;
+  plan.gemm.sm_budget = sm_budget;
+  plan.gemm.num_groups = P * o.bands_per_rank;
+  if (plan.gemm.num_groups > kMaxGemmGroups) {
+    result.error = "more bands than the GEMM takes";
+    return result;
+  }
+  for (int g = 0; g <= plan.gemm.num_groups; ++g) {
+    plan.gemm.group_begin[g] = g * plan.tiles_chunk;
+  }
+  OverlapShape shape{o.dtype, M, o.n, o.k};
+  if (P >= 2) {
+    s = ValidateOverlapPlan(plan, shape);
+  } else {  // a copy-engine group has 2+ ranks; one rank checks the consumer's own path only
+    plan.transport = Transport::kNccl;
+    s = ValidateOverlapPlan(plan, shape);
+  }
+  if (!s.ok()) {
+    result.error = s.message();
+    return result;
+  }
+  const AllGatherBands bands = AllGatherBandsOf(plan, shape);
+  const size_t elem = 2, band_bytes = size_t(band_rows) * o.k * elem;
+
+  std::mt19937_64 rng(o.seed);
+  const std::vector<uint16_t> xs_host = RandomHalves(size_t(M) * o.k, o.dtype, rng);
+  const std::vector<uint16_t> w_host = RandomHalves(size_t(o.k) * o.n, o.dtype, rng);
+  Resources r;
+  void *xs = nullptr, *w = nullptr, *gathered = nullptr, *d = nullptr, *d_ref = nullptr,
+       *flags_v = nullptr;
+  if ((e = r.Alloc(&xs, xs_host.size() * elem)) != cudaSuccess ||
+      (e = r.Alloc(&w, w_host.size() * elem)) != cudaSuccess ||
+      (e = r.Alloc(&gathered, size_t(M) * o.k * elem)) != cudaSuccess ||
+      (e = r.Alloc(&d, size_t(M) * o.n * elem)) != cudaSuccess ||
+      (e = r.Alloc(&d_ref, size_t(M) * o.n * elem)) != cudaSuccess ||
+      (e = r.Alloc(&flags_v, bands.count * sizeof(uint32_t))) != cudaSuccess ||
+      (e = cudaMemcpy(xs, xs_host.data(), xs_host.size() * elem, cudaMemcpyHostToDevice)) !=
+          cudaSuccess ||
+      (e = cudaMemcpy(w, w_host.data(), w_host.size() * elem, cudaMemcpyHostToDevice)) !=
+          cudaSuccess ||
+      (e = cudaStreamCreateWithFlags(&r.gemm, cudaStreamNonBlocking)) != cudaSuccess ||
+      (e = cudaStreamCreateWithFlags(&r.copy, cudaStreamNonBlocking)) != cudaSuccess ||
+      (e = cudaStreamCreateWithFlags(&r.release, cudaStreamNonBlocking)) != cudaSuccess ||
+      (e = cudaEventCreateWithFlags(&r.started, cudaEventDisableTiming)) != cudaSuccess ||
+      (e = cudaEventCreateWithFlags(&r.copies_end, cudaEventDisableTiming)) != cudaSuccess) {
+    result.error = Error(e, "setting up");
+    return result;
+  }
+  auto* flags = static_cast<uint32_t*>(flags_v);
+  const char* xs_bytes = static_cast<const char*>(xs);
+  char* gathered_bytes = static_cast<char*>(gathered);
+  const size_t rank_bytes = size_t(o.rows) * o.k * elem;
+
+  // The plain GEMM of the same configuration on the whole input (the rank-major senders' rows).
+  std::string msg;
+  SignalingGemmArgs plain = GemmArgsOf(plan.gemm, o.dtype, M, o.n, o.k);
+  plain.a = xs;
+  plain.b = w;
+  plain.d = d_ref;
+  if ((e = LaunchSignalingGemm(r.gemm, plain, &msg)) != cudaSuccess) {
+    result.error = "plain GEMM: " + msg;
+    return result;
+  }
+
+  // The senders' copy graphs (graph slot "peer" q: the sender here, all on this GPU).
+  CopyGraphs graphs;
+  for (int q = 0; q < P; ++q) {
+    if (q == o.rank) continue;
+    for (int b = 0; b < bands.per_rank && s.ok(); ++b) {
+      s = EnsureCopyGraph(graphs, q, b, gathered_bytes + (q * bands.per_rank + b) * band_bytes,
+                          xs_bytes + q * rank_bytes + b * band_bytes, band_bytes);
+    }
+  }
+  if (!s.ok()) {
+    result.error = s.message();
+    return result;
+  }
+
+  SignalingGemmArgs consumer = OverlapGemmArgs(plan, shape, o.rank);
+  consumer.a = gathered;
+  consumer.b = w;
+  consumer.d = d;
+  consumer.wait_flags = flags;
+  result.gathered_equal = true;
+  std::vector<uint16_t> got(size_t(M) * o.n), want(size_t(M) * o.n), g_host(xs_host.size());
+  for (int call = 0; call < o.calls; ++call) {
+    // The receiver's stream, as EnqueueAllGatherCopyEngine: poison (a check of its own), the
+    // flags zeroed, the own rows and their flags, "call started", the consumer.
+    if ((e = cudaMemsetAsync(gathered, 0xFF, size_t(M) * o.k * elem, r.gemm)) != cudaSuccess ||
+        (e = cudaMemsetAsync(d, 0xFF, size_t(M) * o.n * elem, r.gemm)) != cudaSuccess ||
+        (e = cudaMemsetAsync(flags, 0, bands.count * sizeof(uint32_t), r.gemm)) != cudaSuccess ||
+        (e = cudaMemcpyAsync(gathered_bytes + o.rank * rank_bytes, xs_bytes + o.rank * rank_bytes,
+                             rank_bytes, cudaMemcpyDeviceToDevice, r.gemm)) != cudaSuccess) {
+      result.error = Error(e, "the receiver's stream");
+      return result;
+    }
+    for (int b = 0; b < bands.per_rank && s.ok(); ++b) {
+      s = EnqueueWriteValue(r.gemm, flags + o.rank * bands.per_rank + b, 1);
+    }
+    if (s.ok()) s = CudaStatus(cudaEventRecord(r.started, r.gemm), "call started");
+    if (s.ok()) {
+      s = LaunchStatus(LaunchSignalingGemm(r.gemm, consumer, &msg), "consumer GEMM", msg);
+    }
+    // The senders, in the receiver's arrival order, each after a delay.
+    if (s.ok()) s = CudaStatus(cudaStreamWaitEvent(r.copy, r.started, 0), "copy stream wait");
+    for (int step = 1; step < P && s.ok(); ++step) {
+      const int q = AllGatherSource(o.rank, step, P);
+      if (o.delay_us > 0) {
+        s = CudaStatus(cudaLaunchHostFunc(r.copy, Sleep,
+                                          reinterpret_cast<void*>(intptr_t(o.delay_us))),
+                       "delay");
+      }
+      if (s.ok()) {
+        s = EnqueueBandPushes(graphs, q, r.copy, xs_bytes + q * rank_bytes, gathered_bytes,
+                              flags, q * bands.per_rank, bands.per_rank, band_bytes);
+      }
+    }
+    if (s.ok()) s = CudaStatus(cudaEventRecord(r.copies_end, r.copy), "copies end");
+    if (s.ok()) s = CudaStatus(cudaStreamWaitEvent(r.gemm, r.copies_end, 0), "join");
+    if (!s.ok()) {
+      result.error = s.message();
+      return result;
+    }
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::milliseconds(int64_t(o.timeout_s * 1000));
+    while ((e = cudaStreamQuery(r.gemm)) == cudaErrorNotReady) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        result.timed_out = true;  // release every flag so that the GEMM ends
+        (void)cudaMemsetAsync(flags, 0x01, bands.count * sizeof(uint32_t), r.release);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if ((e = cudaStreamSynchronize(r.gemm)) != cudaSuccess ||
+        (e = cudaMemcpy(g_host.data(), gathered, g_host.size() * elem,
+                        cudaMemcpyDeviceToHost)) != cudaSuccess ||
+        (e = cudaMemcpy(got.data(), d, got.size() * elem, cudaMemcpyDeviceToHost)) !=
+            cudaSuccess) {
+      result.error = Error(e, "running the check");
+      return result;
+    }
+    if (result.timed_out) break;
+    const bool same = std::memcmp(g_host.data(), xs_host.data(), g_host.size() * elem) == 0;
+    result.gathered_equal = result.gathered_equal && same;
+  }
+  if ((e = cudaMemcpy(want.data(), d_ref, want.size() * elem, cudaMemcpyDeviceToHost)) !=
+      cudaSuccess) {
+    result.error = Error(e, "reading the plain GEMM");
+    return result;
+  }
+  for (size_t i = 0; i < got.size(); ++i) result.mismatches += got[i] != want[i];
+  result.product_equal = !result.timed_out && result.mismatches == 0;
+  return result;
+}
+
+}  // namespace fo_jax

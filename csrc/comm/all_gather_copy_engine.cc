@@ -1,0 +1,346 @@
+// See all_gather_copy_engine.h.
+#include "comm/all_gather_copy_engine.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "comm/copy_engine_graphs.h"
+#include "comm/host_worker.h"
+#include "comm/stream_wait.h"
+
+namespace fo_jax {
+namespace {
+
+constexpr size_t kElemBytes = 2;  // bf16 / f16
+// "Call started" events per rank, reused round-robin: rank r re-records slot e % kRing for call e
+// only once every peer's copy thread has enqueued its wait on call e - kRing's.
+constexpr int kRing = 8;
+// A host wait on a peer (its entry, or its copy thread's progress) longer than this fails the
+// call: the peer stopped calling (a rank that failed, or a program whose ranks disagree).
+constexpr auto kPeerTimeout = std::chrono::seconds(300);
+
+// What rank r published for its call `epoch`.
+struct Entry {
+  uint32_t epoch = 0;
+  void* gathered = nullptr;
+  uint32_t* flags = nullptr;
+  cudaEvent_t started = nullptr;
+  int device = -1;  // its local ordinal
+};
+
+// The group's shared table (one per communicator clique of this process).
+struct Exchange {
+  std::mutex mu;
+  std::condition_variable cv;
+  Entry entry[kMaxCopyEngineRanks][kRing];
+  // waited[q][r]: the latest call of rank q whose event rank r's copy thread has waited on.
+  uint32_t waited[kMaxCopyEngineRanks][kMaxCopyEngineRanks] = {};
+  std::string failure;  // "" while healthy: set once, every later wait ends with it
+};
+
+// One rank's copy-engine all-gather state (created on first use, never destroyed: its streams,
+// events and device word may be in use by queued work).
+struct AgState {
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t started[kRing] = {};
+  uint32_t* copies_done = nullptr;  // device word: the latest call whose copies all ended
+  uint32_t epoch = 0;               // calls made (under the communicator's lock)
+  CopyGraphs graphs;
+  bool peer_ready[kMaxCopyEngineRanks] = {};  // peer access enabled towards that rank's GPU
+  std::shared_ptr<Exchange> exchange;
+  std::unique_ptr<HostWorker> worker;
+  std::mutex failure_mu;
+  std::string failure;  // the copy thread's first failure
+};
+
+std::mutex& RegistryMu() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+
+Status GetAgState(CommState& state, cudaStream_t xla_stream, AgState** out) {
+  static auto* states = new std::map<const CommState*, std::unique_ptr<AgState>>();
+  static auto* exchanges = new std::map<const CommGroup*, std::shared_ptr<Exchange>>();
+  std::lock_guard<std::mutex> lock(RegistryMu());
+  auto it = states->find(&state);
+  if (it != states->end()) {
+    *out = it->second.get();
+    return Status::Ok();
+  }
+  auto s = std::make_unique<AgState>();
+  cudaError_t err = cudaSuccess;
+  int least = 0, greatest = 0;
+  err = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+  if (err == cudaSuccess) {
+    err = cudaStreamCreateWithPriority(&s->copy_stream, cudaStreamNonBlocking, greatest);
+  }
+  for (int i = 0; i < kRing && err == cudaSuccess; ++i) {
+    err = cudaEventCreateWithFlags(&s->started[i], cudaEventDisableTiming);
+  }
+  if (err == cudaSuccess) err = cudaMalloc(&s->copies_done, sizeof(uint32_t));
+  // Zero in XLA's stream order, before the first call's "call started", which the copy stream
+  // waits on before it writes the word (no device synchronization: peers may be mid-call).
+  if (err == cudaSuccess) {
+    err = cudaMemsetAsync(s->copies_done, 0, sizeof(uint32_t), xla_stream);
+  }
+  FO_JAX_RETURN_IF_ERROR(CudaStatus(err, "creating the copy-engine all-gather's state"));
+  std::shared_ptr<Exchange>& ex = (*exchanges)[state.group.get()];
+  if (!ex) ex = std::make_shared<Exchange>();
+  s->exchange = ex;
+  s->worker = std::make_unique<HostWorker>(state.device);
+  *out = s.get();
+  (*states)[&state] = std::move(s);
+  return Status::Ok();
+}
+
+// Waits on the host until rank q's entry for call e is there; its copy, or the failure.
+Status AwaitEntry(Exchange& ex, int q, uint32_t e, Entry* out) {
+  std::unique_lock<std::mutex> lock(ex.mu);
+  const Entry& slot = ex.entry[q][e % kRing];
+  ex.cv.wait_for(lock, kPeerTimeout, [&] { return slot.epoch == e || !ex.failure.empty(); });
+  if (slot.epoch == e) {  // even after a failure: the caller releases that peer's flags
+    *out = slot;
+    return Status::Ok();
+  }
+  if (!ex.failure.empty()) return Status::Internal(ex.failure);
+  ex.failure = "rank " + std::to_string(q) + " did not reach all-gather call " +
+               std::to_string(e) + " within " + std::to_string(kPeerTimeout.count()) + " s";
+  ex.cv.notify_all();
+  return Status::Internal(ex.failure);
+}
+
+void Fail(AgState& ag, const Status& status) {
+  std::lock_guard<std::mutex> lock(ag.failure_mu);
+  if (ag.failure.empty()) ag.failure = "copy-engine all-gather: " + status.message();
+}
+
+struct Job {
+  int P = 0, me = 0;
+  uint32_t epoch = 0;
+  const char* x = nullptr;
+  cudaEvent_t own_started = nullptr;
+  AllGatherBands bands;
+  size_t band_bytes = 0;
+};
+
+// The copy thread's part of call job.epoch: a wait for this rank's own "call started" (x is
+// ready), then per step s rank me + s's entry, a wait for its "call started", then this rank's
+// bands into its gathered rows, each followed by its flag. After a failure it still writes the
+// flags of every peer whose entry it gets (that peer's GEMM waits for them; its output is then
+// undefined) and the copies_done word (XLA's stream waits for it).
+void RunJob(AgState& ag, const Job& job) {
+  Exchange& ex = *ag.exchange;
+  Status status = CudaStatus(cudaStreamWaitEvent(ag.copy_stream, job.own_started, 0),
+                             "waiting for this rank's inputs");
+  auto note_waited = [&](int q) {
+    {
+      std::lock_guard<std::mutex> lock(ex.mu);
+      ex.waited[q][job.me] = job.epoch;
+    }
+    ex.cv.notify_all();
+  };
+  note_waited(job.me);
+  for (int s = 1; s < job.P; ++s) {
+    const int q = (job.me + s) % job.P;
+    Entry peer;
+    const Status got = AwaitEntry(ex, q, job.epoch, &peer);
+    if (!got.ok()) {
+      if (status.ok()) status = got;
+      continue;  // without its entry the peer has not launched its GEMM for this call
+    }
+    // Always, even after a failure: a flag written before the peer zeroed its flags would be
+    // lost, and the peer's GEMM would wait for it forever.
+    const Status started =
+        CudaStatus(cudaStreamWaitEvent(ag.copy_stream, peer.started, 0),
+                   "waiting for rank " + std::to_string(q) + "'s call to start");
+    if (status.ok()) status = started;
+    note_waited(q);
+    if (!status.ok()) {  // no copies, only the flags that release the peer's GEMM
+      for (int c = 0; c < job.bands.per_rank; ++c) {
+        (void)EnqueueWriteValue(ag.copy_stream, peer.flags + job.me * job.bands.per_rank + c, 1);
+      }
+      continue;
+    }
+    status = EnqueueBandPushes(ag.graphs, q, ag.copy_stream, job.x,
+                               static_cast<char*>(peer.gathered), peer.flags,
+                               job.me * job.bands.per_rank, job.bands.per_rank, job.band_bytes);
+  }
+  const Status done = EnqueueWriteValue(ag.copy_stream, ag.copies_done, job.epoch);
+  if (status.ok()) status = done;
+  if (!status.ok()) Fail(ag, status);
+}
+
+// XLA's thread, before re-recording ring slot e % kRing: every copy thread of the group (this
+// rank's too) has waited on call e - kRing's event.
+Status AwaitRingSlot(Exchange& ex, int P, int me, uint32_t e) {
+  if (e <= kRing) return Status::Ok();
+  const uint32_t previous = e - kRing;
+  std::unique_lock<std::mutex> lock(ex.mu);
+  const bool ready = ex.cv.wait_for(lock, kPeerTimeout, [&] {
+    if (!ex.failure.empty()) return true;
+    for (int r = 0; r < P; ++r) {
+      if (static_cast<int32_t>(ex.waited[me][r] - previous) < 0) return false;
+    }
+    return true;
+  });
+  if (!ex.failure.empty()) return Status::Internal(ex.failure);
+  if (!ready) {
+    ex.failure = "a peer's copy thread did not take all-gather call " + std::to_string(previous) +
+                 " within " + std::to_string(kPeerTimeout.count()) + " s";
+    ex.cv.notify_all();
+    return Status::Internal(ex.failure);
+  }
+  return Status::Ok();
+}
+
+Status PreparePeers(AgState& ag, int device, int P, int me, uint32_t e,
+                    const AllGatherBands& bands, size_t band_bytes, const void* x) {
+  for (int s = 1; s < P; ++s) {
+    const int q = (me + s) % P;
+    bool graphs_built = true;
+    {
+      std::lock_guard<std::mutex> lock(ag.graphs.mu);
+      for (int c = 0; c < bands.per_rank && c < CopyGraphs::kPerPeer; ++c) {
+        graphs_built = graphs_built && ag.graphs.exec[q][c] != nullptr;
+      }
+    }
+    if (ag.peer_ready[q] && graphs_built) continue;
+    Entry peer;
+    FO_JAX_RETURN_IF_ERROR(AwaitEntry(*ag.exchange, q, e, &peer));
+    if (!ag.peer_ready[q]) {
+      int ok = 0;
+      cudaError_t err = cudaDeviceCanAccessPeer(&ok, device, peer.device);
+      FO_JAX_RETURN_IF_ERROR(CudaStatus(err, "peer access query"));
+      if (!ok) {
+        return Status::Internal("GPU " + std::to_string(device) + " cannot access GPU " +
+                                std::to_string(peer.device) + " directly (no peer access); use "
+                                "OverlapConfig(transport='nccl')");
+      }
+      err = cudaDeviceEnablePeerAccess(peer.device, 0);
+      if (err == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+      } else {
+        FO_JAX_RETURN_IF_ERROR(CudaStatus(err, "enabling peer access"));
+      }
+      ag.peer_ready[q] = true;
+    }
+    for (int c = 0; c < bands.per_rank; ++c) {
+      const int band = me * bands.per_rank + c;
+      FO_JAX_RETURN_IF_ERROR(EnsureCopyGraph(
+          ag.graphs, q, c, static_cast<char*>(peer.gathered) + band * band_bytes,
+          static_cast<const char*>(x) + c * band_bytes, band_bytes));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status EnqueueBandPushes(CopyGraphs& graphs, int peer, cudaStream_t stream, const char* src,
+                         char* gathered, uint32_t* flags, int first_band, int per_rank,
+                         size_t band_bytes) {
+  Status status = Status::Ok();
+  for (int c = 0; c < per_rank; ++c) {
+    const int band = first_band + c;
+    if (status.ok()) {
+      status = LaunchCopyGraph(graphs, peer, c, gathered + band * band_bytes,
+                               src + c * band_bytes, band_bytes, stream);
+    }
+    const Status flagged = EnqueueWriteValue(stream, flags + band, 1);
+    if (status.ok()) status = flagged;
+  }
+  return status;
+}
+
+Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
+                                  const OverlapPlan& plan, const OverlapShape& shape,
+                                  SignalingGemmArgs gemm, const AllGatherBuffers& buffers) {
+  AgState* ag = nullptr;
+  FO_JAX_RETURN_IF_ERROR(GetAgState(state, xla_stream, &ag));
+  Exchange& ex = *ag->exchange;
+  const int P = state.nranks, me = state.rank;
+  const AllGatherBands bands = AllGatherBandsOf(plan, shape);
+  const uint32_t e = ++ag->epoch;
+  const int slot = static_cast<int>(e % kRing);
+  FO_JAX_RETURN_IF_ERROR(AwaitRingSlot(ex, P, me, e));
+
+  // XLA's stream: the flags zeroed, the own rows and their flags (all_gather_nccl.h), then the
+  // event after which the peers may write this call's buffers.
+  FO_JAX_RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(buffers.flags, 0, bands.count * sizeof(uint32_t), xla_stream),
+                 "zeroing the band flags"));
+  const size_t band_bytes = static_cast<size_t>(bands.rows * shape.k) * kElemBytes;
+  FO_JAX_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(static_cast<char*>(buffers.gathered) + me * bands.per_rank * band_bytes,
+                      buffers.x, bands.per_rank * band_bytes, cudaMemcpyDeviceToDevice,
+                      xla_stream),
+      "the own rows into the gathered output"));
+  for (int c = 0; c < bands.per_rank; ++c) {
+    FO_JAX_RETURN_IF_ERROR(EnqueueWriteValue(xla_stream, buffers.flags + me * bands.per_rank + c,
+                                             1));
+  }
+  FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(ag->started[slot], xla_stream),
+                                    "recording the all-gather's start"));
+  std::string failed;  // the group's failure when this call published ("" while healthy)
+  {
+    std::lock_guard<std::mutex> lock(ex.mu);
+    ex.entry[me][slot] =
+        Entry{e, buffers.gathered, buffers.flags, ag->started[slot], state.device};
+    failed = ex.failure;
+  }
+  ex.cv.notify_all();
+  if (!failed.empty()) {
+    // A peer's copy thread may have given up on this call before it was published: nothing
+    // might write these flags, so they are released here and the GEMM's result is undefined.
+    for (int b = 0; b < bands.count; ++b) {
+      FO_JAX_RETURN_IF_ERROR(EnqueueWriteValue(xla_stream, buffers.flags + b, 1));
+    }
+  }
+
+  // First use of a peer: peer access towards its GPU (the stream writes of its flags need it).
+  // The copy graphs, built here (building may wait for this GPU to drain: never on the copy
+  // thread). Both need the peer's entry, which this waits for only then. On a failure the call
+  // still runs (the copy thread releases every flag it can), its own flags released here.
+  const Status prepared = PreparePeers(*ag, state.device, P, me, e, bands, band_bytes, buffers.x);
+  if (!prepared.ok()) {
+    Fail(*ag, prepared);
+    for (int b = 0; b < bands.count; ++b) {
+      FO_JAX_RETURN_IF_ERROR(EnqueueWriteValue(xla_stream, buffers.flags + b, 1));
+    }
+  }
+
+  Job job;
+  job.P = P;
+  job.me = me;
+  job.epoch = e;
+  job.x = static_cast<const char*>(buffers.x);
+  job.own_started = ag->started[slot];
+  job.bands = bands;
+  job.band_bytes = band_bytes;
+  ag->worker->Push([ag, job] { RunJob(*ag, job); });
+
+  gemm.a = buffers.gathered;
+  gemm.wait_flags = buffers.flags;
+  gemm.counters = nullptr;
+  std::string msg;
+  const Status launched =
+      LaunchStatus(LaunchSignalingGemm(xla_stream, gemm, &msg), "consumer GEMM launch", msg);
+  // x is XLA's: the call ends only once this rank's copies have read it.
+  FO_JAX_RETURN_IF_ERROR(EnqueueWaitGeq(xla_stream, ag->copies_done, e));
+  FO_JAX_RETURN_IF_ERROR(launched);
+  std::lock_guard<std::mutex> lock(ag->failure_mu);
+  if (ag->failure.empty() && !failed.empty()) ag->failure = "copy-engine all-gather: " + failed;
+  if (!ag->failure.empty()) {
+    return Status::Internal(ag->failure + " (this call ran so that the group's other ranks do "
+                            "not wait for this one; its result and every later call's are "
+                            "undefined: restart the process)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace fo_jax

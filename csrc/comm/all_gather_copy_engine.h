@@ -1,0 +1,45 @@
+// The all-gather's copy-engine transport (docs/design.md, "The all-gather"): every rank pushes
+// its rows into each peer's gathered output (the peer's XLA result of this very call) with
+// copy-engine writes, each followed by the peer's band flag (a stream write, which fences the
+// copy); no SM moves data, so the consumer GEMM may use every SM. Every rank of the group is in
+// this process (the transport's choice rule), so the per-call destination is exchanged on the
+// host: each rank's handler publishes (epoch, gathered output, flags, "call started" event) in
+// the group's shared table, and each rank's copy thread waits on the host for the peer's entry
+// and on the GPU for its event (the peer's stream has zeroed the flags and may be written),
+// then launches its copy graphs (copy_engine_graphs.h: never a call that can block on a
+// driver lock while a peer drains). XLA's stream waits (a stream memory operation, not an event
+// the thread records later) until this rank's copies have read x.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "comm/all_gather_nccl.h"
+#include "comm/copy_engine_graphs.h"
+#include "comm/comm_registry.h"
+#include "comm/overlap_plan.h"
+#include "comm/status.h"
+#include "kernels/signaling_gemm.h"
+
+namespace fo_jax {
+
+// Enqueues the whole call: on XLA's stream the flags zeroed, the own rows and their flags, the
+// "call started" event, the consumer GEMM, then the wait for this rank's copies; the copies on
+// the copy thread. Returns, after the call ran, the copy thread's first failure if it had one.
+// `gemm` as for EnqueueAllGatherNccl.
+Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
+                                  const OverlapPlan& plan, const OverlapShape& shape,
+                                  SignalingGemmArgs gemm, const AllGatherBuffers& buffers);
+
+// The copies of one sender's rows into one receiver, on `stream`: for each of its per_rank bands
+// c, a launch of copy graph (peer, c) from src + c * band_bytes to band first_band + c of
+// `gathered`, then that band's flag in `flags` set to 1 (a stream write, which fences the copy).
+// Every flag is written even after a failed copy (the receiver's GEMM waits for them); the first
+// failure is returned. The transport's copy thread and the one-GPU check
+// (comm/all_gather_check.h) both push this way.
+Status EnqueueBandPushes(CopyGraphs& graphs, int peer, cudaStream_t stream, const char* src,
+                         char* gathered, uint32_t* flags, int first_band, int per_rank,
+                         size_t band_bytes);
+
+}  // namespace fo_jax
