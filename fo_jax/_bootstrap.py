@@ -13,9 +13,11 @@ address exchange), so it has one communicator per group whatever the shape's NCC
 
 Plan agreement: with one process per GPU every process plans on its own (its tuning cache, its
 environment, its CUDA module), and ranks that run different plans hang or sum garbage. So each
-overlapped call's lowering publishes its plan's fields through the same key-value store and
-compares them with every other process of the group, raising on every process, within
-FO_JAX_PLAN_TIMEOUT_S, with the differing fields (docs/troubleshooting.md, "Plan mismatch").
+overlapped call's lowering publishes its plan's fields through the same key-value store, under
+the call's identity (what the program fixes alike on every process: group, collective, axis
+size, operands, explicit OverlapConfig fields), and compares them with every other process of
+the group, raising on every process, within FO_JAX_PLAN_TIMEOUT_S, with the differing fields
+(docs/troubleshooting.md, "Plan mismatch"; docs/design.md, "Plan agreement").
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 
 _lock = threading.Lock()
 _unique_ids: dict = {}
+_unconfirmed: list = []  # (client, peer's plan key, own fields, process, peer, call): see below
 _KV_TIMEOUT_MS = 300_000
 _POLL_MS = 100  # how often a process waiting for a peer's plan looks whether the peer waits too
 _WARN_AFTER_S = 10.0  # a wait for a peer's plan this long is logged, naming the peer
@@ -131,16 +134,18 @@ def _differences(mine: dict, theirs: dict, there: str) -> list:
             if mine.get(name) != theirs.get(name)]
 
 
-def plan_mismatch(mine: dict, theirs: dict, process: int, other: int) -> Optional[str]:
+def plan_mismatch(mine: dict, theirs: dict, process: int, other: int,
+                  call: str = "") -> Optional[str]:
     """None when the two processes' plan fields agree, else a message naming each differing
-    field with both values."""
+    field with both values (and the call, `call`, when given)."""
     diffs = _differences(mine, theirs, f"on process {other}")
     if not diffs:
         return None
+    call = f" {call}" if call else ""
     return (f"fo_jax.overlapped_matmul: plan mismatch between process {process} and process "
-            f"{other} for the same overlapped call: " + "; ".join(diffs) + ". Every process "
-            "must plan alike: give them the same tuning cache (XDG_CACHE_HOME), the same "
-            "FO_JAX_* environment and the same OverlapConfig, or set the differing fields "
+            f"{other} for the same overlapped call{call}: " + "; ".join(diffs) + ". Every "
+            "process must plan alike: give them the same tuning cache (XDG_CACHE_HOME), the same "
+            "FO_JAX_* environment and the same CUDA module, or set the differing fields "
             "explicitly in OverlapConfig (docs/troubleshooting.md, 'Plan mismatch')")
 
 
@@ -171,12 +176,12 @@ def _publish(client, key: str, value: str, what: str) -> None:
             "(docs/troubleshooting.md, 'Plan mismatch')")
 
 
-def _wait_for_plan(client, base: str, devs: str, call: str, process_index: int, other: int,
+def _wait_for_plan(client, base: str, call: str, what: str, process_index: int, other: int,
                    deadline: float, timeout_s: float, fields: dict) -> Optional[str]:
     """The plan `other` published for this call, or None when waiting for it would deadlock:
-    `other` is itself waiting for a call this process has not lowered (each lowered a call the
-    other does not, or lowered shared calls in another order), so neither would go on. Raises
-    RuntimeError once `timeout_s` has passed with `other` silent."""
+    `other` waits (or gave up waiting) for a call this process has not lowered (each lowered a
+    call the other does not, or they lowered shared calls in another order), so neither would go
+    on. Raises RuntimeError once `timeout_s` has passed with `other` silent."""
     warned = False
     started = time.monotonic()
     while True:
@@ -192,15 +197,34 @@ def _wait_for_plan(client, base: str, devs: str, call: str, process_index: int, 
         if now >= deadline:
             raise RuntimeError(
                 f"fo_jax.overlapped_matmul: process {other} published no plan for the "
-                f"overlapped call on devices {devs} ({call}) within {timeout_s:g} s "
+                f"overlapped call {what} on devices {base.rsplit('/', 1)[-1]} within "
+                f"{timeout_s:g} s "
                 "(FO_JAX_PLAN_TIMEOUT_S): it lowered no such call (e.g. it took the reference "
                 "path: FO_JAX_FORCE_REFERENCE, no CUDA module; or its OverlapConfig or operands "
                 f"differ) or stopped; this process's plan: {fields}")
         if not warned and now - started >= _WARN_AFTER_S:
             warned = True
             log.warning("fo_jax.overlapped_matmul: waiting for process %d to lower the "
-                        "overlapped call on devices %s (%s); raising after %g s "
-                        "(FO_JAX_PLAN_TIMEOUT_S)", other, devs, call, timeout_s)
+                        "overlapped call %s too; raising after %g s (FO_JAX_PLAN_TIMEOUT_S)",
+                        other, what, timeout_s)
+
+
+def _recheck_unconfirmed(client) -> None:
+    """Compares the plans this process left unconfirmed with the peer's, now that the peer may
+    have published them: a mismatch found there raises here too, at this later lowering."""
+    with _lock:
+        mine = [u for u in _unconfirmed if u[0] is client]
+    for entry in mine:
+        _, key, fields, process_index, other, what = entry
+        text = _try_get(client, key)
+        if text is None:
+            continue
+        with _lock:
+            if entry in _unconfirmed:
+                _unconfirmed.remove(entry)
+        mismatch = plan_mismatch(fields, json.loads(text), process_index, other, what)
+        if mismatch is not None:
+            raise ValueError(mismatch)
 
 
 def check_plan_agreement(group: Sequence, fields: dict, process_index: int, timeout_s: float,
@@ -214,7 +238,8 @@ def check_plan_agreement(group: Sequence, fields: dict, process_index: int, time
     check does not depend on how many or in which order the processes lower their calls:
     re-lowering a call publishes nothing new, and a call lowered on one process only (a
     `.lower()` for inspection) is left unconfirmed, without waiting for the timeout, as soon as
-    the other process waits for a call this one has not lowered yet (docs/design.md, "Plan
+    the other process waits for a call this one has not lowered yet; the peer compares it if it
+    lowers it, and so does this process at its next overlapped lowering (docs/design.md, "Plan
     agreement")."""
     devs = "-".join(str(int(d.id)) for d in group)
     processes = sorted({int(d.process_index) for d in group})
@@ -224,28 +249,37 @@ def check_plan_agreement(group: Sequence, fields: dict, process_index: int, time
     call = plan_digest(identity)
     what = json.dumps(identity, sort_keys=True)
     client = _distributed_client() if client is None else client
+    _recheck_unconfirmed(client)
     base = f"fo_jax/plan/{devs}"
     _publish(client, f"{base}/{call}/{process_index}", json.dumps(fields, sort_keys=True), what)
     others = [p for p in processes if p != process_index]
     deadline = time.monotonic() + timeout_s
     mismatch, unconfirmed = None, []
+    # "waiting": the call this process last waited for. Left set when it gives up waiting (the
+    # peer waits for another call), so that a peer that saw it waiting does not wait for a call
+    # this process never lowers; cleared when the wait ends with every plan read.
     client.key_value_set(f"{base}/waiting/{process_index}", call, allow_overwrite=True)
     try:
         for other in others:
-            text = _wait_for_plan(client, base, devs, f"{call}", process_index, other, deadline,
+            text = _wait_for_plan(client, base, call, what, process_index, other, deadline,
                                   timeout_s, fields)
             if text is None:
                 unconfirmed.append(other)
+                with _lock:
+                    _unconfirmed.append((client, f"{base}/{call}/{other}", fields, process_index,
+                                         other, what))
             else:
                 mismatch = mismatch or plan_mismatch(fields, json.loads(text), process_index,
-                                                     other)
+                                                     other, what)
     finally:
-        client.key_value_set(f"{base}/waiting/{process_index}", "", allow_overwrite=True)
+        if not unconfirmed:
+            client.key_value_set(f"{base}/waiting/{process_index}", "", allow_overwrite=True)
     if unconfirmed:
         log.warning("fo_jax.overlapped_matmul: the plan of the overlapped call on devices %s "
                     "(%s) is not confirmed by process(es) %s, which wait(s) for another call "
                     "first: this process lowers a call they do not, or lowers shared calls in "
-                    "another order; they compare it when they lower it", devs, what, unconfirmed)
+                    "another order; they compare it if they lower it, this process at its next "
+                    "overlapped lowering", devs, what, unconfirmed)
     # Before anyone raises (and its process, perhaps the one serving the store, exits): every
     # process has read every plan, so that each reports the mismatch itself. Best effort: a
     # process gone by now has read them already; one that left the call unconfirmed does not
