@@ -13,9 +13,11 @@ address exchange), so it has one communicator per group whatever the shape's NCC
 
 Plan agreement: with one process per GPU every process plans on its own (its tuning cache, its
 environment, its CUDA module), and ranks that run different plans hang or sum garbage. So each
-overlapped call's lowering publishes its plan's fields through the same key-value store and
-compares them with every other process of the group, raising on every process, within
-FO_JAX_PLAN_TIMEOUT_S, with the differing fields (docs/troubleshooting.md, "Plan mismatch").
+overlapped call's lowering publishes its plan's fields through the same key-value store, under
+the call's identity (what the program fixes alike on every process: group, collective, axis
+size, operands, explicit OverlapConfig fields), and compares them with every other process of
+the group, raising on every process, within FO_JAX_PLAN_TIMEOUT_S, with the differing fields
+(docs/troubleshooting.md, "Plan mismatch"; docs/design.md, "Plan agreement").
 """
 
 from __future__ import annotations
@@ -23,15 +25,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import threading
+import time
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 _lock = threading.Lock()
 _unique_ids: dict = {}
-_plan_calls: dict = {}  # (group devices, process) -> overlapped lowerings of that group so far
+_unconfirmed: list = []  # (client, peer's plan key, own fields, process, peer, call): see below
 _KV_TIMEOUT_MS = 300_000
+_POLL_MS = 100  # how often a process waiting for a peer's plan looks whether the peer waits too
+_WARN_AFTER_S = 10.0  # a wait for a peer's plan this long is logged, naming the peer
+log = logging.getLogger("fo_jax")
 
 
 def concrete_mesh_of(axis_context, fn: str):
@@ -90,66 +97,199 @@ def plan_fields(plan, operands: Sequence = ()) -> dict:
         else:
             fields[name] = value
     for i, aval in enumerate(operands):
-        fields[f"operand{i}"] = f"{getattr(aval, 'dtype', '?')}{list(getattr(aval, 'shape', ()))}"
+        fields[f"operand{i}"] = _operand(aval)
     return json.loads(json.dumps(fields, default=str))  # tuples as lists, as the peers read them
+
+
+def _operand(aval) -> str:
+    return f"{getattr(aval, 'dtype', '?')}{list(getattr(aval, 'shape', ()))}"
+
+
+def explicit_config(config) -> tuple:
+    """The OverlapConfig fields the user set (those that differ from the defaults), as sorted
+    (name, value) pairs: hashable, so that they travel through jit as a static parameter."""
+    if config is None:
+        return ()
+    return tuple((f.name, getattr(config, f.name)) for f in dataclasses.fields(config)
+                 if getattr(config, f.name) != f.default)
+
+
+def call_identity(plan, operands: Sequence = (), explicit: Sequence = ()) -> dict:
+    """What names an overlapped call the same way on every process, by construction of the
+    program: its collective, axis size, operands and the OverlapConfig fields set explicitly
+    (`explicit_config`). Unlike plan_fields, nothing in it depends on a process's tuning cache,
+    environment or CUDA module."""
+    identity = dict(collective=plan.collective, axis_size=int(plan.axis_size),
+                    operands=[_operand(a) for a in operands], config=dict(explicit))
+    return json.loads(json.dumps(identity, sort_keys=True, default=str))
 
 
 def plan_digest(fields: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def plan_mismatch(mine: dict, theirs: dict, process: int, other: int) -> Optional[str]:
+def _differences(mine: dict, theirs: dict, there: str) -> list:
+    return [f"{name}: {mine.get(name, '<absent>')!r} here, {theirs.get(name, '<absent>')!r} "
+            f"{there}" for name in sorted(set(mine) | set(theirs))
+            if mine.get(name) != theirs.get(name)]
+
+
+def plan_mismatch(mine: dict, theirs: dict, process: int, other: int,
+                  call: str = "") -> Optional[str]:
     """None when the two processes' plan fields agree, else a message naming each differing
-    field with both values."""
-    diffs = [f"{name}: {mine.get(name, '<absent>')!r} here, {theirs.get(name, '<absent>')!r} "
-             f"on process {other}" for name in sorted(set(mine) | set(theirs))
-             if mine.get(name) != theirs.get(name)]
+    field with both values (and the call, `call`, when given)."""
+    diffs = _differences(mine, theirs, f"on process {other}")
     if not diffs:
         return None
+    call = f" {call}" if call else ""
     return (f"fo_jax.overlapped_matmul: plan mismatch between process {process} and process "
-            f"{other} for the same overlapped call: " + "; ".join(diffs) + ". Every process "
-            "must plan alike: give them the same tuning cache (XDG_CACHE_HOME), the same "
-            "FO_JAX_* environment and the same OverlapConfig, or set the differing fields "
+            f"{other} for the same overlapped call{call}: " + "; ".join(diffs) + ". Every "
+            "process must plan alike: give them the same tuning cache (XDG_CACHE_HOME), the same "
+            "FO_JAX_* environment and the same CUDA module, or set the differing fields "
             "explicitly in OverlapConfig (docs/troubleshooting.md, 'Plan mismatch')")
 
 
+def _try_get(client, key: str) -> Optional[str]:
+    try:
+        return client.key_value_try_get(key)
+    except Exception:  # noqa: BLE001 (absent: the store's not-found error type varies by version)
+        return None
+
+
+def _publish(client, key: str, value: str, what: str) -> None:
+    """Sets this process's `key` once: re-lowering the same call publishes the same value again,
+    which is a no-op (the store refuses to overwrite a key); a different value for the same call
+    means this process's own planning changed between two lowerings (e.g. a tuning cache
+    written meanwhile), which no peer can agree with."""
+    with _lock:  # one process's lowerings on several threads publish one after the other
+        before = _try_get(client, key)
+        if before is None:
+            client.key_value_set(key, value)
+            return
+    if before != value:
+        diffs = _differences(json.loads(value), json.loads(before), "at an earlier lowering")
+        raise ValueError(
+            f"fo_jax.overlapped_matmul: this process planned the same overlapped call ({what}) "
+            f"differently at two lowerings: {'; '.join(diffs)}. Its tuning cache or FO_JAX_* "
+            "environment changed while it ran; set the differing fields explicitly in "
+            "OverlapConfig or keep the cache and environment fixed while the program runs "
+            "(docs/troubleshooting.md, 'Plan mismatch')")
+
+
+def _wait_for_plan(client, base: str, call: str, what: str, process_index: int, other: int,
+                   deadline: float, timeout_s: float, fields: dict) -> Optional[str]:
+    """The plan `other` published for this call, or None when waiting for it would deadlock:
+    `other` waits (or gave up waiting) for a call this process has not lowered (each lowered a
+    call the other does not, or they lowered shared calls in another order), so neither would go
+    on. Raises RuntimeError once `timeout_s` has passed with `other` silent."""
+    warned = False
+    started = time.monotonic()
+    while True:
+        try:
+            return client.blocking_key_value_get(f"{base}/{call}/{other}", _POLL_MS)
+        except Exception:  # noqa: BLE001 (the store's timeout error type varies by version)
+            pass
+        awaited = _try_get(client, f"{base}/waiting/{other}") or ""
+        if awaited and awaited != call and _try_get(client, f"{base}/{awaited}/{process_index}") \
+                is None:
+            return None
+        now = time.monotonic()
+        if now >= deadline:
+            raise RuntimeError(
+                f"fo_jax.overlapped_matmul: process {other} published no plan for the "
+                f"overlapped call {what} on devices {base.rsplit('/', 1)[-1]} within "
+                f"{timeout_s:g} s "
+                "(FO_JAX_PLAN_TIMEOUT_S): it lowered no such call (e.g. it took the reference "
+                "path: FO_JAX_FORCE_REFERENCE, no CUDA module; or its OverlapConfig or operands "
+                f"differ) or stopped; this process's plan: {fields}")
+        if not warned and now - started >= _WARN_AFTER_S:
+            warned = True
+            log.warning("fo_jax.overlapped_matmul: waiting for process %d to lower the "
+                        "overlapped call %s too; raising after %g s (FO_JAX_PLAN_TIMEOUT_S)",
+                        other, what, timeout_s)
+
+
+def _recheck_unconfirmed(client) -> None:
+    """Compares the plans this process left unconfirmed with the peer's, now that the peer may
+    have published them: a mismatch found there raises here too, at this later lowering."""
+    with _lock:
+        mine = [u for u in _unconfirmed if u[0] is client]
+    for entry in mine:
+        _, key, fields, process_index, other, what = entry
+        text = _try_get(client, key)
+        if text is None:
+            continue
+        with _lock:
+            if entry in _unconfirmed:
+                _unconfirmed.remove(entry)
+        mismatch = plan_mismatch(fields, json.loads(text), process_index, other, what)
+        if mismatch is not None:
+            raise ValueError(mismatch)
+
+
 def check_plan_agreement(group: Sequence, fields: dict, process_index: int, timeout_s: float,
-                         client=None) -> None:
-    """Publishes this process's plan fields for the group's next overlapped call and compares
+                         client=None, identity: Optional[dict] = None) -> None:
+    """Publishes this process's plan fields for one overlapped call on the group and compares
     them with every other process of the group; raises ValueError on a mismatch (every process
     sees it, so all of them raise) or RuntimeError when a process published nothing within
-    `timeout_s` (it lowered no such call: e.g. it took the reference path). The n-th overlapped
-    lowering of a group is compared with the n-th of the others: every process of an SPMD program
-    lowers the same calls in the same order."""
+    `timeout_s` (it lowered no such call: e.g. it took the reference path).
+
+    The call is named by `identity` (call_identity: what every process fixes alike), so the
+    check does not depend on how many or in which order the processes lower their calls:
+    re-lowering a call publishes nothing new, and a call lowered on one process only (a
+    `.lower()` for inspection) is left unconfirmed, without waiting for the timeout, as soon as
+    the other process waits for a call this one has not lowered yet; the peer compares it if it
+    lowers it, and so does this process at its next overlapped lowering (docs/design.md, "Plan
+    agreement")."""
     devs = "-".join(str(int(d.id)) for d in group)
     processes = sorted({int(d.process_index) for d in group})
     if len(processes) < 2 or process_index not in processes:
         return
-    with _lock:  # counted per process index too: the tests run processes as threads
-        call = _plan_calls.get((devs, process_index), 0)
-        _plan_calls[(devs, process_index)] = call + 1
+    identity = {} if identity is None else identity
+    call = plan_digest(identity)
+    what = json.dumps(identity, sort_keys=True)
     client = _distributed_client() if client is None else client
-    base = f"fo_jax/plan/{devs}/{call}"
-    client.key_value_set(f"{base}/{process_index}", json.dumps(fields, sort_keys=True))
+    _recheck_unconfirmed(client)
+    base = f"fo_jax/plan/{devs}"
+    _publish(client, f"{base}/{call}/{process_index}", json.dumps(fields, sort_keys=True), what)
     others = [p for p in processes if p != process_index]
-    mismatch = None
-    for other in others:
-        try:
-            text = client.blocking_key_value_get(f"{base}/{other}", int(timeout_s * 1000))
-        except Exception as e:  # noqa: BLE001 (the store's timeout error type varies by version)
-            raise RuntimeError(
-                f"fo_jax.overlapped_matmul: process {other} published no plan for overlapped call "
-                f"#{call} on devices {devs} within {timeout_s:g} s (FO_JAX_PLAN_TIMEOUT_S): it "
-                "lowered no such call (e.g. it took the reference path: FO_JAX_FORCE_REFERENCE, "
-                f"no CUDA module) or stopped; this process's plan: {fields} ({e})") from None
-        mismatch = mismatch or plan_mismatch(fields, json.loads(text), process_index, other)
+    deadline = time.monotonic() + timeout_s
+    mismatch, unconfirmed = None, []
+    # "waiting": the call this process last waited for. Left set when it gives up waiting (the
+    # peer waits for another call), so that a peer that saw it waiting does not wait for a call
+    # this process never lowers; cleared when the wait ends with every plan read.
+    client.key_value_set(f"{base}/waiting/{process_index}", call, allow_overwrite=True)
+    try:
+        for other in others:
+            text = _wait_for_plan(client, base, call, what, process_index, other, deadline,
+                                  timeout_s, fields)
+            if text is None:
+                unconfirmed.append(other)
+                with _lock:
+                    _unconfirmed.append((client, f"{base}/{call}/{other}", fields, process_index,
+                                         other, what))
+            else:
+                mismatch = mismatch or plan_mismatch(fields, json.loads(text), process_index,
+                                                     other, what)
+    finally:
+        if not unconfirmed:
+            client.key_value_set(f"{base}/waiting/{process_index}", "", allow_overwrite=True)
+    if unconfirmed:
+        log.warning("fo_jax.overlapped_matmul: the plan of the overlapped call on devices %s "
+                    "(%s) is not confirmed by process(es) %s, which wait(s) for another call "
+                    "first: this process lowers a call they do not, or lowers shared calls in "
+                    "another order; they compare it if they lower it, this process at its next "
+                    "overlapped lowering", devs, what, unconfirmed)
     # Before anyone raises (and its process, perhaps the one serving the store, exits): every
     # process has read every plan, so that each reports the mismatch itself. Best effort: a
-    # process gone by now has read them already.
+    # process gone by now has read them already; one that left the call unconfirmed does not
+    # wait (the others may never lower it).
     try:
-        client.key_value_set(f"{base}/read/{process_index}", "1")
+        _publish(client, f"{base}/{call}/read/{process_index}", "1", what)
         for other in others:
-            client.blocking_key_value_get(f"{base}/read/{other}", int(timeout_s * 1000))
+            if other not in unconfirmed:
+                client.blocking_key_value_get(f"{base}/{call}/read/{other}",
+                                              int(max(deadline - time.monotonic(), 1.0) * 1000))
     except Exception:  # noqa: BLE001 (each process reports its own outcome)
         pass
     if mismatch is not None:
@@ -210,16 +350,20 @@ def mesh_attributes(mesh, axis_name: str, nccl_max_ctas: int, process_index: int
 
 
 def overlap_mesh_attributes(mesh, axis_name: str, plan, operands: Sequence, process_index: int,
-                            process_count: int, make_id: Callable[[], bytes]) -> dict:
+                            process_count: int, make_id: Callable[[], bytes],
+                            explicit: Sequence = ()) -> dict:
     """mesh_attributes for an overlapped call's lowering, with the communicator named as
     `communicator_ctas` says; with several processes, first checks that every process of each
-    group this process takes part in runs the same plan (check_plan_agreement)."""
+    group this process takes part in runs the same plan (check_plan_agreement; `explicit`: the
+    call's OverlapConfig fields set explicitly, as explicit_config gives them)."""
     axis = list(mesh.axis_names).index(axis_name)
     if process_count > 1:
         from fo_jax import _env  # noqa: PLC0415
 
         fields = plan_fields(plan, operands)
+        identity = call_identity(plan, operands, explicit)
         for group in group_table(mesh.devices, axis):
-            check_plan_agreement(group, fields, process_index, _env.plan_timeout_s())
+            check_plan_agreement(group, fields, process_index, _env.plan_timeout_s(),
+                                 identity=identity)
     return mesh_attributes(mesh, axis_name, communicator_ctas(plan), process_index,
                            process_count, make_id)

@@ -171,7 +171,7 @@ def _overlap_abstract_eval(x, w, *, result_avals, **_):
     return result_avals
 
 
-def _overlap_lowering(ctx, x, w, *, result_avals, axis_name, plan):
+def _overlap_lowering(ctx, x, w, *, result_avals, axis_name, plan, explicit=()):
     del result_avals
     fn = "fo_jax.overlapped_matmul"
     mesh = _bootstrap.concrete_mesh_of(ctx.module_context.axis_context, fn)
@@ -183,7 +183,7 @@ def _overlap_lowering(ctx, x, w, *, result_avals, axis_name, plan):
                          f"the lowering mesh has {mesh.shape[axis_name]}")
     mesh_attrs = _bootstrap.overlap_mesh_attributes(
         mesh, axis_name, plan, ctx.avals_in, jax.process_index(), jax.process_count(),
-        _cuda.module().nccl_unique_id)
+        _cuda.module().nccl_unique_id, explicit)
     rule = jax.ffi.ffi_lowering(OVERLAP_TARGET)
     return rule(ctx, x, w, plan=overlap_attribute(plan), **mesh_attrs)
 
@@ -192,9 +192,10 @@ mlir.register_lowering(overlap_p, _overlap_lowering, platform="cuda")
 
 
 def overlapped_matmul_cuda(x: jax.Array, w: jax.Array, axis_name: str,
-                           plan: OverlapPlan) -> jax.Array:
+                           plan: OverlapPlan, config=None) -> jax.Array:
     """psum / psum_scatter of x @ w computed by the overlapped CUDA pipeline, as `plan` says
-    (fo_jax/_plan.py, plan_overlap)."""
+    (fo_jax/_plan.py, plan_overlap); `config`, the call's OverlapConfig, names the call in the
+    plan agreement between processes (fo_jax/_bootstrap.py)."""
     _cuda.register_targets()
     m, n = x.shape[0], w.shape[1]
     rs = plan.collective == "reduce_scatter"
@@ -208,7 +209,8 @@ def overlapped_matmul_cuda(x: jax.Array, w: jax.Array, axis_name: str,
         _result_aval(like, (m, n) if rs else (1,), x.dtype),
         _result_aval(like, (plan.num_groups,), np.uint32),  # counters
     )
-    outs = overlap_p.bind(x, w, result_avals=result_avals, axis_name=axis_name, plan=plan)
+    outs = overlap_p.bind(x, w, result_avals=result_avals, axis_name=axis_name, plan=plan,
+                          explicit=_bootstrap.explicit_config(config))
     return outs[0]
 
 

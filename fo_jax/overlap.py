@@ -394,7 +394,8 @@ def _overlap_unbatched(x, w, axis_name: str, collective: str, config, size: int)
 
     plan = _plan.plan_overlap(fn, collective, size, dtype, m, n, k, config, choice.transport)
     log.debug("%s: plan: %s", fn, plan.describe())
-    cuda = functools.partial(overlapped_matmul_cuda, axis_name=axis_name, plan=plan)
+    cuda = functools.partial(overlapped_matmul_cuda, axis_name=axis_name, plan=plan,
+                             config=config)
     return jax.lax.platform_dependent(x, w, cuda=cuda, default=ref)
 
 

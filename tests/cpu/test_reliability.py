@@ -114,11 +114,17 @@ class _Store:
     def __init__(self):
         self.values, self.cv = {}, threading.Condition()
 
-    def key_value_set(self, key, value):
+    def key_value_set(self, key, value, allow_overwrite=False):
         with self.cv:
-            assert key not in self.values, key  # JAX's store refuses to overwrite
+            assert allow_overwrite or key not in self.values, key  # as JAX's store refuses
             self.values[key] = value
             self.cv.notify_all()
+
+    def key_value_try_get(self, key):
+        with self.cv:
+            if key not in self.values:
+                raise KeyError(f"NOT_FOUND: {key}")
+            return self.values[key]
 
     def blocking_key_value_get(self, key, timeout_ms):
         with self.cv:
@@ -178,6 +184,40 @@ def test_plan_agreement_names_a_process_that_publishes_nothing():
     assert set(raised) == {0}
     assert isinstance(raised[0], RuntimeError)
     assert "process 1 published no plan" in str(raised[0])
+
+
+@needs_module
+def test_plan_agreement_names_each_call_by_its_identity():
+    """The same call re-checked publishes nothing new; another call (other explicit config) is
+    its own key; the same call planned differently by one process raises there."""
+    a = _bootstrap.plan_fields(_plan("nccl"))
+    b = _bootstrap.plan_fields(_plan("nccl", config=fo_jax.OverlapConfig(num_groups=8)))
+    plan = _plan("nccl")
+    same = _bootstrap.call_identity(plan, (), _bootstrap.explicit_config(None))
+    other = _bootstrap.call_identity(
+        plan, (), _bootstrap.explicit_config(fo_jax.OverlapConfig(num_groups=8)))
+    assert same != other and other["config"] == {"num_groups": 8}
+    group, store = [_Dev(0, 0), _Dev(1, 1)], _Store()
+
+    def both(fields, identity):
+        raised = {}
+
+        def run(p):
+            try:
+                _bootstrap.check_plan_agreement(group, fields, p, 5.0, store, identity)
+            except Exception as e:  # noqa: BLE001 (recorded for the assertions)
+                raised[p] = e
+
+        threads = [threading.Thread(target=run, args=(p,)) for p in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return raised
+
+    assert both(a, same) == {} and both(a, same) == {} and both(b, other) == {}
+    with pytest.raises(ValueError, match="differently at two lowerings: gemm.group_begin"):
+        _bootstrap.check_plan_agreement(group, b, 0, 5.0, store, same)
 
 
 def test_plan_agreement_skips_groups_of_one_process():
