@@ -10,6 +10,7 @@
 #include <string>
 
 #include "comm/copy_engine_graphs.h"
+#include "comm/device_memory.h"
 #include "comm/host_worker.h"
 #include "comm/stream_wait.h"
 
@@ -82,13 +83,14 @@ Status GetAgState(CommState& state, cudaStream_t xla_stream, AgState** out) {
   for (int i = 0; i < kRing && err == cudaSuccess; ++i) {
     err = cudaEventCreateWithFlags(&s->started[i], cudaEventDisableTiming);
   }
-  if (err == cudaSuccess) err = cudaMalloc(&s->copies_done, sizeof(uint32_t));
+  FO_JAX_RETURN_IF_ERROR(CudaStatus(err, "creating the copy-engine all-gather's state"));
+  FO_JAX_RETURN_IF_ERROR(DeviceAlloc(state.device, "copy-engine all-gather word",
+                                     sizeof(uint32_t), reinterpret_cast<void**>(&s->copies_done)));
   // Zero in XLA's stream order, before the first call's "call started", which the copy stream
   // waits on before it writes the word (no device synchronization: peers may be mid-call).
-  if (err == cudaSuccess) {
-    err = cudaMemsetAsync(s->copies_done, 0, sizeof(uint32_t), xla_stream);
-  }
-  FO_JAX_RETURN_IF_ERROR(CudaStatus(err, "creating the copy-engine all-gather's state"));
+  FO_JAX_RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(s->copies_done, 0, sizeof(uint32_t), xla_stream),
+                 "creating the copy-engine all-gather's state"));
   std::shared_ptr<Exchange>& ex = (*exchanges)[state.group.get()];
   if (!ex) ex = std::make_shared<Exchange>();
   s->exchange = ex;
