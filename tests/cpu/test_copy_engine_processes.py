@@ -4,6 +4,7 @@ hosts), the host exchange through a stand-in for JAX's key-value store, the addr
 PeerInfo as it travels (fake IPC handles) and the route decision per peer (the module's own
 functions), and the lowering of an opted-in reduce-scatter."""
 
+import re
 import threading
 
 import jax
@@ -226,3 +227,47 @@ def test_peer_routes():
 def test_host_identity_is_stable():
     mod = _module_with_ipc()
     assert mod.copy_engine_host_identity() == mod.copy_engine_host_identity() != 0
+
+
+# --- lowering: what the opt-in changes in the custom call ---
+
+
+def _lowered_transport(config):
+    """The transport in the plan attribute of a reduce-scatter lowered for CUDA from CPU devices
+    (the layout mocked by the caller), as the module's enum value."""
+    from jax.sharding import PartitionSpec as P
+
+    from conftest import cpu_mesh
+
+    mesh = cpu_mesh((4,), ("tp",))
+    f = jax.jit(jax.shard_map(
+        lambda x, w: fo_jax.overlapped_matmul(x, w, axis_name="tp", config=config),
+        mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
+    x = jnp.ones((SHAPE["m"], SHAPE["k"] * 4), jnp.bfloat16)
+    w = jnp.ones((SHAPE["k"] * 4, SHAPE["n"]), jnp.bfloat16)
+    text = f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    assert "fo_jax_overlapped_matmul_v2" in text
+    found = re.search(r"transport = (\d+) : i32", text)
+    assert found, "no transport in the lowered plan"
+    return int(found.group(1))
+
+
+@needs_module
+def test_lowering_of_the_opt_in(processes, monkeypatch):
+    """With 4 processes (mocked; every device still of process 0, so plan agreement has no peer
+    to ask) the lowered reduce-scatter runs on NCCL by default and on the copy engine once
+    opted in; the unique id goes through the (stand-in) key-value store as with any
+    multi-process program."""
+    from fo_jax import _bootstrap
+
+    mod = fo_jax._cuda.module()
+    store = _Store()
+    monkeypatch.setattr(_bootstrap, "_distributed_client", lambda: store)
+    monkeypatch.setattr(_bootstrap, "_unique_ids", {})
+    processes(4)
+    assert _lowered_transport(fo_jax.OverlapConfig(allow_fallback=False)) == \
+        mod.Transport["nccl"].value
+    assert _lowered_transport(fo_jax.OverlapConfig(allow_fallback=False,
+                                                   copy_engine_multiprocess=True)) == \
+        mod.Transport["copy_engine"].value
+    assert any(key.startswith("fo_jax/nccl_unique_id/") for key in store.values)
