@@ -6,9 +6,9 @@ The copy-engine transport lets the GEMM keep every SM and, with the GEMM visitin
 destination band (own band last), leaves only the band sums after the GEMM; an all-reduce
 adds an all-gather of the summed bands (SM stores into the peers' outputs), overlapped with the
 GEMM by visiting the output in rounds (`copy_engine_rounds`). It needs: every rank of the
-axis in this process (JAX's one-process-per-host mode), or, for the reduce-scatter with
-OverlapConfig(copy_engine_multiprocess=True), every process on this host (fo_jax/_process_layout.py);
-peer access between every pair of this process's GPUs (NVLink / NVSwitch machines); 2 to 16 ranks; rows of the output band of each rank
+axis in this process (JAX's one-process-per-host mode; a reduce-scatter opted in may span the
+processes of one host: fo_jax/_process_layout.py); peer access between every pair of this
+process's GPUs (NVLink / NVSwitch machines); 2 to 16 ranks; rows of the output band of each rank
 (M / P) a multiple of the GEMM tile's rows times its cluster; fo_jax's own group partition (no
 user partition: fo_jax/_ce_model.py chooses how many groups each band is).
 `OverlapConfig.transport` forces either; unset, the copy engine is used where it can be, NCCL

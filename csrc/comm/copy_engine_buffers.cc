@@ -48,7 +48,8 @@ Status CreateCopyEngineBuffers(CommState& s, CopyEngineBuffers& b) {
 namespace {
 
 // Gathers one int32 of every rank (through the exchange scratch) into *all.
-Status GatherVerdicts(CommState& s, CopyEngineBuffers& b, int32_t mine, std::vector<int32_t>* all) {
+Status GatherVerdicts(CommState& s, CopyEngineBuffers& b, int32_t mine,
+                      std::vector<int32_t>* all) {
   auto* words = static_cast<int32_t*>(b.exchange);
   all->assign(s.nranks, 0);
   cudaError_t e =
