@@ -8,6 +8,8 @@ import threading
 import time
 from typing import Callable, Hashable, Optional
 
+from fo_jax import _env
+
 
 def print_comm_states(timeout_s: float = 20.0) -> None:
     """One line per fo_jax communicator of this process (GPU, rank, call count, copy-engine
@@ -57,7 +59,7 @@ def watch_for_stall(progress: Callable[[], Hashable], stall_s: float,
             faulthandler.dump_traceback(all_threads=True)
             print_comm_states(timeout_s=10.0)
             print(f"STALLED {os.getpid()}", flush=True)
-            time.sleep(float(os.environ.get("PROBE_ATTACH_S", "0")))
+            time.sleep(_env.stall_attach_s())
             os._exit(3)
 
     threading.Thread(target=watch, daemon=True).start()

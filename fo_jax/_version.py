@@ -15,6 +15,8 @@ import os
 import subprocess
 from typing import Optional
 
+from fo_jax import _env
+
 __version__ = "0.1.0"
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -57,7 +59,7 @@ def build_info() -> dict:
         which pip did not build; `fo_jax.cuda_module_available()` says whether it loads).
     """
     rec = _recorded()
-    env = os.environ.get("FO_JAX_COMMIT", "")
+    env = _env.source_commit()
     if env:
         commit, source = env, "FO_JAX_COMMIT"
     elif rec is not None and getattr(rec, "COMMIT", "unknown") != "unknown":

@@ -14,6 +14,8 @@ import os
 import tempfile
 from typing import Optional
 
+from fo_jax import _env
+
 log = logging.getLogger("fo_jax")
 
 # 2: GEMM default tile became ping-pong 128x192 (entries measured with the old kernels are stale).
@@ -23,8 +25,7 @@ _memo: dict = {}  # path -> ((mtime_ns, size), data): trace-time lookups read th
 
 def cache_path() -> str:
     """Path of the tuning cache file (it may not exist yet)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "fo_jax", "tuning.json")
+    return os.path.join(_env.cache_home(), "fo_jax", "tuning.json")
 
 
 def dtype_name(dtype) -> str:
