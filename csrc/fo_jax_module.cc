@@ -3,6 +3,8 @@
 // questions the lowering needs (GEMM config table, NCCL unique ids, peer access between GPUs),
 // plus diagnostics and test hooks. Python registers the capsules with
 // jax.ffi.register_ffi_target (fo_jax/_cuda.py).
+// Over ~500 lines: one NB_MODULE body binds every handler, enum and query (nanobind defines a
+// module in one function); each binding is a few lines delegating to comm/ or kernels/.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>

@@ -1,4 +1,6 @@
 // See consumer_gemm_check.h.
+// Longer than ~500 lines because it is a self-contained GPU test driver (operand fill, band
+// arrival schedules, bitwise comparison and its report) that the product never links.
 #include "comm/consumer_gemm_check.h"
 
 #include <cuda_bf16.h>

@@ -4,6 +4,9 @@
 // tile to its (possibly permuted) rows of D and then signals counters[group], and for the
 // consumer kernels a mainloop that waits for A's bands (band_wait_mainloop.cuh); plus the
 // host-side launcher. Included only by the generated gemm_*.cu files.
+// Longer than our ~500-line guideline on purpose: the epilogue, the kernel and the launcher are
+// one CUTLASS type stack (each names the others' template parameters), and every generated file
+// instantiates it whole; split, each piece would need the others' headers anyway.
 #pragma once
 
 #include <cuda_runtime.h>
