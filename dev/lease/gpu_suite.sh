@@ -2,7 +2,8 @@
 # Device run (from the repo root on a lent GPU machine): install the carried wheels (.whl/: the
 # nvidia-cutlass wheel for the build, flax and its pure-Python dependencies for the tests), build
 # fo_jax from this tree (pip, ~2.5 minutes on 16 cores), then the steps named in $STEPS:
-#   tests           the whole suite (README's test command) with FO_JAX_REQUIRE_GPU=1
+#   tests           the whole suite (README's test command) with FO_JAX_REQUIRE_GPU=1; $TEST_PATHS
+#                   (default tests) splits it over calls, e.g. "tests/gpu tests/cpu/test_[a-f]*"
 #   gemm-tests      only $TESTS (file names, searched under tests/)
 #   info, bench     python -m fo_jax.info / python -m fo_jax.bench ($BENCH_ARGS)
 #   bench-overlap   benchmarks/bench_overlap.py ($BENCH_ARGS)
@@ -34,7 +35,8 @@ for step in ${STEPS:-tests}; do
   stamp "$step"
   case "$step" in
     tests) FO_JAX_REQUIRE_GPU=1 timeout ${TEST_TIMEOUT:-900} python3 -m pytest -q -rs -p no:cacheprovider \
-             --rootdir "$R" -c "$R/pyproject.toml" "$R/tests" 2>&1 | tee "$OUT/tests_full.log" | tail -40;;
+             --rootdir "$R" -c "$R/pyproject.toml" $(for t in ${TEST_PATHS:-tests}; do echo "$R/$t"; done) 2>&1 \
+             | tee "$OUT/tests_full${TEST_LOG_TAG:-}.log" | tail -40;;
     gemm-tests) FO_JAX_REQUIRE_GPU=1 timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -rs -p no:cacheprovider \
              --rootdir "$R" -c "$R/pyproject.toml" $(for t in ${TESTS:?}; do find "$R/tests" -name "$t"; done) 2>&1 \
              | tee "$OUT/tests_sel.log" | tail -40;;
