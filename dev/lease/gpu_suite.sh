@@ -35,7 +35,7 @@ for step in ${STEPS:-tests}; do
   stamp "$step"
   case "$step" in
     tests) FO_JAX_REQUIRE_GPU=1 timeout ${TEST_TIMEOUT:-900} python3 -m pytest -q -rs -p no:cacheprovider \
-             --rootdir "$R" -c "$R/pyproject.toml" $(for t in ${TEST_PATHS:-tests}; do echo "$R/$t"; done) 2>&1 \
+             --rootdir "$R" -c "$R/pyproject.toml" $(cd "$R"; for t in ${TEST_PATHS:-tests}; do echo "$R/$t"; done) 2>&1 \
              | tee "$OUT/tests_full${TEST_LOG_TAG:-}.log" | tail -40;;
     gemm-tests) FO_JAX_REQUIRE_GPU=1 timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -rs -p no:cacheprovider \
              --rootdir "$R" -c "$R/pyproject.toml" $(for t in ${TESTS:?}; do find "$R/tests" -name "$t"; done) 2>&1 \
