@@ -196,6 +196,8 @@ std::string CommGroupFailure(CommState& s) {
   return s.group->failure;
 }
 
+void FailCommGroup(CommState& s, const std::string& failure) { FailGroup(*s.group, failure); }
+
 bool CommUsable(const CommState& s) {
   if (s.aborted || s.comm == nullptr) return false;
   if (Injected(s) && g_injected_broken.load(std::memory_order_relaxed)) return false;

@@ -71,6 +71,11 @@ Status GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, int 
 // asynchronous error there fails the group (the first failure is kept).
 std::string CommGroupFailure(CommState& state);
 
+// Fails the group of `state` with `failure` (the first failure is kept): a failure of this rank
+// that its peers may not see (failed_call.h), so that every later call of the group, on every
+// local rank, raises with it.
+void FailCommGroup(CommState& state, const std::string& failure);
+
 // Whether this rank's own communicator can still run collectives.
 bool CommUsable(const CommState& state);
 
