@@ -195,6 +195,26 @@ NB_MODULE(_fo_jax_cuda, m) {
   m.def("set_comm_timeout_s", [](double seconds) { fo_jax::SetCommTimeoutSeconds(seconds); },
         nb::arg("seconds"));
 
+  // Known failures across processes (fo_jax/_failure_watch.py, comm/comm_registry.h): the
+  // (unique id, failure) of every failed group of this process; and a group's abort after a
+  // failure known here or published by another process. Without the GIL: the abort may wait up
+  // to 2 s per communicator for a call that holds its lock.
+  m.def("failed_groups", []() {
+    std::vector<std::pair<nb::bytes, std::string>> out;
+    for (const auto& [id, failure] : fo_jax::FailedGroups()) {
+      out.emplace_back(nb::bytes(id.data(), id.size()), failure);
+    }
+    return out;
+  });
+  m.def(
+      "abort_group_for_known_failure",
+      [](nb::bytes unique_id, const std::string& failure) {
+        const std::string id(unique_id.c_str(), unique_id.size());
+        nb::gil_scoped_release released;
+        fo_jax::AbortGroupForKnownFailure(id, failure);
+      },
+      nb::arg("unique_id"), nb::arg("failure"));
+
   m.def("nccl_unique_id", []() {
     ncclUniqueId id;
     ncclResult_t r = ncclGetUniqueId(&id);

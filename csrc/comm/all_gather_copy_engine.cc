@@ -236,6 +236,10 @@ Status PreparePeers(AgState& ag, int device, int P, int me, uint32_t e,
       }
       ag.peer_ready[q] = true;
     }
+    if (TestFailureAt(FailStage::kGraph, me)) {  // after peer access, as a real build failure
+      return Status::Internal("building the copy graphs failed " +
+                              InjectedFailureMessage(FailStage::kGraph));
+    }
     for (int c = 0; c < bands.per_rank; ++c) {
       const int band = me * bands.per_rank + c;
       FO_JAX_RETURN_IF_ERROR(EnsureCopyGraph(
@@ -313,11 +317,7 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   // The copy graphs, built here (building may wait for this GPU to drain: never on the copy
   // thread). Both need the peer's entry, which this waits for only then. On a failure the call
   // still runs (the copy thread releases every flag it can), its own flags released here.
-  const Status prepared =
-      TestFailureAt(FailStage::kGraph, me)
-          ? Status::Internal("building the copy graphs failed " +
-                             InjectedFailureMessage(FailStage::kGraph))
-          : PreparePeers(*ag, state.device, P, me, e, bands, band_bytes, buffers.x);
+  const Status prepared = PreparePeers(*ag, state.device, P, me, e, bands, band_bytes, buffers.x);
   if (!prepared.ok()) {
     Fail(*ag, prepared);
     for (int b = 0; b < bands.count; ++b) {
