@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <mutex>
 #include <string>
-#include <vector>
 
 #include "comm/call_timeline.h"
 #include "comm/copy_engine.h"
@@ -116,29 +115,6 @@ struct FlagWriter {
     return EnqueueWriteValue(stream(), address, value);
   }
 };
-
-// After a failure while enqueueing a call's copy-stream work: the words its partners wait for
-// (failed_call.h, FailedPart::kCopyStream: the all-reduce's output address among them, this
-// call's own output, which the call's XLA stream keeps until the peers' `stored`), and this
-// rank's own-copies flag (its band sum waits), so that nobody hangs; the call's data is
-// undefined and the group failed. In the healthy path's order: after XLA's inputs (the output
-// may be written from then on), the acknowledgements after the band sums.
-void ReleaseAfterFailure(CommState& s, const CopyJob& job) {
-  CopyEngineState& ce = *s.copy_engine;
-  const cudaStream_t cs = ce.worker.copy_stream;
-  (void)cudaStreamWaitEvent(cs, job.inputs_ready, 0);
-  const std::vector<FlagRelease> releases =
-      FailedCallReleases(job.a, s.nranks, s.rank, FailedPart::kCopyStream);
-  std::vector<FlagRelease> before_acks, acks;
-  for (const FlagRelease& r : releases) {
-    (r.word == FlagWord::kRecvAcked ? acks : before_acks).push_back(r);
-  }
-  (void)EnqueueReleases(cs, job.peer_flags, s.nranks, s.rank, before_acks, job.epoch, job.a.out);
-  (void)EnqueueWriteValue(cs, OwnCopies(ce.buffers.flags), job.epoch);
-  (void)EnqueueReleases(cs, job.peer_flags, s.nranks, s.rank, acks, job.epoch, job.a.out,
-                        job.sums_ended);
-  (void)cudaGetLastError();
-}
 
 // The first failure, kept for this rank (CopyWorkerFailure) and for the group, so that every
 // later call of every rank raises.
@@ -273,7 +249,8 @@ void RunCopyJob(CommState& s, const CopyJob& job) {
   if (status.ok()) status = EnqueueAcks(s, job);
   if (!status.ok()) {
     NoteCopyFailure(s, status.message());
-    ReleaseAfterFailure(s, job);
+    // What the call's partners and its own band sum wait for (failed_call.h).
+    ReleaseOnCopyStream(s, job, FailedPart::kCopyStream);
   }
 }
 

@@ -94,15 +94,44 @@ Status EnqueueReleases(cudaStream_t stream, CopyEngineFlags* const* peer_flags, 
   return first;
 }
 
+void ReleaseOnCopyStream(CommState& s, const CopyJob& job, FailedPart part) {
+  CopyWorker& w = s.copy_engine->worker;
+  const cudaStream_t cs = w.copy_stream;
+  // After this call's start on XLA's stream, and after the flag stream's writes of earlier
+  // calls (and of this one's, before the failure): the copy stream's own are before it anyway.
+  (void)cudaStreamWaitEvent(cs, job.inputs_ready, 0);
+  (void)cudaEventRecord(w.flag_event, w.flag_stream);
+  (void)cudaStreamWaitEvent(cs, w.flag_event, 0);
+  std::vector<FlagRelease> before_acks, acks;
+  for (const FlagRelease& r : FailedCallReleases(job.a, s.nranks, s.rank, part)) {
+    (r.word == FlagWord::kRecvAcked ? acks : before_acks).push_back(r);
+  }
+  (void)EnqueueReleases(cs, job.peer_flags, s.nranks, s.rank, before_acks, job.epoch, job.a.out);
+  (void)EnqueueWriteValue(cs, OwnCopies(s.copy_engine->buffers.flags), job.epoch);
+  (void)EnqueueReleases(cs, job.peer_flags, s.nranks, s.rank, acks, job.epoch, job.a.out,
+                        job.sums_ended);
+  (void)cudaGetLastError();
+}
+
 Status ReleaseFailedCopyEngineCall(CommState& s, cudaStream_t xla_stream, const CopyEngineArgs& a,
                                    FailedPart part, const Status& cause) {
   CopyEngineState& ce = *s.copy_engine;
   const int P = s.nranks, me = s.rank;
-  // kWholeCall: the epoch the call would have had (EnqueueCopyEngineCall's ++epoch); the
-  // peers' call of the same epoch waits for it. kXlaStream: the call already took it.
-  const uint32_t e = part == FailedPart::kWholeCall ? ++ce.epoch : ce.epoch;
-  Status released = EnqueueReleases(xla_stream, ce.buffers.peer_flags, P, me,
-                                    FailedCallReleases(a, P, me, part), e, a.out);
+  Status released = Status::Ok();
+  uint32_t e = ce.epoch;  // kXlaStream: EnqueueCopyEngineCall took it
+  if (part == FailedPart::kWholeCall) {
+    // The epoch this call would have had; the peers' call of that epoch waits for its words.
+    const cudaEvent_t ready = NextInputsEvent(s);
+    e = ++ce.epoch;
+    released = CudaStatus(cudaEventRecord(ready, xla_stream), "recording the failed call's start");
+    CopyJob job = CopyJobFor(ce.buffers, a);
+    job.epoch = e;
+    job.inputs_ready = ready;
+    ce.worker.thread->Push([&s, job] { ReleaseOnCopyStream(s, job, FailedPart::kWholeCall); });
+  } else {
+    released = EnqueueReleases(xla_stream, ce.buffers.peer_flags, P, me,
+                               FailedCallReleases(a, P, me, part), e, a.out);
+  }
   if (a.all_reduce) {
     // The peers store their summed bands into a.out (this call's output, whose address the
     // release gave them) until they write `stored`: the call ends after that.

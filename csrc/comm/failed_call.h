@@ -10,8 +10,9 @@
 //
 // The invariant: a failed call of epoch e writes exactly the words that the normal path would
 // have written for epoch e in the peers' flags (FailedCallReleases lists them), each with the
-// value e, with the same stream memory operations, on a stream that holds this rank's earlier
-// work in order. So a word never goes back (the previous call's write of e - 1 precedes it), a
+// value e, with the same stream memory operations, ordered after every earlier write of the
+// same word by this rank (the copy worker's streams for its words, XLA's for `stored`). So a
+// word never goes back (the previous call's write of e - 1 lands first), a
 // peer's wait for epoch e or earlier is satisfied exactly as by a healthy call, and no wait of a
 // later epoch is satisfied early. An all-reduce's output address is this call's own output, and
 // the call's XLA stream then waits until every peer has stored into it (its `stored` word), as a
@@ -26,6 +27,7 @@
 #include "comm/comm_registry.h"
 #include "comm/copy_engine_args.h"
 #include "comm/copy_engine_flags.h"
+#include "comm/copy_engine_worker.h"
 #include "comm/status.h"
 
 namespace fo_jax {
@@ -63,11 +65,23 @@ Status EnqueueReleases(cudaStream_t stream, CopyEngineFlags* const* peer_flags, 
                        const std::vector<FlagRelease>& releases, uint32_t epoch, void* out,
                        cudaEvent_t before_acks = nullptr);
 
+// On the copy worker, in its job order: the words of `part` (kWholeCall or kCopyStream) of
+// call job.epoch, written on the copy stream after everything the worker enqueued for earlier
+// calls (the copy stream's and, through an event, the flag stream's writes) and after
+// job.inputs_ready (recorded on XLA's stream at this call, after its earlier calls' writes
+// there, and from which on this call's output may be written); then this rank's own-copies flag;
+// the acknowledgements after job.sums_ended if set (the band sums have read the receive slots).
+// Errors are ignored: nothing better can be done.
+void ReleaseOnCopyStream(CommState& state, const CopyJob& job, FailedPart part);
+
 // On XLA's thread, under state.mu, for a call that prepared (PrepareCopyEngineCall: the
-// exchange is done) but failed at `part` (kWholeCall or kXlaStream): the call's epoch (advanced
-// here for kWholeCall, so that the next call stays in step with the peers), the words the peers
-// wait on, enqueued on `xla_stream`, and for an all-reduce the wait for the peers' stores into
-// `a.out`; then the group fails with `cause`. Returns the call's error.
+// exchange is done) but failed at `part`, and fails the group with `cause`; returns the call's
+// error. kWholeCall (nothing handed over): takes the call's epoch (so that the next call stays
+// in step with the peers), records its inputs_ready event on `xla_stream` and hands the copy
+// worker a job that writes the whole call's words (ReleaseOnCopyStream: the copy worker's
+// streams may still hold earlier calls' writes of the same words, which must land first).
+// kXlaStream (handed over): writes `stored` on `xla_stream`, where the earlier calls wrote it.
+// For an all-reduce, `xla_stream` then waits for the peers' stores into `a.out`.
 Status ReleaseFailedCopyEngineCall(CommState& state, cudaStream_t xla_stream,
                                    const CopyEngineArgs& a, FailedPart part, const Status& cause);
 
