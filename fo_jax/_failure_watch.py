@@ -30,8 +30,10 @@ _thread: Optional[threading.Thread] = None
 
 
 def _key(unique_id: bytes, process: Optional[int] = None) -> str:
-    base = f"{PREFIX}/{unique_id.hex()}/"
-    return base if process is None else base + str(process)
+    """The group's directory (no trailing slash: the store appends its own), or a process's
+    entry in it."""
+    base = f"{PREFIX}/{unique_id.hex()}"
+    return base if process is None else f"{base}/{process}"
 
 
 def poll_once(module, watched: dict, handled: set) -> list:

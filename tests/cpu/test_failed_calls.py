@@ -182,3 +182,29 @@ def test_failure_watch_survives_a_store_that_is_gone():
 
     uid = b"\x03" * 128
     assert _failure_watch.poll_once(_Module(), {uid: (Gone(), 0)}, set()) == []
+
+
+def test_every_multi_process_group_is_watched(monkeypatch):
+    """The lowering that names a group's communicator across processes also watches it for
+    failures; a group of one process is not watched (its failures are known in-process)."""
+    from fo_jax import _bootstrap
+
+    class Dev:
+        def __init__(self, id_, process_index):
+            self.id, self.process_index = id_, process_index
+
+    watched, store = [], _Store()
+    store.blocking_key_value_get = lambda key, timeout_ms: store.values[key]
+    monkeypatch.setattr(_bootstrap, "_distributed_client", lambda: store)
+    monkeypatch.setattr(_failure_watch, "watch", lambda *a: watched.append(a))
+    monkeypatch.setattr(_bootstrap, "_unique_ids", {})
+    uid = bytes(range(128))
+    group = [Dev(90, 0), Dev(91, 1)]
+    assert _bootstrap._unique_id(group, 0, 0, 2, lambda: uid) == uid
+    assert _bootstrap._unique_id(group, 0, 1, 2, lambda: b"unused") == uid  # from the store
+    assert watched == [(store, uid, 0)]  # the second lookup hit the cache of this "process"
+    _bootstrap._unique_ids.clear()
+    assert _bootstrap._unique_id(group, 0, 1, 2, lambda: b"unused") == uid
+    assert watched[-1] == (store, uid, 1)
+    _bootstrap._unique_id([Dev(92, 0), Dev(93, 0)], 0, 0, 1, lambda: uid)
+    assert len(watched) == 2
