@@ -117,7 +117,7 @@ void DrainCopyWorker(CommState& state);
 
 // The copy worker's first failure, "" while none. After one, the worker still releases the
 // flags that the call's partners and its own band sum wait for (its data is then undefined), and
-// every later call reports the failure.
+// fails the group: every later call of every rank reports the failure.
 std::string CopyWorkerFailure(CommState& state);
 
 }  // namespace fo_jax
