@@ -4,11 +4,13 @@ opt-in progress watchdog) leaves the other processes' ranks waiting inside NCCL 
 that will not come, and nothing in those processes knows. So each process publishes the failure
 of a group it takes part in through JAX's distributed key-value store (the one that carries the
 NCCL unique ids), under `fo_jax/failed/<unique id>/<process>`, and watches for the others'. On a
-known failure, here or published elsewhere, every process aborts its communicators of the group
-(the failing one included, so that nobody waits in NCCL for the others either): the call waiting
-now returns (its output undefined: JAX cannot fail an operation that already returned) and every
-later call of the group raises with the cause. A rank that merely pauses publishes nothing and is
-waited for, as XLA's own collectives wait.
+known failure, here or published elsewhere, every process fails the group and, on the NCCL
+transport, aborts its communicators of it (the failing one included, so that nobody waits in NCCL
+for the others either): the call waiting now returns (its output undefined: JAX cannot fail an
+operation that already returned) and every later call of the group raises with the cause. A
+copy-engine group is failed, not aborted: its calls keep running in step, as in one process
+(csrc/comm/comm_registry.h, AbortGroupForKnownFailure). A rank that merely pauses publishes
+nothing and is waited for, as XLA's own collectives wait.
 
 A daemon thread polls once a second; `poll_once` is the pass, pure of threads and clocks for the
 tests (a stand-in module and store)."""

@@ -318,13 +318,18 @@ void AbortGroupForKnownFailure(const std::string& id, const std::string& failure
     group = it->second;
   }
   CommState* first = nullptr;
+  bool copy_engine = false;
   {
     std::lock_guard<std::mutex> lock(group->mu);
     if (group->members.empty()) return;
     first = group->members.front();
+    for (CommState* m : group->members) copy_engine = copy_engine || m->copy_engine != nullptr;
   }
   FailGroup(*group, failure);
-  AbortCommGroup(*first);  // skips the members already aborted
+  // The copy engine's calls keep running in step after a failure (a failed call releases its
+  // flags: failed_call.h) and wait on flags, not in NCCL: an abort would stop this side only,
+  // and the other side would then wait for it. Its failed group raises on every later call.
+  if (!copy_engine) AbortCommGroup(*first);  // skips the members already aborted
 }
 
 Status NoteNcclCall(CommState& s, cudaStream_t stream) {

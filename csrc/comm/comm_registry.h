@@ -107,10 +107,12 @@ void SetCommTimeoutSeconds(double seconds);
 std::vector<std::pair<std::string, std::string>> FailedGroups();
 
 // For a group with several processes (unique id `id`, as FailedGroups names it) that has failed
-// here or in another process: fails it here with `failure` (unless it failed already) and aborts
-// its communicators in this process, so that no rank waits in NCCL for a partner that will not
-// come: the call waiting now returns (its output undefined) and every later call raises at once.
-// Every process of the group does the same, the failing one included. Unknown ids are ignored.
+// here or in another process: fails it here with `failure` (unless it failed already) and, for
+// the NCCL transport, aborts its communicators in this process, so that no rank waits in NCCL
+// for a partner that will not come: the call waiting now returns (its output undefined) and
+// every later call raises at once. Every process of the group does the same, the failing one
+// included. A group that runs the copy engine is failed, not aborted: its calls keep running in
+// step and raise. Unknown ids are ignored.
 void AbortGroupForKnownFailure(const std::string& id, const std::string& failure);
 
 // Fault injection for the tests (NCCL's own detection cannot be provoked on one healthy
