@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -29,6 +30,7 @@
 #include "comm/failed_call.h"
 #include "comm/host_worker.h"
 #include "comm/overlap_plan.h"
+#include "comm/peer_memory_ipc.h"
 #include "comm/status.h"
 #include "comm/test_failures.h"
 #include "ffi/registrations.h"
@@ -36,6 +38,59 @@
 #include "kernels/signaling_gemm.h"
 
 namespace nb = nanobind;
+
+namespace {
+
+// A PeerInfo (comm/peer_memory_ipc.h) from a dict of its fields, for the tests of the copy
+// engine's address exchange (fake handles: bytes of cudaIpcMemHandle_t's size).
+fo_jax::PeerInfo PeerInfoFromDict(const nb::dict& d) {
+  fo_jax::PeerInfo info{};
+  auto get_u64 = [&](const char* key) {
+    return d.contains(key) ? nb::cast<uint64_t>(d[key]) : uint64_t{0};
+  };
+  auto get_i32 = [&](const char* key) {
+    return d.contains(key) ? nb::cast<int32_t>(d[key]) : int32_t{0};
+  };
+  auto get_bytes = [&](const char* key, void* into, size_t size) {
+    if (!d.contains(key)) return;
+    nb::bytes b = nb::cast<nb::bytes>(d[key]);
+    if (b.size() > size) {
+      throw std::invalid_argument(std::string("PeerInfo.") + key + ": at most " +
+                                  std::to_string(size) + " bytes");
+    }
+    std::memcpy(into, b.c_str(), b.size());
+  };
+  info.recv = get_u64("recv");
+  info.flags = get_u64("flags");
+  info.recv_bytes = get_u64("recv_bytes");
+  info.host = get_u64("host");
+  info.pid = get_i32("pid");
+  info.device = get_i32("device");
+  info.exported = get_i32("exported");
+  get_bytes("bus_id", info.bus_id, fo_jax::kBusIdBytes);
+  get_bytes("recv_handle", &info.recv_handle, sizeof(info.recv_handle));
+  get_bytes("flags_handle", &info.flags_handle, sizeof(info.flags_handle));
+  return info;
+}
+
+nb::dict PeerInfoToDict(const fo_jax::PeerInfo& info) {
+  nb::dict d;
+  d["recv"] = info.recv;
+  d["flags"] = info.flags;
+  d["recv_bytes"] = info.recv_bytes;
+  d["host"] = info.host;
+  d["pid"] = info.pid;
+  d["device"] = info.device;
+  d["exported"] = info.exported;
+  d["bus_id"] = nb::bytes(info.bus_id, strnlen(info.bus_id, fo_jax::kBusIdBytes));
+  d["recv_handle"] = nb::bytes(reinterpret_cast<const char*>(&info.recv_handle),
+                               sizeof(info.recv_handle));
+  d["flags_handle"] = nb::bytes(reinterpret_cast<const char*>(&info.flags_handle),
+                                sizeof(info.flags_handle));
+  return d;
+}
+
+}  // namespace
 
 NB_MODULE(_fo_jax_cuda, m) {
   m.def("registrations", []() {
@@ -488,4 +543,39 @@ NB_MODULE(_fo_jax_cuda, m) {
       nb::arg("groups_per_band") = 1, nb::arg("flag_value") = 1, nb::arg("stale_value") = 0,
       nb::arg("staging") = "host", nb::arg("sm_budget") = 0, nb::arg("timing_iters") = 0,
       nb::arg("timeout_s") = 60.0, nb::arg("device") = 0);
+
+  // Tests of the copy engine's address exchange across processes (comm/peer_memory_ipc.h):
+  // a PeerInfo packed from a dict, moved as raw bytes (as the all-gather moves it) and unpacked.
+  m.def(
+      "copy_engine_peer_info_roundtrip",
+      [](const nb::dict& fields) {
+        const fo_jax::PeerInfo info = PeerInfoFromDict(fields);
+        std::string wire(sizeof(fo_jax::PeerInfo), '\0');
+        std::memcpy(wire.data(), &info, sizeof(info));
+        fo_jax::PeerInfo back{};
+        std::memcpy(&back, wire.data(), sizeof(back));
+        nb::dict d = PeerInfoToDict(back);
+        d["wire_bytes"] = sizeof(fo_jax::PeerInfo);
+        return d;
+      },
+      nb::arg("fields"));
+
+  // DecidePeerRoute: ("direct" | "ipc" | "refused", problem) for a peer entry seen from `mine`.
+  m.def(
+      "copy_engine_peer_route",
+      [](const nb::dict& mine, const nb::dict& peer, int peer_rank, int peer_ordinal_here,
+         bool can_access) {
+        const fo_jax::PeerRouteDecision d = fo_jax::DecidePeerRoute(
+            PeerInfoFromDict(mine), PeerInfoFromDict(peer), peer_rank, peer_ordinal_here,
+            can_access);
+        const char* route = d.route == fo_jax::PeerRoute::kDirect ? "direct"
+                            : d.route == fo_jax::PeerRoute::kIpc  ? "ipc"
+                                                                  : "refused";
+        return std::make_pair(std::string(route), d.problem);
+      },
+      nb::arg("mine"), nb::arg("peer"), nb::arg("peer_rank"), nb::arg("peer_ordinal_here"),
+      nb::arg("can_access"));
+
+  // This host's identity as the copy engine's address exchange carries it.
+  m.def("copy_engine_host_identity", []() { return fo_jax::HostIdentity(); });
 }

@@ -6,7 +6,8 @@ The copy-engine transport lets the GEMM keep every SM and, with the GEMM visitin
 destination band (own band last), leaves only the band sums after the GEMM; an all-reduce
 adds an all-gather of the summed bands (SM stores into the peers' outputs), overlapped with the
 GEMM by visiting the output in rounds (`copy_engine_rounds`). It needs: every rank of the
-axis in this process (JAX's one-process-per-host mode); peer access between every pair of this
+axis in this process (JAX's one-process-per-host mode; a reduce-scatter opted in may span the
+processes of one host: fo_jax/_process_layout.py); peer access between every pair of this
 process's GPUs (NVLink / NVSwitch machines); 2 to 16 ranks; rows of the output band of each rank
 (M / P) a multiple of the GEMM tile's rows times its cluster; fo_jax's own group partition (no
 user partition: fo_jax/_ce_model.py chooses how many groups each band is).
@@ -22,7 +23,7 @@ from typing import Optional
 import jax
 import numpy as np
 
-from fo_jax import _ce_model, _cuda, _hw_queues, _plan
+from fo_jax import _ce_model, _cuda, _hw_queues, _plan, _process_layout
 from fo_jax.config import OverlapConfig
 
 MAX_RANKS = 16  # kMaxCopyEngineRanks in csrc/comm/copy_engine_flags.h
@@ -58,9 +59,9 @@ def copy_engine_problem(collective: str, size: int, dtype, m_total: int, n: int,
     """Why the copy-engine transport cannot take this call (m_total: rows of x), or None."""
     if not 2 <= size <= MAX_RANKS:
         return f"the copy-engine transport needs 2 to {MAX_RANKS} ranks, the axis has {size}"
-    if jax.process_count() != 1:
-        return ("the copy-engine transport needs every rank in one process (this program runs "
-                f"{jax.process_count()} processes)")
+    problem = _process_layout.multiprocess_problem(collective, jax.process_count(), config)
+    if problem is not None:
+        return problem
     if config is not None and (config.num_groups is not None or config.group_tile_rows is not None):
         return "a group partition was given (the copy-engine transport uses one group per rank)"
     if m_total % size:

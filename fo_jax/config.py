@@ -51,7 +51,8 @@ class OverlapConfig:
         `gemm_config` is set); False always runs the CUDA pipeline on CUDA.
       transport: how the collective's bytes move: "copy_engine" (copy-engine writes into the
         other GPUs' memory, plus, for an all-reduce, SM stores of the summed bands into the
-        peers' outputs; every rank in one process, peer access between the GPUs; see
+        peers' outputs; every rank in one process, or one host with `copy_engine_multiprocess`;
+        peer access between the GPUs; see
         fo_jax/_transport.py) or "nccl" (NCCL collectives; any topology). None: the copy engine
         where it can run, else NCCL.
       copy_engine_rounds: copy-engine all-reduce only: the output is reduced and gathered in
@@ -88,6 +89,11 @@ class OverlapConfig:
         None, today's default) XLA's all_gather then its dot. Opt-in until the overlapped
         all-gather has passed its multi-GPU runs. With "overlap", `num_groups` is the bands each
         rank's rows are sent in (default 1).
+      copy_engine_multiprocess: with one JAX process per GPU (jax.distributed), let the
+        copy-engine transport take reduce-scatter calls, its peer memory shared through CUDA IPC
+        (every process on one host). Off by default until verified on a multi-GPU machine;
+        the all-reduce keeps NCCL with several processes whatever this says (docs/design.md,
+        "Copy engine across processes").
     """
 
     gemm_config: Optional[str] = None
@@ -105,6 +111,7 @@ class OverlapConfig:
     copy_engine_sum_split: Optional[str] = None
     copy_engine_sum_sms: Optional[int] = None
     all_gather: Optional[str] = None
+    copy_engine_multiprocess: bool = False
 
     def __post_init__(self):
         for name in ("num_groups", "sm_budget", "nccl_max_ctas", "copy_engine_rounds",
@@ -132,6 +139,10 @@ class OverlapConfig:
             raise ValueError(
                 f"OverlapConfig.copy_engine_ring must be True, False or None, got "
                 f"{self.copy_engine_ring!r}")
+        if not isinstance(self.copy_engine_multiprocess, bool):
+            raise ValueError(
+                "OverlapConfig.copy_engine_multiprocess must be True or False, got "
+                f"{self.copy_engine_multiprocess!r}")
         if self.copy_engine_sum_split not in (None,) + SUM_SPLITS:
             raise ValueError(
                 f"OverlapConfig.copy_engine_sum_split must be one of {SUM_SPLITS} or None, got "

@@ -174,6 +174,7 @@ Status PrepareCopyEngineCall(CommState& s, const OverlapPlan& plan, const Overla
   CopyEngineState& ce = *s.copy_engine;
   const size_t band_bytes = args->band_elems * 2;
   FO_JAX_RETURN_IF_ERROR(GrowCopyEngineBuffers(s, ce.buffers, (s.nranks - 1) * band_bytes));
+  if (args->all_reduce) FO_JAX_RETURN_IF_ERROR(CheckOutputsReachable(s, ce.buffers));
   // The ring's partial sums, added by the GEMM's epilogue (their address is known only now: the
   // receive buffer may just have grown), and its own band, stored into the output.
   SetGemmRing(s, *args, gemm);

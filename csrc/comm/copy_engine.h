@@ -46,8 +46,10 @@
 // call (copy_engine_worker.h), diagnostics (copy_engine_debug.h); this file holds them together
 // and enqueues a call's XLA-stream part (the band sums).
 //
-// Scope: all ranks of the group in one process (JAX's one-process-per-host mode) with peer access
-// between every pair of GPUs (NVLink/NVSwitch machines); otherwise the NCCL transport is used.
+// Scope: all ranks of the group in one process (JAX's one-process-per-host mode), or for the
+// reduce-scatter processes of one host whose memory is shared through CUDA IPC
+// (peer_memory_ipc.h), with peer access between every pair of GPUs (NVLink/NVSwitch machines);
+// otherwise the NCCL transport is used.
 #pragma once
 
 #include <cuda_runtime.h>

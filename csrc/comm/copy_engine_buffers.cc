@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <cstdint>
 #include <vector>
 
 #include "comm/copy_engine.h"
 #include "comm/device_memory.h"
+#include "comm/peer_memory_ipc.h"
 
 namespace fo_jax {
 namespace {
@@ -19,15 +21,6 @@ constexpr char kRecv[] = "copy-engine receive buffer";
 
 std::atomic<uint32_t> g_test_epoch_start{0};
 std::atomic<int> g_fail_recv_alloc_rank{-1};
-
-// One rank's entry of the address all-gather.
-struct PeerInfo {
-  uint64_t recv;
-  uint64_t flags;
-  uint64_t recv_bytes;  // the new buffer's size (0: this rank's allocation failed)
-  int32_t pid;
-  int32_t device;
-};
 
 }  // namespace
 
@@ -52,6 +45,80 @@ Status CreateCopyEngineBuffers(CommState& s, CopyEngineBuffers& b) {
   return CudaStatus(e, "setting the copy-engine flags");
 }
 
+namespace {
+
+// Gathers one int32 of every rank (through the exchange scratch) into *all.
+Status GatherVerdicts(CommState& s, CopyEngineBuffers& b, int32_t mine,
+                      std::vector<int32_t>* all) {
+  auto* words = static_cast<int32_t*>(b.exchange);
+  all->assign(s.nranks, 0);
+  cudaError_t e =
+      cudaMemcpyAsync(words + s.rank, &mine, sizeof(mine), cudaMemcpyHostToDevice, s.stream);
+  FO_JAX_RETURN_IF_ERROR(CudaStatus(e, "copy-engine setup verdicts"));
+  FO_JAX_RETURN_IF_ERROR(NcclStatus(
+      ncclAllGather(words + s.rank, words, sizeof(int32_t), ncclUint8, s.comm, s.stream),
+      "copy-engine setup verdicts (ncclAllGather)", s.comm));
+  e = cudaMemcpyAsync(all->data(), words, s.nranks * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                      s.stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s.stream);
+  return CudaStatus(e, "copy-engine setup verdicts");
+}
+
+// Routes to every peer and their addresses in this process (new_recv, new_flags; the mappings
+// this opened are marked in opened_*); the first problem, if any.
+Status MapPeers(CommState& s, CopyEngineBuffers& b, const PeerInfo& mine,
+                const std::vector<PeerInfo>& all, void** new_recv, CopyEngineFlags** new_flags,
+                bool* ipc, bool* opened_recv, bool* opened_flags) {
+  for (int q = 0; q < s.nranks; ++q) {
+    if (q == s.rank) continue;
+    const PeerInfo& peer = all[q];
+    int ordinal = -1;
+    if (peer.pid == mine.pid) {
+      ordinal = peer.device;
+    } else {
+      char bus[kBusIdBytes + 1] = {};
+      std::memcpy(bus, peer.bus_id, kBusIdBytes);
+      if (cudaDeviceGetByPCIBusId(&ordinal, bus) != cudaSuccess) {
+        (void)cudaGetLastError();  // hidden from this process (CUDA_VISIBLE_DEVICES)
+        ordinal = -1;
+      }
+    }
+    int can_access = 0;
+    if (ordinal >= 0 && cudaDeviceCanAccessPeer(&can_access, s.device, ordinal) != cudaSuccess) {
+      (void)cudaGetLastError();
+      can_access = 0;
+    }
+    const PeerRouteDecision d = DecidePeerRoute(mine, peer, q, ordinal, can_access != 0);
+    if (d.route == PeerRoute::kRefused) return Status::Internal(d.problem);
+    ipc[q] = d.route == PeerRoute::kIpc;
+    if (d.route == PeerRoute::kDirect) {
+      cudaError_t e = cudaDeviceEnablePeerAccess(peer.device, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+      } else if (e != cudaSuccess) {
+        return CudaStatus(e, "enabling peer access");
+      }
+      new_recv[q] = reinterpret_cast<void*>(peer.recv);
+      new_flags[q] = reinterpret_cast<CopyEngineFlags*>(peer.flags);
+      continue;
+    }
+    // The flags live as long as their process: mapped once, kept across generations.
+    if (b.peer_ipc[q] && b.peer_flags[q] != nullptr) {
+      new_flags[q] = b.peer_flags[q];
+    } else {
+      void* p = nullptr;
+      FO_JAX_RETURN_IF_ERROR(OpenPeerMemory(peer.flags_handle, "copy-engine flags", q, &p));
+      new_flags[q] = static_cast<CopyEngineFlags*>(p);
+      opened_flags[q] = true;
+    }
+    FO_JAX_RETURN_IF_ERROR(OpenPeerMemory(peer.recv_handle, kRecv, q, &new_recv[q]));
+    opened_recv[q] = true;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status GrowCopyEngineBuffers(CommState& s, CopyEngineBuffers& b, size_t recv_bytes) {
   if (b.recv_bytes >= recv_bytes) return Status::Ok();
   // Every rank grows in the same call (same shapes), so every rank joins this exchange; doubling
@@ -66,9 +133,17 @@ Status GrowCopyEngineBuffers(CommState& s, CopyEngineBuffers& b, size_t recv_byt
   // handed to its copy worker must be enqueued (each rank does so before it joins the exchange,
   // so once the exchange is complete, every earlier call's work is on every GPU of the group).
   if (b.recv != nullptr) DrainCopyWorker(s);
-  PeerInfo mine{reinterpret_cast<uint64_t>(recv), reinterpret_cast<uint64_t>(b.flags),
-                allocated.ok() ? uint64_t{capacity} : 0, static_cast<int32_t>(getpid()),
-                s.device};
+  PeerInfo mine{};
+  mine.recv = reinterpret_cast<uint64_t>(recv);
+  mine.flags = reinterpret_cast<uint64_t>(b.flags);
+  mine.recv_bytes = allocated.ok() ? uint64_t{capacity} : 0;
+  mine.host = HostIdentity();
+  mine.pid = static_cast<int32_t>(getpid());
+  mine.device = s.device;
+  // Exported whatever the layout (peers in this process ignore the handles); a failed export
+  // matters only to a peer in another process, which then refuses this rank.
+  std::string export_problem;
+  if (allocated.ok()) ExportPeerMemory(s.device, recv, b.flags, mine, &export_problem);
   auto* slots = static_cast<PeerInfo*>(b.exchange);
   std::vector<PeerInfo> all(s.nranks);
   cudaError_t e =
@@ -81,8 +156,8 @@ Status GrowCopyEngineBuffers(CommState& s, CopyEngineBuffers& b, size_t recv_byt
                       s.stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s.stream);
   FO_JAX_RETURN_IF_ERROR(CudaStatus(e, "address exchange"));
-  // Every rank sees every rank's outcome, so all of them fail this call together (no rank
-  // enqueues work that waits for another) and keep their previous buffers, in step.
+  // Every rank sees every rank's allocation outcome, so all of them fail this call together (no
+  // rank enqueues work that waits for another) and keep their previous buffers, in step.
   int failed = -1;
   for (int q = 0; q < s.nranks && failed < 0; ++q) {
     if (all[q].recv_bytes == 0) failed = q;
@@ -95,33 +170,37 @@ Status GrowCopyEngineBuffers(CommState& s, CopyEngineBuffers& b, size_t recv_byt
                                      "not allocate its " + kRecv + " (its own error says why); "
                                      "every rank fails this call");
   }
+  void* new_recv[kMaxCopyEngineRanks] = {};
+  CopyEngineFlags* new_flags[kMaxCopyEngineRanks] = {};
+  bool ipc[kMaxCopyEngineRanks] = {};
+  bool opened_recv[kMaxCopyEngineRanks] = {};
+  bool opened_flags[kMaxCopyEngineRanks] = {};
+  if (problem.ok()) {
+    problem = MapPeers(s, b, mine, all, new_recv, new_flags, ipc, opened_recv, opened_flags);
+    if (!problem.ok() && !export_problem.empty()) {
+      problem = Status::Internal(problem.message() + " [this rank's export: " + export_problem +
+                                 "]");
+    }
+  }
+  // The routes and mappings are each rank's own findings (a hidden GPU, a failed mapping):
+  // a second all-gather shows every rank every outcome, so they fail or commit together.
+  std::vector<int32_t> verdicts;
+  FO_JAX_RETURN_IF_ERROR(GatherVerdicts(s, b, problem.ok() ? 0 : 1, &verdicts));
   for (int q = 0; q < s.nranks && problem.ok(); ++q) {
-    if (q == s.rank) continue;
-    if (all[q].pid != mine.pid) {
-      problem = Status::Internal("the copy-engine transport needs every rank in one process "
-                                 "(rank " + std::to_string(q) + " is in another); use "
-                                 "OverlapConfig(transport='nccl')");
-      break;
-    }
-    int ok = 0;
-    e = cudaDeviceCanAccessPeer(&ok, s.device, all[q].device);
-    if (e != cudaSuccess || !ok) {
-      (void)cudaGetLastError();
-      problem = Status::Internal("GPU " + std::to_string(s.device) + " cannot access GPU " +
-                                 std::to_string(all[q].device) + " directly (no peer access); "
-                                 "use OverlapConfig(transport='nccl')");
-      break;
-    }
-    e = cudaDeviceEnablePeerAccess(all[q].device, 0);
-    if (e == cudaErrorPeerAccessAlreadyEnabled) {
-      (void)cudaGetLastError();
-    } else if (e != cudaSuccess) {
-      problem = CudaStatus(e, "enabling peer access");
+    if (verdicts[q] != 0) {
+      problem = Status::Internal("rank " + std::to_string(q) + " of the group could not reach "
+                                 "its peers' copy-engine memory (its own error says why); "
+                                 "every rank fails this call");
     }
   }
   if (!problem.ok()) {
-    // Nothing is committed, so the next call grows again, collectively. Freeing the unused new
-    // buffer synchronizes this GPU: safe for the reason given below for the superseded one.
+    // Nothing is committed, so the next call grows again, collectively. The mappings opened
+    // here were never used. Freeing the unused new buffer synchronizes this GPU: safe for the
+    // reason given below for the superseded one.
+    for (int q = 0; q < s.nranks; ++q) {
+      if (opened_recv[q]) ClosePeerMemory(new_recv[q]);
+      if (opened_flags[q]) ClosePeerMemory(new_flags[q]);
+    }
     if (recv != nullptr) (void)DeviceFree(s.device, kRecv, capacity, recv);
     return problem;
   }
@@ -132,16 +211,35 @@ Status GrowCopyEngineBuffers(CommState& s, CopyEngineBuffers& b, size_t recv_byt
   // waits only for work that is already enqueued on every GPU of the group.
   void* const old = b.recv;
   const size_t old_bytes = b.recv_bytes;
+  void* old_peer_recv[kMaxCopyEngineRanks] = {};
   b.recv = recv;
   b.recv_bytes = capacity;
   for (int q = 0; q < s.nranks; ++q) {
     if (q == s.rank) continue;
-    b.peer_recv[q] = reinterpret_cast<void*>(all[q].recv);
-    b.peer_flags[q] = reinterpret_cast<CopyEngineFlags*>(all[q].flags);
+    if (b.peer_ipc[q]) old_peer_recv[q] = b.peer_recv[q];
+    b.peer_recv[q] = new_recv[q];
+    b.peer_flags[q] = new_flags[q];
+    b.peer_ipc[q] = ipc[q];
   }
   // A failure to free leaves the buffer counted as held; the call itself goes on (the peers
   // already use the new addresses).
-  (void)DeviceFree(s.device, kRecv, old_bytes, old);
+  if (old != nullptr) (void)DeviceFree(s.device, kRecv, old_bytes, old);
+  // This process's mappings of the peers' superseded buffers, closed where their owners free
+  // them: only this GPU's copies of earlier calls wrote through them, and the cudaFree above
+  // synchronized this GPU, so none is still in flight.
+  for (int q = 0; q < s.nranks; ++q) ClosePeerMemory(old_peer_recv[q]);
+  return Status::Ok();
+}
+
+Status CheckOutputsReachable(const CommState& s, const CopyEngineBuffers& b) {
+  for (int q = 0; q < s.nranks; ++q) {
+    if (b.peer_ipc[q]) {
+      return Status::InvalidArgument(
+          "the copy-engine all-reduce stores into the peers' XLA outputs, which another process "
+          "cannot address (rank " + std::to_string(q) + " is in another process); use "
+          "OverlapConfig(transport='nccl')");
+    }
+  }
   return Status::Ok();
 }
 

@@ -22,6 +22,9 @@ struct CopyEngineBuffers {
   void* exchange = nullptr;  // device scratch of the address all-gather
   void* peer_recv[kMaxCopyEngineRanks] = {};
   CopyEngineFlags* peer_flags[kMaxCopyEngineRanks] = {};
+  // Whether peer q is in another process, so that peer_recv[q] and peer_flags[q] are this
+  // process's CUDA IPC mappings of its memory (peer_memory_ipc.h), closed by this process.
+  bool peer_ipc[kMaxCopyEngineRanks] = {};
   // The epoch of "no call yet": every flag starts at it and the state's epoch counts on from it
   // (0; SetTestEpochStartForTests moves it near the 32-bit wrap).
   uint32_t epoch_start = 0;
@@ -38,9 +41,18 @@ Status CreateCopyEngineBuffers(CommState& state, CopyEngineBuffers& buffers);
 // still takes part in the exchange and reports it there, so every rank of the group fails the
 // same call (none enqueues work that waits for it) and keeps its previous buffer. The buffer a
 // larger one supersedes is freed once the exchange has shown every rank past all its earlier
-// calls' enqueueing (see the definition). Checks that every rank is in this process and that
-// this GPU reaches every peer's memory.
+// calls' enqueueing (see the definition). Peers in this process are reached by their addresses;
+// peers in other processes of this host by mapping the CUDA IPC handles that travel in the
+// exchange (peer_memory_ipc.h): the flags once, each receive buffer generation once, a
+// superseded mapping closed where its owner frees the buffer. Every rank's outcome of those
+// checks and mappings goes through a second all-gather, so a rank on another host, a GPU
+// without peer access or a failed mapping fails the call on every rank.
 Status GrowCopyEngineBuffers(CommState& state, CopyEngineBuffers& buffers, size_t recv_bytes);
+
+// A copy-engine all-reduce stores into the peers' XLA outputs, whose addresses exist only in
+// their own processes: refused (on every rank: each has a peer in another process) once any peer
+// is reached over CUDA IPC. fo_jax/_process_layout.py keeps such calls on NCCL.
+Status CheckOutputsReachable(const CommState& state, const CopyEngineBuffers& buffers);
 
 // Test hook (FO_JAX_TEST_EPOCH_START, fo_jax/_env.py): the epoch start of every copy-engine
 // state created from now on, e.g. 2^32 - 8 so that a few calls cross the 32-bit wrap.

@@ -32,9 +32,10 @@ struct RemoteOutputs {
 // Flags to wait for inside the kernel, before any part is read: flags[0 .. count) >= value
 // (acquire loads at system scope: other GPUs' stream memory operations write them after their
 // copies). A wait in the kernel instead of cuStreamWaitValue32 ops before the launch: each stream
-// op between the GEMM and the sum left the GPU idle a few us (results/
-// overlap_profile_tp4_2026-11-21_fe573db.log: 12 us between the GEMM's end and the sum behind two
-// satisfied waits). Only for a sum that runs after the GEMM: its blocks hold SMs while they wait.
+// op between the GEMM and the sum left the GPU idle a few us (12 us between the GEMM's end and
+// the sum behind two satisfied waits; raw log in git history:
+// benchmarks/results/overlap_profile_tp4_2026-11-21_fe573db.log). Only for a sum that runs after
+// the GEMM: its blocks hold SMs while they wait.
 struct ArrivalWait {
   const uint32_t* flags = nullptr;
   int count = 0;

@@ -1,0 +1,171 @@
+"""Overlapped reduce-scatter with one JAX process per GPU (jax.distributed on one host), against
+plain JAX: the rows of bench_overlap.py for that launch mode, each with "processes": N.
+
+Starts N processes (one GPU each, local_device_ids=[i]) that build a TP=N mesh over all of them
+and time, per shape (bf16; per-GPU x[M, K] @ w[K, N], K sharded over "tp"):
+  fo_jax             overlapped_matmul on the copy-engine transport across processes (CUDA IPC;
+                     OverlapConfig(transport="copy_engine", copy_engine_multiprocess=True): a
+                     call it cannot take fails its row instead of running on NCCL)
+  fo_jax.nccl        the same on the NCCL transport
+  jax.baseline       XLA dot + psum_scatter inside shard_map
+Each method is checked against jax.baseline first; times are the median of 5 x 20 back-to-back
+calls, trials interleaved (fo_jax/bench/core.py), the same method as bench_overlap.py, so a row
+compares with the single-process rows of the same shape (docs/design.md, "Copy engine across
+processes"). With --collectives all_reduce the fo_jax row shows the refusal: the copy-engine
+all-reduce cannot cross processes. Process 0 writes JSON Lines + a markdown table
+(overlap_tp{N}_processes{N}_{date}{tag}.*).
+
+Usage: python benchmarks/bench_overlap_multiprocess.py [--processes N] [--shapes MxNxK ...]
+       [--collectives reduce_scatter] [--out benchmarks/results] [--tag TAG]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+
+DESIGN_SHAPES = ["4096x8192x2048", "8192x8192x2048", "8192x8192x7168", "16384x8192x7168",
+                 "16384x8192x2048"]  # fo_jax/bench/core.py's (not imported: no JAX in the parent)
+TIMEOUT_S = 1800
+
+
+def _local_gpus() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def launch(args) -> int:
+    """Starts the processes, streams process 0's output, returns the first non-zero exit."""
+    n = args.processes or _local_gpus()
+    if n < 2:
+        sys.exit(f"{sys.argv[0]}: needs 2 or more GPUs (found {n}); set --processes")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = [sys.executable, os.path.abspath(__file__), "--worker"]
+    passed = ["--shapes", *args.shapes, "--collectives", *args.collectives, "--out", args.out,
+              "--tag", args.tag, "--processes", str(n), "--port", str(port)]
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    procs = [subprocess.Popen([*worker, str(i), *passed], env=env, text=True,
+                              stdout=None if i == 0 else subprocess.PIPE,
+                              stderr=None if i == 0 else subprocess.STDOUT)
+             for i in range(n)]
+    codes = []
+    for i, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            sys.exit(f"{sys.argv[0]}: process {i} ran past {TIMEOUT_S} s (killed them all)")
+        codes.append(p.returncode)
+        if p.returncode and out:
+            print(f"--- process {i} (exit {p.returncode}) ---\n{out[-4000:]}", file=sys.stderr)
+    return next((c for c in codes if c), 0)
+
+
+def work(args, proc: int) -> None:
+    """One process: initialize jax.distributed, time every (collective, shape)."""
+    import jax  # noqa: PLC0415
+
+    jax.distributed.initialize(f"127.0.0.1:{args.port}", num_processes=args.processes,
+                               process_id=proc, local_device_ids=[proc])
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: PLC0415
+
+    import fo_jax  # noqa: PLC0415
+    from fo_jax.bench import core  # noqa: PLC0415
+
+    devices = jax.devices()
+    mesh = Mesh(np.array(devices), ("tp",))
+    tp, dtype = len(devices), jnp.bfloat16
+    base = {**core.device_info(devices), "dtype": "bfloat16", "tp": tp,
+            "processes": args.processes, "platform": devices[0].platform}
+    res = core.Results(base, echo=proc == 0)
+    copy_engine = fo_jax.OverlapConfig(transport="copy_engine", copy_engine_multiprocess=True)
+    configs = {"fo_jax": copy_engine, "fo_jax.nccl": fo_jax.OverlapConfig(transport="nccl")}
+
+    def operand(shape, spec, seed):
+        # Each process draws only its own shard (a global draw would hold all of x per process).
+        def shard(idx):
+            rows, cols = (s.stop - s.start if s.start is not None else n
+                          for s, n in zip(idx, shape))
+            rng = np.random.default_rng((seed, *(s.start or 0 for s in idx)))
+            scale = 1.0 / np.sqrt(shape[1]) if seed % 2 == 0 else 1.0
+            return jnp.asarray(rng.standard_normal((rows, cols), np.float32) * scale, dtype)
+
+        return jax.make_array_from_callback(shape, NamedSharding(mesh, spec), shard)
+
+    def scalar(a) -> float:
+        return float(a.addressable_data(0))
+
+    for i, (collective, s) in enumerate((c, s) for c in args.collectives for s in args.shapes):
+        m, n, k = core.parse_shape(s)
+        x = operand((m, tp * k), P(None, "tp"), 2 * i)
+        w = operand((tp * k, n), P("tp", None), 2 * i + 1)
+        fns = {name: core.build(mesh, collective, "fo_jax", cfg) for name, cfg in configs.items()}
+        fns["jax.baseline"] = core.build(mesh, collective, "baseline")
+        ref = fns["jax.baseline"](x, w)
+        ok = {}
+        for name, f in fns.items():
+            try:
+                err = scalar(core.rel_err(f(x, w), ref))
+                assert err < 2e-2, f"{name}: wrong result (rel err {err:.2e})"
+                ok[name] = f
+            except Exception as e:  # noqa: BLE001 (one failing method must not end the run)
+                if proc == 0:
+                    core.progress(f"{collective} {s}: {name}: FAILED {e!r:.300}")
+                res.add(M=m, N=n, K=k, collective=collective, method=name, ms=None,
+                        error=repr(e)[:500])
+        times = core.time_ms_interleaved(ok, x, w)
+        for name, ms in times.items():
+            extra = {"path": "cuda/copy_engine"} if name == "fo_jax" else {}
+            res.add(M=m, N=n, K=k, collective=collective, method=name, ms=round(ms, 4), **extra)
+    if proc == 0:
+        stem = os.path.join(args.out, f"overlap_tp{tp}_processes{args.processes}_"
+                                      f"{base['date']}{args.tag}")
+        res.write_jsonl(stem + ".jsonl")
+        rows = []
+        for r in res.rows:
+            if r["ms"] is None or r["method"] == "jax.baseline":
+                continue
+            b = next(q for q in res.rows if q["method"] == "jax.baseline" and q["M"] == r["M"]
+                     and q["N"] == r["N"] and q["K"] == r["K"]
+                     and q["collective"] == r["collective"])
+            speed = f"{b['ms'] / r['ms']:.3f}x" if b["ms"] else "-"
+            rows.append((r["collective"], f"{r['M']}x{r['N']}x{r['K']}", r["method"], r["ms"],
+                         b["ms"], speed))
+        table = core.markdown_table(
+            ("collective", "MxNxK", "method", "ms", "jax.baseline ms", "speedup"), rows)
+        res.write_markdown(stem + ".md", f"# {core.provenance(base)}, {args.processes} "
+                           f"processes\n\n{table}")
+        core.progress(f"wrote {stem}.jsonl and .md")
+    jax.distributed.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--processes", type=int, default=None,
+                    help="processes (one GPU each; default: every GPU nvidia-smi lists)")
+    ap.add_argument("--shapes", nargs="*", default=DESIGN_SHAPES)
+    ap.add_argument("--collectives", nargs="*", default=["reduce_scatter"],
+                    choices=["reduce_scatter", "all_reduce"])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker is None:
+        sys.exit(launch(args))
+    work(args, args.worker)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""The copy-engine transport with one JAX process per GPU, without a GPU (docs/design.md, "Copy
+engine across processes"): the transport choice for process layouts (mocked process counts and
+hosts), the host exchange through a stand-in for JAX's key-value store, the address exchange's
+PeerInfo as it travels (fake IPC handles) and the route decision per peer (the module's own
+functions), and the lowering of an opted-in reduce-scatter."""
+
+import re
+import threading
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import fo_jax
+from fo_jax import _process_layout, _transport, overlap
+
+needs_module = pytest.mark.skipif(not fo_jax.cuda_module_available(),
+                                  reason="CUDA module not built here (no nvcc at install time)")
+BF16 = jnp.dtype(jnp.bfloat16)
+# 4 ranks, 8192 x 8192 x 2048 per the design shapes: the copy engine takes it in one process.
+SHAPE = dict(m=8192, n=8192, k=2048, size=4)
+OPT_IN = fo_jax.OverlapConfig(copy_engine_multiprocess=True)
+
+
+@pytest.fixture
+def processes(monkeypatch):
+    """Pretends the program runs `count` JAX processes on `hosts` (process index order)."""
+
+    def set_layout(count, hosts=None):
+        monkeypatch.setattr(jax, "process_count", lambda: count)
+        hosts = tuple(hosts or ["node-a"] * count)
+        monkeypatch.setattr(_process_layout, "_hosts", hosts)
+
+    return set_layout
+
+
+def _choose(collective, config, transport_only=True):
+    if transport_only:
+        return _transport.choose("fo_jax.overlapped_matmul", collective, SHAPE["size"], BF16,
+                                 SHAPE["m"], SHAPE["n"], SHAPE["k"], config)
+    return overlap._choose_overlapped(BF16, config, SHAPE["m"], SHAPE["n"], SHAPE["k"], "gpu",
+                                      collective, SHAPE["size"])
+
+
+@needs_module
+def test_one_process_keeps_the_copy_engine(processes):
+    processes(1)
+    for collective in ("reduce_scatter", "all_reduce"):
+        assert _choose(collective, None)[0] == "copy_engine", collective
+
+
+@needs_module
+def test_several_processes_default_to_nccl_until_opted_in(processes):
+    processes(4)
+    transport, why = _choose("reduce_scatter", None)
+    assert transport == "nccl"
+    assert "opt-in" in why and "copy_engine_multiprocess=True" in why, why
+    with pytest.raises(ValueError, match=r"transport='copy_engine'.*copy_engine_multiprocess"):
+        _choose("reduce_scatter", fo_jax.OverlapConfig(transport="copy_engine"))
+
+
+@needs_module
+def test_opted_in_reduce_scatter_on_one_host_takes_the_copy_engine(processes):
+    processes(4)
+    transport, why = _choose("reduce_scatter", OPT_IN)
+    assert transport == "copy_engine" and "no collective tail" in why, why
+    choice = _choose("reduce_scatter", OPT_IN, transport_only=False)
+    assert choice.path == "cuda" and choice.transport == "copy_engine", choice
+    # Both forms cross processes: the ring and the direct form (its band sums read local memory).
+    for ring in (True, False):
+        config = fo_jax.OverlapConfig(copy_engine_multiprocess=True, copy_engine_ring=ring)
+        assert _choose("reduce_scatter", config)[0] == "copy_engine", ring
+
+
+@needs_module
+def test_all_reduce_keeps_nccl_with_several_processes(processes):
+    processes(4)
+    for config in (None, OPT_IN):
+        choice = _choose("all_reduce", config, transport_only=False)
+        assert choice.transport == "nccl", choice
+        assert "per-call XLA output buffers" in choice.reason, choice.reason
+        assert "another process" in choice.reason, choice.reason
+    with pytest.raises(ValueError, match="XLA output buffers"):
+        _choose("all_reduce", fo_jax.OverlapConfig(transport="copy_engine",
+                                                   copy_engine_multiprocess=True))
+
+
+@needs_module
+def test_a_mesh_spanning_hosts_keeps_nccl(processes):
+    processes(4, ["node-a", "node-a", "node-b", "node-b"])
+    transport, why = _choose("reduce_scatter", OPT_IN)
+    assert transport == "nccl" and "span 2 hosts (node-a, node-b)" in why, why
+
+
+def test_multiprocess_problem_rule():
+    """The rule itself, without the rest of the choice: the order of its reasons."""
+    one_host = lambda: ("h",) * 2  # noqa: E731
+    two_hosts = lambda: ("h", "g")  # noqa: E731
+    rule = _process_layout.multiprocess_problem
+    assert rule("all_reduce", 1, None, two_hosts) is None  # one process: not this rule's case
+    assert "XLA output buffers" in rule("all_reduce", 2, OPT_IN, one_host)
+    assert "XLA output buffers" in rule("all_gather", 2, OPT_IN, one_host)
+    assert "opt-in" in rule("reduce_scatter", 2, None, one_host)
+    assert "opt-in" in rule("reduce_scatter", 2, fo_jax.OverlapConfig(), one_host)
+    assert rule("reduce_scatter", 2, OPT_IN, one_host) is None
+    assert "span 2 hosts" in rule("reduce_scatter", 2, OPT_IN, two_hosts)
+
+
+def test_the_hosts_are_not_asked_for_without_the_opt_in():
+    """Without the opt-in the rule never touches the key-value store (a program that does not
+    opt in keeps exactly its previous behaviour)."""
+
+    def no_store():
+        raise AssertionError("the key-value store was asked")
+
+    assert "opt-in" in _process_layout.multiprocess_problem("reduce_scatter", 4, None, no_store)
+    assert "XLA" in _process_layout.multiprocess_problem("all_reduce", 4, OPT_IN, no_store)
+
+
+class _Store:
+    """A key-value store shared by threads standing in for processes (JAX's client API)."""
+
+    def __init__(self):
+        self.values, self.cv = {}, threading.Condition()
+
+    def key_value_set(self, key, value):
+        with self.cv:
+            assert key not in self.values, key  # JAX's store refuses to overwrite
+            self.values[key] = value
+            self.cv.notify_all()
+
+    def blocking_key_value_get(self, key, timeout_ms):
+        with self.cv:
+            if not self.cv.wait_for(lambda: key in self.values, timeout_ms / 1000):
+                raise TimeoutError(f"DEADLINE_EXCEEDED: {key}")
+            return self.values[key]
+
+
+def test_hosts_are_exchanged_through_the_store():
+    store, seen = _Store(), {}
+    names = ["node-a", "node-a", "node-b"]
+
+    def run(p):
+        seen[p] = _process_layout.exchange_hosts(p, 3, store, lambda: names[p], timeout_s=5)
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {p: tuple(names) for p in range(3)}
+    assert "span 2 hosts" in _process_layout.hosts_problem(seen[0])
+    assert _process_layout.hosts_problem(("x", "x", "x")) is None
+
+
+def test_a_missing_process_times_out_instead_of_hanging():
+    with pytest.raises(TimeoutError, match="fo_jax/host/1"):
+        _process_layout.exchange_hosts(0, 2, _Store(), lambda: "h", timeout_s=0.2)
+
+
+def test_config_field_is_checked():
+    assert fo_jax.OverlapConfig().copy_engine_multiprocess is False
+    with pytest.raises(ValueError, match="copy_engine_multiprocess must be True or False"):
+        fo_jax.OverlapConfig(copy_engine_multiprocess=1)
+
+
+# --- the address exchange's entries and the route to each peer (the module's functions) ---
+
+HANDLE = bytes(range(64))  # a fake cudaIpcMemHandle_t (64 opaque bytes)
+
+
+def _module_with_ipc():
+    mod = fo_jax._cuda.module()
+    if not hasattr(mod, "copy_engine_peer_route"):
+        pytest.fail("the CUDA module predates these sources: rebuild it (pip install -e . or "
+                    "the CMake build of docs/development.md)")
+    return mod
+
+
+def _entry(**fields):
+    base = dict(recv=0x7F0000000000, flags=0x7F0001000000, recv_bytes=1 << 26, host=42, pid=100,
+                device=0, exported=1, bus_id=b"0000:19:00.0", recv_handle=HANDLE,
+                flags_handle=HANDLE[::-1])
+    base.update(fields)
+    return base
+
+
+@needs_module
+def test_peer_info_travels_intact():
+    mod = _module_with_ipc()
+    sent = _entry(pid=4242, device=3, host=2**63 + 5, bus_id=b"0000:9a:00.0")
+    got = mod.copy_engine_peer_info_roundtrip(sent)
+    for key, value in sent.items():
+        assert got[key] == value, key
+    # Raw bytes of one layout: the two handles are 64 bytes each, plus the fixed fields.
+    assert got["wire_bytes"] >= 2 * 64 + 16 + 4 * 8 + 4 * 4
+    with pytest.raises(ValueError, match="recv_handle: at most 64 bytes"):
+        mod.copy_engine_peer_info_roundtrip(_entry(recv_handle=bytes(65)))
+
+
+@needs_module
+def test_peer_routes():
+    mod = _module_with_ipc()
+    mine = _entry(pid=100, device=0)
+    route = mod.copy_engine_peer_route
+    # Same process: the peer's own addresses, by ordinal.
+    assert route(mine, _entry(pid=100, device=1), 1, 1, True) == ("direct", "")
+    kind, why = route(mine, _entry(pid=100, device=1), 1, 1, False)
+    assert kind == "refused" and "no peer access" in why and "transport='nccl'" in why
+    # Another process, GPU visible here: peer access decides; hidden (CUDA_VISIBLE_DEVICES): the
+    # IPC open decides, so it is not refused here.
+    other = _entry(pid=200, device=0, bus_id=b"0000:3b:00.0")
+    assert route(mine, other, 2, 1, True) == ("ipc", "")
+    kind, why = route(mine, other, 2, 1, False)
+    assert kind == "refused" and "rank 2" in why and "0000:3b:00.0" in why
+    assert route(mine, other, 2, -1, False) == ("ipc", "")
+    # A peer that could not export its memory, or one on another host.
+    kind, why = route(mine, _entry(pid=200, exported=0), 3, -1, False)
+    assert kind == "refused" and "could not export" in why and "rank 3" in why
+    kind, why = route(mine, _entry(pid=200, host=43), 1, -1, False)
+    assert kind == "refused" and "one host" in why
+    # Same pid on another host is still another host (pids repeat across machines).
+    assert route(mine, _entry(pid=100, host=43), 1, 1, True)[0] == "refused"
+
+
+@needs_module
+def test_host_identity_is_stable():
+    mod = _module_with_ipc()
+    assert mod.copy_engine_host_identity() == mod.copy_engine_host_identity() != 0
+
+
+# --- lowering: what the opt-in changes in the custom call ---
+
+
+def _lowered_transport(config):
+    """The transport in the plan attribute of a reduce-scatter lowered for CUDA from CPU devices
+    (the layout mocked by the caller), as the module's enum value."""
+    from jax.sharding import PartitionSpec as P
+
+    from conftest import cpu_mesh
+
+    mesh = cpu_mesh((4,), ("tp",))
+    f = jax.jit(jax.shard_map(
+        lambda x, w: fo_jax.overlapped_matmul(x, w, axis_name="tp", config=config),
+        mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
+    x = jnp.ones((SHAPE["m"], SHAPE["k"] * 4), jnp.bfloat16)
+    w = jnp.ones((SHAPE["k"] * 4, SHAPE["n"]), jnp.bfloat16)
+    text = f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    assert "fo_jax_overlapped_matmul_v2" in text
+    found = re.search(r"transport = (\d+) : i32", text)
+    assert found, "no transport in the lowered plan"
+    return int(found.group(1))
+
+
+@needs_module
+def test_lowering_of_the_opt_in(processes, monkeypatch):
+    """With 4 processes (mocked; every device still of process 0, so plan agreement has no peer
+    to ask) the lowered reduce-scatter runs on NCCL by default and on the copy engine once
+    opted in; the unique id goes through the (stand-in) key-value store as with any
+    multi-process program."""
+    from fo_jax import _bootstrap
+
+    mod = fo_jax._cuda.module()
+    store = _Store()
+    monkeypatch.setattr(_bootstrap, "_distributed_client", lambda: store)
+    monkeypatch.setattr(_bootstrap, "_unique_ids", {})
+    processes(4)
+    assert _lowered_transport(fo_jax.OverlapConfig(allow_fallback=False)) == \
+        mod.Transport["nccl"].value
+    assert _lowered_transport(fo_jax.OverlapConfig(allow_fallback=False,
+                                                   copy_engine_multiprocess=True)) == \
+        mod.Transport["copy_engine"].value
+    assert any(key.startswith("fo_jax/nccl_unique_id/") for key in store.values)

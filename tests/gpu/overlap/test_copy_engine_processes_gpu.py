@@ -1,0 +1,54 @@
+"""The copy-engine reduce-scatter with one JAX process per GPU (CUDA IPC between the processes,
+opted in with OverlapConfig.copy_engine_multiprocess; docs/design.md, "Copy engine across
+processes"): tests/workers/ipc_worker.py runs the cases of tests/workers/ipc_cases.py in one
+process per GPU, and each process's shard must equal, bit for bit, what the single-process copy
+engine computes here from the same operands with the same plan (the ring and the direct form,
+before and after the receive buffers grow). The worker also checks that an opted-in all-reduce
+stays on NCCL."""
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+import fo_jax
+from conftest import gpu_devices_or_skip
+from numerics import assert_close
+from test_overlap_gpu import _ntp, _one_process_per_gpu
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+                                "workers"))
+from ipc_cases import CASES, config, operands  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def test_reduce_scatter_across_processes_matches_one_process(tmp_path):
+    tp = _ntp()
+    outs = _one_process_per_gpu("ipc_worker.py",
+                                "the copy engine across processes hung",
+                                FO_JAX_IPC_OUT=str(tmp_path))
+    for i, (returncode, out) in enumerate(outs):
+        assert returncode == 0, f"process {i} failed:\n{out[-3000:]}"
+        assert "WORKER OK" in out, out[-3000:]
+    mesh = Mesh(np.array(gpu_devices_or_skip(tp)), ("tp",))
+    for seed, (name, m, n, k_rank, ring) in enumerate(CASES):
+        x, w, ref = operands(m, n, k_rank, tp, seed)
+        f = jax.jit(jax.shard_map(
+            lambda a, b, r=ring: fo_jax.overlapped_matmul(
+                a, b, axis_name="tp", config=config(r, multiprocess=False)),
+            mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
+        out = f(jnp.asarray(x), jnp.asarray(w))
+        assert_close(out, ref, jnp.bfloat16)
+        bits = np.asarray(out).view(np.uint16)
+        band = m // tp
+        for proc in range(tp):
+            theirs = np.load(tmp_path / f"{name}_{proc}.npy")
+            mine = bits[proc * band:(proc + 1) * band]
+            assert np.array_equal(theirs, mine), (
+                f"{name}: process {proc}'s band differs from the single-process copy engine in "
+                f"{int((theirs != mine).sum())} of {mine.size} elements")

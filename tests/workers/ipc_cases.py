@@ -1,0 +1,35 @@
+"""The calls that tests/workers/ipc_worker.py runs in one process per GPU and that
+tests/gpu/overlap/test_copy_engine_processes_gpu.py repeats in one process, so that both compute
+from the same operands with the same plan (bit-for-bit comparable)."""
+
+import jax.numpy as jnp
+import numpy as np
+
+import fo_jax
+
+# (name, global M, N, K per rank, ring). In this order: the larger call grows every rank's
+# receive buffer (a new generation: the peers map it and close their mappings of the old one),
+# and the last one runs the first shape again on the grown buffers.
+CASES = (
+    ("ring", 4096, 1024, 512, True),
+    ("direct", 4096, 1024, 512, False),
+    ("direct_grown", 16384, 1024, 512, False),
+    ("ring_after_growth", 4096, 1024, 512, True),
+)
+CALLS = 10  # back-to-back calls per case (every one must give the same bits)
+
+
+def config(ring: bool, multiprocess: bool) -> "fo_jax.OverlapConfig":
+    """The copy engine requested (a call it cannot take raises instead of running on NCCL)."""
+    return fo_jax.OverlapConfig(allow_fallback=False, transport="copy_engine",
+                                copy_engine_ring=ring, copy_engine_multiprocess=multiprocess)
+
+
+def operands(m: int, n: int, k_rank: int, nproc: int, seed: int):
+    """Global x[m, k_rank * nproc] and w[k_rank * nproc, n] as bf16 NumPy arrays, and their float64
+    product (the reference)."""
+    rng = np.random.default_rng(seed)
+    k = k_rank * nproc
+    x = np.asarray(jnp.asarray(rng.standard_normal((m, k)) / np.sqrt(k), jnp.bfloat16))
+    w = np.asarray(jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16))
+    return x, w, np.asarray(x, np.float64) @ np.asarray(w, np.float64)
