@@ -214,3 +214,25 @@ def test_known_failure_in_another_process_ends_the_wait_without_a_timeout():
         assert f"process {i}: RAISED" in out, out[-3000:]
         if i != nproc - 1:
             assert f"process {nproc - 1} of the group failed" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("stage", ["launch", "copy"])
+def test_failure_in_one_process_fails_the_copy_engine_group_everywhere(stage):
+    """The copy engine across processes: the last process's rank fails at `stage` on every call.
+    It releases the flags its peers in the other processes wait for (no call hangs, each ends
+    within 30 s) and fails its group; the other processes learn it through the key-value store
+    and raise from a later call on, naming the failed process."""
+    from test_overlap_gpu import _ntp, _one_process_per_gpu
+
+    nproc = _ntp()
+    outs = _one_process_per_gpu("ipc_failure_worker.py", "a process hung after another failed",
+                                FO_JAX_TEST_FAIL=f"{stage}:{nproc - 1}")
+    for i, (code, out) in enumerate(outs):
+        assert code == 0 and f"WORKER OK process {i}" in out, out[-4000:]
+        calls = re.findall(r"^CALL (\d+) (RAISED|RETURNED) (\S+)", out, re.M)
+        assert len(calls) == 6 and all(float(s) < 30 for _, _, s in calls), out[-4000:]
+        outcomes = [what for _, what, _ in calls]
+        assert "RAISED" in outcomes, out[-4000:]
+        assert all(what == "RAISED" for what in outcomes[outcomes.index("RAISED"):]), out[-4000:]
+        if i != nproc - 1:
+            assert f"process {nproc - 1} of the group failed" in out, out[-4000:]
