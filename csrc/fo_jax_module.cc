@@ -12,6 +12,7 @@
 #include <nanobind/stl/vector.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -28,10 +29,12 @@
 #include "comm/copy_engine_buffers.h"
 #include "comm/copy_engine_debug.h"
 #include "comm/device_memory.h"
+#include "comm/failed_call.h"
 #include "comm/host_worker.h"
 #include "comm/overlap_plan.h"
 #include "comm/peer_memory_ipc.h"
 #include "comm/status.h"
+#include "comm/test_failures.h"
 #include "ffi/registrations.h"
 #include "kernels/epoch_compare.h"
 #include "kernels/signaling_gemm.h"
@@ -249,6 +252,26 @@ NB_MODULE(_fo_jax_cuda, m) {
   m.def("set_comm_timeout_s", [](double seconds) { fo_jax::SetCommTimeoutSeconds(seconds); },
         nb::arg("seconds"));
 
+  // Known failures across processes (fo_jax/_failure_watch.py, comm/comm_registry.h): the
+  // (unique id, failure) of every failed group of this process; and a group's abort after a
+  // failure known here or published by another process. Without the GIL: the abort may wait up
+  // to 2 s per communicator for a call that holds its lock.
+  m.def("failed_groups", []() {
+    std::vector<std::pair<nb::bytes, std::string>> out;
+    for (const auto& [id, failure] : fo_jax::FailedGroups()) {
+      out.emplace_back(nb::bytes(id.data(), id.size()), failure);
+    }
+    return out;
+  });
+  m.def(
+      "abort_group_for_known_failure",
+      [](nb::bytes unique_id, const std::string& failure) {
+        const std::string id(unique_id.c_str(), unique_id.size());
+        nb::gil_scoped_release released;
+        fo_jax::AbortGroupForKnownFailure(id, failure);
+      },
+      nb::arg("unique_id"), nb::arg("failure"));
+
   m.def("nccl_unique_id", []() {
     ncclUniqueId id;
     ncclResult_t r = ncclGetUniqueId(&id);
@@ -305,17 +328,60 @@ NB_MODULE(_fo_jax_cuda, m) {
       nb::arg("first_signal"), nb::call_guard<nb::gil_scoped_release>());
 
   // Test hooks, from FO_JAX_TEST_EPOCH_START and FO_JAX_TEST_FAIL (fo_jax/_env.py): the epoch
-  // start of copy-engine states created afterwards; a stage ("alloc" or "") failing on a rank.
+  // start of copy-engine states created afterwards; a stage ("alloc", comm/test_failures.h's
+  // "graph", "launch", "copy", or "" for none) failing on a rank.
   m.def(
       "set_test_hooks",
       [](uint32_t epoch_start, const std::string& fail_stage, int fail_rank) {
-        if (!fail_stage.empty() && fail_stage != "alloc") {
+        fo_jax::FailStage stage = fo_jax::FailStage::kNone;
+        if (fail_stage != "alloc" && !fo_jax::FailStageFromName(fail_stage, &stage)) {
           throw std::invalid_argument("set_test_hooks: unknown stage \"" + fail_stage + "\"");
         }
         fo_jax::SetTestEpochStartForTests(epoch_start);
         fo_jax::SetFailReceiveAllocForTests(fail_stage == "alloc" ? fail_rank : -1);
+        fo_jax::SetTestFailureForTests(stage, fail_rank);
       },
       nb::arg("epoch_start"), nb::arg("fail_stage"), nb::arg("fail_rank"));
+
+  // Tests: the words a failed copy-engine call releases in its peers' flags
+  // (comm/failed_call.h, FailedCallReleases), as (peer, field, index) in writing order, for
+  // rank `rank` of `axis_size` with these arguments; `chunk_first_group`: the first group of
+  // each logical chunk, then the group count (CopyEngineArgs); `part`: "call", "copy" or "xla".
+  m.def(
+      "failed_call_releases",
+      [](int axis_size, int rank, bool all_reduce, bool ring, fo_jax::SumSplit sum_split,
+         int rounds, const std::vector<int>& chunk_first_group, const std::string& part) {
+        if (axis_size < 2 || axis_size > fo_jax::kMaxCopyEngineRanks || rank < 0 ||
+            rank >= axis_size || rounds < 1 ||
+            chunk_first_group.size() != static_cast<size_t>(rounds * axis_size + 1) ||
+            rounds * (axis_size - 1) > fo_jax::kMaxReceiveSlots ||
+            chunk_first_group.back() > fo_jax::kMaxGemmGroups) {
+          throw std::invalid_argument("failed_call_releases: bad axis_size, rank, rounds or "
+                                      "chunk_first_group");
+        }
+        const fo_jax::FailedPart which =
+            part == "call" ? fo_jax::FailedPart::kWholeCall
+            : part == "copy" ? fo_jax::FailedPart::kCopyStream
+            : part == "xla" ? fo_jax::FailedPart::kXlaStream
+                            : throw std::invalid_argument("failed_call_releases: part must be "
+                                                          "call, copy or xla");
+        fo_jax::CopyEngineArgs a;
+        a.all_reduce = all_reduce;
+        a.ring = ring;
+        a.sum_split = sum_split;
+        a.rounds = rounds;
+        std::copy(chunk_first_group.begin(), chunk_first_group.end(), a.chunk_first_group);
+        a.num_groups = chunk_first_group.back();
+        static const char* const kNames[] = {"out_ready", "arrived", "last_pieces",
+                                             "ring_arrived", "stored", "recv_acked"};
+        std::vector<std::tuple<int, std::string, int>> out;
+        for (const fo_jax::FlagRelease& r : fo_jax::FailedCallReleases(a, axis_size, rank, which)) {
+          out.emplace_back(r.peer, kNames[static_cast<int>(r.word)], r.index);
+        }
+        return out;
+      },
+      nb::arg("axis_size"), nb::arg("rank"), nb::arg("all_reduce"), nb::arg("ring"),
+      nb::arg("sum_split"), nb::arg("rounds"), nb::arg("chunk_first_group"), nb::arg("part"));
 
   // Tests (one GPU): the overlap handler's capture guard (comm/status.h, RejectStreamCapture) on
   // a stream of the current device that is being captured; returns its message ("" if it let

@@ -32,6 +32,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from fo_jax import _failure_watch
+
 _lock = threading.Lock()
 _unique_ids: dict = {}
 _unconfirmed: list = []  # (client, peer's plan key, own fields, process, peer, call): see below
@@ -313,6 +315,8 @@ def _unique_id(group: Sequence, nccl_max_ctas: int, process_index: int, process_
                 client.key_value_set(kv_key, uid.hex())
             else:
                 uid = bytes.fromhex(client.blocking_key_value_get(kv_key, _KV_TIMEOUT_MS))
+            # A failure of this group in one process ends the others' waits for it.
+            _failure_watch.watch(client, uid, process_index)
         _unique_ids[key] = uid
         return uid
 

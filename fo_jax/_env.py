@@ -13,7 +13,7 @@ import os
 
 FORCE_REFERENCE = "FO_JAX_FORCE_REFERENCE"
 COMM_TIMEOUT_S = "FO_JAX_COMM_TIMEOUT_S"
-DEFAULT_COMM_TIMEOUT_S = 600.0
+DEFAULT_COMM_TIMEOUT_S = 0.0
 
 
 def force_reference() -> bool:
@@ -23,10 +23,13 @@ def force_reference() -> bool:
 
 
 def comm_timeout_s() -> float:
-    """FO_JAX_COMM_TIMEOUT_S: seconds after which the NCCL transport's progress watchdog fails
-    a group whose call has not completed (another rank failed or stopped calling) and aborts its
-    communicators; 0 turns the watchdog off. Default 600; a value that is not a number >= 0
-    keeps the default. Read once, when the CUDA module is loaded."""
+    """FO_JAX_COMM_TIMEOUT_S (opt-in fail-fast): seconds after which the NCCL transport's
+    progress watchdog fails a group whose call has not completed (another rank failed or stopped
+    calling) and aborts its communicators; the waiting call then returns with undefined output
+    and the next call raises. Default 0: no timeout, a paused rank is waited for as XLA's own
+    collectives wait (a known failure of a rank still ends the wait: fo_jax/_failure_watch.py).
+    A value that is not a number >= 0 keeps the default. Read once, when the CUDA module is
+    loaded."""
     text = os.environ.get(COMM_TIMEOUT_S, "")
     try:
         value = float(text)
@@ -39,7 +42,7 @@ PLAN_TIMEOUT_S = "FO_JAX_PLAN_TIMEOUT_S"
 DEFAULT_PLAN_TIMEOUT_S = 120.0
 TEST_EPOCH_START = "FO_JAX_TEST_EPOCH_START"
 TEST_FAIL = "FO_JAX_TEST_FAIL"
-TEST_FAIL_STAGES = ("alloc",)
+TEST_FAIL_STAGES = ("alloc", "graph", "launch", "copy")
 
 
 def plan_timeout_s() -> float:
@@ -73,8 +76,11 @@ def test_epoch_start() -> int:
 
 def test_fail() -> tuple:
     """FO_JAX_TEST_FAIL=<stage>:<rank> (tests only): make that rank of every fo_jax group fail at
-    that stage, as the real failure would ("alloc": the copy-engine receive-buffer allocation);
-    unset: ("", -1). Read once, when the CUDA module is loaded. A malformed value raises."""
+    that stage, as the real failure would: "alloc", the copy-engine receive-buffer allocation;
+    "graph", the copy-engine call's copy-graph build (after the address exchange); "launch", the
+    call's GEMM launch (either transport); "copy", the copy thread's enqueueing of a copy-engine
+    call. Unset: ("", -1). Read once, when the CUDA module is loaded. A malformed value
+    raises."""
     text = os.environ.get(TEST_FAIL, "")
     if not text:
         return ("", -1)

@@ -13,6 +13,7 @@
 #include "comm/device_memory.h"
 #include "comm/host_worker.h"
 #include "comm/stream_wait.h"
+#include "comm/test_failures.h"
 
 namespace fo_jax {
 namespace {
@@ -139,6 +140,10 @@ void RunJob(AgState& ag, const Job& job) {
   Exchange& ex = *ag.exchange;
   Status status = CudaStatus(cudaStreamWaitEvent(ag.copy_stream, job.own_started, 0),
                              "waiting for this rank's inputs");
+  if (status.ok() && TestFailureAt(FailStage::kCopy, job.me)) {
+    status = Status::Internal("enqueueing the copies failed " +
+                              InjectedFailureMessage(FailStage::kCopy));
+  }
   auto note_waited = [&](int q) {
     {
       std::lock_guard<std::mutex> lock(ex.mu);
@@ -230,6 +235,10 @@ Status PreparePeers(AgState& ag, int device, int P, int me, uint32_t e,
         FO_JAX_RETURN_IF_ERROR(CudaStatus(err, "enabling peer access"));
       }
       ag.peer_ready[q] = true;
+    }
+    if (TestFailureAt(FailStage::kGraph, me)) {  // after peer access, as a real build failure
+      return Status::Internal("building the copy graphs failed " +
+                              InjectedFailureMessage(FailStage::kGraph));
     }
     for (int c = 0; c < bands.per_rank; ++c) {
       const int band = me * bands.per_rank + c;
@@ -331,13 +340,19 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   gemm.counters = nullptr;
   std::string msg;
   const Status launched =
-      LaunchStatus(LaunchSignalingGemm(xla_stream, gemm, &msg), "consumer GEMM launch", msg);
+      TestFailureAt(FailStage::kLaunch, me)
+          ? Status::Internal("consumer GEMM launch failed " +
+                             InjectedFailureMessage(FailStage::kLaunch))
+          : LaunchStatus(LaunchSignalingGemm(xla_stream, gemm, &msg), "consumer GEMM launch",
+                         msg);
   // x is XLA's: the call ends only once this rank's copies have read it.
   FO_JAX_RETURN_IF_ERROR(EnqueueWaitGeq(xla_stream, ag->copies_done, e));
-  FO_JAX_RETURN_IF_ERROR(launched);
+  if (!launched.ok()) Fail(*ag, launched);  // the peers got their rows: nobody waits for it
   std::lock_guard<std::mutex> lock(ag->failure_mu);
   if (ag->failure.empty() && !failed.empty()) ag->failure = "copy-engine all-gather: " + failed;
   if (!ag->failure.empty()) {
+    // Every later call of the group, on every rank, raises with it (comm_registry.h).
+    FailCommGroup(state, ag->failure + " (rank " + std::to_string(me) + ")");
     return Status::Internal(ag->failure + " (this call ran so that the group's other ranks do "
                             "not wait for this one; its result and every later call's are "
                             "undefined: restart the process)");

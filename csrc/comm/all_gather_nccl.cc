@@ -7,6 +7,7 @@
 #include <string>
 
 #include "comm/stream_wait.h"
+#include "comm/test_failures.h"
 
 namespace fo_jax {
 namespace {
@@ -105,10 +106,20 @@ Status EnqueueAllGatherNccl(CommState& state, cudaStream_t xla_stream, const Ove
   gemm.counters = nullptr;  // nothing consumes the GEMM's output before the call ends
   std::string msg;
   const Status launched =
-      LaunchStatus(LaunchSignalingGemm(xla_stream, gemm, &msg), "consumer GEMM launch", msg);
+      TestFailureAt(FailStage::kLaunch, state.rank)
+          ? Status::Internal("consumer GEMM launch failed " +
+                             InjectedFailureMessage(FailStage::kLaunch))
+          : LaunchStatus(LaunchSignalingGemm(xla_stream, gemm, &msg), "consumer GEMM launch",
+                         msg);
   FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(xla_stream, state.comm_done, 0),
                                     "joining the comm stream into XLA's stream"));
-  FO_JAX_RETURN_IF_ERROR(launched);
+  if (!launched.ok()) {
+    // The peers' bands were sent (nobody waits for this GEMM); every later call of the group
+    // raises with it (comm_registry.h).
+    FailCommGroup(state, "all-gather (NCCL transport) on rank " + std::to_string(state.rank) +
+                             ": " + launched.message());
+    return launched;
+  }
   return NoteNcclCall(state, xla_stream);
 }
 

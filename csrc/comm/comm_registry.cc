@@ -196,6 +196,8 @@ std::string CommGroupFailure(CommState& s) {
   return s.group->failure;
 }
 
+void FailCommGroup(CommState& s, const std::string& failure) { FailGroup(*s.group, failure); }
+
 bool CommUsable(const CommState& s) {
   if (s.aborted || s.comm == nullptr) return false;
   if (Injected(s) && g_injected_broken.load(std::memory_order_relaxed)) return false;
@@ -231,7 +233,7 @@ int64_t NowNs() {
       .count();
 }
 
-std::atomic<double> g_timeout_s{600.0};  // SetCommTimeoutSeconds
+std::atomic<double> g_timeout_s{0.0};  // SetCommTimeoutSeconds (0: off)
 
 // One pass over every communicator of this process: a call recorded more than `timeout` ago and
 // still running fails its group and aborts it.
@@ -262,7 +264,7 @@ void CheckProgress(double timeout) {
       std::snprintf(seconds, sizeof(seconds), "%g", timeout);
       FailGroup(*group, std::string("no progress for ") + seconds + " s on " + Describe(*m) +
                             ": another rank failed or stopped calling (FO_JAX_COMM_TIMEOUT_S "
-                            "sets the limit)");
+                            "sets the limit; 0 waits, as XLA's collectives do)");
       AbortCommGroup(*m);
       break;
     }
@@ -295,7 +297,40 @@ void StartWatchdogOnce() {
 
 }  // namespace
 
-void SetCommTimeoutSeconds(double seconds) { g_timeout_s.store(seconds >= 0 ? seconds : 600.0); }
+void SetCommTimeoutSeconds(double seconds) { g_timeout_s.store(seconds > 0 ? seconds : 0.0); }
+
+std::vector<std::pair<std::string, std::string>> FailedGroups() {
+  std::vector<std::pair<std::string, std::string>> failed;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (auto& [id, group] : Groups()) {
+    std::lock_guard<std::mutex> members(group->mu);
+    if (!group->failure.empty()) failed.emplace_back(id, group->failure);
+  }
+  return failed;
+}
+
+void AbortGroupForKnownFailure(const std::string& id, const std::string& failure) {
+  std::shared_ptr<CommGroup> group;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = Groups().find(id);
+    if (it == Groups().end()) return;
+    group = it->second;
+  }
+  CommState* first = nullptr;
+  bool copy_engine = false;
+  {
+    std::lock_guard<std::mutex> lock(group->mu);
+    if (group->members.empty()) return;
+    first = group->members.front();
+    for (CommState* m : group->members) copy_engine = copy_engine || m->copy_engine != nullptr;
+  }
+  FailGroup(*group, failure);
+  // The copy engine's calls keep running in step after a failure (a failed call releases its
+  // flags: failed_call.h) and wait on flags, not in NCCL: an abort would stop this side only,
+  // and the other side would then wait for it. Its failed group raises on every later call.
+  if (!copy_engine) AbortCommGroup(*first);  // skips the members already aborted
+}
 
 Status NoteNcclCall(CommState& s, cudaStream_t stream) {
   FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(s.progress, stream),

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/call_timeline.h"
@@ -71,6 +72,11 @@ Status GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, int 
 // asynchronous error there fails the group (the first failure is kept).
 std::string CommGroupFailure(CommState& state);
 
+// Fails the group of `state` with `failure` (the first failure is kept): a failure of this rank
+// that its peers may not see (failed_call.h), so that every later call of the group, on every
+// local rank, raises with it.
+void FailCommGroup(CommState& state, const std::string& failure);
+
 // Whether this rank's own communicator can still run collectives.
 bool CommUsable(const CommState& state);
 
@@ -80,17 +86,34 @@ bool CommUsable(const CommState& state);
 // the group's failure.
 void AbortCommGroup(CommState& state);
 
-// Progress watchdog of the NCCL transport, for what the checks above cannot see (a rank in another
-// process that failed or stopped calling leaves this rank's collectives waiting): records
-// state.progress on `stream` at the end of a call; a background thread (started on first use)
-// fails the group and aborts its communicators in this process once a recorded call has not
-// completed for SetCommTimeoutSeconds seconds (default 600; 0 turns it off). The aborted
-// collectives end, so the waiting call returns (its output undefined) and the next one raises.
+// Progress watchdog of the NCCL transport, opt-in, for what the checks above cannot see (a rank
+// in another process that failed or stopped calling leaves this rank's collectives waiting):
+// records state.progress on `stream` at the end of a call; with a limit set, a background thread
+// (started on first use) fails the group and aborts its communicators in this process once a
+// recorded call has not completed for SetCommTimeoutSeconds seconds. The aborted collectives
+// end, so the waiting call returns (its output undefined: JAX cannot fail an operation that
+// already returned) and the next one raises. Off by default (0): a rank that merely pauses (a
+// long checkpoint on one process) is waited for, as XLA's own collectives wait; a KNOWN failure
+// in another process is handled without a timeout (AbortGroupForKnownFailure).
 Status NoteNcclCall(CommState& state, cudaStream_t stream);
 
-// The watchdog's limit, read when it starts (the first NCCL-transport call): Python sets it
-// once, from FO_JAX_COMM_TIMEOUT_S, when it loads the module (fo_jax/_env.py).
+// The watchdog's limit in seconds (0: off, the default), read when it starts (the first
+// NCCL-transport call): Python sets it once, from FO_JAX_COMM_TIMEOUT_S, when it loads the
+// module (fo_jax/_env.py).
 void SetCommTimeoutSeconds(double seconds);
+
+// Known failures across processes (fo_jax/_failure_watch.py carries them through JAX's
+// key-value store): (unique id, failure) of every group of this process that has failed.
+std::vector<std::pair<std::string, std::string>> FailedGroups();
+
+// For a group with several processes (unique id `id`, as FailedGroups names it) that has failed
+// here or in another process: fails it here with `failure` (unless it failed already) and, for
+// the NCCL transport, aborts its communicators in this process, so that no rank waits in NCCL
+// for a partner that will not come: the call waiting now returns (its output undefined) and
+// every later call raises at once. Every process of the group does the same, the failing one
+// included. A group that runs the copy engine is failed, not aborted: its calls keep running in
+// step and raise. Unknown ids are ignored.
+void AbortGroupForKnownFailure(const std::string& id, const std::string& failure);
 
 // Fault injection for the tests (NCCL's own detection cannot be provoked on one healthy
 // machine): while `code` (an ncclResult_t) is not ncclSuccess, the communicator of rank `rank`

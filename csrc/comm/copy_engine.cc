@@ -9,6 +9,7 @@
 
 #include "comm/call_timeline.h"
 #include "comm/stream_wait.h"
+#include "comm/test_failures.h"
 #include "kernels/band_sum.h"
 
 namespace fo_jax {
@@ -177,7 +178,16 @@ Status PrepareCopyEngineCall(CommState& s, const OverlapPlan& plan, const Overla
   // The ring's partial sums, added by the GEMM's epilogue (their address is known only now: the
   // receive buffer may just have grown), and its own band, stored into the output.
   SetGemmRing(s, *args, gemm);
-  return EnsureCopyGraphs(s, CopyJobFor(ce.buffers, *args)).Within("copy-engine transport");
+  return Status::Ok();
+}
+
+Status BuildCopyEngineGraphs(CommState& s, const CopyEngineArgs& args) {
+  if (TestFailureAt(FailStage::kGraph, s.rank)) {
+    return Status::Internal("building the copy graphs failed " +
+                            InjectedFailureMessage(FailStage::kGraph));
+  }
+  return EnsureCopyGraphs(s, CopyJobFor(s.copy_engine->buffers, args))
+      .Within("copy-engine transport");
 }
 
 cudaEvent_t NextInputsEvent(CommState& s) {

@@ -83,14 +83,20 @@ struct CopyEngineState {
 // Before the call's GEMM launch, on XLA's thread, under state.mu: creates the state on first
 // use, derives the call's arguments into *args (its GEMM's arguments `gemm` have their buffers
 // and counters; `out` is the call's output), grows the receive buffers and exchanges addresses
-// (collective: every rank of the group makes the same calls), points the ring's GEMM at its
-// addends, and builds every copy graph the call needs. The graphs are built before the GEMM is
-// launched: building one may wait for this GPU to drain, and before the launch the GPU holds
-// only earlier calls, whose copies every rank has already handed over; after it, the ring's GEMM
-// would wait for the peers' copies of this same call, handed over only once the peers are past
-// their own builds, which may wait for their GPUs in the same way: a cycle around the ring.
+// (collective: every rank of the group makes the same calls) and points the ring's GEMM at its
+// addends. A failure here leaves no peer waiting: the exchange fails on every rank together,
+// and what precedes it (the state's creation) runs on the group's first call only.
 Status PrepareCopyEngineCall(CommState& state, const OverlapPlan& plan, const OverlapShape& shape,
                              void* out, SignalingGemmArgs& gemm, CopyEngineArgs* args);
+
+// After PrepareCopyEngineCall, before the GEMM launch: builds every copy graph the call needs.
+// The graphs are built before the GEMM is launched: building one may wait for this GPU to
+// drain, and before the launch the GPU holds only earlier calls, whose copies every rank has
+// already handed over; after it, the ring's GEMM would wait for the peers' copies of this same
+// call, handed over only once the peers are past their own builds, which may wait for their
+// GPUs in the same way: a cycle around the ring. The peers are past the exchange by now, so a
+// failure must release them (failed_call.h).
+Status BuildCopyEngineGraphs(CommState& state, const CopyEngineArgs& args);
 
 // After PrepareCopyEngineCall, before the GEMM launch: the event the call records on XLA's
 // stream once its counters are zeroed and its inputs ready (the GEMM launcher's
@@ -101,7 +107,9 @@ cudaEvent_t NextInputsEvent(CommState& state);
 // NextInputsEvent's event): hands the copy stream's part to the copy worker, enqueues the band
 // sums (with the stores of an all-reduce) on `xla_stream` (the rounds before the last on the sum
 // stream; none for the ring); the last sum (the ring: XLA's stream) also waits for this rank's
-// own copies (they read the workspace), and an all-reduce's end for the peers' stores.
+// own copies (they read the workspace), and an all-reduce's end for the peers' stores. The
+// call takes its epoch and is handed over first: a failure leaves the XLA-stream part
+// (failed_call.h, FailedPart::kXlaStream) to release.
 Status EnqueueCopyEngineCall(CommState& state, cudaStream_t xla_stream,
                              const CopyEngineArgs& args);
 
@@ -111,7 +119,7 @@ void DrainCopyWorker(CommState& state);
 
 // The copy worker's first failure, "" while none. After one, the worker still releases the
 // flags that the call's partners and its own band sum wait for (its data is then undefined), and
-// every later call reports the failure.
+// fails the group: every later call of every rank reports the failure.
 std::string CopyWorkerFailure(CommState& state);
 
 }  // namespace fo_jax

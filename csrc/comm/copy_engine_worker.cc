@@ -3,10 +3,13 @@
 
 #include <algorithm>
 #include <mutex>
+#include <string>
 
 #include "comm/call_timeline.h"
 #include "comm/copy_engine.h"
+#include "comm/failed_call.h"
 #include "comm/stream_wait.h"
+#include "comm/test_failures.h"
 
 namespace fo_jax {
 
@@ -113,42 +116,17 @@ struct FlagWriter {
   }
 };
 
-// After a failure while enqueueing a call's copy-stream work: what its partners and its own
-// band sum wait for, so that nobody hangs (the call's data is undefined; the failure is
-// reported by every later call). Not the output addresses of an all-reduce: a peer that went on
-// without this rank's address would store into memory it does not own, so it waits instead.
-void ReleaseAfterFailure(CommState& s, const CopyJob& job) {
-  CopyEngineState& ce = *s.copy_engine;
-  const cudaStream_t cs = ce.worker.copy_stream;
-  const int P = s.nranks, me = s.rank;
-  const bool by_rows = job.a.sum_split == SumSplit::kByRows;
-  auto flag = [&](int h, int j, int to, bool begin) {
-    if (!begin && !job.a.ring) {
-      (void)EnqueueWriteValue(cs, Arrived(job.peer_flags[to]) + Slot(P, h, j), job.epoch);
-    }
-    return Status::Ok();
-  };
-  auto piece = [&](int g, int, int, int to, char*, const char*, size_t) {
-    if (job.a.ring) {
-      (void)EnqueueWriteValue(cs, RingArrived(job.peer_flags[to]) + g, job.epoch);
-      return Status::Ok();
-    }
-    const int k = LastChunkPiece(job.a, P, g);
-    if (by_rows && k >= 0) {
-      (void)EnqueueWriteValue(cs, LastPieces(job.peer_flags[to]) + k, job.epoch);
-    }
-    return Status::Ok();
-  };
-  (void)ForEachCopy(job, P, me, flag, piece);
-  (void)EnqueueWriteValue(cs, OwnCopies(ce.buffers.flags), job.epoch);
-  (void)cudaStreamWaitEvent(cs, job.sums_ended, 0);
-  (void)TellPeers(job.peer_flags, cs, RecvAcked, P, me, job.epoch);
-  (void)cudaGetLastError();
-}
-
-void NoteCopyFailure(CopyWorker& w, const std::string& what) {
-  std::lock_guard<std::mutex> lock(w.failure_mu);
-  if (w.failure.empty()) w.failure = "copy-engine transport (copy thread): " + what;
+// The first failure, kept for this rank (CopyWorkerFailure) and for the group, so that every
+// later call of every rank raises.
+void NoteCopyFailure(CommState& s, const std::string& what) {
+  CopyWorker& w = s.copy_engine->worker;
+  const std::string failure = "copy-engine transport (copy thread of rank " +
+                              std::to_string(s.rank) + "): " + what;
+  {
+    std::lock_guard<std::mutex> lock(w.failure_mu);
+    if (w.failure.empty()) w.failure = failure;
+  }
+  FailCommGroup(s, failure);
 }
 
 // The copies of the call, their flags and the own-copies flag (copy_engine_worker.h).
@@ -262,13 +240,17 @@ Status EnsureCopyGraphs(CommState& s, const CopyJob& job) {
 
 void RunCopyJob(CommState& s, const CopyJob& job) {
   CopyWorker& w = s.copy_engine->worker;
-  Status status = EnqueueCopies(s, job);
+  Status status = TestFailureAt(FailStage::kCopy, s.rank)
+                      ? Status::Internal("enqueueing the copies failed " +
+                                         InjectedFailureMessage(FailStage::kCopy))
+                      : EnqueueCopies(s, job);
   RecordTimelineHostAt(s, job.row, kHostCopiesIssued);
   w.thread->AwaitSignal(job.epoch);  // the call recorded job.sums_ended (or failed)
   if (status.ok()) status = EnqueueAcks(s, job);
   if (!status.ok()) {
-    NoteCopyFailure(w, status.message());
-    ReleaseAfterFailure(s, job);
+    NoteCopyFailure(s, status.message());
+    // What the call's partners and its own band sum wait for (failed_call.h).
+    ReleaseOnCopyStream(s, job, FailedPart::kCopyStream);
   }
 }
 

@@ -5,8 +5,11 @@
 #include "comm/all_gather_nccl.h"
 #include "comm/call_timeline.h"
 #include "comm/copy_engine.h"
+#include "comm/failed_call.h"
+#include "comm/failed_nccl_call.h"
 #include "comm/gated_collectives.h"
 #include "comm/gemm_plan.h"
+#include "comm/test_failures.h"
 
 namespace fo_jax {
 
@@ -84,7 +87,10 @@ Status OverlapCall::Prepare() {
     return Status::Ok();
   }
   if (copy_engine) {
-    return PrepareCopyEngineCall(*state_, plan_, shape_, buffers_.out, gemm_, &copy_engine_);
+    FO_JAX_RETURN_IF_ERROR(
+        PrepareCopyEngineCall(*state_, plan_, shape_, buffers_.out, gemm_, &copy_engine_));
+    // Past the exchange the peers enqueue work that waits for this rank: Enqueue releases it.
+    prepare_failure_ = BuildCopyEngineGraphs(*state_, copy_engine_);
   }
   return Status::Ok();
 }
@@ -102,6 +108,10 @@ Status OverlapCall::Enqueue(cudaStream_t stream) {
                     : EnqueueAllGatherNccl(state, stream, plan_, shape_, gemm_, ag));
     return Finish();
   }
+  if (!prepare_failure_.ok()) {
+    return ReleaseFailedCopyEngineCall(state, stream, copy_engine_, FailedPart::kWholeCall,
+                                       prepare_failure_);
+  }
   // Stream order on XLA's stream: zero counters -> inputs_ready -> GEMM, the first two issued by
   // the launcher right before the kernel, after its host-side setup (zeroing first left the GPU
   // idle ~20 us while the host built the GEMM's parameters). The gated waits are enqueued after
@@ -113,8 +123,20 @@ Status OverlapCall::Enqueue(cudaStream_t stream) {
     RecordTimelineMark(state, kXlaStart, stream);
   }
   std::string msg;
-  FO_JAX_RETURN_IF_ERROR(LaunchStatus(LaunchSignalingGemm(stream, gemm_, &msg), "GEMM launch",
-                                      msg));
+  const Status launched =
+      TestFailureAt(FailStage::kLaunch, place_.rank)
+          ? Status::Internal("GEMM launch failed " + InjectedFailureMessage(FailStage::kLaunch))
+          : LaunchStatus(LaunchSignalingGemm(stream, gemm_, &msg), "GEMM launch", msg);
+  if (!launched.ok()) {
+    // The other ranks' work of this call waits for this rank's: release it.
+    if (!copy_engine) {
+      return ReleaseFailedNcclCall(state, stream, plan_.collective, gemm_, buffers_.out,
+                                   launched);
+    }
+    EndTimelineCall(state);
+    return ReleaseFailedCopyEngineCall(state, stream, copy_engine_, FailedPart::kWholeCall,
+                                       launched);
+  }
   if (!copy_engine) {
     FO_JAX_RETURN_IF_ERROR(
         EnqueueNcclTransport(state, stream, plan_.collective, gemm_, buffers_.out));
@@ -123,7 +145,11 @@ Status OverlapCall::Enqueue(cudaStream_t stream) {
   RecordTimelineHost(state, kHostGemmLaunched);
   const Status enqueued = EnqueueCopyEngineCall(state, stream, copy_engine_);
   EndTimelineCall(state);
-  FO_JAX_RETURN_IF_ERROR(enqueued.Within("copy-engine transport"));
+  if (!enqueued.ok()) {
+    // Handed over (the copy worker does its part); XLA's stream part is released here.
+    return ReleaseFailedCopyEngineCall(state, stream, copy_engine_, FailedPart::kXlaStream,
+                                       enqueued);
+  }
   const std::string copy_failure = CopyWorkerFailure(state);
   if (!copy_failure.empty()) {
     return Status::Internal(copy_failure + " (this call ran so that the group's other ranks do "

@@ -53,9 +53,15 @@ class OverlapCall {
   OverlapCall(const OverlapCall&) = delete;
   OverlapCall& operator=(const OverlapCall&) = delete;
 
+  // An error from Prepare leaves no other rank waiting for this call (nothing is enqueued; a
+  // collective step fails on every rank together). A failure after which the other ranks may
+  // wait (a copy graph build: they are past the address exchange) is kept instead, and Enqueue
+  // releases them and returns it.
   Status Prepare();
   // After a successful Prepare: enqueues the call on `stream` (XLA's). Ok, or the group's
-  // failure after the call ran anyway (so that no other rank waits for this one).
+  // failure after the call ran anyway (so that no other rank waits for this one), or this
+  // call's own failure after it released what the other ranks wait for (failed_call.h,
+  // failed_nccl_call.h).
   Status Enqueue(cudaStream_t stream);
 
  private:
@@ -70,6 +76,7 @@ class OverlapCall {
   CommState* state_ = nullptr;
   std::unique_lock<std::timed_mutex> lock_;
   std::string failure_;  // the group's failure when the call began ("" while healthy)
+  Status prepare_failure_;  // a Prepare failure that Enqueue must release (see Prepare)
   SignalingGemmArgs gemm_;
   CopyEngineArgs copy_engine_;
 };

@@ -1,8 +1,10 @@
-"""One JAX process per GPU (launched by test_overlap_gpu.test_one_process_per_gpu_failure): the
+"""One JAX process per GPU (launched by test_overlap_gpu.test_one_process_per_gpu_failure and
+test_reliability_gpu.test_known_failure_in_another_process_ends_the_wait_without_a_timeout): the
 last process's communicator breaks (injected: an asynchronous NCCL error that leaves it unusable)
 before its second call, so it aborts it and raises; the other processes' second call then waits
-for it inside NCCL until their progress watchdog (FO_JAX_COMM_TIMEOUT_S, set short by the test)
-aborts their communicators, and their next call raises. Every process prints RAISED and the
+for it inside NCCL until they abort their communicators, on the failure it publishes
+(fo_jax/_failure_watch.py) or by their progress watchdog (FO_JAX_COMM_TIMEOUT_S, when a test sets
+it), and their next call raises. Every process prints RAISED and the
 exception, then leaves without jax.distributed.shutdown (the failed rank never reaches it)."""
 
 import os

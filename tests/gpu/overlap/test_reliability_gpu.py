@@ -148,3 +148,91 @@ def test_plan_agreement_across_gpu_processes():
                 q.kill()
             pytest.fail("a process hung after a plan mismatch")
         assert f"RAISED {i} ValueError" in out and "plan mismatch" in out, out[-3000:]
+
+
+# (stage, form): every stage after the address exchange where a rank can fail, on the forms whose
+# release differs (direct, by rows, ring, all-reduce rounds, NCCL, the all-gather).
+_STAGES = [("graph", "rs_direct"), ("graph", "rs_ring"), ("graph", "ar_two_rounds"),
+           ("graph", "ag_copy_engine"), ("launch", "rs_direct"), ("launch", "rs_rows"),
+           ("launch", "rs_ring"), ("launch", "ar_two_rounds"), ("launch", "rs_nccl"),
+           ("launch", "ar_nccl"), ("launch", "ag_copy_engine"), ("copy", "rs_direct"),
+           ("copy", "rs_ring"), ("copy", "ar_two_rounds"), ("copy", "ag_copy_engine"),
+           ("launch", "ag_nccl")]
+
+
+@pytest.mark.parametrize("stage,form", _STAGES)
+def test_failure_after_the_exchange_fails_every_rank(stage, form):
+    """H1: the last rank fails at `stage` on every call (FO_JAX_TEST_FAIL=<stage>:<rank>) after
+    its peers may already wait for it. It releases what they wait for, so no call hangs (each
+    ends within 30 s); the failed group makes every later call raise, with the cause; the process
+    then exits cleanly. A graph or launch failure raises in the failing call itself; the copy
+    thread's, which runs after the handler returned, by the next call at the latest."""
+    devs = gpu_devices_or_skip(2)
+    n = min(4, len(devs))
+    code, out = _worker("failure_stage_worker.py", n, timeout_s=240, args=(form,),
+                        FO_JAX_TEST_FAIL=f"{stage}:{n - 1}")
+    assert code == 0 and "WORKER OK" in out, out[-4000:]
+    calls = re.findall(r"^CALL (\d+) (RAISED|RETURNED) (\S+)", out, re.M)
+    assert [int(c) for c, _, _ in calls] == [0, 1, 2], out[-4000:]
+    assert all(float(seconds) < 30 for _, _, seconds in calls), calls
+    outcomes = [what for _, what, _ in calls]
+    first = outcomes.index("RAISED") if "RAISED" in outcomes else len(outcomes)
+    assert first <= (1 if stage == "copy" else 0), out[-4000:]
+    assert all(what == "RAISED" for what in outcomes[first:]), out[-4000:]
+    assert f"injected by FO_JAX_TEST_FAIL={stage}" in out, out[-4000:]
+
+
+def test_known_failure_in_another_process_ends_the_wait_without_a_timeout():
+    """H4: one process per GPU, no progress timeout (the default: a paused rank is waited for).
+    The last process's communicator breaks (multiprocess_failure_worker.py): it publishes the
+    failure through JAX's key-value store and the other processes, waiting for it inside NCCL,
+    abort their communicators of the group on seeing it; their next call raises naming the
+    failed process. No process hangs."""
+    devs = gpu_devices_or_skip(2)
+    nproc = min(2, len(devs))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=_FO_JAX_ROOT,
+               NCCL_NVLS_ENABLE="0")
+    env.pop("XLA_FLAGS", None)
+    env.pop("FO_JAX_COMM_TIMEOUT_S", None)
+    procs = [subprocess.Popen([sys.executable, os.path.join(WORKERS,
+                                                            "multiprocess_failure_worker.py"),
+                               str(i), str(nproc), str(port)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for i in range(nproc)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=240)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a process hung after another one's communicator failed")
+    for i, out in enumerate(outs):
+        assert f"process {i}: RAISED" in out, out[-3000:]
+        if i != nproc - 1:
+            assert f"process {nproc - 1} of the group failed" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("stage", ["launch", "copy"])
+def test_failure_in_one_process_fails_the_copy_engine_group_everywhere(stage):
+    """The copy engine across processes: the last process's rank fails at `stage` on every call.
+    It releases the flags its peers in the other processes wait for (no call hangs, each ends
+    within 30 s) and fails its group; the other processes learn it through the key-value store
+    and raise from a later call on, naming the failed process."""
+    from test_overlap_gpu import _ntp, _one_process_per_gpu
+
+    nproc = _ntp()
+    outs = _one_process_per_gpu("ipc_failure_worker.py", "a process hung after another failed",
+                                FO_JAX_TEST_FAIL=f"{stage}:{nproc - 1}")
+    for i, (code, out) in enumerate(outs):
+        assert code == 0 and f"WORKER OK process {i}" in out, out[-4000:]
+        calls = re.findall(r"^CALL (\d+) (RAISED|RETURNED) (\S+)", out, re.M)
+        assert len(calls) == 6 and all(float(s) < 30 for _, _, s in calls), out[-4000:]
+        outcomes = [what for _, what, _ in calls]
+        assert "RAISED" in outcomes, out[-4000:]
+        assert all(what == "RAISED" for what in outcomes[outcomes.index("RAISED"):]), out[-4000:]
+        if i != nproc - 1:
+            assert f"process {nproc - 1} of the group failed" in out, out[-4000:]

@@ -1,0 +1,88 @@
+// What a copy-engine call (copy_engine.h) that fails on this rank after the address exchange
+// still owes its peers, and the enqueueing of it (docs/design.md, "Failure handling"). Once every
+// rank of the group is past the exchange of a call, each peer's GPU work of that call waits for
+// words that this rank writes into the peer's CopyEngineFlags (its arrival flags, an
+// all-reduce's output address and `stored`) and the peer's next call for this rank's
+// acknowledgement. A rank that fails to enqueue its part (a copy graph that cannot be built, the
+// GEMM launch, the copy worker's hand-off) writes those words anyway, so nobody waits for it; the
+// call's output is undefined on every rank and the group is failed (comm_registry.h), so every
+// later call raises.
+//
+// The invariant: a failed call of epoch e writes exactly the words that the normal path would
+// have written for epoch e in the peers' flags (FailedCallReleases lists them), each with the
+// value e, with the same stream memory operations, ordered after every earlier write of the
+// same word by this rank (the copy worker's streams for its words, XLA's for `stored`). So a
+// word never goes back (the previous call's write of e - 1 lands first), a
+// peer's wait for epoch e or earlier is satisfied exactly as by a healthy call, and no wait of a
+// later epoch is satisfied early. An all-reduce's output address is this call's own output, and
+// the call's XLA stream then waits until every peer has stored into it (its `stored` word), as a
+// healthy call does: a peer never stores into memory this call no longer owns.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/comm_registry.h"
+#include "comm/copy_engine_args.h"
+#include "comm/copy_engine_flags.h"
+#include "comm/copy_engine_worker.h"
+#include "comm/status.h"
+
+namespace fo_jax {
+
+// Which part of a call was not enqueued.
+enum class FailedPart {
+  kWholeCall,   // nothing (before the hand-off to the copy worker: copy graphs, GEMM launch)
+  kCopyStream,  // the copy worker's part: copies, arrival flags, output address, acknowledgements
+  kXlaStream,   // XLA's stream after the hand-off: the band sums, with an all-reduce's stores
+};
+
+// The CopyEngineFlags fields a rank writes in its peers' flags.
+enum class FlagWord { kOutReady, kArrived, kLastPieces, kRingArrived, kStored, kRecvAcked };
+
+// One word of peer `peer`'s flags: field `word`, element `index`.
+struct FlagRelease {
+  int peer = -1;
+  FlagWord word = FlagWord::kArrived;
+  int index = 0;
+};
+
+// The words rank `me` of `P` writes in its peers' flags for one call with arguments `a`, in the
+// order they are written: the output address flag (all-reduce) first, then the arrival flags
+// (per step; the ring: per group; the last step's pieces when its sums go by rows), then
+// `stored` (all-reduce), then the acknowledgements. `part` keeps those of that part (kWholeCall:
+// all). Pure: the module exposes it for the tests (failed_call_releases).
+std::vector<FlagRelease> FailedCallReleases(const CopyEngineArgs& a, int P, int me,
+                                            FailedPart part);
+
+// Enqueues on `stream` the write of each release with the value `epoch`; kOutReady writes the
+// address `out` into the peer's out table first (as the healthy path does). If `before_acks` is
+// set, the stream waits for it before the first acknowledgement (the receive slots are read
+// then). Every release is attempted; returns the first failure.
+Status EnqueueReleases(cudaStream_t stream, CopyEngineFlags* const* peer_flags, int P, int me,
+                       const std::vector<FlagRelease>& releases, uint32_t epoch, void* out,
+                       cudaEvent_t before_acks = nullptr);
+
+// On the copy worker, in its job order: the words of `part` (kWholeCall or kCopyStream) of
+// call job.epoch, written on the copy stream after everything the worker enqueued for earlier
+// calls (the copy stream's and, through an event, the flag stream's writes) and after
+// job.inputs_ready (recorded on XLA's stream at this call, after its earlier calls' writes
+// there, and from which on this call's output may be written); then this rank's own-copies flag;
+// the acknowledgements after job.sums_ended if set (the band sums have read the receive slots).
+// Errors are ignored: nothing better can be done.
+void ReleaseOnCopyStream(CommState& state, const CopyJob& job, FailedPart part);
+
+// On XLA's thread, under state.mu, for a call that prepared (PrepareCopyEngineCall: the
+// exchange is done) but failed at `part`, and fails the group with `cause`; returns the call's
+// error. kWholeCall (nothing handed over): takes the call's epoch (so that the next call stays
+// in step with the peers), records its inputs_ready event on `xla_stream` and hands the copy
+// worker a job that writes the whole call's words (ReleaseOnCopyStream: the copy worker's
+// streams may still hold earlier calls' writes of the same words, which must land first).
+// kXlaStream (handed over): writes `stored` on `xla_stream`, where the earlier calls wrote it.
+// For an all-reduce, `xla_stream` then waits for the peers' stores into `a.out`.
+Status ReleaseFailedCopyEngineCall(CommState& state, cudaStream_t xla_stream,
+                                   const CopyEngineArgs& a, FailedPart part, const Status& cause);
+
+}  // namespace fo_jax

@@ -1,0 +1,39 @@
+// See failed_nccl_call.h.
+#include "comm/failed_nccl_call.h"
+
+#include <string>
+#include <vector>
+
+#include "comm/gated_collectives.h"
+#include "comm/stream_wait.h"
+
+namespace fo_jax {
+
+Status ReleaseFailedNcclCall(CommState& s, cudaStream_t xla_stream, Collective kind,
+                             const SignalingGemmArgs& gemm, void* out, const Status& cause) {
+  Status released = Status::Ok();
+  const std::vector<GroupSpan> spans = CollectiveSpans(gemm, kind);
+  for (size_t g = 0; g < spans.size() && released.ok(); ++g) {
+    released = EnqueueWriteValue(xla_stream, gemm.counters + g, spans[g].expected);
+  }
+  // The comm stream starts after the counters (its waits then pass at once).
+  if (released.ok()) {
+    released = CudaStatus(cudaEventRecord(s.inputs_ready, xla_stream),
+                          "recording inputs_ready after the counters");
+  }
+  if (released.ok()) released = EnqueueNcclTransport(s, xla_stream, kind, gemm, out);
+  const std::string what = "NCCL transport: " + cause.message() + " (rank " +
+                           std::to_string(s.rank) + " of " + std::to_string(s.nranks) + ")";
+  FailCommGroup(s, what);
+  std::string message = what +
+                        "; this call still ran its collectives so that the group's other ranks do "
+                        "not wait for it (every rank's output of this call is undefined) and "
+                        "failed the group: restart the process";
+  if (!released.ok()) {
+    message += "; running them also failed (" + released.message() +
+               "): the other ranks may wait until the progress watchdog, if set, aborts them";
+  }
+  return Status::Internal(message);
+}
+
+}  // namespace fo_jax
