@@ -66,6 +66,7 @@ GPU_SIZES = dict(layers=4, d_model=4096, heads=32, d_ff=16384, seq=2048, batch=4
 CPU_SIZES = dict(layers=2, d_model=64, heads=4, d_ff=256, seq=32, batch=2)
 CPU_TP = 4
 LOSS_RTOL = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
+STEP_RATIO = 1.15  # the multi-GPU criterion: jax.baseline step / fo_jax step (performance.md)
 EPSILON = 1e-6  # the norms' epsilon (flax's default)
 
 
@@ -276,6 +277,9 @@ def run(a, mesh, platform: str, note: str | None) -> tuple:
     print(f"   median step: fo_jax {median['fo_jax']:.2f} ms, jax.baseline "
           f"{median['jax.baseline']:.2f} ms; step-time ratio (baseline / fo_jax) "
           f"{median['jax.baseline'] / median['fo_jax']:.3f}x")
+    ratio = median["jax.baseline"] / median["fo_jax"]
+    print(f"{'PASS' if ratio >= STEP_RATIO else 'FAIL'} train_tp_transformer: step-time ratio "
+          f">= {STEP_RATIO}x (measured {ratio:.3f}x, all_gather {a.all_gather})")
     for row in rows:
         row["max_rel_loss_diff"] = worst
     return rows, worst, losses

@@ -94,7 +94,7 @@ for step in ${STEPS:-overlap-tests bench train reliability multiprocess cpu-test
         --all-gather "$AG" ${TRAIN_ARGS:-} \
         --out "$OUT/train_tp_transformer_tp${NGPU}_${AG}_$NAME.jsonl" --profile "$OUT/profile.tmp"
       tail -14 "$OUT/train_tp_transformer_$NAME.log"
-      grep -E "median step|AssertionError" "$OUT/train_tp_transformer_$NAME.log" \
+      grep -E "median step|^(PASS|FAIL)|AssertionError" "$OUT/train_tp_transformer_$NAME.log" \
         | sed 's/^ */train: /' >> "$SUMMARY"
       for m in fo_jax jax.baseline; do
         [[ -d $OUT/profile.tmp/$m ]] || { echo "train: no profile of $m" | tee -a "$SUMMARY"; continue; }
