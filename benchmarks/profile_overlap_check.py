@@ -50,11 +50,14 @@ class Event:
     op: str = ""  # the XLA op that launched it, where the trace says
 
 
-def kind(name: str) -> Optional[str]:
-    """"comm", "gemm" or None for a GPU event's name."""
-    if COMM_RE.search(name):
+def kind(name: str, extra_comm: Optional[re.Pattern] = None,
+         extra_gemm: Optional[re.Pattern] = None) -> Optional[str]:
+    """"comm", "gemm" or None for a GPU event's name (extra_*: patterns given on the command
+    line, for kernel names this script does not know)."""
+    if COMM_RE.search(name) or (extra_comm and extra_comm.search(name)):
         return "comm"
-    if GEMM_RE.search(name) and not NOT_GEMM_RE.search(name):
+    if (GEMM_RE.search(name) and not NOT_GEMM_RE.search(name)) or (
+            extra_gemm and extra_gemm.search(name)):
         return "gemm"
     return None
 
@@ -157,14 +160,21 @@ def _intersection(a: Sequence, b: Sequence) -> int:
     return total
 
 
-def analyse(events: Sequence[Event], min_fraction: float = 0.5) -> dict:
+def analyse(events: Sequence[Event], min_fraction: float = 0.5, extra_comm=None,
+            extra_gemm=None) -> dict:
     """{gpu: {"collectives": [{op, events, comm_us, overlapped_us, fraction, overlapped}],
-    "events": [{name, op, start_us, dur_us, overlap_us}], "gemm_us"}}."""
+    "events": [{name, op, start_us, dur_us, overlap_us}], "gemm_us", "other": [(us, name)]}}
+    ("other": the unclassified kernels taking most time, to spot a name this script misses)."""
     out = {}
     for gpu in sorted({e.gpu for e in events}):
         mine = [e for e in events if e.gpu == gpu]
-        gemm = _union((e.start_ns, e.end_ns) for e in mine if kind(e.name) == "gemm")
-        comm = [e for e in mine if kind(e.name) == "comm"]
+        kinds = [kind(e.name, extra_comm, extra_gemm) for e in mine]
+        gemm = _union((e.start_ns, e.end_ns) for e, k in zip(mine, kinds) if k == "gemm")
+        comm = [e for e, k in zip(mine, kinds) if k == "comm"]
+        other: dict = {}
+        for e, k in zip(mine, kinds):
+            if k is None:
+                other[e.name] = other.get(e.name, 0) + (e.end_ns - e.start_ns) / 1e3
         groups: dict = {}
         for e in comm:
             groups.setdefault(e.op or e.name, []).append(e)
@@ -180,6 +190,7 @@ def analyse(events: Sequence[Event], min_fraction: float = 0.5) -> dict:
         collectives.sort(key=lambda c: c["start_us"])
         out[gpu] = dict(
             gemm_us=_length(gemm) / 1e3, collectives=collectives,
+            other=sorted(((us, n) for n, us in other.items()), reverse=True)[:8],
             events=[dict(name=e.name, op=e.op, start_us=e.start_ns / 1e3,
                          dur_us=(e.end_ns - e.start_ns) / 1e3,
                          overlap_us=_intersection([(e.start_ns, e.end_ns)], gemm) / 1e3)
@@ -199,6 +210,10 @@ def report(result: dict, expect: int, show_events: bool = False) -> tuple:
             lines.append(f"  {'overlapped' if c['overlapped'] else 'NOT overlapped':>14}  "
                          f"{c['fraction']:6.1%} of {c['comm_us']:9.1f} us  {c['events']:4d} "
                          f"events  {c['op'][:100]}")
+        if done < expect and r["other"]:
+            lines.append("  unclassified kernels taking most time (--comm-regex / --gemm-regex "
+                         "add names): " + "; ".join(f"{n[:60]} {us:.0f} us"
+                                                     for us, n in r["other"]))
         if show_events:
             for e in r["events"]:
                 lines.append(f"    {e['start_us']:14.1f} us {e['dur_us']:9.1f} us  overlap "
@@ -219,12 +234,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "train_tp_transformer step)")
     ap.add_argument("--min-fraction", type=float, default=0.5,
                     help="share of a collective's communication time that must overlap a GEMM")
+    ap.add_argument("--comm-regex", default=None, help="more communication kernel names")
+    ap.add_argument("--gemm-regex", default=None, help="more GEMM kernel names")
     ap.add_argument("--json", default=None, help="write the per-event analysis here")
     ap.add_argument("--events", action="store_true", help="also print every event")
     a = ap.parse_args(argv)
     path = find_trace(a.trace)
     events = read(path)
-    result = analyse(events, a.min_fraction)
+    pattern = lambda p: re.compile(p, re.IGNORECASE) if p else None  # noqa: E731
+    result = analyse(events, a.min_fraction, pattern(a.comm_regex), pattern(a.gemm_regex))
     print(f"trace: {path} ({len(events)} GPU stream events)")
     lines, passed = report(result, a.expect, a.events)
     print("\n".join(lines))

@@ -12,7 +12,8 @@
 #                  steps, fo_jax with --all-gather $TRAIN_ALL_GATHER (overlap), --profile; then
 #                  benchmarks/profile_overlap_check.py on each method's trace (fo_jax must show
 #                  4 x layers collectives overlapped with a GEMM on every GPU); $TRAIN_ARGS adds
-#                  flags (TRAIN_REQUIRE= drops --require-gpu: a dry run of the plumbing on CPUs)
+#                  flags (TRAIN_REQUIRE= drops --require-gpu: a dry run of the plumbing on CPUs);
+#                  $PROFILE_CHECK_ARGS adds the check's (e.g. --gemm-regex NAME)
 #   reliability    tests/gpu/overlap/test_reliability_gpu.py and test_copy_engine_processes_gpu.py
 #   multiprocess   benchmarks/bench_overlap_multiprocess.py --processes <GPU count>
 #   cpu-tests      tests/cpu (the rest of the suite), FO_JAX_REQUIRE_GPU=1
@@ -101,7 +102,7 @@ for step in ${STEPS:-overlap-tests bench train reliability multiprocess cpu-test
         [[ $m == fo_jax ]] && expect=$((4 * L)) || expect=0
         run "profile-check $m" 300 "profile_check_${m}_$NAME.log" python3 \
           "$R/benchmarks/profile_overlap_check.py" "$OUT/profile.tmp/$m" --expect "$expect" \
-          --json "$OUT/profile_check_${m}_$NAME.json"
+          --json "$OUT/profile_check_${m}_$NAME.json" ${PROFILE_CHECK_ARGS:-}
         grep -E "^GPU |^(PASS|FAIL)" "$OUT/profile_check_${m}_$NAME.log" | sed "s/^/$m: /" \
           | tee -a "$SUMMARY"
         # The trace itself comes back only if it is small (the device returns files within

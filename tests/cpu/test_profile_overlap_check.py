@@ -50,8 +50,9 @@ def _gpu_events(hide_second):
            (8, "MemcpyP2P", 140, 20, "custom-call.1"),  # 10 of 20 us under the GEMM
            (8, "void fo_jax::SpinWaitGeqKernel(int*)", 90, 100, "custom-call.1"),  # no GEMM
            (9, "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgs)", 300, 40, "all-gather.2")]
-    if hide_second:
-        evs.append((7, "nvjet_hsh_256x128_64x4_2x1_v_bz_coopA_NNT", 290, 60, "dot.3"))
+    # Under a cuBLASLt GEMM, or under a kernel whose name the script does not know as a GEMM.
+    evs.append((7, "nvjet_hsh_256x128_64x4_2x1_v_bz_coopA_NNT" if hide_second
+                else "my_custom_mm_kernel", 290, 60, "dot.3"))
     return evs
 
 
@@ -79,6 +80,9 @@ def test_synthetic_trace_two_gpus(tmp_path):
     assert json.loads(out.read_text())["passed"] is True
     assert poc.main([str(tmp_path), "--expect", "2"]) == 1
     assert poc.main([str(tmp_path), "--expect", "1", "--min-fraction", "0.8"]) == 1  # 30/40
+    assert any("unclassified kernels" in ln and "my_custom_mm_kernel 60 us" in ln for ln in lines)
+    # The unknown GEMM's name, given on the command line, hides GPU 1's all-gather too.
+    assert poc.main([str(tmp_path), "--expect", "2", "--gemm-regex", "custom_mm"]) == 0
 
 
 def test_events_without_an_op_group_by_name():
