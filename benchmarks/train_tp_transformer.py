@@ -66,7 +66,7 @@ GPU_SIZES = dict(layers=4, d_model=4096, heads=32, d_ff=16384, seq=2048, batch=4
 CPU_SIZES = dict(layers=2, d_model=64, heads=4, d_ff=256, seq=32, batch=2)
 CPU_TP = 4
 LOSS_RTOL = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
-STEP_RATIO = 1.15  # the multi-GPU criterion: jax.baseline step / fo_jax step (performance.md)
+STEP_RATIO = 1.15  # the full step's acceptance criterion: jax.baseline step / fo_jax step
 EPSILON = 1e-6  # the norms' epsilon (flax's default)
 
 
