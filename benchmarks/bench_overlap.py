@@ -15,6 +15,8 @@ gathered rows, each GPU holding M / TP of x's rows):
   fo_jax[...]        with --sweep / --configs: each configuration (groups, sm_budget, nccl_max_ctas)
 Prints speedup over jax.baseline and overlap efficiency
   (T_serial - T_overlap) / (T_serial - max(T_gemm, T_comm)),  T_serial = fo_jax.sequential.
+Each time over max(T_gemm, T_comm) (ms / bound: 1.00 is the overlap's best) and, per collective,
+the multi-GPU criteria as PASS/FAIL lines (docs/performance.md, "How to measure").
 Times: median of 5 x 20 back-to-back calls. Writes JSON Lines + a markdown table
 (overlap_tp{P}_{date}{tag}.*). The full comparison (chunked, XLA windowed einsum, plots) is
 `python -m fo_jax.bench`.

@@ -13,14 +13,19 @@ both alike, after one warm-up (compile) step each on a throwaway copy of the sta
 Prints per-step losses side by side and the step-time ratio (median jax.baseline step / median
 fo_jax step: above 1, fo_jax is faster); writes one JSON Lines row per (method, step) to --out;
 asserts the losses agree within the compute dtype's tolerance (after writing the rows).
---profile DIR writes a JAX profiler trace of one more step of each method (DIR/<method>).
+--profile DIR writes a JAX profiler trace of one more step of each method (DIR/<method>);
+benchmarks/profile_overlap_check.py then says whether each collective overlapped a GEMM.
+--all-gather overlap runs fo_jax's all-gathers on the overlapped pipeline
+(OverlapConfig(all_gather="overlap")); the default "xla" is the library's default (XLA's
+all_gather then the GEMM). Every row records it.
 
 Without GPUs it runs a tiny model on host CPU devices (the reference path), says so, and marks
 every row; --require-gpu makes that an error.
 
 Usage: python benchmarks/train_tp_transformer.py [--steps 10] [--layers 4] [--d-model 4096]
        [--heads 32] [--d-ff 16384] [--seq 2048] [--batch 4] [--dtype bfloat16]
-       [--param-dtype bfloat16] [--tp N] [--out FILE] [--profile DIR]
+       [--param-dtype bfloat16] [--tp N] [--all-gather xla|overlap] [--out FILE]
+       [--profile DIR]
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ GPU_SIZES = dict(layers=4, d_model=4096, heads=32, d_ff=16384, seq=2048, batch=4
 CPU_SIZES = dict(layers=2, d_model=64, heads=4, d_ff=256, seq=32, batch=2)
 CPU_TP = 4
 LOSS_RTOL = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
+STEP_RATIO = 1.15  # the full step's acceptance criterion: jax.baseline step / fo_jax step
 EPSILON = 1e-6  # the norms' epsilon (flax's default)
 
 
@@ -72,13 +78,15 @@ class Stack(nn.Module):
     d_ff: int
     dtype: jnp.dtype
     param_dtype: jnp.dtype
+    config: fo_jax.OverlapConfig | None = None
 
     @nn.compact
     def __call__(self, x):
         for i in range(self.layers):
             x = fx.ParallelTransformerBlock(
                 self.heads, self.d_ff, causal=True, sequence_first=True, norm_epsilon=EPSILON,
-                dtype=self.dtype, param_dtype=self.param_dtype, name=f"block{i}")(x)
+                dtype=self.dtype, param_dtype=self.param_dtype, config=self.config,
+                name=f"block{i}")(x)
         return x
 
 
@@ -127,6 +135,11 @@ def baseline_apply(params, x, *, heads, dtype):
 
 # --- measuring ----------------------------------------------------------------------------------
 
+def overlap_config(all_gather: str) -> fo_jax.OverlapConfig | None:
+    """The fo_jax model's configuration for --all-gather (None: the library's defaults)."""
+    return None if all_gather == "xla" else fo_jax.OverlapConfig(all_gather=all_gather)
+
+
 def describe_paths(mesh, rows, a) -> dict:
     """fo_jax.describe for the block's four overlapped GEMMs at their local shapes
     (rows: this device's rows, seq / TP * batch)."""
@@ -143,7 +156,8 @@ def describe_paths(mesh, rows, a) -> dict:
 
     def body(*ops):
         for (name, (collective, _, _)), (x, w) in zip(gemms.items(), zip(ops[::2], ops[1::2])):
-            c = fo_jax.describe(x, w, axis_name="tp", collective=collective)
+            c = fo_jax.describe(x, w, axis_name="tp", collective=collective,
+                                config=overlap_config(a.all_gather))
             found[name] = c.path + (f"/{c.transport}" if c.transport else "")
         return jnp.zeros((), jnp.float32)
 
@@ -196,7 +210,7 @@ def run(a, mesh, platform: str, note: str | None) -> tuple:
     draw = jax.jit(lambda k: jax.random.normal(k, shape, jnp.float32).astype(dtype),
                    out_shardings=NamedSharding(mesh, spec))
     x, target = draw(kx), draw(kt)
-    model = Stack(a.layers, a.heads, a.d_ff, dtype, param_dtype)
+    model = Stack(a.layers, a.heads, a.d_ff, dtype, param_dtype, overlap_config(a.all_gather))
     variables = fx.init_sharded(model, mesh, kp, x, in_specs=(spec,))
     specs = fx.partition_specs(variables)
     params = nn.unbox(variables)
@@ -239,7 +253,8 @@ def run(a, mesh, platform: str, note: str | None) -> tuple:
         "suite": SUITE, "dtype": str(dtype), "param_dtype": str(param_dtype), "tp": tp,
         "platform": platform, "layers": a.layers, "d_model": a.d_model, "heads": a.heads,
         "d_ff": a.d_ff, "seq": a.seq, "batch": a.batch, "causal": True, "norm": "layernorm",
-        "optimizer": f"adam(lr={a.lr})", "paths": paths}
+        "optimizer": f"adam(lr={a.lr})", "all_gather": a.all_gather,
+        "paths": paths}
     if note:
         base["note"] = note
     rows = [dict(base, method=m, step=i, loss=losses[m][i], step_ms=round(times[m][i], 4))
@@ -262,6 +277,9 @@ def run(a, mesh, platform: str, note: str | None) -> tuple:
     print(f"   median step: fo_jax {median['fo_jax']:.2f} ms, jax.baseline "
           f"{median['jax.baseline']:.2f} ms; step-time ratio (baseline / fo_jax) "
           f"{median['jax.baseline'] / median['fo_jax']:.3f}x")
+    ratio = median["jax.baseline"] / median["fo_jax"]
+    print(f"{'PASS' if ratio >= STEP_RATIO else 'FAIL'} train_tp_transformer: step-time ratio "
+          f">= {STEP_RATIO}x (measured {ratio:.3f}x, all_gather {a.all_gather})")
     for row in rows:
         row["max_rel_loss_diff"] = worst
     return rows, worst, losses
@@ -284,6 +302,9 @@ def main(argv=None) -> None:
                     help="exit instead of running on host CPU devices without GPUs")
     ap.add_argument("--out", default=None,
                     help="JSON Lines file (default: train_tp_transformer_tp{TP}_{date}.jsonl)")
+    ap.add_argument("--all-gather", default="xla", choices=["xla", "overlap"],
+                    help="fo_jax's all-gathers: XLA's all_gather then the GEMM (the library's "
+                    "default) or the overlapped pipeline (OverlapConfig(all_gather='overlap'))")
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="write a profiler trace of one step of each method under DIR")
     a = ap.parse_args(argv)

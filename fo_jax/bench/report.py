@@ -3,7 +3,9 @@
 Derived numbers per (collective, shape): speedup = T(baseline) / T(method), the baseline being
 jax.baseline (xla.dot for the single-GPU GEMM rows, collective "none"); overlap
 efficiency = (T_serial - T) / (T_serial - max(T_gemm, T_comm)), T_serial = fo_jax.sequential,
-T_gemm = gemm_only, T_comm = comm_only (1: perfect overlap, 0: none, < 0: slower than serial).
+T_gemm = gemm_only, T_comm = comm_only (1: perfect overlap, 0: none, < 0: slower than serial);
+ms / bound = T / max(T_gemm, T_comm) (1: at the overlap's bound), and per collective the pass/fail
+lines of fo_jax/bench/criteria.py.
 matplotlib is imported only for the plots (extra "bench").
 """
 
@@ -13,6 +15,7 @@ import math
 import os
 from typing import Optional, Sequence
 
+from fo_jax.bench import criteria
 from fo_jax.bench.core import markdown_table
 
 PARTS = ("gemm_only", "comm_only", "fo_jax.sequential")
@@ -53,8 +56,10 @@ def _fmt(v: Optional[float], spec: str, suffix: str = "") -> str:
 
 
 def markdown(rows: Sequence[dict], title: str, note: Optional[str]) -> str:
-    """Header line(s), one table row per (collective, shape, method), geometric-mean speedups."""
+    """Header line(s), one table row per (collective, shape, method), geometric-mean speedups,
+    then the summary and PASS/FAIL lines of the multi-GPU criteria (overlap rows only)."""
     d = derived(rows)
+    measured = criteria.times(rows)
     errors = {(*_key(r), r["method"]): r["error"] for r in rows if r.get("error")}
     table = []
     for (collective, shape), methods in d.items():
@@ -62,16 +67,18 @@ def markdown(rows: Sequence[dict], title: str, note: Optional[str]) -> str:
             cell = _fmt(ms, ".3f")
             if (collective, shape, method) in errors:
                 cell = "error: " + errors[(collective, shape, method)][:120].replace("|", "/")
+            ratio = criteria.over_bound(ms, measured.get(collective, {}).get(shape, {}))
             table.append([collective, shape, method, cell, _fmt(sp, ".2f", "x"),
-                          _fmt(eff, ".2f")])
+                          _fmt(eff, ".2f"), _fmt(ratio, ".2f")])
     md = ""
     if note:
         md += f"**{note.upper()}**\n\n"
     md += title + "\n\n"
     md += markdown_table(["collective", "M x N x K", "method", "ms", "speedup vs baseline",
-                          "overlap eff."], table)
+                          "overlap eff.", "ms / bound"], table)
     md += ("\nBaseline: jax.baseline (x @ w + the collective, inside shard_map); for the GEMM "
-           "rows (collective \"none\") xla.dot.\n")
+           "rows (collective \"none\") xla.dot. Bound: max(gemm_only, comm_only) of the same "
+           "run (1.00: the overlap hides the shorter part completely).\n")
     means: dict = {}
     for (collective, _), methods in d.items():
         for method, (_, sp, _) in methods.items():
@@ -82,6 +89,11 @@ def markdown(rows: Sequence[dict], title: str, note: Optional[str]) -> str:
         md += markdown_table(["collective", "method", "speedup", "shapes"], [
             [c, m, f"{math.prod(v) ** (1 / len(v)):.3f}x", len(v)]
             for (c, m), v in sorted(means.items())])
+    verdicts = criteria.summary([r for r in rows  # multi-GPU rows only
+                                 if r["collective"] != "none" and r.get("tp", 2) > 1])
+    if verdicts:
+        md += "\nCriteria (docs/performance.md, \"How to measure\"):\n\n```\n"
+        md += "\n".join(verdicts) + "\n```\n"
     if note:
         md += f"\n**{note.upper()}**\n"
     return md

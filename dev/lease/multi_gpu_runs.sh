@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Device run on a 2- or 4-GPU machine (from the repo root): the multi-GPU runs of issues 34 and 35,
+# in priority order, each step bounded by `timeout` and timed. Installs the carried wheels (.whl/)
+# and builds fo_jax from this tree with pip (as gpu_suite.sh), then the steps named in $STEPS
+# (default: all of them, in this order):
+#   overlap-tests  tests/gpu/overlap (the multi-GPU tests) with FO_JAX_REQUIRE_GPU=1, less the
+#                  reliability and one-process-per-GPU files (step reliability)
+#   bench          benchmarks/bench_overlap.py defaults (reduce_scatter, all_reduce, all_gather with
+#                  its opt-in rows): the table with ms / bound and the PASS/FAIL criteria lines
+#   train          benchmarks/train_tp_transformer.py, TP = GPU count, sequence parallel, bf16,
+#                  $TRAIN_LAYERS (4) blocks of d_model $TRAIN_D_MODEL (4096), $TRAIN_STEPS (6)
+#                  steps, fo_jax with --all-gather $TRAIN_ALL_GATHER (overlap), --profile; then
+#                  benchmarks/profile_overlap_check.py on each method's trace (fo_jax must show
+#                  4 x layers collectives overlapped with a GEMM on every GPU); $TRAIN_ARGS adds
+#                  flags (TRAIN_REQUIRE= drops --require-gpu: a dry run of the plumbing on CPUs);
+#                  $PROFILE_CHECK_ARGS adds the check's (e.g. --gemm-regex NAME)
+#   reliability    tests/gpu/overlap/test_reliability_gpu.py and test_copy_engine_processes_gpu.py
+#   multiprocess   benchmarks/bench_overlap_multiprocess.py --processes <GPU count>
+#   cpu-tests      tests/cpu (the rest of the suite), FO_JAX_REQUIRE_GPU=1
+# Every result file lands in $OUT with <device>x<GPUs>_<date>_<commit> in its name; the PASS/FAIL
+# lines of all steps are collected in $OUT/summary_<same>.txt. A step's timeout (seconds) is
+# <STEP>_TIMEOUT, e.g. BENCH_TIMEOUT=420. The device's calls last at most 10 minutes: split the
+# steps over calls, the later ones with SKIP_BUILD=1 (reuses the install on a machine still warm:
+# it is released ~30 s after a call ends, so start the next call at once). FO_JAX_COMMIT names the
+# commit (the copied tree has no .git). dev/lease/README.md has the exact commands.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; R=$PWD
+t0=$(date +%s); stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
+if [[ -z "${SKIP_BUILD:-}" ]]; then
+stamp wheels
+rm -rf /tmp/site /tmp/fo; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --upgrade --target /tmp/site .whl/*.whl > "$OUT/wheels.log" 2>&1 || { tail -20 "$OUT/wheels.log"; exit 1; }
+stamp build
+PYTHONPATH=/tmp/site python3 -m pip install -v --no-build-isolation --no-deps --target /tmp/fo \
+  -C cmake.define.FO_JAX_COMMIT="${FO_JAX_COMMIT:-}" . > "$OUT/install.log" 2>&1 \
+  || { tail -60 "$OUT/install.log"; exit 1; }
+elif [[ ! -d /tmp/fo/fo_jax ]]; then
+  echo "SKIP_BUILD=1 but no install in /tmp/fo (the machine was released): run without it"; exit 1
+fi
+export PYTHONPATH=/tmp/fo:/tmp/site
+NGPU=$(nvidia-smi -L | wc -l)
+DEV=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | sed 's/^NVIDIA //; s/[ ,].*//' \
+      | tr 'A-Z' 'a-z')
+NAME="${DEV}x${NGPU}_$(date -u +%F)_${FO_JAX_COMMIT:-nocommit}"
+SUMMARY="$OUT/summary_$NAME.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+(cd /tmp && python3 -c "import jax, fo_jax; print('jax', jax.__version__, jax.devices(), 'cuda module', \
+  fo_jax.cuda_module_available(), fo_jax.__file__)")
+if (( NGPU < 2 )); then echo "multi_gpu_runs.sh: $NGPU GPU(s): the runs need 2 or 4"; exit 1; fi
+
+# run STEP TIMEOUT LOG CMD...: the command in /tmp under `timeout`, its output in $OUT/LOG; its
+# wall time and exit status (124: timed out) go to the summary.
+run() {
+  local step=$1 limit=$2 log="$OUT/$3"; shift 3
+  local s=$(date +%s)
+  (cd /tmp && timeout -k 20 "$limit" "$@") > "$log" 2>&1; local rc=$?
+  echo "$step: rc $rc in $(( $(date +%s) - s ))s (limit ${limit}s), log $(basename "$log")" \
+    | tee -a "$SUMMARY"
+  return $rc
+}
+pytest_files() {  # pytest over tree paths (the tree's conftest and pyproject)
+  FO_JAX_REQUIRE_GPU=1 python3 -m pytest -q -rs -p no:cacheprovider --rootdir "$R" \
+    -c "$R/pyproject.toml" "$@"
+}
+# Moves the files a benchmark wrote into $1 to $OUT, $NAME added before the extension.
+collect() {
+  for f in "$1"/*; do
+    [[ -f $f ]] || continue
+    local b=$(basename "$f"); mv "$f" "$OUT/${b%%.*}_$NAME.${b#*.}"
+  done
+  rmdir "$1" 2>/dev/null
+}
+
+O=$R/tests/gpu/overlap
+for step in ${STEPS:-overlap-tests bench train reliability multiprocess cpu-tests}; do
+  stamp "$step"
+  case "$step" in
+    overlap-tests)
+      run "$step" "${OVERLAP_TESTS_TIMEOUT:-420}" "tests_overlap_$NAME.log" pytest_files \
+        "$O/test_overlap_gpu.py" "$O/test_all_gather_gpu.py" "$O/test_autodiff_gpu.py"
+      tail -5 "$OUT/tests_overlap_$NAME.log"; tail -1 "$OUT/tests_overlap_$NAME.log" \
+        | sed 's/^/overlap-tests: /' >> "$SUMMARY";;
+    bench)
+      run "$step" "${BENCH_TIMEOUT:-480}" "bench_overlap_$NAME.log" \
+        python3 "$R/benchmarks/bench_overlap.py" --out "$OUT/bench.tmp" ${BENCH_ARGS:-}
+      collect "$OUT/bench.tmp"
+      sed -n '/^Criteria/,$p' "$OUT/bench_overlap_$NAME.log" | grep -E "^(PASS|FAIL|[a-z_]+: fo_jax)" \
+        | tee -a "$SUMMARY";;
+    train)
+      L=${TRAIN_LAYERS:-4}; AG=${TRAIN_ALL_GATHER:-overlap}
+      run "$step" "${TRAIN_TIMEOUT:-420}" "train_tp_transformer_$NAME.log" \
+        python3 "$R/benchmarks/train_tp_transformer.py" ${TRAIN_REQUIRE---require-gpu} --tp "$NGPU" \
+        --layers "$L" --d-model "${TRAIN_D_MODEL:-4096}" --steps "${TRAIN_STEPS:-6}" \
+        --all-gather "$AG" ${TRAIN_ARGS:-} \
+        --out "$OUT/train_tp_transformer_tp${NGPU}_${AG}_$NAME.jsonl" --profile "$OUT/profile.tmp"
+      tail -14 "$OUT/train_tp_transformer_$NAME.log"
+      grep -E "median step|^(PASS|FAIL)|AssertionError" "$OUT/train_tp_transformer_$NAME.log" \
+        | sed 's/^ */train: /' >> "$SUMMARY"
+      for m in fo_jax jax.baseline; do
+        [[ -d $OUT/profile.tmp/$m ]] || { echo "train: no profile of $m" | tee -a "$SUMMARY"; continue; }
+        [[ $m == fo_jax ]] && expect=$((4 * L)) || expect=0
+        run "profile-check $m" 300 "profile_check_${m}_$NAME.log" python3 \
+          "$R/benchmarks/profile_overlap_check.py" "$OUT/profile.tmp/$m" --expect "$expect" \
+          --json "$OUT/profile_check_${m}_$NAME.json" ${PROFILE_CHECK_ARGS:-}
+        grep -E "^GPU |^(PASS|FAIL)" "$OUT/profile_check_${m}_$NAME.log" | sed "s/^/$m: /" \
+          | tee -a "$SUMMARY"
+        # The trace itself comes back only if it is small (the device returns files within
+        # limits); the check's JSON holds every communication event either way.
+        tar -C "$OUT/profile.tmp" -czf "$OUT/profile_${m}_$NAME.tar.gz" "$m" 2>/dev/null
+      done
+      rm -rf "$OUT/profile.tmp";;
+    reliability)
+      run "$step" "${RELIABILITY_TIMEOUT:-480}" "tests_reliability_$NAME.log" pytest_files \
+        "$O/test_reliability_gpu.py" "$O/test_copy_engine_processes_gpu.py"
+      tail -5 "$OUT/tests_reliability_$NAME.log"; tail -1 "$OUT/tests_reliability_$NAME.log" \
+        | sed 's/^/reliability: /' >> "$SUMMARY";;
+    multiprocess)
+      run "$step" "${MULTIPROCESS_TIMEOUT:-420}" "bench_multiprocess_$NAME.log" \
+        python3 "$R/benchmarks/bench_overlap_multiprocess.py" --processes "$NGPU" \
+        --out "$OUT/mp.tmp" ${MULTIPROCESS_ARGS:-}
+      collect "$OUT/mp.tmp"; tail -12 "$OUT/bench_multiprocess_$NAME.log";;
+    cpu-tests)
+      run "$step" "${CPU_TESTS_TIMEOUT:-540}" "tests_cpu_$NAME.log" pytest_files "$R/tests/cpu"
+      tail -5 "$OUT/tests_cpu_$NAME.log"; tail -1 "$OUT/tests_cpu_$NAME.log" \
+        | sed 's/^/cpu-tests: /' >> "$SUMMARY";;
+    *) echo "unknown step $step (expected overlap-tests bench train reliability multiprocess" \
+         "cpu-tests)";;
+  esac
+done
+stamp done
+echo "---- $SUMMARY"; cat "$SUMMARY"
