@@ -335,16 +335,6 @@ def test_fp8_configs_and_16_bit_configs_are_apart():
 
 
 @needs_fp8_module
-def test_overlap_handler_refuses_fp8():
-    from fo_jax import _cuda_ops, _plan
-
-    plan = _plan.plan_overlap("t", "reduce_scatter", 2, jnp.dtype(jnp.bfloat16), 4096, 1024,
-                              1024, None, "nccl")
-    with pytest.raises(Exception, match="fp8 operands are not overlapped"):
-        _cuda_ops.check_overlap_plan(_cuda_ops.overlap_attribute(plan), E4M3, 4096, 1024, 1024)
-
-
-@needs_fp8_module
 def test_overlap_handler_refuses_an_fp8_config_for_bf16():
     import dataclasses
 
