@@ -237,11 +237,24 @@ def cotangents(x, w_kn, xs, ws, dy, fit=None) -> tuple:
     return dx, dw, dxs, dws
 
 
+def fit_vma(ct, primal):
+    """ct with `primal`'s varying-manual-axes type, keeping ct's dtype: summed (psum) over the axes
+    ct varies over and primal does not (a replicated scale's cotangent inside shard_map, where x
+    varies over the tensor-parallel axis), marked varying over those it lacks; as
+    autodiff.like, without its cast (cotangents rounds to fp8 after the sum)."""
+    from fo_jax import _vma, autodiff  # noqa: PLC0415 (autodiff imports nothing of ours but _vma)
+
+    extra = _vma.varying_axes(ct) - _vma.varying_axes(primal)
+    if extra:
+        ct = jax.lax.psum(ct, tuple(sorted(extra, key=str)))
+    return autodiff.vary(ct, _vma.varying_axes(primal))
+
+
 def _fp8_gemm_bwd(out_dtype, w_transposed, config, res, dy):
     """cotangents() of the dequantized operands (the weight's transposed back if given [N, K])."""
     del out_dtype, config
     x, w, xs, ws = res
-    dx, dw, dxs, dws = cotangents(x, w.T if w_transposed else w, xs, ws, dy)
+    dx, dw, dxs, dws = cotangents(x, w.T if w_transposed else w, xs, ws, dy, fit=fit_vma)
     return dx, (dw.T if w_transposed else dw), dxs, dws
 
 

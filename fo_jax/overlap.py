@@ -597,16 +597,7 @@ def _fp8_overlapped_bwd(axis_name, collective, config, size, res, dy):
     else:
         g = dy if checked else jax.lax.psum(dy, axis_name)
     g = autodiff.vary(g, _vma.varying_axes(x) | _vma.varying_axes(w))
-    return fp8.cotangents(x, w, xs, ws, g, fit=_fit_f32)
-
-
-def _fit_f32(ct, primal):
-    """ct given `primal`'s varying-axes type as autodiff.like does (a psum over the axes ct varies
-    over and primal does not), keeping ct's float32 dtype: fp8.cotangents rounds afterwards."""
-    extra = _vma.varying_axes(ct) - _vma.varying_axes(primal)
-    if extra:
-        ct = jax.lax.psum(ct, tuple(sorted(extra, key=str)))
-    return autodiff.vary(ct, _vma.varying_axes(primal))
+    return fp8.cotangents(x, w, xs, ws, g, fit=fp8.fit_vma)
 
 
 _fp8_overlapped_vjp.defvjp(_fp8_overlapped_fwd, _fp8_overlapped_bwd)
