@@ -460,7 +460,8 @@ def describe(x, w, *, axis_name: str, collective: str = "reduce_scatter",
     """Says which path `overlapped_matmul` takes for these arguments on the platform it runs on,
     and why (call it where you would call `overlapped_matmul`, i.e. inside shard_map; it
     validates the same way, but takes no fp8 scales: float8_e4m3fn operands describe the fp8
-    path). The DEBUG log of the call says the same."""
+    path, "cuda" with a transport where it overlaps, "cuda" without one where fo_jax's fp8 GEMM
+    is followed by XLA's collective). The DEBUG log of the call says the same."""
     if fp8.is_fp8(x.dtype) or fp8.is_fp8(w.dtype):
         fn = "fo_jax.describe"
         scale = jnp.float32(1)
@@ -696,9 +697,11 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
         [P * x.shape[0], ..., N] (column-parallel layer on a sequence-parallel input; see
         `all_gather_matmul` for the gathered x too).
       config: optional `OverlapConfig`.
-      x_scale, w_scale, out_dtype: for float8_e4m3fn operands, as in `fo_jax.matmul`: the fp8
-        GEMM's bfloat16 output, then the collective on it (XLA's, not overlapped yet); not for
-        "all_gather" (NotImplementedError).
+      x_scale, w_scale, out_dtype: for float8_e4m3fn operands, as in `fo_jax.matmul`: on CUDA
+        devices fo_jax's fp8 GEMM overlapped with the collective of its bfloat16 output (either
+        transport; the copy-engine reduce-scatter in its direct form, never the ring), as for
+        16-bit operands; not for "all_gather" (NotImplementedError). Their backward is the fp8
+        GEMM's float32 rule (fo_jax/fp8.py) with XLA's collective.
 
     Returns:
       The result in x's dtype (bfloat16 for fp8 operands), accumulated in float32.
