@@ -5,7 +5,9 @@
   two float32 scalar scales as extra operands, bfloat16 output).
 - `overlapped_matmul_cuda`: GEMM + counter-gated collective (target fo_jax_overlapped_matmul_v2),
   bound through a small primitive because its lowering needs the concrete mesh (to know each
-  device's tensor-parallel group and rank; see _bootstrap.py).
+  device's tensor-parallel group and rank; see _bootstrap.py); its fp8 form
+  `overlapped_matmul_fp8_cuda` (target fo_jax_overlapped_matmul_fp8_v1: the weight K-major, the
+  two float32 scales as extra operands, bfloat16 results on which the collective runs).
 Each call carries its plan (fo_jax/_plan.py) as ONE struct attribute, `plan`; enum values come
 from the compiled module (csrc/fo_jax_module.cc), so Python and C++ cannot disagree on them.
 Shapes and dtypes are validated by the callers (overlap.py); these only build the calls.
@@ -29,6 +31,7 @@ GEMM_INTO_TARGET = "fo_jax_gemm_into_v2"
 GEMM_FP8_TARGET = "fo_jax_gemm_fp8_v1"
 GEMM_FP8_INTO_TARGET = "fo_jax_gemm_fp8_into_v1"
 OVERLAP_TARGET = "fo_jax_overlapped_matmul_v2"
+OVERLAP_FP8_TARGET = "fo_jax_overlapped_matmul_fp8_v1"
 
 
 def _result_aval(likes, shape, dtype, drop_axes=()):
@@ -166,12 +169,14 @@ overlap_p.multiple_results = True
 
 
 @overlap_p.def_abstract_eval
-def _overlap_abstract_eval(x, w, *, result_avals, **_):
-    del x, w
+def _overlap_abstract_eval(*operands, result_avals, **_):
+    del operands
     return result_avals
 
 
-def _overlap_lowering(ctx, x, w, *, result_avals, axis_name, plan, explicit=()):
+def _overlap_lowering(ctx, *operands, result_avals, axis_name, plan, explicit=()):
+    """x, w (bf16/f16: target OVERLAP_TARGET) or x, w_nk, x_scale, w_scale (float8_e4m3fn:
+    OVERLAP_FP8_TARGET)."""
     del result_avals
     fn = "fo_jax.overlapped_matmul"
     mesh = _bootstrap.concrete_mesh_of(ctx.module_context.axis_context, fn)
@@ -184,8 +189,8 @@ def _overlap_lowering(ctx, x, w, *, result_avals, axis_name, plan, explicit=()):
     mesh_attrs = _bootstrap.overlap_mesh_attributes(
         mesh, axis_name, plan, ctx.avals_in, jax.process_index(), jax.process_count(),
         _cuda.module().nccl_unique_id, explicit)
-    rule = jax.ffi.ffi_lowering(OVERLAP_TARGET)
-    return rule(ctx, x, w, plan=overlap_attribute(plan), **mesh_attrs)
+    rule = jax.ffi.ffi_lowering(OVERLAP_FP8_TARGET if len(operands) == 4 else OVERLAP_TARGET)
+    return rule(ctx, *operands, plan=overlap_attribute(plan), **mesh_attrs)
 
 
 mlir.register_lowering(overlap_p, _overlap_lowering, platform="cuda")
@@ -210,6 +215,29 @@ def overlapped_matmul_cuda(x: jax.Array, w: jax.Array, axis_name: str,
         _result_aval(like, (plan.num_groups,), np.uint32),  # counters
     )
     outs = overlap_p.bind(x, w, result_avals=result_avals, axis_name=axis_name, plan=plan,
+                          explicit=_bootstrap.explicit_config(config))
+    return outs[0]
+
+
+def overlapped_matmul_fp8_cuda(x: jax.Array, w_nk: jax.Array, x_scale: jax.Array,
+                               w_scale: jax.Array, axis_name: str, plan: OverlapPlan,
+                               config=None) -> jax.Array:
+    """psum / psum_scatter of (x * x_scale) @ (w_nk * w_scale)^T in bfloat16 by the overlapped
+    CUDA pipeline: x[m, k] and w_nk[n, k] (the weight K-major) float8_e4m3fn, the scales float32
+    scalars; the fp8 GEMM writes bfloat16 and the collective moves and sums that."""
+    _cuda.register_targets()
+    m, n = x.shape[0], w_nk.shape[0]
+    rs = plan.collective == "reduce_scatter"
+    bf16 = np.dtype(jax.numpy.bfloat16)
+    like = (x, w_nk)
+    result_avals = (
+        _result_aval(like, (m // plan.axis_size if rs else m, n), bf16,
+                     drop_axes=() if rs else (axis_name,)),
+        _result_aval(like, (m, n) if rs else (1,), bf16),  # workspace, as overlapped_matmul_cuda
+        _result_aval(like, (plan.num_groups,), np.uint32),  # counters
+    )
+    outs = overlap_p.bind(x, w_nk, x_scale, w_scale, result_avals=result_avals,
+                          axis_name=axis_name, plan=plan,
                           explicit=_bootstrap.explicit_config(config))
     return outs[0]
 

@@ -152,6 +152,14 @@ class OverlapPlan:
         return text
 
 
+def output_dtype(dtype):
+    """The dtype of the GEMM's output for operands of `dtype`, which the collective moves and
+    sums: the operands' own for 16-bit operands, bfloat16 for float8_e4m3fn (the fp8 kernel
+    writes bfloat16 only)."""
+    dtype = jnp.dtype(dtype)
+    return jnp.dtype(jnp.bfloat16) if dtype == jnp.float8_e4m3fn else dtype
+
+
 @functools.lru_cache(maxsize=None)
 def gemm_configs() -> tuple:
     """The compiled GEMM configurations (dicts: name, tile_m, tile_n, ...)."""
@@ -355,7 +363,18 @@ def plan_overlap(fn: str, collective: str, axis_size: int, dtype, rows: int, n: 
     fo_jax/_transport.py's `choose`): x[rows, k] @ w[k, n] per rank, reduced over `axis_size`
     ranks. Defaults come from the tuning cache or the shape heuristic (`overlap_defaults`), the
     copy engine's program from its timing model (fo_jax/_transport.py, fo_jax/_ce_model.py);
-    `config` overrides them. An all-gather's rows are this rank's x (plan_all_gather)."""
+    `config` overrides them. An all-gather's rows are this rank's x (plan_all_gather).
+    float8_e4m3fn operands get an fp8 tile configuration (gemm_config_index) and the direct
+    copy-engine form (no fp8 kernel takes the ring's addend); their collective moves the
+    bfloat16 output (output_dtype); they have no all-gather."""
+    fp8 = jnp.dtype(dtype) == jnp.float8_e4m3fn
+    if fp8 and collective == "all_gather":
+        raise ValueError(f"{fn}: the overlapped all-gather does not take float8_e4m3fn operands "
+                         "(no fp8 consumer kernel): gather the bfloat16 input, then quantize it")
+    if fp8 and config is not None and config.copy_engine_ring:
+        raise ValueError(f"{fn}: OverlapConfig(copy_engine_ring=True) with float8_e4m3fn "
+                         "operands: the ring adds partial sums in the GEMM's epilogue and no fp8 "
+                         "kernel takes an addend; leave copy_engine_ring unset (the direct form)")
     if collective == "all_gather":
         return plan_all_gather(fn, axis_size, dtype, rows, n, k, config, transport)
     d = overlap_defaults(collective, rows, n, k, dtype=dtype, tp=axis_size)

@@ -250,7 +250,7 @@ def copy_engine_program(fn: str, collective: str, dtype, m_total: int, n: int, k
     band_rows = m_total // size
     rounds = copy_engine_rounds(collective, m_total, n, k, unit, size, config)
     tiles_chunk = band_rows // rounds // c["tile_m"]
-    chunk_bytes = band_rows // rounds * n * np.dtype(dtype).itemsize
+    chunk_bytes = band_rows // rounds * n * np.dtype(_plan.output_dtype(dtype)).itemsize
     t_gemm = _plan.estimate_seconds(collective, m_total, n, k)[0]
     all_reduce = collective == "all_reduce"
     max_groups = int(_cuda.module().max_gemm_groups())

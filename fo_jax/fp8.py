@@ -34,6 +34,10 @@ from jax.custom_batching import custom_vmap
 FP8_DTYPE = jnp.dtype(jnp.float8_e4m3fn)
 # Output dtypes of the fp8 GEMM: the CUDA kernel writes bfloat16 only.
 FP8_OUT_DTYPES = (jnp.dtype(jnp.bfloat16),)
+# fo_jax's fp8 kernel against its bf16 kernel, geomean over 11 shapes on one H100
+# (docs/performance.md, "fp8"): scales the bf16 GEMM-time estimate where an fp8 call decides
+# whether its overlap pays.
+GEMM_SPEEDUP_OVER_BF16 = 1.41
 
 
 def is_fp8(dtype) -> bool:
@@ -213,22 +217,44 @@ def _fp8_gemm_fwd(x, w, xs, ws, out_dtype, w_transposed, config):
     return fp8_gemm(x, w, xs, ws, out_dtype, w_transposed, config), (x, w, xs, ws)
 
 
-def _fp8_gemm_bwd(out_dtype, w_transposed, config, res, dy):
-    """The derivative in float32 from the dequantized operands: with X = x * xs, W = w * ws,
-    dL/dX = dy @ W^T and dL/dW = X^T @ dy; then dL/dx = xs * dL/dX (rounded to fp8),
-    dL/dxs = sum(x * dL/dX), and the same for w."""
-    del out_dtype, config
-    x, w, xs, ws = res
+def cotangents(x, w_kn, xs, ws, dy, fit=None) -> tuple:
+    """The derivative in float32 from the dequantized operands of y = (x * xs) @ (w_kn * ws):
+    with X = x * xs, W = w_kn * ws, dL/dX = dy @ W^T and dL/dW = X^T @ dy; then
+    dL/dx = xs * dL/dX (rounded to fp8), dL/dxs = sum(x * dL/dX), and the same for w. `fit(ct,
+    primal)`, where given, gives each float32 cotangent its primal's varying-axes type before the
+    rounding (autodiff.like: inside shard_map a cotangent may need a psum over an axis its primal
+    does not vary over, which must add float32 values, not fp8 ones)."""
+    fit = fit or (lambda ct, primal: ct)
     hi = jax.lax.Precision.HIGHEST
-    w_kn = w.T if w_transposed else w
     xf, wf = x.astype(jnp.float32), w_kn.astype(jnp.float32)
     dyf = dy.astype(jnp.float32)
     g_x = jnp.dot(dyf, (wf * ws).T, precision=hi)  # dL/dX [R, K]
     g_w = jnp.dot((xf * xs).T, dyf, precision=hi)  # dL/dW [K, N]
-    dx = _saturate(g_x * xs, x.dtype)
-    dw = _saturate(g_w * ws, w.dtype)
-    dxs = jnp.sum(g_x * xf).astype(xs.dtype)
-    dws = jnp.sum(g_w * wf).astype(ws.dtype)
+    dx = _saturate(fit(g_x * xs, x), x.dtype)
+    dw = _saturate(fit(g_w * ws, w_kn), w_kn.dtype)
+    dxs = fit(jnp.sum(g_x * xf), xs).astype(xs.dtype)
+    dws = fit(jnp.sum(g_w * wf), ws).astype(ws.dtype)
+    return dx, dw, dxs, dws
+
+
+def fit_vma(ct, primal):
+    """ct with `primal`'s varying-manual-axes type, keeping ct's dtype: summed (psum) over the axes
+    ct varies over and primal does not (a replicated scale's cotangent inside shard_map, where x
+    varies over the tensor-parallel axis), marked varying over those it lacks; as
+    autodiff.like, without its cast (cotangents rounds to fp8 after the sum)."""
+    from fo_jax import _vma, autodiff  # noqa: PLC0415 (autodiff imports nothing of ours but _vma)
+
+    extra = _vma.varying_axes(ct) - _vma.varying_axes(primal)
+    if extra:
+        ct = jax.lax.psum(ct, tuple(sorted(extra, key=str)))
+    return autodiff.vary(ct, _vma.varying_axes(primal))
+
+
+def _fp8_gemm_bwd(out_dtype, w_transposed, config, res, dy):
+    """cotangents() of the dequantized operands (the weight's transposed back if given [N, K])."""
+    del out_dtype, config
+    x, w, xs, ws = res
+    dx, dw, dxs, dws = cotangents(x, w.T if w_transposed else w, xs, ws, dy, fit=fit_vma)
     return dx, (dw.T if w_transposed else dw), dxs, dws
 
 

@@ -157,14 +157,31 @@ def choose_fp8(op: str, config, m: int, n: int, k: int, platform: str, **extra) 
 
 def _choose_fp8_overlapped(config, m: int, n: int, k: int, platform: str, collective: str,
                            size: int) -> PathChoice:
-    """fp8 overlapped calls: the fp8 GEMM (choose_fp8), then XLA's collective on its bf16
-    output (no overlapped fp8 transport yet)."""
-    c = choose_fp8("overlapped_matmul", config, m, n, k, platform, collective=collective,
-                   axis_size=size)
+    """The path of an fp8 overlapped call on x[m, k] and w[k, n] (m: rows of this rank's x):
+    over more than one device, the overlapped pipeline with fo_jax's fp8 GEMM as its producer
+    (the collective moves and sums the GEMM's bfloat16 output) on the transport that
+    fo_jax/_transport.py picks; where the overlap would not pay (as for 16-bit calls, with the
+    GEMM estimate scaled by the fp8 kernel's speed), fo_jax's fp8 GEMM then XLA's collective
+    (path "cuda" without a transport); the dequantizing reference off CUDA."""
+    extra = dict(collective=collective, axis_size=size)
+    rows = m // size if collective == "reduce_scatter" else m
+    c = choose_fp8("overlapped_matmul", config, rows, n, k, platform, **extra)
     if size == 1 or c.path != "cuda":
         return c
-    return dataclasses.replace(c, reason=f"{c.reason}, then XLA's {collective} on its bfloat16 "
-                               "output (not overlapped: no fp8 transport yet)")
+    plain = (f"{c.reason}, then XLA's {collective} on its bfloat16 output")
+    transport, how = _transport.choose("fo_jax.overlapped_matmul", collective, size, fp8.FP8_DTYPE,
+                                       m, n, k, config)
+    floor = (_plan.MIN_GEMM_SECONDS_COPY_ENGINE if transport == "copy_engine"
+             else _plan.MIN_GEMM_SECONDS)
+    t_gemm = _plan.estimate_seconds(collective, m, n, k)[0] / fp8.GEMM_SPEEDUP_OVER_BF16
+    if (config is None or config.allow_fallback) and t_gemm < floor:
+        return dataclasses.replace(c, reason=(
+            f"{plain} (too small to gain from overlap: estimated fp8 GEMM {t_gemm * 1e6:.0f} us "
+            f"< {floor * 1e6:.0f} us)"))
+    return dataclasses.replace(c, reason=f"fo_jax's fp8 GEMM overlapped with the {collective} of "
+                               f"its bfloat16 output; {how}", transport=transport)
+
+
 def _choose_all_gather(dtype, config, m: int, n: int, k: int, platform: str,
                        size: int) -> PathChoice:
     """The CUDA path of all_gather(x[m, k]) @ w[k, n] over `size` ranks once fo_jax's kernels
@@ -443,7 +460,8 @@ def describe(x, w, *, axis_name: str, collective: str = "reduce_scatter",
     """Says which path `overlapped_matmul` takes for these arguments on the platform it runs on,
     and why (call it where you would call `overlapped_matmul`, i.e. inside shard_map; it
     validates the same way, but takes no fp8 scales: float8_e4m3fn operands describe the fp8
-    path). The DEBUG log of the call says the same."""
+    path, "cuda" with a transport where it overlaps, "cuda" without one where fo_jax's fp8 GEMM
+    is followed by XLA's collective). The DEBUG log of the call says the same."""
     if fp8.is_fp8(x.dtype) or fp8.is_fp8(w.dtype):
         fn = "fo_jax.describe"
         scale = jnp.float32(1)
@@ -471,8 +489,8 @@ def _validate_fp8_overlapped(fn, x, axis_name, collective, config) -> int:
 
 
 def _fp8_overlapped(x, w, axis_name, collective, config, x_scale, w_scale, out_dtype):
-    """overlapped_matmul on float8_e4m3fn operands: the fp8 GEMM, then the collective on its
-    bf16 output (XLA's psum / psum_scatter; not overlapped yet)."""
+    """overlapped_matmul on float8_e4m3fn operands: the fp8 GEMM and the collective on its
+    bfloat16 output, overlapped on CUDA devices where _choose_fp8_overlapped says so."""
     fn = "fo_jax.overlapped_matmul"
     _, out = _check_fp8_call(fn, x, w, x_scale, w_scale, out_dtype, False,
                              min_x_rank=1 if collective == "all_reduce" else 2)
@@ -482,12 +500,108 @@ def _fp8_overlapped(x, w, axis_name, collective, config, x_scale, w_scale, out_d
     _log(fn, x, w, lambda platform: _choose_fp8_overlapped(config, rows, n, k, platform,
                                                            collective, size),
          f" over {axis_name!r}")
-    y2 = fp8.fp8_gemm(x.reshape(rows, k), w, x_scale, w_scale, out, False, config)
-    y2 = reference.apply_collective(y2, axis_name, collective)
+    x2 = x.reshape(rows, k)
+    if size == 1:  # the collective over one device is the identity: the fp8 GEMM alone
+        y2 = fp8.fp8_gemm(x2, w, x_scale, w_scale, out, False, config)
+        y2 = reference.apply_collective(y2, axis_name, collective)
+    else:
+        y2 = _fp8_overlapped_vjp(axis_name, collective, config, size, x2, w, x_scale, w_scale)
     lead = x.shape[:-1]
     if collective == "reduce_scatter":
         lead = (lead[0] // size, *lead[1:])
     return y2.reshape(*lead, n)
+
+
+def _fp8_overlap_unbatched(x, w, xs, ws, axis_name: str, collective: str, config, size: int):
+    """The forward of one fp8 overlapped call on 2-D operands (never differentiated: the custom
+    VJP _fp8_overlapped_vjp wraps it): the overlapped CUDA call where the choice is "cuda" with a
+    transport, else the fp8 GEMM (fo_jax/fp8.py: its kernel on CUDA devices, the dequantizing
+    reference elsewhere) then XLA's collective."""
+    m, k, n = x.shape[0], x.shape[1], w.shape[1]
+    bf16 = jnp.dtype(jnp.bfloat16)
+    choice = _choose_fp8_overlapped(config, m, n, k, "cuda", collective, size)
+
+    def plain(x, w, xs, ws):
+        y = fp8._unbatched(x, w, xs, ws, bf16, False, config)
+        return reference.apply_collective(y, axis_name, collective)
+
+    if choice.path != "cuda" or choice.transport is None:
+        return plain(x, w, xs, ws)
+    from fo_jax._cuda_ops import overlapped_matmul_fp8_cuda  # noqa: PLC0415 (needs the module)
+
+    fn = "fo_jax.overlapped_matmul"
+    plan = _plan.plan_overlap(fn, collective, size, fp8.FP8_DTYPE, m, n, k, config,
+                              choice.transport)
+    log.debug("%s: plan: %s", fn, plan.describe())
+
+    def cuda(x, w, xs, ws):  # the kernel reads the weight K-major
+        return overlapped_matmul_fp8_cuda(x, w.T, xs, ws, axis_name=axis_name, plan=plan,
+                                          config=config)
+
+    def default(x, w, xs, ws):
+        return reference.apply_collective(fp8._reference(x, w, xs, ws, bf16, False), axis_name,
+                                          collective)
+
+    return jax.lax.platform_dependent(x, w, xs, ws, cuda=cuda, default=default)
+
+
+def _fp8_overlap_batchable(axis_name: str, collective: str, config, size: int):
+    """The fp8 forward (x, w, xs, ws) -> y with a batching rule: a batched x (one weight, one
+    pair of scales) joins the GEMM's rows as for 16-bit operands (_overlap_batchable); a batched
+    weight or scale maps over the batch, one overlapped call each."""
+
+    @custom_vmap
+    def forward(x, w, xs, ws):
+        return _fp8_overlap_unbatched(x, w, xs, ws, axis_name, collective, config, size)
+
+    @forward.def_vmap
+    def forward_batched(axis_size, in_batched, x, w, xs, ws):
+        inner = _fp8_overlap_batchable(axis_name, collective, config, size)
+        if any(in_batched[1:]):
+            args = tuple(a if b else jnp.broadcast_to(a, (axis_size,) + a.shape)
+                         for a, b in zip((x, w, xs, ws), in_batched))
+            return jax.lax.map(lambda a: inner(*a), args), True
+        b, r, k = x.shape
+        n = w.shape[1]
+        if collective == "all_reduce":
+            return inner(x.reshape(b * r, k), w, xs, ws).reshape(b, r, n), True
+        rows = x.reshape(b, size, r // size, k).transpose(1, 0, 2, 3).reshape(b * r, k)
+        return inner(rows, w, xs, ws).reshape(b, r // size, n), True
+
+    return forward
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _fp8_overlapped_vjp(axis_name, collective, config, size, x, w, xs, ws):
+    """psum / psum_scatter of (x * xs) @ (w * ws) in bfloat16 (x[M, K], w[K, N] float8_e4m3fn)
+    with the fp8 GEMM's reverse-mode rule (fo_jax/fp8.py, cotangents: float32 from the
+    dequantized operands). The backward's collective is XLA's (an all-gather of dy for the
+    reduce-scatter, none for the all-reduce), as autodiff.overlapped_matmul_vjp pairs them."""
+    return _fp8_overlap_batchable(axis_name, collective, config, size)(x, w, xs, ws)
+
+
+def _fp8_overlapped_fwd(axis_name, collective, config, size, x, w, xs, ws):
+    y = _fp8_overlapped_vjp(axis_name, collective, config, size, x, w, xs, ws)
+    return y, (x, w, xs, ws)
+
+
+def _fp8_overlapped_bwd(axis_name, collective, config, size, res, dy):
+    del config, size
+    x, w, xs, ws = res
+    # As autodiff's rule for 16-bit operands: under check_vma=True the product being reduced
+    # varies over axis_name (x or w does); under check_vma=False each device holds a share of a
+    # replicated cotangent, summed by one psum.
+    checked = bool(_vma.varying_axes(x) | _vma.varying_axes(w))
+    if collective == "reduce_scatter":
+        dy = autodiff.vary(dy, {axis_name}) if checked else dy
+        g = jax.lax.all_gather(dy, axis_name, axis=0, tiled=True)
+    else:
+        g = dy if checked else jax.lax.psum(dy, axis_name)
+    g = autodiff.vary(g, _vma.varying_axes(x) | _vma.varying_axes(w))
+    return fp8.cotangents(x, w, xs, ws, g, fit=fp8.fit_vma)
+
+
+_fp8_overlapped_vjp.defvjp(_fp8_overlapped_fwd, _fp8_overlapped_bwd)
 
 
 def _overlapped_2d(x, w, axis_name: str, collective: str, config, size: int):
@@ -583,9 +697,11 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
         [P * x.shape[0], ..., N] (column-parallel layer on a sequence-parallel input; see
         `all_gather_matmul` for the gathered x too).
       config: optional `OverlapConfig`.
-      x_scale, w_scale, out_dtype: for float8_e4m3fn operands, as in `fo_jax.matmul`: the fp8
-        GEMM's bfloat16 output, then the collective on it (XLA's, not overlapped yet); not for
-        "all_gather" (NotImplementedError).
+      x_scale, w_scale, out_dtype: for float8_e4m3fn operands, as in `fo_jax.matmul`: on CUDA
+        devices fo_jax's fp8 GEMM overlapped with the collective of its bfloat16 output (either
+        transport; the copy-engine reduce-scatter in its direct form, never the ring), as for
+        16-bit operands; not for "all_gather" (NotImplementedError). Their backward is the fp8
+        GEMM's float32 rule (fo_jax/fp8.py) with XLA's collective.
 
     Returns:
       The result in x's dtype (bfloat16 for fp8 operands), accumulated in float32.

@@ -10,7 +10,7 @@ CopyEngineArgs CopyEngineArgsOf(const OverlapPlan& plan, const OverlapShape& sha
   CopyEngineArgs a;
   const GemmPlan& g = plan.gemm;
   const int chunks = plan.rounds * plan.axis_size;
-  a.dtype = shape.dtype;
+  a.dtype = shape.out_dtype();  // the sums add the GEMM's output (bf16 for fp8 operands)
   a.all_reduce = plan.collective == Collective::kAllReduce;
   a.workspace = gemm.d;  // reduce-scatter: the workspace; all-reduce: the output itself
   a.out = out;

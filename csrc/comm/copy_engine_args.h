@@ -11,6 +11,7 @@
 namespace fo_jax {
 
 struct CopyEngineArgs {
+  // The dtype of what is copied and summed: the GEMM's output (OverlapShape::out_dtype).
   GemmDtype dtype = GemmDtype::kBF16;
   // Reduce-scatter: workspace = the GEMM's output [P * band rows, N] in natural row order, out =
   // [band rows, N]. All-reduce: the GEMM writes straight into the output, workspace = out =

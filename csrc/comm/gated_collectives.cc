@@ -54,8 +54,8 @@ Status EnqueueGatedCollectives(CommState& state, cudaStream_t xla_stream, Collec
 }
 
 Status EnqueueNcclTransport(CommState& state, cudaStream_t xla_stream, Collective kind,
-                            const SignalingGemmArgs& gemm, void* out) {
-  const ncclDataType_t dtype = gemm.dtype == GemmDtype::kBF16 ? ncclBfloat16 : ncclFloat16;
+                            const SignalingGemmArgs& gemm, GemmDtype out_dtype, void* out) {
+  const ncclDataType_t dtype = out_dtype == GemmDtype::kBF16 ? ncclBfloat16 : ncclFloat16;
   FO_JAX_RETURN_IF_ERROR(EnqueueGatedCollectives(state, xla_stream, kind, dtype, gemm.d, out, 2,
                                                  gemm.counters, CollectiveSpans(gemm, kind)));
   return NoteNcclCall(state, xla_stream);

@@ -42,8 +42,9 @@ Status EnqueueGatedCollectives(CommState& state, cudaStream_t xla_stream, Collec
 // The NCCL transport's part of an overlapped call whose GEMM (arguments `gemm`, output
 // gemm.d) was just launched on `xla_stream` after recording state.inputs_ready: the gated
 // collectives into `out`, then the end of the call noted for the progress watchdog
-// (comm_registry.h).
+// (comm_registry.h). out_dtype: the GEMM's output's (OverlapShape::out_dtype; gemm.dtype is
+// the operands', float8_e4m3fn for an fp8 GEMM that writes bf16), the collectives' data type.
 Status EnqueueNcclTransport(CommState& state, cudaStream_t xla_stream, Collective kind,
-                            const SignalingGemmArgs& gemm, void* out);
+                            const SignalingGemmArgs& gemm, GemmDtype out_dtype, void* out);
 
 }  // namespace fo_jax

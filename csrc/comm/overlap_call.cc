@@ -80,6 +80,8 @@ Status OverlapCall::Prepare() {
   gemm_.d = rs ? buffers_.workspace : buffers_.out;
   gemm_.sm_budget = ResolveSmBudget(plan_.gemm.sm_budget);
   gemm_.counters = buffers_.counters;
+  gemm_.a_scale = buffers_.x_scale;  // fp8 operands only (nullptr otherwise)
+  gemm_.b_scale = buffers_.w_scale;
   if (plan_.collective == Collective::kAllGather) {
     gemm_.a = buffers_.workspace;  // the gathered x; the rest is all_gather_nccl.h's
     gemm_.d = buffers_.out;
@@ -139,7 +141,8 @@ Status OverlapCall::Enqueue(cudaStream_t stream) {
   }
   if (!copy_engine) {
     FO_JAX_RETURN_IF_ERROR(
-        EnqueueNcclTransport(state, stream, plan_.collective, gemm_, buffers_.out));
+        EnqueueNcclTransport(state, stream, plan_.collective, gemm_, shape_.out_dtype(),
+                             buffers_.out));
     return Finish();
   }
   RecordTimelineHost(state, kHostGemmLaunched);

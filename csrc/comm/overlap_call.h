@@ -25,9 +25,14 @@
 namespace fo_jax {
 
 // The call's device memory, from XLA, with element counts.
+// fp8 operands (OverlapShape::dtype kE4M3): x and w float8_e4m3fn, w given K-major ([n, k]: the
+// fp8 kernel reads both operands K-major), the two float32 scales device scalars, and out and
+// workspace of the output dtype (bf16).
 struct OverlapBuffers {
   const void* x = nullptr;  // [m, k] (the all-gather: [m / P, k])
-  const void* w = nullptr;  // [k, n]
+  const void* w = nullptr;  // [k, n] (fp8: [n, k])
+  const float* x_scale = nullptr;  // fp8 only: dequantization scales, read by the GEMM
+  const float* w_scale = nullptr;
   void* out = nullptr;      // [m / P, n] (reduce-scatter) or [m, n] (all-reduce, all-gather)
   size_t out_elems = 0;
   // [m, n] (reduce-scatter: the GEMM's output); the all-gather: the gathered x [m, k]

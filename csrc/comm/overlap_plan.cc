@@ -47,6 +47,11 @@ Status ValidateCopyEngine(const OverlapPlan& plan, const OverlapShape& shape) {
     }
   }
   if (plan.ring) {
+    if (shape.dtype == GemmDtype::kE4M3) {
+      return Status::InvalidArgument(
+          "fp8 operands cannot run the ring (it adds partial sums in the GEMM's epilogue and no "
+          "fp8 kernel takes an addend): plan the direct form (ring false)");
+    }
     if (!rs || H != 1) {
       return Status::InvalidArgument("the ring is a reduce-scatter of one round");
     }
@@ -143,13 +148,14 @@ Status ValidateOverlapPlan(const OverlapPlan& plan, const OverlapShape& shape) {
       !ag) {
     return Status::InvalidArgument("unknown collective " + Str(int(plan.collective)));
   }
-  if (shape.dtype == GemmDtype::kE4M3) {
-    return Status::InvalidArgument(
-        "fp8 operands are not overlapped (no fp8 producer plan: fo_jax.overlapped_matmul runs "
-        "the fp8 GEMM, then XLA's collective on its bf16 output)");
+  if (shape.dtype != GemmDtype::kBF16 && shape.dtype != GemmDtype::kF16 &&
+      shape.dtype != GemmDtype::kE4M3) {
+    return Status::InvalidArgument("operands must be bf16, f16 or float8_e4m3fn");
   }
-  if (shape.dtype != GemmDtype::kBF16 && shape.dtype != GemmDtype::kF16) {
-    return Status::InvalidArgument("operands must be bf16 or f16");
+  if (ag && shape.dtype == GemmDtype::kE4M3) {
+    return Status::InvalidArgument(
+        "the all-gather does not take fp8 operands (its GEMM waits for the gathered bands and "
+        "no fp8 kernel has that consumer form): gather the bf16 input, then quantize it");
   }
   if (P < 1) return Status::InvalidArgument("axis size " + Str(P));
   if ((rs || ag) && shape.m % P) {

@@ -50,17 +50,25 @@ struct OverlapPlan {
 };
 
 // The operands of a call: x[m, k] @ w[k, n] per rank; for an all-gather m is the GEMM's rows,
-// the gathered x (x is [m / P, k] per rank).
+// the gathered x (x is [m / P, k] per rank). `dtype` is the operands'; what the collective moves
+// and sums is the GEMM's output, of out_dtype(): the operands' for bf16/f16, bf16 for fp8
+// operands (the fp8 kernel writes bf16 only), so the NCCL data type, the band sums and the
+// copy engine's byte counts follow out_dtype(), the GEMM's kernel and its plan dtype.
 struct OverlapShape {
   GemmDtype dtype = GemmDtype::kBF16;
   int64_t m = 0, n = 0, k = 0;
+
+  GemmDtype out_dtype() const { return dtype == GemmDtype::kE4M3 ? GemmDtype::kBF16 : dtype; }
 };
 
 // Checks the plan against the operands, once per call, with a message that names what is
 // wrong: the collective's and transport's requirements (rows divisible by the axis size, the
 // batch the transport's layout needs), the GEMM plan (ValidateGemmPlan), and for the copy
 // engine the chunk arithmetic (rounds x P chunks of tiles_chunk whole tile-rows each, refined by
-// groups of whole clusters), the receive slots, the ring's kernel and the row pieces.
+// groups of whole clusters), the receive slots, the ring's kernel and the row pieces. fp8
+// operands (GemmDtype::kE4M3) take the reduce-scatter and the all-reduce on either transport,
+// but neither the ring (no fp8 kernel takes an addend) nor the all-gather (no fp8 consumer
+// kernel).
 Status ValidateOverlapPlan(const OverlapPlan& plan, const OverlapShape& shape);
 
 // The GEMM's arguments for rank `rank` of a validated plan, without buffers or counters: the

@@ -1,13 +1,16 @@
-// fo_jax_overlapped_matmul_v2: decode the plan (one struct attribute), the operands and this
-// device's place in the mesh (an all-gather's x is this rank's [M/P, K] and its second result the
-// gathered [M, K]), run an OverlapCall (comm/overlap_call.h: prepare, then enqueue on
-// XLA's stream) and map its status.
+// fo_jax_overlapped_matmul_v2 and fo_jax_overlapped_matmul_fp8_v1: decode the plan (one struct
+// attribute), the operands and this device's place in the mesh (an all-gather's x is this rank's
+// [M/P, K] and its second result the gathered [M, K]), run an OverlapCall (comm/overlap_call.h:
+// prepare, then enqueue on XLA's stream) and map its status. The fp8 target takes x[M, K] and
+// w[N, K] (K-major, as the fp8 kernel reads it) float8_e4m3fn and their two float32 scales; its
+// results are bf16 and its collective runs on them (OverlapShape::out_dtype).
 #include "ffi/overlap_ffi.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <cstring>
+#include <string>
 
 #include "comm/call_timeline.h"
 #include "comm/overlap_call.h"
@@ -23,9 +26,17 @@ namespace fo_jax {
 namespace {
 
 constexpr char kTarget[] = "fo_jax_overlapped_matmul_v2";
+constexpr char kFp8Target[] = "fo_jax_overlapped_matmul_fp8_v1";
+
+// fp8 scales: the two f32 device scalars; nullptr for bf16/f16 calls.
+struct Scales {
+  const float* x = nullptr;
+  const float* w = nullptr;
+};
 
 Status Overlap(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
-               ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
+               const Scales* scales, ffi::Result<ffi::AnyBuffer> out,
+               ffi::Result<ffi::AnyBuffer> workspace,
                ffi::Result<ffi::Buffer<ffi::U32>> counters, const OverlapPlanAttr& plan_attr,
                const MeshAttr& mesh, ffi::Span<const uint8_t> unique_ids) {
   const int64_t host_enter_ns = TimelineNowNs();
@@ -39,16 +50,31 @@ Status Overlap(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBu
   FO_JAX_RETURN_IF_ERROR(RejectStreamCapture(stream, "fo_jax.overlapped_matmul"));
   OverlapShape shape;
   FO_JAX_RETURN_IF_ERROR(GemmDtypeOf(x.element_type(), &shape.dtype));
-  if (w.element_type() != x.element_type() || out->element_type() != x.element_type()) {
-    return Status::InvalidArgument("x, w and the output must all be bf16 or all f16");
-  }
+  const bool fp8 = scales != nullptr;
   auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0]) {
-    return Status::InvalidArgument("operands must be x[M,K] @ w[K,N]");
+  if (fp8) {
+    if (shape.dtype != GemmDtype::kE4M3 || w.element_type() != x.element_type() ||
+        out->element_type() != ffi::DataType::BF16) {
+      return Status::InvalidArgument("x and w must be float8_e4m3fn and the output bf16");
+    }
+    if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1]) {
+      return Status::InvalidArgument("operands must be x[M,K] and w[N,K] (K-major)");
+    }
+    shape.n = wd[0];
+  } else {
+    if (shape.dtype == GemmDtype::kE4M3) {
+      return Status::InvalidArgument("fp8 operands go through " + std::string(kFp8Target));
+    }
+    if (w.element_type() != x.element_type() || out->element_type() != x.element_type()) {
+      return Status::InvalidArgument("x, w and the output must all be bf16 or all f16");
+    }
+    if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0]) {
+      return Status::InvalidArgument("operands must be x[M,K] @ w[K,N]");
+    }
+    shape.n = wd[1];
   }
   shape.m = xd[0];
   shape.k = xd[1];
-  shape.n = wd[1];
   OverlapPlan plan;
   FO_JAX_RETURN_IF_ERROR(DecodeOverlapPlan(plan_attr, &plan));
   if (plan.collective == Collective::kAllGather) {
@@ -57,6 +83,8 @@ Status Overlap(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBu
     if (workspace->element_type() != x.element_type()) {
       return Status::InvalidArgument("the gathered x must have x's dtype");
     }
+  } else if (workspace->element_type() != out->element_type()) {
+    return Status::InvalidArgument("the workspace must have the output's dtype");
   }
 
   MeshPlace me;
@@ -74,6 +102,10 @@ Status Overlap(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBu
   OverlapBuffers buffers;
   buffers.x = x.untyped_data();
   buffers.w = w.untyped_data();
+  if (fp8) {
+    buffers.x_scale = scales->x;
+    buffers.w_scale = scales->w;
+  }
   buffers.out = out->untyped_data();
   buffers.out_elems = out->element_count();
   buffers.workspace = workspace->untyped_data();
@@ -91,7 +123,24 @@ ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ff
                        ffi::Result<ffi::Buffer<ffi::U32>> counters, OverlapPlanAttr plan,
                        MeshAttr mesh, ffi::Span<const uint8_t> unique_ids) {
   return ToFfiError(
-      Overlap(stream, device, x, w, out, workspace, counters, plan, mesh, unique_ids), kTarget);
+      Overlap(stream, device, x, w, nullptr, out, workspace, counters, plan, mesh, unique_ids),
+      kTarget);
+}
+
+ffi::Error OverlapFp8Impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
+                          ffi::AnyBuffer w, ffi::Buffer<ffi::F32> x_scale,
+                          ffi::Buffer<ffi::F32> w_scale, ffi::Result<ffi::AnyBuffer> out,
+                          ffi::Result<ffi::AnyBuffer> workspace,
+                          ffi::Result<ffi::Buffer<ffi::U32>> counters, OverlapPlanAttr plan,
+                          MeshAttr mesh, ffi::Span<const uint8_t> unique_ids) {
+  if (x_scale.element_count() != 1 || w_scale.element_count() != 1) {
+    return ffi::Error::InvalidArgument(std::string(kFp8Target) +
+                                       ": the scales must be f32 scalars");
+  }
+  const Scales scales{x_scale.typed_data(), w_scale.typed_data()};
+  return ToFfiError(
+      Overlap(stream, device, x, w, &scales, out, workspace, counters, plan, mesh, unique_ids),
+      kFp8Target);
 }
 
 }  // namespace
@@ -109,6 +158,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<ffi::AnyBuffer>()                           // workspace [M, N] (reduce-scatter)
                                                          // or the gathered x [M, K] (all-gather)
         .Ret<ffi::Buffer<ffi::U32>>()                    // counters [G] (all-gather: flags)
+        .Attr<fo_jax::OverlapPlanAttr>("plan")           // _plan.OverlapPlan
+        .Attr<fo_jax::MeshAttr>("mesh")                  // the mesh table
+        .Attr<ffi::Span<const uint8_t>>("unique_ids"));  // 128 bytes per group
+
+// The fp8 form: the same call with the two scales after the operands (no command buffers either).
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    FoJaxOverlappedMatmulFp8Ffi, fo_jax::OverlapFp8Impl,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::PlatformStream<cudaStream_t>>()        // XLA's stream
+        .Ctx<ffi::DeviceOrdinal>()                       // local device ordinal
+        .Arg<ffi::AnyBuffer>()                           // x [M, K] e4m3
+        .Arg<ffi::AnyBuffer>()                           // w [N, K] e4m3 (K-major)
+        .Arg<ffi::Buffer<ffi::F32>>()                    // x_scale []
+        .Arg<ffi::Buffer<ffi::F32>>()                    // w_scale []
+        .Ret<ffi::AnyBuffer>()                           // out [M/P or M, N] bf16
+        .Ret<ffi::AnyBuffer>()                           // workspace [M, N] bf16 (reduce-scatter)
+        .Ret<ffi::Buffer<ffi::U32>>()                    // counters [G]
         .Attr<fo_jax::OverlapPlanAttr>("plan")           // _plan.OverlapPlan
         .Attr<fo_jax::MeshAttr>("mesh")                  // the mesh table
         .Attr<ffi::Span<const uint8_t>>("unique_ids"));  // 128 bytes per group

@@ -16,6 +16,7 @@ std::vector<std::pair<std::string, void*>> FfiHandlers() {
       {"fo_jax_gemm_fp8_v1", reinterpret_cast<void*>(FoJaxGemmFp8Ffi)},
       {"fo_jax_gemm_fp8_into_v1", reinterpret_cast<void*>(FoJaxGemmFp8IntoFfi)},
       {"fo_jax_overlapped_matmul_v2", reinterpret_cast<void*>(FoJaxOverlappedMatmulFfi)},
+      {"fo_jax_overlapped_matmul_fp8_v1", reinterpret_cast<void*>(FoJaxOverlappedMatmulFp8Ffi)},
   };
 }
 

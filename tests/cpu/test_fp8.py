@@ -335,16 +335,6 @@ def test_fp8_configs_and_16_bit_configs_are_apart():
 
 
 @needs_fp8_module
-def test_overlap_handler_refuses_fp8():
-    from fo_jax import _cuda_ops, _plan
-
-    plan = _plan.plan_overlap("t", "reduce_scatter", 2, jnp.dtype(jnp.bfloat16), 4096, 1024,
-                              1024, None, "nccl")
-    with pytest.raises(Exception, match="fp8 operands are not overlapped"):
-        _cuda_ops.check_overlap_plan(_cuda_ops.overlap_attribute(plan), E4M3, 4096, 1024, 1024)
-
-
-@needs_fp8_module
 def test_overlap_handler_refuses_an_fp8_config_for_bf16():
     import dataclasses
 
@@ -358,3 +348,27 @@ def test_overlap_handler_refuses_an_fp8_config_for_bf16():
     with pytest.raises(Exception, match=f"GEMM config {fp8_row['name']} has no bf16/f16 kernel"):
         _cuda_ops.check_overlap_plan(_cuda_ops.overlap_attribute(broken), jnp.bfloat16, 4096,
                                      1024, 1024)
+
+
+def test_replicated_scales_grad_inside_shard_map():
+    """Scales replicated over the axis (in_specs P()) while x and w are sharded: their cotangents
+    are summed over the axis to keep the scales' type (check_vma), for fo_jax.matmul as for
+    overlapped_matmul, and equal JAX's derivative of the dequantized float32 product."""
+    mesh = cpu_mesh((2,), ("tp",))
+    xq, xs, wq, ws = _operands(32, 128, 16, seed=4)
+    specs = dict(mesh=mesh, in_specs=(P(None, "tp"), P("tp", None), P(), P()),
+                 out_specs=(P(None, "tp"), P("tp", None), P(), P()))
+
+    def loss(x, w, a, b):
+        y = fo_jax.matmul(x, w, x_scale=a, w_scale=b)
+        return jnp.sum(jax.lax.psum(y.astype(jnp.float32), "tp"))
+
+    def loss_f32(x, w, a, b):
+        y = jnp.dot(x * a, w * b, precision=jax.lax.Precision.HIGHEST)
+        return jnp.sum(jax.lax.psum(y, "tp"))
+
+    g = jax.jit(jax.shard_map(jax.grad(loss, argnums=(0, 1, 2, 3)), **specs))(xq, wq, xs, ws)
+    want = jax.jit(jax.shard_map(jax.grad(loss_f32, argnums=(0, 1, 2, 3)), **specs))(
+        xq.astype(jnp.float32), wq.astype(jnp.float32), xs, ws)
+    for got, exact in zip(g[2:], want[2:]):
+        np.testing.assert_allclose(float(got), float(exact), rtol=1e-4)

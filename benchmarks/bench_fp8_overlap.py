@@ -1,0 +1,151 @@
+"""Overlapped fp8 benchmark: overlapped_matmul on float8_e4m3fn operands over a "tp" mesh of 2+ GPUs
+against XLA's fp8 dot + collective (the fp8 jax.baseline) and the non-overlapped fp8 call.
+
+Methods per (collective, shape MxNxK per GPU: x[M, K] @ w[K, N], K sharded over tp):
+  fo_jax              overlapped_matmul(xq, wq, x_scale=, w_scale=): fo_jax's fp8 GEMM
+                      overlapped with the collective of its bf16 output (default transport)
+  fo_jax.nccl         the same, OverlapConfig(transport="nccl")
+  fo_jax.fp8_then_xla fo_jax.matmul's fp8 GEMM, then XLA's psum / psum_scatter (the fp8 call
+                      before it overlapped)
+  jax.baseline        XLA's fp8 dot (lax.dot_general of the fp8 operands, bf16 out, times the
+                      scales), then XLA's collective
+  fo_jax.bf16         overlapped_matmul on the bf16 operands of the same values (for scale)
+  jax.baseline.bf16   XLA's bf16 dot + collective on those
+Every fp8 method is checked against jax.baseline first (relative Frobenius error < 2e-2: two
+different fp8 GEMMs, each rounding once to bf16, and the collective's bf16 sums), fo_jax.bf16
+against jax.baseline.bf16 (the fp8 quantization alone is ~4% from the bf16 values); a failing
+method's row carries "error" and no time. Timing: fo_jax.bench's (core.time_ms_interleaved:
+wall time per call, trials interleaved with the order rotated), every overlap shape with
+OverlapConfig(allow_fallback=False) so that the call overlaps whatever its size.
+
+Output (--out DIR): fp8_overlap_<gpu>_tp<tp>_<date>.jsonl (fo_jax.bench's row fields plus
+"collective", "M", "N", "K", "method", "ms") and .md.
+
+Usage: python3 benchmarks/bench_fp8_overlap.py [--tp 4] [--shapes MxNxK ...]
+       [--collectives reduce_scatter all_reduce] [--reps 20] [--trials 5] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import fo_jax  # noqa: E402
+from fo_jax.bench import core  # noqa: E402
+
+SHAPES = core.DESIGN_SHAPES
+NO_FALLBACK = dict(allow_fallback=False)
+
+
+def xla_fp8_dot(xq, wq, xs, ws):
+    y = jax.lax.dot_general(xq, wq, (((1,), (0,)), ((), ())),
+                            preferred_element_type=jnp.bfloat16)
+    return (y * (xs * ws).astype(jnp.bfloat16)).astype(jnp.bfloat16)
+
+
+def build(mesh, collective: str, method: str):
+    """A jitted shard_map function of (xq, wq, xs, ws, x16, w16)."""
+    out = P("tp", None) if collective == "reduce_scatter" else P()
+
+    def body(xq, wq, xs, ws, x16, w16):
+        if method == "fo_jax":
+            cfg = fo_jax.OverlapConfig(**NO_FALLBACK)
+        elif method == "fo_jax.nccl":
+            cfg = fo_jax.OverlapConfig(transport="nccl", **NO_FALLBACK)
+        elif method == "fo_jax.bf16":
+            return fo_jax.overlapped_matmul(x16, w16, axis_name="tp", collective=collective,
+                                            config=fo_jax.OverlapConfig(**NO_FALLBACK))
+        elif method == "fo_jax.fp8_then_xla":
+            y = fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws)
+            return fo_jax.reference.apply_collective(y, "tp", collective)
+        elif method == "jax.baseline":
+            return fo_jax.reference.apply_collective(xla_fp8_dot(xq, wq, xs, ws), "tp",
+                                                     collective)
+        elif method == "jax.baseline.bf16":
+            return fo_jax.reference.plain_overlapped_matmul(x16, w16, "tp", collective)
+        else:
+            raise ValueError(method)
+        return fo_jax.overlapped_matmul(xq, wq, axis_name="tp", collective=collective,
+                                        config=cfg, x_scale=xs, w_scale=ws)
+
+    k_spec = (P(None, "tp"), P("tp", None))
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(*k_spec, P(), P(), *k_spec),
+                                 out_specs=out))
+
+
+METHODS = ("fo_jax", "fo_jax.nccl", "fo_jax.fp8_then_xla", "jax.baseline", "fo_jax.bf16",
+           "jax.baseline.bf16")
+BF16_METHODS = ("fo_jax.bf16", "jax.baseline.bf16")
+
+
+def operands(mesh, m: int, n: int, k: int, seed: int) -> tuple:
+    """(xq, wq, xs, ws, x16, w16): the bf16 operands of fo_jax.bench and their fp8 quantization
+    (one scale per tensor, over all ranks' shards)."""
+    x16, w16 = core.random_operands(mesh, m, n, k, jnp.bfloat16, seed=seed)
+    quant = jax.jit(fo_jax.quantize_fp8)
+    (xq, xs), (wq, ws) = quant(x16), quant(w16)
+    return xq, wq, xs, ws, x16, w16
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tp", type=int, default=None, help="GPUs (default: all, at most 8)")
+    ap.add_argument("--shapes", nargs="+", default=SHAPES)
+    ap.add_argument("--collectives", nargs="+", default=["reduce_scatter", "all_reduce"])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args()
+    devs = [d for d in jax.devices() if d.platform == "gpu"]
+    tp = args.tp or min(len(devs), 8)
+    if tp < 2 or len(devs) < tp:
+        sys.exit(f"bench_fp8_overlap: needs at least 2 GPUs (tp {tp}, found {len(devs)})")
+    mesh = Mesh(np.array(devs[:tp]), ("tp",))
+    base = core.device_info(devs[:tp]) | {"suite": "fp8_overlap", "tp": tp}
+    res = core.Results(base)
+    table = []
+    for i, (collective, s) in enumerate((c, s) for c in args.collectives for s in args.shapes):
+        m, n, k = core.parse_shape(s)
+        ops = operands(mesh, m, n, k, seed=i)
+        fns = {name: build(mesh, collective, name) for name in METHODS}
+        ref = fns["jax.baseline"](*ops)
+        ref16 = fns["jax.baseline.bf16"](*ops)
+        ok = {}
+        for name, f in fns.items():
+            try:
+                err = float(core.rel_err(f(*ops), ref16 if name in BF16_METHODS else ref))
+                assert err < 2e-2, f"wrong result (rel err {err:.2e})"
+                ok[name] = f
+            except Exception as e:  # noqa: BLE001 (one failing method must not end the run)
+                core.progress(f"{collective} {s}: {name}: FAILED {e!r:.200}")
+                res.add(collective=collective, M=m, N=n, K=k, method=name, ms=None,
+                        error=repr(e)[:500])
+        times = core.time_ms_interleaved(ok, *ops, reps=args.reps, trials=args.trials)
+        for name, ms in times.items():
+            res.add(collective=collective, M=m, N=n, K=k, method=name, ms=round(ms, 4))
+        row = [collective, s] + [f"{times[n_]:.3f}" if n_ in times else "error"
+                                 for n_ in METHODS]
+        if "fo_jax" in times and "jax.baseline" in times:
+            row.append(f"{times['jax.baseline'] / times['fo_jax']:.2f}x")
+        else:
+            row.append("-")
+        table.append(row)
+    stem = os.path.join(args.out, f"fp8_overlap_{base['device'].replace(' ', '_').lower()}"
+                                  f"_tp{tp}_{base['date']}")
+    res.write_jsonl(stem + ".jsonl")
+    md = (f"# Overlapped fp8, {core.provenance(base)}, TP {tp}; ms per call (median of "
+          f"{args.trials} trials of {args.reps} calls)\n\n"
+          + core.markdown_table(["collective", "MxNxK", *METHODS, "baseline / fo_jax"], table))
+    res.write_markdown(stem + ".md", md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""fp8 (float8_e4m3fn) operands through overlapped_matmul on the CPU: the reference path's
+numerics at TP=2/4 against float64 NumPy of the dequantized operands (leading dimensions, vmap,
+scan, checkpoint) and its gradients against the float64 derivative; with the compiled CUDA
+module (fp8 kernels built), the fp8 plans at TP 2/4/8 on both transports (fp8 tile
+configurations, never the ring), the handler's validation of them and its refusals, and the
+lowering for CUDA (target fo_jax_overlapped_matmul_fp8_v1, the scale operands, the plan)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import fo_jax
+from conftest import cpu_mesh
+
+E4M3 = jnp.dtype(jnp.float8_e4m3fn)
+HI = jax.lax.Precision.HIGHEST
+
+
+def _dequant64(q, s):
+    return np.asarray(q, np.float64) * float(s)
+
+
+def _operands(lead, k, n, seed=0):
+    kx, kw = jax.random.split(jax.random.key(seed))
+    xq, xs = fo_jax.quantize_fp8(3.0 * jax.random.normal(kx, (*lead, k), jnp.float32))
+    wq, ws = fo_jax.quantize_fp8(0.05 * jax.random.normal(kw, (k, n), jnp.float32))
+    return xq, xs, wq, ws
+
+
+def _partials64(xq, xs, wq, ws, size):
+    """Each rank's float64 partial product (x's columns and w's rows split over `size` ranks)."""
+    x, w = _dequant64(xq, xs), _dequant64(wq, ws)
+    kl = x.shape[-1] // size
+    return [x[..., r * kl:(r + 1) * kl] @ w[r * kl:(r + 1) * kl] for r in range(size)]
+
+
+def _within_bf16_roundings(y, parts):
+    """y (bf16) against the float64 sum of the partials: each rank rounds its partial to bf16
+    (2^-8 relative) and the bf16 sum rounds once more."""
+    ref = sum(parts)
+    tol = 2.0**-8 * sum(np.abs(p) for p in parts) + 2.0**-8 * np.abs(ref) + 1e-6
+    err = np.abs(np.asarray(y, np.float64) - ref)
+    assert np.all(err <= tol), float(np.max(err - tol))
+
+
+def _fp8_call(collective, config=None):
+    return lambda x, w, a, b: fo_jax.overlapped_matmul(
+        x, w, axis_name="tp", collective=collective, config=config, x_scale=a, w_scale=b)
+
+
+# --- reference path: forward --------------------------------------------------------------------
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
+def test_leading_dims_vs_float64(size, collective):
+    mesh = cpu_mesh((size,), ("tp",))
+    xq, xs, wq, ws = _operands((8 * size, 3), 32 * size, 24, seed=size)
+    out_spec = P("tp", None, None) if collective == "reduce_scatter" else P()
+    f = jax.jit(jax.shard_map(_fp8_call(collective), mesh=mesh,
+                              in_specs=(P(None, None, "tp"), P("tp", None), P(), P()),
+                              out_specs=out_spec))
+    y = f(xq, wq, xs, ws)
+    assert y.dtype == jnp.bfloat16 and y.shape == (8 * size, 3, 24)
+    _within_bf16_roundings(y, _partials64(xq, xs, wq, ws, size))
+
+
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
+def test_vmap_scan_checkpoint_vs_float64(size, collective):
+    """A vmapped x (the batch folds into the GEMM's rows, reordered for the reduce-scatter so
+    that each rank gets its rows of every element), vmapped scales (one call per element), and
+    the call under lax.scan and jax.checkpoint all give each element's own product."""
+    mesh = cpu_mesh((size,), ("tp",))
+    b, m, k, n = 3, 8 * size, 32 * size, 16
+    xq, xs, wq, ws = _operands((b, m), k, n, seed=10 + size)
+    call = _fp8_call(collective)
+    rs = collective == "reduce_scatter"
+    out_spec = P(None, "tp", None) if rs else P()
+    specs = dict(mesh=mesh, in_specs=(P(None, None, "tp"), P("tp", None), P(), P()),
+                 out_specs=out_spec)
+
+    def vmapped(x, w, a, c):
+        return jax.vmap(call, in_axes=(0, None, None, None))(x, w, a, c)
+
+    def vmapped_scales(x, w, a, c):  # batched scales: one overlapped call per element
+        a3 = jnp.stack([a, a, a])
+        return jax.vmap(call, in_axes=(0, None, 0, None))(x, w, a3, c)
+
+    def scanned(x, w, a, c):
+        return jax.lax.scan(lambda carry, xb: (carry, call(xb, w, a, c)), 0, x)[1]
+
+    def checkpointed(x, w, a, c):
+        return jax.vmap(jax.checkpoint(call), in_axes=(0, None, None, None))(x, w, a, c)
+
+    parts = _partials64(xq, xs, wq, ws, size)
+    for body in (vmapped, vmapped_scales, scanned, checkpointed):
+        y = jax.jit(jax.shard_map(body, **specs))(xq, wq, xs, ws)
+        assert y.shape == (b, m, n) and y.dtype == jnp.bfloat16, body.__name__
+        _within_bf16_roundings(y, parts)
+
+
+# --- reference path: gradients ------------------------------------------------------------------
+def _bf16_exact(key, shape):
+    return jax.random.normal(key, shape, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32)
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
+def test_grads_vs_float64(collective, size, check_vma):
+    """d/dx, d/dw (fp8, rounded from the float32 derivative) and d/dxs, d/dws (float32) of
+    sum(y * c) against JAX's own derivative of the same loss on the dequantizing float32
+    reference (XLA's collective and its transposes, as check_vma defines them: without it, a
+    replicated scale's cotangent is each rank's share) and, with check_vma=True, against the
+    float64 closed form (the reduce-scatter's dy is gathered over the axis, the all-reduce's is
+    every rank's own)."""
+    mesh = cpu_mesh((size,), ("tp",))
+    m, k, n = 8 * size, 32 * size, 16
+    xq, xs, wq, ws = _operands((m,), k, n, seed=20 + size)
+    rs = collective == "reduce_scatter"
+    c = _bf16_exact(jax.random.key(5), (m, n))  # the cotangent, exact in bf16
+    call = _fp8_call(collective)
+
+    def total(y, c):
+        local = jnp.sum(y.astype(jnp.float32) * c)
+        return jax.lax.psum(local, "tp") if rs else local
+
+    def loss(x, w, a, b, c):
+        return total(call(x, w, a, b), c)
+
+    def loss_f32(xf, wf, a, b, c):  # x and w as float32 values of the fp8 ones
+        y = jax.lax.dot(xf * a, wf * b, precision=HI)
+        return total(fo_jax.reference.apply_collective(y, "tp", collective), c)
+
+    specs = dict(mesh=mesh, in_specs=(P(None, "tp"), P("tp", None), P(), P(),
+                                      P("tp", None) if rs else P()),
+                 out_specs=(P(None, "tp"), P("tp", None), P(), P()), check_vma=check_vma)
+    dx, dw, dxs, dws = jax.jit(jax.shard_map(jax.grad(loss, argnums=(0, 1, 2, 3)), **specs))(
+        xq, wq, xs, ws, c)
+    assert dx.dtype == E4M3 and dw.dtype == E4M3 and dxs.dtype == dws.dtype == jnp.float32
+    want = [np.asarray(g, np.float64) for g in jax.jit(jax.shard_map(
+        jax.grad(loss_f32, argnums=(0, 1, 2, 3)), **specs))(
+            xq.astype(jnp.float32), wq.astype(jnp.float32), xs, ws, c)]
+    if check_vma:  # every rank's dy is the whole c: dL/dX = c @ W^T, dL/dW = X^T @ c
+        x, w, c64 = _dequant64(xq, xs), _dequant64(wq, ws), np.asarray(c, np.float64)
+        np.testing.assert_allclose(want[0], float(xs) * (c64 @ w.T), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(want[1], float(ws) * (x.T @ c64), rtol=1e-5, atol=1e-6)
+    # fp8 cotangents: the exact value rounded to e4m3, so within one e4m3 step of it (2^-3
+    # relative; 2^-9 among subnormals).
+    for got, exact in zip((dx, dw), want[:2]):
+        err = np.abs(np.asarray(got, np.float64) - exact)
+        assert np.all(err <= 2.0**-3 * np.abs(exact) + 2.0**-9), float(np.max(err))
+    # Scale cotangents (float32 sums of q * dL/dQ).
+    np.testing.assert_allclose(float(dxs), want[2], rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(float(dws), want[3], rtol=1e-4, atol=1e-3)
+
+
+def test_all_gather_refuses_fp8():
+    mesh = cpu_mesh((2,), ("tp",))
+    xq, xs, wq, ws = _operands((16,), 64, 32)
+    f = jax.shard_map(_fp8_call("all_gather"), mesh=mesh, in_specs=(P("tp", None), P(), P(), P()),
+                      out_specs=P(None, None))
+    with pytest.raises(NotImplementedError, match="all_gather' does not take fp8 operands"):
+        jax.jit(f)(xq, wq, xs, ws)
+
+
+# --- with the compiled module: plans, validation, lowering --------------------------------------
+def _has_fp8_kernels():
+    if not fo_jax.cuda_module_available():
+        return False
+    from fo_jax import _plan
+
+    return any("float8_e4m3fn" in c.get("dtypes", ()) for c in _plan.gemm_configs())
+
+
+needs_fp8_module = pytest.mark.skipif(not _has_fp8_kernels(),
+                                      reason="CUDA module with fp8 kernels not built here")
+SHAPE = (8192, 8192, 2048)  # rows of x per rank, N, K
+
+
+def _fp8_plan(collective, size, transport, config=None, shape=SHAPE):
+    from fo_jax import _plan
+
+    m, n, k = shape
+    return _plan.plan_overlap("test", collective, size, E4M3, m, n, k, config, transport)
+
+
+@needs_fp8_module
+@pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("size", [2, 4, 8])
+def test_fp8_plans(size, collective, transport):
+    """An fp8 row of the table, the direct form (never the ring), the transport's batch, and the
+    handler's own decoding and validation accept the plan for fp8 operands."""
+    from fo_jax import _cuda_ops, _plan
+
+    plan = _fp8_plan(collective, size, transport)
+    c = _plan.gemm_configs()[plan.gemm.config_index]
+    assert c["dtypes"] == ("float8_e4m3fn",) and c["name"].startswith("fp8_")
+    assert not plan.ring
+    rs = collective == "reduce_scatter"
+    assert plan.gemm.batch == (size if rs and transport == "nccl" else 1)
+    m, n, k = SHAPE
+    got = _cuda_ops.check_overlap_plan(_cuda_ops.overlap_attribute(plan), E4M3, m, n, k, rank=1)
+    assert got["config"] == plan.gemm.config_index and got["batch"] == plan.gemm.batch
+    assert got["output_rows"] == (m // size if rs else m)
+    assert got["num_groups"] == plan.num_groups
+
+
+@needs_fp8_module
+def test_fp8_plan_refusals():
+    from fo_jax import _cuda_ops
+
+    with pytest.raises(ValueError, match="copy_engine_ring=True.*no fp8 kernel takes an addend"):
+        _fp8_plan("reduce_scatter", 2, "copy_engine", fo_jax.OverlapConfig(copy_engine_ring=True))
+    with pytest.raises(ValueError, match="all-gather does not take float8_e4m3fn"):
+        _fp8_plan("all_gather", 2, "nccl")
+    m, n, k = SHAPE
+    # The handler: a ring plan and an all-gather plan, each refused for fp8 with its reason.
+    ring = dataclasses.replace(_fp8_plan("reduce_scatter", 2, "copy_engine"), ring=True)
+    with pytest.raises(Exception, match="fp8 operands cannot run the ring"):
+        _cuda_ops.check_overlap_plan(_cuda_ops.overlap_attribute(ring), E4M3, m, n, k)
+    from fo_jax import _plan
+
+    gather = _plan.plan_overlap("test", "all_gather", 2, jnp.dtype(jnp.bfloat16), m // 2, n, k,
+                                None, "nccl")
+    with pytest.raises(Exception, match="all-gather does not take fp8 operands"):
+        _cuda_ops.check_overlap_plan(_cuda_ops.overlap_attribute(gather), E4M3, m, n, k)
+
+
+@needs_fp8_module
+def test_fp8_choice():
+    """Over more than one device the fp8 call overlaps on CUDA devices (a transport); too small,
+    it is the fp8 GEMM then XLA's collective (no transport); over one device the fp8 GEMM."""
+    from fo_jax import overlap
+
+    m, n, k = SHAPE
+    for coll in ("reduce_scatter", "all_reduce"):
+        c = overlap._choose_fp8_overlapped(None, m, n, k, "cuda", coll, 4)
+        assert c.path == "cuda" and c.transport in ("nccl", "copy_engine"), c
+        assert "overlapped" in c.reason
+        small = overlap._choose_fp8_overlapped(None, 256, 256, 256, "cuda", coll, 4)
+        assert small.path == "cuda" and small.transport is None
+        assert "too small to gain from overlap" in small.reason
+        forced = overlap._choose_fp8_overlapped(fo_jax.OverlapConfig(allow_fallback=False), 256,
+                                                256, 256, "cuda", coll, 4)
+        assert forced.transport is not None
+    one = overlap._choose_fp8_overlapped(None, m, n, k, "cuda", "all_reduce", 1)
+    assert one.path == "cuda" and one.transport is None
+
+
+@needs_fp8_module
+@pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
+def test_fp8_overlap_lowers_for_cuda(collective, transport):
+    from fo_jax import _plan
+
+    size, m, kl, n = 4, 1024, 512, 256
+    config = fo_jax.OverlapConfig(allow_fallback=False, transport=transport)
+    mesh = cpu_mesh((size,), ("tp",))
+    rs = collective == "reduce_scatter"
+    f = jax.jit(jax.shard_map(_fp8_call(collective, config), mesh=mesh,
+                              in_specs=(P(None, "tp"), P("tp", None), P(), P()),
+                              out_specs=P("tp", None) if rs else P()))
+    xq, xs, wq, ws = _operands((m,), kl * size, n)
+    text = f.trace(xq, wq, xs, ws).lower(lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+    fp8_calls = [line for line in calls if "@fo_jax_overlapped_matmul_fp8_v1(" in line]
+    assert len(fp8_calls) == 1 and not any("@fo_jax_overlapped_matmul_v2(" in c for c in calls)
+    call = fp8_calls[0]
+    # x [m, K/P] and the weight K-major [n, K/P] in e4m3, the two f32 scalar scales; bf16 out.
+    assert f"(tensor<{m}x{kl}xf8E4M3FN>, tensor<{n}x{kl}xf8E4M3FN>, tensor<f32>, tensor<f32>)" \
+        in call
+    out_rows = m // size if rs else m
+    assert f"tensor<{out_rows}x{n}xbf16>" in call
+    assert "stablehlo.transpose" in text  # the weight, K-major for the kernel
+    plan = _plan.plan_overlap("test", collective, size, E4M3, m, n, kl, config, transport)
+    assert plan.transport == transport and not plan.ring
+    assert f"config = {plan.gemm.config_index} : i32" in call
+    assert f"axis_size = {size} : i32" in call and "ring = false" in call
