@@ -159,11 +159,11 @@ def blocker(m: int, n: int, k: int) -> Optional[str]:
 
 
 def _unbatched(x, w, xs, ws, out_dtype, w_transposed, config):
-    from fo_jax import overlap  # noqa: PLC0415 (overlap imports this module)
+    from fo_jax import _paths  # noqa: PLC0415 (_paths imports this module)
 
     r, k = x.shape
     n = w.shape[0] if w_transposed else w.shape[1]
-    if overlap.choose_fp8("matmul", config, r, n, k, "cuda").path != "cuda":
+    if _paths.choose_fp8("matmul", config, r, n, k, "cuda").path != "cuda":
         return _reference(x, w, xs, ws, out_dtype, w_transposed)
     from fo_jax import _plan, _vma, autodiff  # noqa: PLC0415
     from fo_jax._cuda_ops import matmul_fp8_cuda  # noqa: PLC0415 (needs the module)

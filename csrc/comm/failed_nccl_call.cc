@@ -10,7 +10,8 @@
 namespace fo_jax {
 
 Status ReleaseFailedNcclCall(CommState& s, cudaStream_t xla_stream, Collective kind,
-                             const SignalingGemmArgs& gemm, void* out, const Status& cause) {
+                             const SignalingGemmArgs& gemm, GemmDtype out_dtype, void* out,
+                             const Status& cause) {
   Status released = Status::Ok();
   const std::vector<GroupSpan> spans = CollectiveSpans(gemm, kind);
   for (size_t g = 0; g < spans.size() && released.ok(); ++g) {
@@ -21,7 +22,7 @@ Status ReleaseFailedNcclCall(CommState& s, cudaStream_t xla_stream, Collective k
     released = CudaStatus(cudaEventRecord(s.inputs_ready, xla_stream),
                           "recording inputs_ready after the counters");
   }
-  if (released.ok()) released = EnqueueNcclTransport(s, xla_stream, kind, gemm, out);
+  if (released.ok()) released = EnqueueNcclTransport(s, xla_stream, kind, gemm, out_dtype, out);
   const std::string what = "NCCL transport: " + cause.message() + " (rank " +
                            std::to_string(s.rank) + " of " + std::to_string(s.nranks) + ")";
   FailCommGroup(s, what);

@@ -16,9 +16,10 @@ namespace fo_jax {
 
 // On XLA's thread, under state.mu, instead of the GEMM that `gemm` describes (its counters
 // zeroed or not) and before the call's collectives: the counters set on `xla_stream`,
-// state.inputs_ready recorded after them, the gated collectives into `out`
+// state.inputs_ready recorded after them, the gated collectives into `out` (of `out_dtype`)
 // (gated_collectives.h); then the group fails with `cause`. Returns the call's error.
 Status ReleaseFailedNcclCall(CommState& state, cudaStream_t xla_stream, Collective kind,
-                             const SignalingGemmArgs& gemm, void* out, const Status& cause);
+                             const SignalingGemmArgs& gemm, GemmDtype out_dtype, void* out,
+                             const Status& cause);
 
 }  // namespace fo_jax

@@ -132,8 +132,8 @@ Status OverlapCall::Enqueue(cudaStream_t stream) {
   if (!launched.ok()) {
     // The other ranks' work of this call waits for this rank's: release it.
     if (!copy_engine) {
-      return ReleaseFailedNcclCall(state, stream, plan_.collective, gemm_, buffers_.out,
-                                   launched);
+      return ReleaseFailedNcclCall(state, stream, plan_.collective, gemm_, shape_.out_dtype(),
+                                   buffers_.out, launched);
     }
     EndTimelineCall(state);
     return ReleaseFailedCopyEngineCall(state, stream, copy_engine_, FailedPart::kWholeCall,
