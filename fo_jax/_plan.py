@@ -124,8 +124,9 @@ class OverlapPlan:
     transport: str  # "nccl" | "copy_engine"
     axis_size: int  # ranks of the reduced axis
     gemm: GemmPlan
-    # The NCCL communicator's CTA bound. Both transports create their communicator with it (the
-    # copy engine exchanges addresses through it), so it is part of the communicator's identity.
+    # The NCCL communicator's CTA bound: on the NCCL transport part of the communicator's
+    # identity (one communicator per bound); the copy engine keys its communicator with 0, so a
+    # group has one whatever the shapes' NCCL settings (fo_jax/_bootstrap.py, communicator_ctas).
     nccl_max_ctas: int
     # The copy-engine program (docs/design.md, "The copy-engine transport"); the NCCL transport's
     # plan keeps these neutral values.
