@@ -43,6 +43,25 @@ namespace nb = nanobind;
 
 namespace {
 
+// The 16-bit dtype a GPU check takes by name ("bfloat16" or "float16"); `fn` names the check in
+// the error.
+fo_jax::GemmDtype CheckDtype(const char* fn, const std::string& dtype) {
+  if (dtype != "bfloat16" && dtype != "float16") {
+    throw std::invalid_argument(std::string(fn) + ": dtype must be \"bfloat16\" or \"float16\", "
+                                "got \"" + dtype + "\"");
+  }
+  return dtype == "bfloat16" ? fo_jax::GemmDtype::kBF16 : fo_jax::GemmDtype::kF16;
+}
+
+// The index of the GEMM config named `config`; -1 for "" (the check picks one).
+int ConfigIndexByName(const char* fn, const std::string& config) {
+  if (config.empty()) return -1;
+  for (int i = 0; i < fo_jax::NumGemmConfigs(); ++i) {
+    if (config == fo_jax::GetGemmConfig(i).name) return i;
+  }
+  throw std::invalid_argument(std::string(fn) + ": no GEMM config named " + config);
+}
+
 // A PeerInfo (comm/peer_memory_ipc.h) from a dict of its fields, for the tests of the copy
 // engine's address exchange (fake handles: bytes of cudaIpcMemHandle_t's size).
 fo_jax::PeerInfo PeerInfoFromDict(const nb::dict& d) {
@@ -180,18 +199,8 @@ NB_MODULE(_fo_jax_cuda, m) {
          const std::string& dtype, const std::string& config, int sm_budget, int calls,
          int delay_us, uint64_t seed, double timeout_s) {
         fo_jax::AllGatherCheckOptions o;
-        if (dtype != "bfloat16" && dtype != "float16") {
-          throw std::invalid_argument("all_gather_copy_check: dtype must be \"bfloat16\" or "
-                                      "\"float16\"");
-        }
-        o.dtype = dtype == "bfloat16" ? fo_jax::GemmDtype::kBF16 : fo_jax::GemmDtype::kF16;
-        o.config = -1;
-        for (int i = 0; i < fo_jax::NumGemmConfigs() && !config.empty(); ++i) {
-          if (config == fo_jax::GetGemmConfig(i).name) o.config = i;
-        }
-        if (!config.empty() && o.config < 0) {
-          throw std::invalid_argument("all_gather_copy_check: no GEMM config named " + config);
-        }
+        o.dtype = CheckDtype("all_gather_copy_check", dtype);
+        o.config = ConfigIndexByName("all_gather_copy_check", config);
         o.ranks = ranks;
         o.rank = rank;
         o.rows = rows;
@@ -498,17 +507,8 @@ NB_MODULE(_fo_jax_cuda, m) {
          int timing_iters, double timeout_s, int device) {
         fo_jax::ConsumerGemmCheckOptions o;
         o.m_local = m_local, o.n = n, o.k = k, o.bands = bands;
-        if (dtype != "bfloat16" && dtype != "float16") {
-          throw std::invalid_argument("consumer_gemm_check: dtype must be \"bfloat16\" or "
-                                      "\"float16\", got \"" + dtype + "\"");
-        }
-        o.dtype = dtype == "bfloat16" ? fo_jax::GemmDtype::kBF16 : fo_jax::GemmDtype::kF16;
-        for (int i = 0; !config.empty() && i < fo_jax::NumGemmConfigs(); ++i) {
-          if (config == fo_jax::GetGemmConfig(i).name) o.config = i;
-        }
-        if (!config.empty() && o.config < 0) {
-          throw std::invalid_argument("consumer_gemm_check: no GEMM config named " + config);
-        }
+        o.dtype = CheckDtype("consumer_gemm_check", dtype);
+        o.config = ConfigIndexByName("consumer_gemm_check", config);
         o.order = order, o.seed = seed, o.delay_us = delay_us, o.rank = rank;
         o.groups_per_band = groups_per_band, o.flag_value = flag_value;
         o.stale_value = stale_value, o.staging = staging, o.sm_budget = sm_budget;
