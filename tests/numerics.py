@@ -1,4 +1,5 @@
-"""Shared test numerics: random inputs, float64 NumPy references, dtype-keyed tolerances."""
+"""Shared test numerics: random inputs, float64 NumPy references, dtype-keyed tolerances, and the
+signaling GEMM's expected counters and group-major output layout."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -66,3 +67,24 @@ def explain_mismatch(got, x64, w64, tp: int, block_rows: int = 128) -> str:
                      f"{block_rows}-row blocks at rows {bad}; best fit: {best} (residual "
                      f"{cands[best]:.3g})")
     return "; ".join(lines) or "no band off by more than 2% of max|ref|"
+
+
+def expected_group_counts(plan, batch: int, n: int) -> list:
+    """The counter value of each group once the signaling GEMM is done (signaling_gemm.h):
+    batch x its tile-rows x ceil(n / tile_n)."""
+    tiles_n = -(-n // plan.tile_n)
+    b = plan.group_begin
+    return [batch * (b[g + 1] - b[g]) * tiles_n for g in range(plan.num_groups)]
+
+
+def group_major_layout(ref, plan, batch: int, m: int):
+    """The group-major reduce-scatter layout of a batched launch (signaling_gemm.h) from the plain
+    product `ref` ([batch * m, n], batch-major)."""
+    out = np.empty_like(ref)
+    for g in range(plan.num_groups):
+        r0 = min(plan.group_begin[g] * plan.tile_m, m)
+        r1 = min(plan.group_begin[g + 1] * plan.tile_m, m)
+        for b in range(batch):
+            dst = batch * r0 + b * (r1 - r0)
+            out[dst:dst + r1 - r0] = ref[b * m + r0:b * m + r1]
+    return out

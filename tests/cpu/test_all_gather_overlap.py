@@ -1,11 +1,11 @@
 """The overlapped all-gather + GEMM (OverlapConfig(all_gather="overlap")) without a GPU: its
-plans on both transports (consumer GEMM config, bands of whole clusters, one group per band, own
-bands first in the visit order, the SMs left to NCCL, every SM on the copy engine), the
-handler's decoding and validation of them (run on the CPU), the paths describe() names (opt-in, fallbacks with their reasons), the custom call lowered
-for "cuda" from CPU devices (the plan attribute and its three results: y, the gathered x, the
-band flags) for a table of shapes, dtypes and axis sizes, and the opted-in op on CPU devices
-(the reference path) equal to the plain ops, forward and gradients. Needs the compiled CUDA
-module for all but the last."""
+plans on both transports (consumer GEMM config, bands of whole clusters, one group per band,
+own bands first in the visit order, the SMs left to NCCL, every SM on the copy engine), the
+handler's decoding and validation of them (run on the CPU), the paths describe() names (opt-
+in, fallbacks with their reasons), the custom call lowered for "cuda" from CPU devices (the
+plan attribute and its three results: y, the gathered x, the band flags) for a table of
+shapes, dtypes and axis sizes, and the opted-in op on CPU devices (the reference path) equal
+to the plain ops, forward and gradients. Needs the compiled CUDA module for all but the last."""
 
 import re
 

@@ -20,6 +20,7 @@ import pytest
 
 import fo_jax
 from conftest import gpu_devices_or_skip
+from numerics import group_major_layout
 
 pytestmark = pytest.mark.gpu
 
@@ -136,18 +137,6 @@ def test_fp8_overlapped_axis_size_one():
         _check(f(xq, wq, xs, ws), xq, xs, wq, ws)
 
 
-def _remap(ref, plan, batch, m):
-    """The group-major layout of a batched launch (signaling_gemm.h) from the plain product."""
-    out = np.empty_like(ref)
-    for g in range(plan.num_groups):
-        r0 = min(plan.group_begin[g] * plan.tile_m, m)
-        r1 = min(plan.group_begin[g + 1] * plan.tile_m, m)
-        for b in range(batch):
-            dst = batch * r0 + b * (r1 - r0)
-            out[dst:dst + r1 - r0] = ref[b * m + r0:b * m + r1]
-    return out
-
-
 @pytest.mark.parametrize("batch", [2, 4])
 @pytest.mark.parametrize("m", [72, 200])
 def test_fp8_batched_remap(batch, m):
@@ -171,8 +160,8 @@ def test_fp8_batched_remap(batch, m):
             x, w.T, a, b, plan, d_init=d))(xq, wq, xs, ws, d_init)
         got = np.asarray(y, np.float64)
         assert np.all(np.isfinite(got)), cfg["name"]
-        ref = _remap(X @ W, plan, batch, m)
-        mag = _remap(np.abs(X) @ np.abs(W), plan, batch, m)
+        ref = group_major_layout(X @ W, plan, batch, m)
+        mag = group_major_layout(np.abs(X) @ np.abs(W), plan, batch, m)
         assert np.all(np.abs(got - ref) <= 2.0**-8 * np.abs(ref) + 2.0**-10 * mag), cfg["name"]
         tiles_n = -(-n // plan.tile_n)
         b = plan.group_begin

@@ -12,7 +12,8 @@ import pytest
 
 import fo_jax
 from conftest import gpu_devices_or_skip
-from numerics import assert_close, random_operands
+from numerics import (assert_close, expected_group_counts, group_major_layout,
+                      random_operands)
 
 pytestmark = pytest.mark.gpu
 
@@ -47,22 +48,8 @@ def _run(dev, _cuda_ops, plan, x, w, batch=1):
     return np.asarray(d.astype(jnp.float32), np.float64), np.asarray(counters)
 
 
-def _expected_counts(plan, batch, n):
-    tiles_n = -(-n // plan.tile_n)
-    b = plan.group_begin
-    return [batch * (b[g + 1] - b[g]) * tiles_n for g in range(plan.num_groups)]
 
 
-def _remap(ref, plan, batch, m):
-    """The group-major reduce-scatter layout of signaling_gemm.h from the plain product."""
-    out = np.empty_like(ref)
-    for g in range(plan.num_groups):
-        r0 = min(plan.group_begin[g] * plan.tile_m, m)
-        r1 = min(plan.group_begin[g + 1] * plan.tile_m, m)
-        for b in range(batch):
-            dst = batch * r0 + b * (r1 - r0)
-            out[dst:dst + r1 - r0] = ref[b * m + r0:b * m + r1]
-    return out
 
 
 def _group_variants(_plan, name, dtype, m, n, k, batch):
@@ -87,7 +74,7 @@ def test_every_config_on_small_and_odd_m(shape, dtype):
             what = f"{c['name']} groups {plan.group_begin}"
             assert np.isfinite(d).all(), f"{what}: unwritten (poisoned) output elements"
             assert_close(d, ref, dtype)
-            assert counters.tolist() == _expected_counts(plan, 1, n), what
+            assert counters.tolist() == expected_group_counts(plan, 1, n), what
 
 
 @pytest.mark.parametrize("batch", [2, 4])
@@ -104,8 +91,8 @@ def test_every_config_remap_with_bands_smaller_than_a_tile(batch, m):
             d, counters = _run(dev, _cuda_ops, plan, x, w, batch)
             what = f"{c['name']} groups {plan.group_begin}"
             assert np.isfinite(d).all(), f"{what}: unwritten output rows"
-            assert_close(d, _remap(ref, plan, batch, m), dtype)
-            assert counters.tolist() == _expected_counts(plan, batch, n), what
+            assert_close(d, group_major_layout(ref, plan, batch, m), dtype)
+            assert counters.tolist() == expected_group_counts(plan, batch, n), what
 
 
 def test_odd_sm_budgets_give_identical_results():
@@ -121,7 +108,7 @@ def test_odd_sm_budgets_give_identical_results():
             cfg = fo_jax.OverlapConfig(gemm_config=c["name"], num_groups=4)
             plan = _plan.plan_gemm("test", jnp.dtype(dtype), m, n, k, 1, cfg, 1, budget)
             d, counters = _run(dev, _cuda_ops, plan, x, w)
-            assert counters.tolist() == _expected_counts(plan, 1, n), (c["name"], budget)
+            assert counters.tolist() == expected_group_counts(plan, 1, n), (c["name"], budget)
             outs.append(d)
         assert_close(outs[0], ref, dtype)
         for d in outs[1:]:

@@ -9,7 +9,8 @@ import pytest
 
 import fo_jax
 from conftest import gpu_devices_or_skip
-from numerics import assert_close, random_operands
+from numerics import (assert_close, expected_group_counts, group_major_layout,
+                      random_operands)
 
 pytestmark = pytest.mark.gpu
 KERNEL = fo_jax.OverlapConfig(allow_fallback=False)
@@ -38,22 +39,8 @@ def _operands(dev, seed, m, k, n, dtype, batch=1):
     return jax.device_put(x, dev), jax.device_put(w, dev), x64, w64
 
 
-def _expected_counts(plan, batch, n):
-    tiles_n = -(-n // plan.tile_n)
-    b = plan.group_begin
-    return [batch * (b[g + 1] - b[g]) * tiles_n for g in range(plan.num_groups)]
 
 
-def _remap(ref, plan, batch, m):
-    """The group-major reduce-scatter layout of signaling_gemm.h from the plain product."""
-    out = np.empty_like(ref)
-    rows = lambda g: min(plan.group_begin[g] * plan.tile_m, m)  # noqa: E731
-    for g in range(plan.num_groups):
-        r0, r1 = rows(g), rows(g + 1)
-        for l in range(batch):  # noqa: E741
-            dst = batch * r0 + l * (r1 - r0)
-            out[dst:dst + r1 - r0] = ref[l * m + r0:l * m + r1]
-    return out
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
@@ -95,7 +82,7 @@ def test_every_config_poisoned_output_and_counters(dtype):
         d, counters = _run_raw(dev, _cuda_ops, plan, x, w, 1)
         assert np.isfinite(d).all(), f"{name}: unwritten (poisoned) output elements"
         assert_close(d, ref, dtype)
-        assert counters.tolist() == _expected_counts(plan, 1, n), name
+        assert counters.tolist() == expected_group_counts(plan, 1, n), name
 
 
 @pytest.mark.parametrize("batch", [2, 4])
@@ -118,8 +105,8 @@ def test_remapped_reduce_scatter_layout(batch, groups, m):
             plan = _plan.plan_gemm("test", jnp.dtype(dtype), m, n, k, batch, cfg, 1, 0)
         d, counters = _run_raw(dev, _cuda_ops, plan, x, w, batch)
         assert np.isfinite(d).all(), f"{name}: unwritten output rows"
-        assert_close(d, _remap(x64 @ w64, plan, batch, m), dtype)
-        assert counters.tolist() == _expected_counts(plan, batch, n), name
+        assert_close(d, group_major_layout(x64 @ w64, plan, batch, m), dtype)
+        assert counters.tolist() == expected_group_counts(plan, batch, n), name
 
 
 def test_reduced_sm_budget_gives_identical_result():
@@ -131,7 +118,7 @@ def test_reduced_sm_budget_gives_identical_result():
         cfg = fo_jax.OverlapConfig(num_groups=4, sm_budget=budget if budget > 0 else None)
         plan = _plan.plan_gemm("test", jnp.dtype(dtype), m, n, k, 1, cfg, 1, budget)
         d, counters = _run_raw(dev, _cuda_ops, plan, x, w, 1)
-        assert counters.tolist() == _expected_counts(plan, 1, n)
+        assert counters.tolist() == expected_group_counts(plan, 1, n)
         outs.append(d)
     assert_close(outs[0], x64 @ w64, dtype)
     # Each tile is computed the same way whichever CTA takes it: bitwise equal.
