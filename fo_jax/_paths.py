@@ -55,18 +55,37 @@ def _xla_dot_reason(dtype, config, m: int, n: int, k: int) -> Optional[str]:
     return _gemm_choice.xla_dot_reason(m, n, k, dtype)
 
 
-def _choose_gemm(op: str, dtype, config, m: int, n: int, k: int, platform: str,
-                 plain: bool = False, **extra) -> PathChoice:
-    """The path of fo_jax's GEMM on x[m, k] @ w[k, n]. plain: nothing needs fo_jax's kernel
-    itself (fo_jax.matmul, an overlapped call over one device), so XLA's dot may take the GEMM;
-    the overlap's producer must be fo_jax's kernel (it signals its tiles)."""
-    extra = dict(extra, platform=platform)
+def _off_cuda(op: str, config, platform: str, extra: dict) -> Optional[PathChoice]:
+    """The reference path where fo_jax's kernels cannot run at all (forced, or not a CUDA
+    platform), else None: the first question of every chooser."""
     if _force_reference(config):
         why = "forced (FO_JAX_FORCE_REFERENCE=1 or config.force_reference)"
         return PathChoice(op, "reference", why, **extra)
     if platform not in CUDA_PLATFORMS:
         return PathChoice(op, "reference", f"platform {platform!r}: the CUDA path runs only on "
                           "CUDA devices", **extra)
+    return None
+
+
+def _too_small(config, t_gemm: float, transport: Optional[str]) -> Optional[float]:
+    """The GEMM-time floor an estimated GEMM of t_gemm seconds falls under (the overlap would not
+    pay: _plan.MIN_GEMM_SECONDS*), or None; never with allow_fallback=False."""
+    floor = (_plan.MIN_GEMM_SECONDS_COPY_ENGINE if transport == "copy_engine"
+             else _plan.MIN_GEMM_SECONDS)
+    if (config is None or config.allow_fallback) and t_gemm < floor:
+        return floor
+    return None
+
+
+def _choose_gemm(op: str, dtype, config, m: int, n: int, k: int, platform: str,
+                 plain: bool = False, **extra) -> PathChoice:
+    """The path of fo_jax's GEMM on x[m, k] @ w[k, n]. plain: nothing needs fo_jax's kernel
+    itself (fo_jax.matmul, an overlapped call over one device), so XLA's dot may take the GEMM;
+    the overlap's producer must be fo_jax's kernel (it signals its tiles)."""
+    extra = dict(extra, platform=platform)
+    off = _off_cuda(op, config, platform, extra)
+    if off is not None:
+        return off
     blocker = _cuda_blocker(dtype, m, n, k)
     if blocker is not None:
         return PathChoice(op, "reference", blocker, **extra)
@@ -95,10 +114,9 @@ def _choose_overlapped(dtype, config, m: int, n: int, k: int, platform: str, col
         return _choose_all_gather(dtype, config, m, n, k, platform, size)
     transport, how = _transport.choose("fo_jax.overlapped_matmul", collective, size, dtype, m, n,
                                        k, config)
-    floor = (_plan.MIN_GEMM_SECONDS_COPY_ENGINE if transport == "copy_engine"
-             else _plan.MIN_GEMM_SECONDS)
     t_gemm = _plan.estimate_seconds(collective, m, n, k)[0]
-    if (config is None or config.allow_fallback) and t_gemm < floor:
+    floor = _too_small(config, t_gemm, transport)
+    if floor is not None:
         return PathChoice(op, "xla", (
             f"too small to gain from overlap (estimated GEMM {t_gemm * 1e6:.0f} us < "
             f"{floor * 1e6:.0f} us): plain XLA dot + collective"), transport=transport,
@@ -112,12 +130,9 @@ def choose_fp8(op: str, config, m: int, n: int, k: int, platform: str, **extra) 
     table is measured yet, so XLA's fp8 dot is never chosen; docs/performance.md, "fp8"), the
     dequantizing reference elsewhere."""
     extra = dict(extra, platform=platform)
-    if _force_reference(config):
-        why = "forced (FO_JAX_FORCE_REFERENCE=1 or config.force_reference)"
-        return PathChoice(op, "reference", why, **extra)
-    if platform not in CUDA_PLATFORMS:
-        return PathChoice(op, "reference", f"platform {platform!r}: the CUDA path runs only on "
-                          "CUDA devices", **extra)
+    off = _off_cuda(op, config, platform, extra)
+    if off is not None:
+        return off
     blocker = fp8.blocker(m, n, k)
     if blocker is not None:
         return PathChoice(op, "reference", blocker, **extra)
@@ -141,10 +156,9 @@ def _choose_fp8_overlapped(config, m: int, n: int, k: int, platform: str, collec
     plain = (f"{c.reason}, then XLA's {collective} on its bfloat16 output")
     transport, how = _transport.choose("fo_jax.overlapped_matmul", collective, size, fp8.FP8_DTYPE,
                                        m, n, k, config)
-    floor = (_plan.MIN_GEMM_SECONDS_COPY_ENGINE if transport == "copy_engine"
-             else _plan.MIN_GEMM_SECONDS)
     t_gemm = _plan.estimate_seconds(collective, m, n, k)[0] / fp8.GEMM_SPEEDUP_OVER_BF16
-    if (config is None or config.allow_fallback) and t_gemm < floor:
+    floor = _too_small(config, t_gemm, transport)
+    if floor is not None:
         return dataclasses.replace(c, reason=(
             f"{plain} (too small to gain from overlap: estimated fp8 GEMM {t_gemm * 1e6:.0f} us "
             f"< {floor * 1e6:.0f} us)"))
@@ -169,10 +183,13 @@ def _choose_all_gather(dtype, config, m: int, n: int, k: int, platform: str,
         return PathChoice(op, "xla", f"{plain}: {problem}", **extra)
     transport, how = _transport.choose_all_gather("fo_jax.all_gather_matmul", size, config)
     t_gemm = _plan.estimate_seconds("all_gather", m * size, n, k)[0]
-    if config.allow_fallback and t_gemm < _plan.MIN_GEMM_SECONDS:
+    # The NCCL floor on both transports: the copy engine's lower floor is measured for the
+    # reduce-scatter and all-reduce only.
+    floor = _too_small(config, t_gemm, None)
+    if floor is not None:
         return PathChoice(op, "xla", (
             f"{plain}: too small to gain from overlap (estimated GEMM {t_gemm * 1e6:.0f} us < "
-            f"{_plan.MIN_GEMM_SECONDS * 1e6:.0f} us)"), transport=transport, **extra)
+            f"{floor * 1e6:.0f} us)"), transport=transport, **extra)
     return PathChoice(op, "cuda", f"fo_jax's overlapped all-gather (opted in, not yet verified "
                       f"on multi-GPU machines); {how}", transport=transport, **extra)
 
