@@ -12,22 +12,8 @@
 #   sweep           benchmarks/bench_gemm_sweep.py ($SWEEP_ARGS)
 # SKIP_BUILD=1 reuses the previous call's install on a machine still warm. Logs and results go to
 # $OUT; FO_JAX_COMMIT names the commit (the copied tree has no .git).
-set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; R=$PWD
-t0=$(date +%s); stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
-if [[ -z "${SKIP_BUILD:-}" ]]; then
-stamp wheels
-rm -rf /tmp/site /tmp/fo; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-  --upgrade --target /tmp/site .whl/*.whl > "$OUT/wheels.log" 2>&1 || { tail -20 "$OUT/wheels.log"; exit 1; }
-export PYTHONPATH=/tmp/site
-stamp build
-python3 -m pip install -v --no-build-isolation --no-deps --target /tmp/fo \
-  -C cmake.define.FO_JAX_COMMIT="${FO_JAX_COMMIT:-}" . > "$OUT/install.log" 2>&1 \
-  || { tail -60 "$OUT/install.log"; exit 1; }
-grep -iE "warning|error" "$OUT/install.log" | grep -v -i deprecat | grep -v "Registers are spilled" | head -20
-fi
-export PYTHONPATH=/tmp/fo:/tmp/site
+# The environment, $OUT, $R, stamp, and the install (or SKIP_BUILD=1: the previous one).
+source "$(dirname "${BASH_SOURCE[0]}")/install_tree.sh"
 cd /tmp
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import jax, fo_jax; print('jax', jax.__version__, jax.devices(), 'cuda module', fo_jax.cuda_module_available(), fo_jax.__file__)"

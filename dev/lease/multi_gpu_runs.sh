@@ -23,22 +23,8 @@
 # steps over calls, the later ones with SKIP_BUILD=1 (reuses the install on a machine still warm:
 # it is released ~30 s after a call ends, so start the next call at once). FO_JAX_COMMIT names the
 # commit (the copied tree has no .git). dev/lease/README.md has the exact commands.
-set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; R=$PWD
-t0=$(date +%s); stamp() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
-if [[ -z "${SKIP_BUILD:-}" ]]; then
-stamp wheels
-rm -rf /tmp/site /tmp/fo; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-  --upgrade --target /tmp/site .whl/*.whl > "$OUT/wheels.log" 2>&1 || { tail -20 "$OUT/wheels.log"; exit 1; }
-stamp build
-PYTHONPATH=/tmp/site python3 -m pip install -v --no-build-isolation --no-deps --target /tmp/fo \
-  -C cmake.define.FO_JAX_COMMIT="${FO_JAX_COMMIT:-}" . > "$OUT/install.log" 2>&1 \
-  || { tail -60 "$OUT/install.log"; exit 1; }
-elif [[ ! -d /tmp/fo/fo_jax ]]; then
-  echo "SKIP_BUILD=1 but no install in /tmp/fo (the machine was released): run without it"; exit 1
-fi
-export PYTHONPATH=/tmp/fo:/tmp/site
+# The environment, $OUT, $R, stamp, and the install (or SKIP_BUILD=1: the previous one).
+source "$(dirname "${BASH_SOURCE[0]}")/install_tree.sh"
 NGPU=$(nvidia-smi -L | wc -l)
 DEV=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | sed 's/^NVIDIA //; s/[ ,].*//' \
       | tr 'A-Z' 'a-z')
