@@ -45,10 +45,9 @@ run() {
     | tee -a "$SUMMARY"
   return $rc
 }
-pytest_files() {  # pytest over tree paths (the tree's conftest and pyproject)
-  FO_JAX_REQUIRE_GPU=1 python3 -m pytest -q -rs -p no:cacheprovider --rootdir "$R" \
-    -c "$R/pyproject.toml" "$@"
-}
+# pytest over tree paths (the tree's conftest and pyproject), as a command `timeout` can run.
+pytest_files=(env FO_JAX_REQUIRE_GPU=1 python3 -m pytest -q -rs -p no:cacheprovider --rootdir "$R"
+              -c "$R/pyproject.toml")
 # Moves the files a benchmark wrote into $1 to $OUT, $NAME added before the extension.
 collect() {
   for f in "$1"/*; do
@@ -63,7 +62,7 @@ for step in ${STEPS:-overlap-tests bench train reliability multiprocess cpu-test
   stamp "$step"
   case "$step" in
     overlap-tests)
-      run "$step" "${OVERLAP_TESTS_TIMEOUT:-420}" "tests_overlap_$NAME.log" pytest_files \
+      run "$step" "${OVERLAP_TESTS_TIMEOUT:-420}" "tests_overlap_$NAME.log" "${pytest_files[@]}" \
         "$O/test_overlap_gpu.py" "$O/test_all_gather_gpu.py" "$O/test_autodiff_gpu.py"
       tail -5 "$OUT/tests_overlap_$NAME.log"; tail -1 "$OUT/tests_overlap_$NAME.log" \
         | sed 's/^/overlap-tests: /' >> "$SUMMARY";;
@@ -97,7 +96,7 @@ for step in ${STEPS:-overlap-tests bench train reliability multiprocess cpu-test
       done
       rm -rf "$OUT/profile.tmp";;
     reliability)
-      run "$step" "${RELIABILITY_TIMEOUT:-480}" "tests_reliability_$NAME.log" pytest_files \
+      run "$step" "${RELIABILITY_TIMEOUT:-480}" "tests_reliability_$NAME.log" "${pytest_files[@]}" \
         "$O/test_reliability_gpu.py" "$O/test_copy_engine_processes_gpu.py"
       tail -5 "$OUT/tests_reliability_$NAME.log"; tail -1 "$OUT/tests_reliability_$NAME.log" \
         | sed 's/^/reliability: /' >> "$SUMMARY";;
@@ -107,7 +106,7 @@ for step in ${STEPS:-overlap-tests bench train reliability multiprocess cpu-test
         --out "$OUT/mp.tmp" ${MULTIPROCESS_ARGS:-}
       collect "$OUT/mp.tmp"; tail -12 "$OUT/bench_multiprocess_$NAME.log";;
     cpu-tests)
-      run "$step" "${CPU_TESTS_TIMEOUT:-540}" "tests_cpu_$NAME.log" pytest_files "$R/tests/cpu"
+      run "$step" "${CPU_TESTS_TIMEOUT:-540}" "tests_cpu_$NAME.log" "${pytest_files[@]}" "$R/tests/cpu"
       tail -5 "$OUT/tests_cpu_$NAME.log"; tail -1 "$OUT/tests_cpu_$NAME.log" \
         | sed 's/^/cpu-tests: /' >> "$SUMMARY";;
     *) echo "unknown step $step (expected overlap-tests bench train reliability multiprocess" \
