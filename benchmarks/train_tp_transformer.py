@@ -278,8 +278,10 @@ def run(a, mesh, platform: str, note: str | None) -> tuple:
           f"{median['jax.baseline']:.2f} ms; step-time ratio (baseline / fo_jax) "
           f"{median['jax.baseline'] / median['fo_jax']:.3f}x")
     ratio = median["jax.baseline"] / median["fo_jax"]
-    print(f"{'PASS' if ratio >= STEP_RATIO else 'FAIL'} train_tp_transformer: step-time ratio "
-          f">= {STEP_RATIO}x (measured {ratio:.3f}x, all_gather {a.all_gather})")
+    # The criterion is about GPUs: a CPU run's times say nothing about it, so it gets no verdict.
+    verdict = ("PASS" if ratio >= STEP_RATIO else "FAIL") if platform == "gpu" else "NOT CHECKED"
+    print(f"{verdict} train_tp_transformer: step-time ratio >= {STEP_RATIO}x (measured "
+          f"{ratio:.3f}x, all_gather {a.all_gather}, {platform})")
     for row in rows:
         row["max_rel_loss_diff"] = worst
     return rows, worst, losses

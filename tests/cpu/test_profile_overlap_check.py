@@ -122,7 +122,8 @@ def test_real_cpu_profile_of_the_training_script(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["all_gather"] for r in rows} == {"overlap"}
-    assert "train_tp_transformer: step-time ratio >= 1.15x" in p.stdout
+    # A CPU run states the criterion without a verdict (its times are not GPU times).
+    assert "NOT CHECKED train_tp_transformer: step-time ratio >= 1.15x" in p.stdout
     assert {r["method"] for r in rows} == {"fo_jax", "jax.baseline"}
     trace = poc.find_trace(str(tmp_path / "trace" / "fo_jax"))
     assert trace.endswith(".xplane.pb")
