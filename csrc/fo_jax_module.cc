@@ -6,6 +6,7 @@
 // Over ~500 lines: one NB_MODULE body binds every handler, enum and query (nanobind defines a
 // module in one function); each binding is a few lines delegating to comm/ or kernels/.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -13,6 +14,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <optional>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -30,6 +32,7 @@
 #include "comm/copy_engine_debug.h"
 #include "comm/device_memory.h"
 #include "comm/failed_call.h"
+#include "comm/group_ids.h"
 #include "comm/host_worker.h"
 #include "comm/overlap_plan.h"
 #include "comm/peer_memory_ipc.h"
@@ -280,6 +283,34 @@ NB_MODULE(_fo_jax_cuda, m) {
         fo_jax::AbortGroupForKnownFailure(id, failure);
       },
       nb::arg("unique_id"), nb::arg("failure"));
+
+  // The NCCL unique id of a group token (comm/group_ids.h): registered when an overlapped call
+  // is lowered (fo_jax/_bootstrap.py), read back by tests.
+  m.def(
+      "register_group_unique_id",
+      [](nb::bytes token, nb::bytes unique_id) {
+        if (token.size() != fo_jax::kGroupTokenBytes ||
+            unique_id.size() != fo_jax::kGroupUniqueIdBytes) {
+          throw std::invalid_argument("register_group_unique_id: a token is 32 bytes and a "
+                                      "unique id 128");
+        }
+        fo_jax::RegisterGroupUniqueId(std::string(token.c_str(), token.size()),
+                                      std::string(unique_id.c_str(), unique_id.size()));
+      },
+      nb::arg("token"), nb::arg("unique_id"));
+  m.def(
+      "group_unique_id",
+      [](nb::bytes token) -> std::optional<nb::bytes> {
+        if (token.size() != fo_jax::kGroupTokenBytes) {
+          throw std::invalid_argument("group_unique_id: a token is 32 bytes");
+        }
+        char id[fo_jax::kGroupUniqueIdBytes];
+        if (!fo_jax::FindGroupUniqueId(reinterpret_cast<const uint8_t*>(token.c_str()), id)) {
+          return std::nullopt;
+        }
+        return nb::bytes(id, sizeof(id));
+      },
+      nb::arg("token"));
 
   m.def("nccl_unique_id", []() {
     ncclUniqueId id;

@@ -10,6 +10,10 @@ generates the id and publishes it through JAX's distributed key-value store, the
 Ids are cached per (group devices, NCCL CTA bound), so every call on the same group reuses one
 communicator; the copy-engine transport asks with bound 0 (it runs no NCCL collective but its
 address exchange), so it has one communicator per group whatever the shape's NCCL settings.
+The lowered call names its group's id by a token (group_token), not by the id: the id is new in
+every run, the token is not, so the compiled module is the same in every run and JAX's
+persistent compilation cache can hit; lowering registers the id under its token in the CUDA
+module, where the handler looks it up.
 
 Plan agreement: with one process per GPU every process plans on its own (its tuning cache, its
 environment, its CUDA module), and ranks that run different plans hang or sum garbage. So each
@@ -34,6 +38,7 @@ import numpy as np
 
 from fo_jax import _failure_watch
 
+GROUP_TOKEN_BYTES = 32  # csrc/comm/group_ids.h kGroupTokenBytes
 _lock = threading.Lock()
 _unique_ids: dict = {}
 _unconfirmed: list = []  # (client, peer's plan key, own fields, process, peer, call): see below
@@ -321,20 +326,38 @@ def _unique_id(group: Sequence, nccl_max_ctas: int, process_index: int, process_
         return uid
 
 
+def group_token(group: Sequence, nccl_max_ctas: int) -> bytes:
+    """The 32 bytes that name a group's communicator in the lowered call (csrc/comm/group_ids.h):
+    a digest of what keys its NCCL unique id here (its devices' ids and the communicator's CTA
+    bound), the same in every run, so the compiled module is too and the persistent compilation
+    cache can hit; the unique id itself is new in every run and reaches the handler through
+    `register_id` at lowering."""
+    key = "fo_jax/group/%d/%s" % (int(nccl_max_ctas), "-".join(str(int(d.id)) for d in group))
+    return hashlib.sha256(key.encode()).digest()
+
+
 def mesh_attributes(mesh, axis_name: str, nccl_max_ctas: int, process_index: int,
-                    process_count: int, make_id: Callable[[], bytes]) -> dict:
+                    process_count: int, make_id: Callable[[], bytes],
+                    register_id: Optional[Callable[[bytes, bytes], None]] = None) -> dict:
     """The overlap call's attributes that describe the mesh (csrc/ffi/plan_attrs.h): `mesh`, a
     struct with one row per mesh device (its process, local ordinal, rank along `axis_name` and
-    tensor-parallel group) and this process's index, and `unique_ids`, 128 bytes per group
-    (zeros for the groups this process takes no part in)."""
+    tensor-parallel group) and this process's index, and `group_tokens`, 32 bytes per group
+    (group_token; zeros for the groups this process takes no part in). Each of this process's
+    groups gets its NCCL unique id (made by `make_id`, or by the group's first process), passed
+    with its token to `register_id` (the CUDA module's registry, which the handler reads)."""
     axis = list(mesh.axis_names).index(axis_name)
     groups = group_table(mesh.devices, axis)
     procs, locals_, ranks, group_ids = [], [], [], []
-    uids = bytearray()
+    tokens = bytearray()
     for g, group in enumerate(groups):
-        mine = any(int(d.process_index) == process_index for d in group)
-        uids += (_unique_id(group, nccl_max_ctas, process_index, process_count, make_id)
-                 if mine else bytes(128))
+        if any(int(d.process_index) == process_index for d in group):
+            uid = _unique_id(group, nccl_max_ctas, process_index, process_count, make_id)
+            token = group_token(group, nccl_max_ctas)
+            if register_id is not None:
+                register_id(token, uid)
+            tokens += token
+        else:
+            tokens += bytes(GROUP_TOKEN_BYTES)
         for r, d in enumerate(group):
             procs.append(int(d.process_index))
             locals_.append(int(d.local_hardware_id if d.local_hardware_id is not None else d.id))
@@ -349,13 +372,14 @@ def mesh_attributes(mesh, axis_name: str, nccl_max_ctas: int, process_index: int
             device_rank=as_i32(ranks),
             device_group=as_i32(group_ids),
         ),
-        unique_ids=np.frombuffer(bytes(uids), dtype=np.uint8),
+        group_tokens=np.frombuffer(bytes(tokens), dtype=np.uint8),
     )
 
 
 def overlap_mesh_attributes(mesh, axis_name: str, plan, operands: Sequence, process_index: int,
                             process_count: int, make_id: Callable[[], bytes],
-                            explicit: Sequence = ()) -> dict:
+                            explicit: Sequence = (),
+                            register_id: Optional[Callable[[bytes, bytes], None]] = None) -> dict:
     """mesh_attributes for an overlapped call's lowering, with the communicator named as
     `communicator_ctas` says; with several processes, first checks that every process of each
     group this process takes part in runs the same plan (check_plan_agreement; `explicit`: the
@@ -370,4 +394,4 @@ def overlap_mesh_attributes(mesh, axis_name: str, plan, operands: Sequence, proc
             check_plan_agreement(group, fields, process_index, _env.plan_timeout_s(),
                                  identity=identity)
     return mesh_attributes(mesh, axis_name, communicator_ctas(plan), process_index,
-                           process_count, make_id)
+                           process_count, make_id, register_id)

@@ -186,9 +186,10 @@ def _overlap_lowering(ctx, *operands, result_avals, axis_name, plan, explicit=()
     if mesh.shape[axis_name] != plan.axis_size:
         raise ValueError(f"{fn}: the plan is for {plan.axis_size} ranks, axis {axis_name!r} of "
                          f"the lowering mesh has {mesh.shape[axis_name]}")
+    mod = _cuda.module()
     mesh_attrs = _bootstrap.overlap_mesh_attributes(
         mesh, axis_name, plan, ctx.avals_in, jax.process_index(), jax.process_count(),
-        _cuda.module().nccl_unique_id, explicit)
+        mod.nccl_unique_id, explicit, mod.register_group_unique_id)
     rule = jax.ffi.ffi_lowering(OVERLAP_FP8_TARGET if len(operands) == 4 else OVERLAP_TARGET)
     return rule(ctx, *operands, plan=overlap_attribute(plan), **mesh_attrs)
 

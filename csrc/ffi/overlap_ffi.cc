@@ -3,7 +3,8 @@
 // [M/P, K] and its second result the gathered [M, K]), run an OverlapCall (comm/overlap_call.h:
 // prepare, then enqueue on XLA's stream) and map its status. The fp8 target takes x[M, K] and
 // w[N, K] (K-major, as the fp8 kernel reads it) float8_e4m3fn and their two float32 scales; its
-// results are bf16 and its collective runs on them (OverlapShape::out_dtype).
+// results are bf16 and its collective runs on them (OverlapShape::out_dtype). The call names its
+// group's NCCL unique id by a token (comm/group_ids.h), so its HLO is the same in every run.
 #include "ffi/overlap_ffi.h"
 
 #include <cuda_runtime.h>
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "comm/call_timeline.h"
+#include "comm/group_ids.h"
 #include "comm/overlap_call.h"
 #include "comm/overlap_plan.h"
 #include "comm/status.h"
@@ -38,7 +40,7 @@ Status Overlap(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBu
                const Scales* scales, ffi::Result<ffi::AnyBuffer> out,
                ffi::Result<ffi::AnyBuffer> workspace,
                ffi::Result<ffi::Buffer<ffi::U32>> counters, const OverlapPlanAttr& plan_attr,
-               const MeshAttr& mesh, ffi::Span<const uint8_t> unique_ids) {
+               const MeshAttr& mesh, ffi::Span<const uint8_t> group_tokens) {
   const int64_t host_enter_ns = TimelineNowNs();
   // A call cannot be captured into a CUDA graph: each one advances host-side state that its GPU
   // work matches (the communicator's epoch, the copy worker's event ring, receive buffers grown
@@ -89,15 +91,22 @@ Status Overlap(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBu
 
   MeshPlace me;
   FO_JAX_RETURN_IF_ERROR(FindInMesh(mesh, device, &me));
+  static_assert(kGroupUniqueIdBytes == NCCL_UNIQUE_ID_BYTES);
   if (me.group < 0 ||
-      unique_ids.size() < static_cast<size_t>(me.group + 1) * NCCL_UNIQUE_ID_BYTES) {
-    return Status::InvalidArgument("bad group/unique id table");
+      group_tokens.size() < static_cast<size_t>(me.group + 1) * kGroupTokenBytes) {
+    return Status::InvalidArgument("bad group/token table");
   }
   OverlapPlace place;
   place.device = device;
   place.rank = me.rank;
-  std::memcpy(place.id.internal, unique_ids.begin() + me.group * NCCL_UNIQUE_ID_BYTES,
-              NCCL_UNIQUE_ID_BYTES);
+  if (!FindGroupUniqueId(group_tokens.begin() + me.group * kGroupTokenBytes,
+                         place.id.internal)) {
+    return Status::InvalidArgument(
+        "no NCCL unique id is registered in this process for the call's tensor-parallel group: "
+        "an overlapped call runs only in a process that lowered it (jax.jit lowers it before "
+        "each compilation, also when the persistent compilation cache then hits; an exported "
+        "or deserialized executable was not lowered here)");
+  }
 
   OverlapBuffers buffers;
   buffers.x = x.untyped_data();
@@ -121,9 +130,9 @@ Status Overlap(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBu
 ffi::Error OverlapImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer w,
                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
                        ffi::Result<ffi::Buffer<ffi::U32>> counters, OverlapPlanAttr plan,
-                       MeshAttr mesh, ffi::Span<const uint8_t> unique_ids) {
+                       MeshAttr mesh, ffi::Span<const uint8_t> group_tokens) {
   return ToFfiError(
-      Overlap(stream, device, x, w, nullptr, out, workspace, counters, plan, mesh, unique_ids),
+      Overlap(stream, device, x, w, nullptr, out, workspace, counters, plan, mesh, group_tokens),
       kTarget);
 }
 
@@ -132,14 +141,14 @@ ffi::Error OverlapFp8Impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                           ffi::Buffer<ffi::F32> w_scale, ffi::Result<ffi::AnyBuffer> out,
                           ffi::Result<ffi::AnyBuffer> workspace,
                           ffi::Result<ffi::Buffer<ffi::U32>> counters, OverlapPlanAttr plan,
-                          MeshAttr mesh, ffi::Span<const uint8_t> unique_ids) {
+                          MeshAttr mesh, ffi::Span<const uint8_t> group_tokens) {
   if (x_scale.element_count() != 1 || w_scale.element_count() != 1) {
     return ffi::Error::InvalidArgument(std::string(kFp8Target) +
                                        ": the scales must be f32 scalars");
   }
   const Scales scales{x_scale.typed_data(), w_scale.typed_data()};
   return ToFfiError(
-      Overlap(stream, device, x, w, &scales, out, workspace, counters, plan, mesh, unique_ids),
+      Overlap(stream, device, x, w, &scales, out, workspace, counters, plan, mesh, group_tokens),
       kFp8Target);
 }
 
@@ -160,7 +169,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<ffi::Buffer<ffi::U32>>()                    // counters [G] (all-gather: flags)
         .Attr<fo_jax::OverlapPlanAttr>("plan")           // _plan.OverlapPlan
         .Attr<fo_jax::MeshAttr>("mesh")                  // the mesh table
-        .Attr<ffi::Span<const uint8_t>>("unique_ids"));  // 128 bytes per group
+        .Attr<ffi::Span<const uint8_t>>("group_tokens"));  // 32 bytes per group
 
 // The fp8 form: the same call with the two scales after the operands (no command buffers either).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
@@ -177,4 +186,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<ffi::Buffer<ffi::U32>>()                    // counters [G]
         .Attr<fo_jax::OverlapPlanAttr>("plan")           // _plan.OverlapPlan
         .Attr<fo_jax::MeshAttr>("mesh")                  // the mesh table
-        .Attr<ffi::Span<const uint8_t>>("unique_ids"));  // 128 bytes per group
+        .Attr<ffi::Span<const uint8_t>>("group_tokens"));  // 32 bytes per group

@@ -4,8 +4,9 @@ tests/data/plans_golden.json, compared by tests/cpu/test_plan_golden.py.
 Each case is lowered for the "cuda" platform from CPU devices (jax.jit(jax.shard_map(...))
 .trace(x, w).lower(lowering_platforms=("cuda",))) and the record keeps which path the call takes
 (from fo_jax's DEBUG log line), the FFI target it calls and every attribute of that custom call
-except the NCCL unique ids. On a machine without GPUs fo_jax sees no peer-access problem, so
-the copy-engine transport is chosen wherever the shape lets it; that is what the record holds.
+but the group tokens (which name the NCCL unique ids; recorded when those were random and left
+out since). On a machine without GPUs fo_jax sees no peer-access problem, so the copy-engine
+transport is chosen wherever the shape lets it; that is what the record holds.
 
 The file was recorded with the code before the plan became one struct attribute (loose
 attributes, target fo_jax_overlapped_matmul_ffi) and is the evidence the restructured code is
@@ -278,8 +279,8 @@ def fo_jax_custom_calls(text: str) -> list:
     for mt in re.finditer(r"stablehlo\.custom_call @(fo_jax_\w+)\(", text):
         at = text.index("backend_config = {", mt.end()) + len("backend_config = ")
         attrs = _balanced(text, at)
-        attrs = re.sub(r'unique_ids = dense<"0x[0-9A-F]*"> : tensor<\d+xui8>',
-                       'unique_ids = 0 : i32', attrs)
+        attrs = re.sub(r'group_tokens = dense<[^>]*> : tensor<\d+xui8>',
+                       'group_tokens = 0 : i32', attrs)
         line_end = text.index("\n", at)
         rest = text[text.index("}", at + len(attrs) - 1) + 1:line_end]
         types = rest[rest.index(": (") + 2:].strip() if ": (" in rest else rest.strip()
@@ -320,8 +321,8 @@ def lower_case(case: dict) -> str:
 
 
 def record(case: dict) -> dict:
-    """What the handler receives for `case`: path, reason, FFI target(s) and attributes (unique
-    ids left out), or the trace-time error."""
+    """What the handler receives for `case`: path, reason, FFI target(s) and attributes (group
+    tokens left out), or the trace-time error."""
     log = logging.getLogger("fo_jax")
     handler = _PathLog()
     level = log.level
@@ -337,7 +338,7 @@ def record(case: dict) -> dict:
         log.setLevel(level)
     calls = []
     for target, attrs, types in fo_jax_custom_calls(text):
-        attrs = {key: val for key, val in attrs.items() if key != "unique_ids"}
+        attrs = {key: val for key, val in attrs.items() if key != "group_tokens"}
         calls.append(dict(target=target, attrs=attrs, types=types))
     path, reason = handler.paths[-1] if handler.paths else (None, None)
     for call in calls:

@@ -38,7 +38,7 @@ def test_cuda_lowering_from_cpu(collective, mesh_shape):
     np.testing.assert_array_equal(np.asarray(f(x, w), np.float32), 512.0)  # CPU: reference
     text = f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
     assert "fo_jax_overlapped_matmul_v2" in text
-    for attr in ("plan = {", "mesh = {", "unique_ids", "group_begin", "device_rank",
+    for attr in ("plan = {", "mesh = {", "group_tokens", "group_begin", "device_rank",
                  "axis_size"):
         assert attr in text, attr
 

@@ -76,19 +76,42 @@ def test_group_table_of_each_axis():
 
 def test_mesh_attributes_single_process_two_groups():
     ids = iter(bytes([i]) * 128 for i in range(1, 100))
-    attrs = _bootstrap.mesh_attributes(_mesh_2x2(), "tp", 16, 0, 1, lambda: next(ids))
+    registered = {}
+    _bootstrap._unique_ids.clear()
+    attrs = _bootstrap.mesh_attributes(_mesh_2x2(), "tp", 16, 0, 1, lambda: next(ids),
+                                       registered.__setitem__)
     mesh = attrs["mesh"]
     assert int(mesh["process"]) == 0
     assert mesh["device_rank"].tolist() == [0, 1, 0, 1]
     assert mesh["device_group"].tolist() == [0, 0, 1, 1]
     assert mesh["device_ordinal"].tolist() == [0, 1, 2, 3]
-    uids = attrs["unique_ids"].reshape(2, 128)
-    assert uids.dtype == np.uint8 and (uids[0] != uids[1]).any()
+    tokens = attrs["group_tokens"].reshape(2, 32)
+    assert tokens.dtype == np.uint8 and (tokens[0] != tokens[1]).any()
+    # Each group's token names its unique id in the registry; the ids differ, the tokens are
+    # digests of the groups' devices and CTA bound, not of the ids.
+    uids = [registered[bytes(t)] for t in tokens]
+    assert uids[0] != uids[1]
+    groups = _bootstrap.group_table(_mesh_2x2().devices, 1)
+    assert [bytes(t) for t in tokens] == [_bootstrap.group_token(g, 16) for g in groups]
     # Lowering again reuses the same ids (one communicator per group and option set).
-    again = _bootstrap.mesh_attributes(_mesh_2x2(), "tp", 16, 0, 1, lambda: next(ids))
-    np.testing.assert_array_equal(again["unique_ids"], attrs["unique_ids"])
-    other = _bootstrap.mesh_attributes(_mesh_2x2(), "tp", 8, 0, 1, lambda: next(ids))
-    assert (other["unique_ids"] != attrs["unique_ids"]).any()  # other NCCL options: new comms
+    again = _bootstrap.mesh_attributes(_mesh_2x2(), "tp", 16, 0, 1, lambda: next(ids),
+                                       registered.__setitem__)
+    np.testing.assert_array_equal(again["group_tokens"], attrs["group_tokens"])
+    assert [registered[bytes(t)] for t in tokens] == uids
+    other = _bootstrap.mesh_attributes(_mesh_2x2(), "tp", 8, 0, 1, lambda: next(ids),
+                                       registered.__setitem__)
+    assert (other["group_tokens"] != attrs["group_tokens"]).any()  # other NCCL options
+    assert {registered[bytes(t)] for t in other["group_tokens"].reshape(2, 32)}.isdisjoint(uids)
+
+
+def test_group_tokens_do_not_depend_on_the_unique_ids():
+    """The lowered call carries tokens, not unique ids: a new process (new ids) lowers the same
+    attributes, so the persistent compilation cache can hit."""
+    first = _bootstrap.mesh_attributes(_mesh_2x2(), "tp", 4, 0, 1, lambda: b"\x01" * 128)
+    _bootstrap._unique_ids.clear()
+    second = _bootstrap.mesh_attributes(_mesh_2x2(), "tp", 4, 0, 1, lambda: b"\x02" * 128)
+    np.testing.assert_array_equal(first["group_tokens"], second["group_tokens"])
+    assert set(first) == {"mesh", "group_tokens"}
 
 
 def test_mesh_attributes_leave_foreign_groups_empty():
@@ -101,12 +124,14 @@ def test_mesh_attributes_leave_foreign_groups_empty():
         calls.append(1)
         return b"\x07" * 128
 
+    registered = {}
     _bootstrap._unique_ids.clear()
     # process_count 1 path would not be used with foreign devices; emulate with count 1 but check
     # that ids are only made for groups this process takes part in.
-    attrs = _bootstrap.mesh_attributes(mesh, "tp", 4, 0, 1, make_id)
-    uids = attrs["unique_ids"].reshape(2, 128)
-    assert (uids[0] == 7).all() and (uids[1] == 0).all() and len(calls) == 1
+    attrs = _bootstrap.mesh_attributes(mesh, "tp", 4, 0, 1, make_id, registered.__setitem__)
+    tokens = attrs["group_tokens"].reshape(2, 32)
+    assert (tokens[0] != 0).any() and (tokens[1] == 0).all() and len(calls) == 1
+    assert registered == {bytes(tokens[0]): b"\x07" * 128}
     assert attrs["mesh"]["device_process"].tolist() == [0, 0, 1, 1]
 
 

@@ -265,31 +265,71 @@ def test_copy_thread_signals_are_wrap_safe(first_signal):
     assert (before, after) == (False, True)
 
 
-@needs_module
-@pytest.mark.parametrize("transport", ["copy_engine", "nccl"])
-def test_lowered_unique_ids_follow_the_communicator_naming(transport):
-    """H5 at lowering: two copy-engine calls with different NCCL CTA bounds carry the same
-    unique id (one communicator); on the NCCL transport each bound has its own."""
-    import re
-
+def _lowered_rs_text(transport: str, ctas: int) -> str:
+    """The lowered CUDA module of a 2-rank reduce-scatter over CPU devices."""
     import jax
     from jax.sharding import PartitionSpec as P
 
     from conftest import cpu_mesh
 
     mesh = cpu_mesh((2,), ("tp",))
+    config = fo_jax.OverlapConfig(allow_fallback=False, transport=transport, nccl_max_ctas=ctas)
+    f = jax.jit(jax.shard_map(
+        lambda x, w: fo_jax.overlapped_matmul(x, w, axis_name="tp",
+                                              collective="reduce_scatter", config=config),
+        mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
+    x = jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
+    return f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
 
-    def unique_ids(ctas):
-        config = fo_jax.OverlapConfig(allow_fallback=False, transport=transport,
-                                      nccl_max_ctas=ctas)
-        f = jax.jit(jax.shard_map(
-            lambda x, w: fo_jax.overlapped_matmul(x, w, axis_name="tp",
-                                                  collective="reduce_scatter", config=config),
-            mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
-        x = jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16)
-        w = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
-        text = f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
-        return re.search(r"unique_ids = (dense<[^>]*>)", text).group(1)
 
-    same = unique_ids(8) == unique_ids(32)
-    assert same is (transport == "copy_engine")
+def _group_tokens(text: str) -> bytes:
+    """The lowered call's group_tokens (MLIR prints a short array as a list, a long one in hex)."""
+    import re
+
+    value = re.search(r"group_tokens = dense<([^>]*)>", text).group(1)
+    if value.startswith('"0x'):
+        return bytes.fromhex(value[3:-1])
+    return bytes(int(v) for v in value.strip("[]").split(","))
+
+
+@needs_module
+@pytest.mark.parametrize("transport", ["copy_engine", "nccl"])
+def test_lowered_group_tokens_follow_the_communicator_naming(transport):
+    """H5 at lowering: two copy-engine calls with different NCCL CTA bounds name the same group
+    token (one communicator); on the NCCL transport each bound has its own. The token names the
+    group's NCCL unique id in the CUDA module's registry, where the handler looks it up."""
+    from fo_jax import _cuda
+
+    tokens = {ctas: _group_tokens(_lowered_rs_text(transport, ctas)) for ctas in (8, 32)}
+    assert (tokens[8] == tokens[32]) is (transport == "copy_engine")
+    for ctas, token in tokens.items():
+        key = (tuple(range(2)), 0 if transport == "copy_engine" else ctas)
+        assert _cuda.module().group_unique_id(token) == _bootstrap._unique_ids[key]
+
+
+@needs_module
+def test_lowered_module_is_the_same_in_every_process():
+    """H12: the NCCL unique id is new in every process, the lowered module is not (it names the
+    id by a token), so JAX's persistent compilation cache can hit across runs."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = ("import sys, hashlib; sys.path[:0] = [%r, %r]; import test_reliability as t; "
+            "print(hashlib.sha256(t._lowered_rs_text('nccl', 8).encode()).hexdigest())"
+            % (here, os.path.dirname(here)))
+    where = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))  # this fo_jax
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               PYTHONPATH=os.pathsep.join(p for p in (where, os.environ.get("PYTHONPATH")) if p))
+    digests = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           timeout=300, cwd=here)
+        assert p.returncode == 0, p.stderr[-3000:]
+        digests.append(p.stdout.split()[-1])
+    assert digests[0] == digests[1]
+    assert "group_tokens" in _lowered_rs_text("nccl", 8)
