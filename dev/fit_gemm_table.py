@@ -25,8 +25,15 @@ _gemm_choice.RADIUS and the threshold; the shapes still under 0.95x where fo_jax
 kernel (the overlap's producer); the configurations never chosen (rows of
 csrc/kernels/gemm_configs.py that only cost build time).
 
-Usage: python3 dev/fit_gemm_table.py SWEEP.jsonl [...] [--out fo_jax/_gemm_table.py]
-         [--report REPORT.md] [--xla-threshold 0.98] [--sms 132]
+Re-measured points (--recheck PLAIN.jsonl ...): sweeps without per-config rows
+(`bench_gemm_sweep.py` without --configs: only xla.dot and fo_jax.matmul per shape, so each
+trace holds two methods and the drift above cannot build up), run with a table fitted on the
+same config sweep. Where such a sweep's fo_jax.matmul ran the configuration this fit chooses,
+its ratio ms(xla.dot) / ms(fo_jax.matmul) replaces the shape's XLA_POINTS entry (a direct
+reading of the same kernel against XLA's dot); the report lists every replaced point.
+
+Usage: python3 dev/fit_gemm_table.py SWEEP.jsonl [...] [--recheck PLAIN.jsonl ...]
+         [--out fo_jax/_gemm_table.py] [--report REPORT.md] [--xla-threshold 0.98] [--sms 132]
 """
 
 from __future__ import annotations
@@ -191,6 +198,56 @@ def xla_points(shapes: dict, configs: list, params: dict, sms: int, bf16: Option
         if ms:
             points.append((*s, round(d["xla"] / ms, 4)))
     return points
+
+
+def recheck_points(points: list, rows: list, dt: str, configs: list, params: dict,
+                   sms: int, threshold: float) -> tuple:
+    """(points with the re-measured ratios, markdown) for dtype `dt`: `rows` are plain sweeps'
+    (module docstring, "Re-measured points")."""
+    by_shape = {}
+    for r in rows:
+        if r["dtype"] == dt and r.get("ms"):
+            by_shape.setdefault((r["M"], r["N"], r["K"]), {})[r["method"]] = r
+    current = {p[:3]: p[3] for p in points}
+    lines = []
+    for s, d in sorted(by_shape.items()):
+        mine, xla = d.get("fo_jax.matmul"), d.get("xla.dot")
+        if not (mine and xla) or mine.get("config") != choice(configs, params, s, sms):
+            continue  # handed to XLA's dot there, or another table's choice: no reading
+        ratio = round(xla["ms"] / mine["ms"], 4)
+        old = current.get(s)
+        current[s] = ratio
+        lines.append([f"{s[0]}x{s[1]}x{s[2]}", mine["config"],
+                      f"{old:.3f}" if old is not None else "-", f"{ratio:.3f}"])
+    if not lines:
+        return points, ""
+    new = [(*s, r) for s, r in sorted(current.items())]
+    # What fo_jax.matmul gets on the plain sweep's shapes with the new points: XLA's dot (ratio
+    # 1) where they hand the shape over, else the plain sweep's reading of fo_jax's kernel
+    # (shapes it handed to XLA's dot and that the new points keep on fo_jax's kernel have no
+    # reading: left out, and counted).
+    after, unread = [], 0
+    for s, d in by_shape.items():
+        mine, xla = d.get("fo_jax.matmul"), d.get("xla.dot")
+        if not (mine and xla):
+            continue
+        est = _gemm_choice.estimate_from(new, *s)
+        if est is not None and est < threshold:
+            after.append(1.0)
+        elif mine.get("config") != "xla.dot":
+            after.append(xla["ms"] / mine["ms"])
+        else:
+            unread += 1
+    text = (f"\n### {dt}: re-measured points\n\n{len(lines)} shapes where the plain sweep's "
+            f"fo_jax.matmul ran this fit's choice; their XLA_POINTS ratio is the plain "
+            f"sweep's:\n\n" + table(["M x N x K", "config", "config sweep", "plain sweep"],
+                                     lines)
+            + "\nWith them, predicted on the plain sweep's shapes (ratio 1 where fo_jax.matmul "
+            f"hands the shape to XLA's dot):\n\n"
+            + summary("fo_jax.matmul", after)
+            + (f"\n{unread} shapes would move from XLA's dot to fo_jax's kernel (no reading).\n"
+               if unread else ""))
+    return new, text
 
 
 def after_xla(ratio: float, estimate: Optional[float], threshold: float) -> float:
@@ -413,6 +470,8 @@ def main() -> None:
     ap.add_argument("sweeps", nargs="+", help="bench_gemm_sweep.py JSON Lines")
     ap.add_argument("--out", default=os.path.join(ROOT, "fo_jax", "_gemm_table.py"))
     ap.add_argument("--report", default=None, help="also write the report (markdown) here")
+    ap.add_argument("--recheck", nargs="*", default=[],
+                    help="plain sweeps (no --configs) whose ratios replace XLA_POINTS entries")
     ap.add_argument("--xla-threshold", type=float, default=0.98)
     ap.add_argument("--sms", type=int, default=None,
                     help="SMs of the swept GPU (default: the rows' 'sms', else 132)")
@@ -437,7 +496,10 @@ def main() -> None:
     report = [f"# GEMM choice fitted on {device} ({sms} SMs)\n\n"
               f"Written by `dev/fit_gemm_table.py` (its docstring says how) from "
               + ", ".join(os.path.basename(p) for p in args.sweeps)
-              + f" (commit {', '.join(commits)}); the table it wrote: fo_jax/_gemm_table.py.\n"]
+              + f" (commit {', '.join(commits)})"
+              + (", XLA_POINTS re-measured from " + ", ".join(
+                  os.path.basename(p) for p in args.recheck) if args.recheck else "")
+              + "; the table it wrote: fo_jax/_gemm_table.py.\n"]
     points_all = {}
     for dt in dtypes:
         borrowed = dt not in model
@@ -449,11 +511,15 @@ def main() -> None:
         points, text = report_dtype(dt, by_dtype[dt], configs, params, fit_err.get(dt, {}),
                                     sms, bf16, skip, args.xla_threshold,
                                     by_dtype.get("bfloat16") if borrowed else None)
+        if args.recheck:
+            points, rechecked = recheck_points(points, load(args.recheck), dt, configs, params,
+                                               sms, args.xla_threshold)
+            text += rechecked
         if points:
             points_all[dt] = tuple(points)
             report.append(text)
     source = ", ".join(os.path.relpath(p, ROOT) if os.path.abspath(p).startswith(ROOT)
-                       else os.path.basename(p) for p in args.sweeps)
+                       else os.path.basename(p) for p in args.sweeps + args.recheck)
     write_table(args.out, device, source, model, points_all, args.xla_threshold)
     text = "".join(report)
     print(text)
