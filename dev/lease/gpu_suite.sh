@@ -10,6 +10,7 @@
 #   consumer-bench  benchmarks/bench_consumer_gemm.py
 #   fp8-bench       benchmarks/bench_fp8.py ($FP8_ARGS)
 #   sweep           benchmarks/bench_gemm_sweep.py ($SWEEP_ARGS)
+#   signal-bench    benchmarks/bench_signal_overhead.py (the producer's counters, bf16 and fp8)
 # SKIP_BUILD=1 reuses the previous call's install on a machine still warm. Logs and results go to
 # $OUT; FO_JAX_COMMIT names the commit (the copied tree has no .git).
 # The environment, $OUT, $R, stamp, and the install (or SKIP_BUILD=1: the previous one).
@@ -29,6 +30,7 @@ for step in ${STEPS:-tests}; do
     fp8-bench) timeout ${FP8_TIMEOUT:-300} python3 "$R/benchmarks/bench_fp8.py" --out "$OUT" ${FP8_ARGS:-} 2>&1 | tail -25;;
     consumer-bench) timeout 200 python3 "$R/benchmarks/bench_consumer_gemm.py" --out "$OUT" 2>&1 | tail -20;;
     sweep) timeout ${SWEEP_TIMEOUT:-560} python3 "$R/benchmarks/bench_gemm_sweep.py" ${SWEEP_ARGS:-} --out "$OUT" 2>&1 | tail -30;;
+    signal-bench) timeout ${SIGNAL_TIMEOUT:-300} python3 "$R/benchmarks/bench_signal_overhead.py" --out "$OUT" 2>&1 | tail -20;;
     info) python3 -m fo_jax.info 2>&1 | tee "$OUT/info.log";;
     bench-overlap) timeout ${BENCH_TIMEOUT:-300} python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" \
                      ${BENCH_ARGS:-} 2>&1 | tail -30;;

@@ -1,0 +1,116 @@
+"""The overlap producer's signaling cost on one GPU, bf16 and fp8: fo_jax's GEMM kernel with the
+overlap's 8 groups and their counters against the same kernel and groups without counters.
+
+Per shape (x[M, K] @ w[K, N] on one GPU; fp8: float8_e4m3fn operands from fo_jax.quantize_fp8,
+the weight stored [N, K], bf16 output), in GPU kernel time (JAX profiler traces, median of 3
+rounds of 8 back-to-back calls per method, methods in rotated order: benchlib.
+kernel_ms_interleaved):
+  <dtype>.1group     the kernel with one group, no counters (what fo_jax.matmul runs)
+  <dtype>.8groups    8 groups in the overlap's tile order, no counters
+  <dtype>.signal     8 groups with counters: the overlap's producer
+Reports the signaling overhead (signal / 8groups - 1: the counters' cost, the criterion of issue
+31: <= 2%) and the group order's (8groups / 1group - 1). Each method's result is checked against
+XLA's dot of the same (dequantized) operands first.
+
+Usage: python benchmarks/bench_signal_overhead.py [--out benchmarks/results] [--shapes MxNxK ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
+import fo_jax  # noqa: E402
+
+LIMIT = 0.02  # signaling overhead criterion (issue 31)
+
+
+def methods_for(dtype_name: str, m: int, n: int, k: int, seed: int, dev) -> tuple:
+    """({method: f(x, w)}, x, w, reference): the three variants of one dtype."""
+    from fo_jax import _cuda_ops, _plan  # noqa: PLC0415
+
+    x, w = benchlib.gemm_operands(m, n, k, jnp.bfloat16, dev, seed)
+    ref = np.asarray(jnp.dot(x, w, preferred_element_type=jnp.float32))
+
+    def plan(groups, dtype):
+        cfg = fo_jax.OverlapConfig(num_groups=groups)
+        return _plan.plan_gemm("bench", dtype, m, n, k, 1, cfg, groups, 0)
+
+    if dtype_name == "bfloat16":
+        p1, p8 = plan(1, jnp.bfloat16), plan(8, jnp.bfloat16)
+        fns = {
+            "1group": lambda a, b: _cuda_ops.signaling_gemm(a, b, p1, 1, False)[0],
+            "8groups": lambda a, b: _cuda_ops.signaling_gemm(a, b, p8, 1, False)[0],
+            "signal": lambda a, b: _cuda_ops.signaling_gemm(a, b, p8, 1, True)[0],
+        }
+        return {f"bf16.{k}": jax.jit(f) for k, f in fns.items()}, x, w, ref, p8.config_name
+    (xq, xs), (wq, ws) = fo_jax.quantize_fp8(x), fo_jax.quantize_fp8(w)
+    w_nk = jnp.asarray(wq.T)  # the weight as the fp8 kernel reads it, stored once
+    ref = np.asarray(jnp.dot(fo_jax.dequantize(xq, xs), fo_jax.dequantize(wq, ws),
+                             preferred_element_type=jnp.float32))
+    p1, p8 = plan(1, jnp.float8_e4m3fn), plan(8, jnp.float8_e4m3fn)
+
+    def fp8(p, signal):
+        return jax.jit(lambda a, b: _cuda_ops.signaling_gemm_fp8(a, b, xs, ws, p, signal)[0])
+
+    fns = {"fp8.1group": fp8(p1, False), "fp8.8groups": fp8(p8, False),
+           "fp8.signal": fp8(p8, True)}
+    return fns, xq, w_nk, ref, p8.config_name
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--shapes", nargs="*", default=benchlib.DESIGN_SHAPES)
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+    (dev,) = benchlib.cuda_gpus_or_exit("bench_signal_overhead.py")[:1]
+    res = benchlib.Results(benchlib.device_info([dev]))
+    lines, worst = [], {}
+    for i, s in enumerate(args.shapes):
+        m, n, k = (int(v) for v in s.split("x"))
+        for dt in ("bfloat16", "float8_e4m3fn"):
+            print(f"[{i + 1}/{len(args.shapes)}] {s} {dt}", file=sys.stderr, flush=True)
+            fns, a, b, ref, config = methods_for(dt, m, n, k, i, dev)
+            for name, f in fns.items():
+                got = np.asarray(f(a, b).astype(jnp.float32))
+                err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+                assert err < 3e-2, f"{s} {name}: rel err {err:.2e} against XLA's dot"
+            gpu = benchlib.kernel_ms_interleaved(fns, a, b)
+            prefix = next(iter(fns)).split(".")[0]
+            one, eight, sig = (gpu[f"{prefix}.{v}"] for v in ("1group", "8groups", "signal"))
+            for name, ms in gpu.items():
+                res.add(suite="signal_overhead", dtype=dt, M=m, N=n, K=k, method=name,
+                        gpu_ms=round(ms, 4), config=config)
+            overhead = sig / eight - 1
+            worst[dt] = max(worst.get(dt, -1.0), overhead)
+            lines.append([s, dt, config, f"{one:.4f}", f"{eight:.4f}", f"{sig:.4f}",
+                          f"{eight / one - 1:+.1%}", f"{overhead:+.1%}"])
+    header = ["MxNxK", "dtype", "config", "1 group ms", "8 groups ms", "8 groups + signals ms",
+              "group order", "signaling"]
+    table = benchlib.markdown_table(header, lines)
+    verdicts = [f"{'PASS' if w <= LIMIT else 'FAIL'} signaling overhead {dt}: worst "
+                f"{w:+.1%} (limit +{LIMIT:.0%})" for dt, w in worst.items()]
+    print(table + "\n" + "\n".join(verdicts))
+    gpu = "h200" if "H200" in res.base["device"] else "h100" if "H100" in res.base["device"] \
+        else "gpu"
+    stem = os.path.join(args.out, f"signal_overhead_{gpu}_{res.base['date']}_"
+                                  f"{res.base['commit']}{args.tag}")
+    res.write_jsonl(stem + ".jsonl")
+    title = f"# {benchlib.provenance(res.base)}\n\n"
+    res.write_markdown(stem + ".md", title + "GPU kernel time per call (JAX profiler, median of "
+                       "interleaved rounds).\n\n" + table + "\n"
+                       + "\n".join(f"- {v}" for v in verdicts) + "\n")
+    print(f"wrote {stem}.jsonl and .md", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
