@@ -150,8 +150,11 @@ def init_sharded(module: nn.Module, mesh: Mesh, rngs: Any, *args: Any,
     per-device compiled memory (`memory_analysis()` of `init_program`) for one [8192, 8192]
     float32 kernel (256 MiB) on CPU devices: on 4, this init needs 192 MiB temporaries + 64 MiB
     output (CPU's threefry loop keeps two uint32 state words and the drawn bits, one shard each);
-    on 8, 96 + 32 MiB. Drawing the whole kernel on every device and slicing it, as `module.init`
-    inside shard_map does, needs 1024 MiB + the shard on either. Only with
+    on 8, 96 + 32 MiB. On a GPU, XLA fuses the generator into the kernel that writes the
+    parameter: one H100's compiled init of the same kernel holds its output and temporaries
+    under 1/16 of it (tests/gpu/flax/test_init_memory_gpu.py), so about one shard per device.
+    Drawing the whole kernel on every device and slicing it, as `module.init` inside shard_map
+    does, needs 1024 MiB + the shard on either. Only with
     `jax_threefry_partitionable` (JAX's default) does XLA partition the generator; without it
     each device generates the whole parameter's bits (288 MiB temporaries on 4 devices). Layers
     under lifted transforms that do not carry fo_jax's key collection (`nn.scan`, `nn.vmap`)
