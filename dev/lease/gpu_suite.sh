@@ -30,7 +30,7 @@ for step in ${STEPS:-tests}; do
     fp8-bench) timeout ${FP8_TIMEOUT:-300} python3 "$R/benchmarks/bench_fp8.py" --out "$OUT" ${FP8_ARGS:-} 2>&1 | tail -25;;
     consumer-bench) timeout 200 python3 "$R/benchmarks/bench_consumer_gemm.py" --out "$OUT" 2>&1 | tail -20;;
     sweep) timeout ${SWEEP_TIMEOUT:-560} python3 "$R/benchmarks/bench_gemm_sweep.py" ${SWEEP_ARGS:-} --out "$OUT" 2>&1 | tail -30;;
-    signal-bench) timeout ${SIGNAL_TIMEOUT:-300} python3 "$R/benchmarks/bench_signal_overhead.py" --out "$OUT" 2>&1 | tail -20;;
+    signal-bench) timeout ${SIGNAL_TIMEOUT:-300} python3 "$R/benchmarks/bench_signal_overhead.py" --out "$OUT" ${SIGNAL_ARGS:-} 2>&1 | tail -40;;
     info) python3 -m fo_jax.info 2>&1 | tee "$OUT/info.log";;
     bench-overlap) timeout ${BENCH_TIMEOUT:-300} python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" \
                      ${BENCH_ARGS:-} 2>&1 | tail -30;;
