@@ -369,7 +369,7 @@ NB_MODULE(_fo_jax_cuda, m) {
 
   // Test hooks, from FO_JAX_TEST_EPOCH_START and FO_JAX_TEST_FAIL (fo_jax/_env.py): the epoch
   // start of copy-engine states created afterwards; a stage ("alloc", comm/test_failures.h's
-  // "graph", "launch", "copy", or "" for none) failing on a rank.
+  // "graph", "launch", "copy", "setup", or "" for none) failing on a rank.
   m.def(
       "set_test_hooks",
       [](uint32_t epoch_start, const std::string& fail_stage, int fail_rank) {

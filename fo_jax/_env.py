@@ -42,7 +42,7 @@ PLAN_TIMEOUT_S = "FO_JAX_PLAN_TIMEOUT_S"
 DEFAULT_PLAN_TIMEOUT_S = 120.0
 TEST_EPOCH_START = "FO_JAX_TEST_EPOCH_START"
 TEST_FAIL = "FO_JAX_TEST_FAIL"
-TEST_FAIL_STAGES = ("alloc", "graph", "launch", "copy")
+TEST_FAIL_STAGES = ("alloc", "graph", "launch", "copy", "setup")
 
 
 def plan_timeout_s() -> float:
@@ -79,7 +79,7 @@ def test_fail() -> tuple:
     that stage, as the real failure would: "alloc", the copy-engine receive-buffer allocation;
     "graph", the copy-engine call's copy-graph build (after the address exchange); "launch", the
     call's GEMM launch (either transport); "copy", the copy thread's enqueueing of a copy-engine
-    call. Unset: ("", -1). Read once, when the CUDA module is loaded. A malformed value
+    call; "setup", creating the group's copy-engine state (its first copy-engine call). Unset: ("", -1). Read once, when the CUDA module is loaded. A malformed value
     raises."""
     text = os.environ.get(TEST_FAIL, "")
     if not text:

@@ -65,6 +65,30 @@ std::mutex& RegistryMu() {
   return *mu;
 }
 
+// Creates this rank's state (streams, events, the device word) on its first call.
+Status CreateAgState(CommState& state, cudaStream_t xla_stream, AgState& s) {
+  if (TestFailureAt(FailStage::kSetup, state.rank)) {
+    return Status::Internal("creating the copy-engine all-gather's state failed " +
+                            InjectedFailureMessage(FailStage::kSetup));
+  }
+  cudaError_t err = cudaSuccess;
+  int least = 0, greatest = 0;
+  err = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+  if (err == cudaSuccess) {
+    err = cudaStreamCreateWithPriority(&s.copy_stream, cudaStreamNonBlocking, greatest);
+  }
+  for (int i = 0; i < kRing && err == cudaSuccess; ++i) {
+    err = cudaEventCreateWithFlags(&s.started[i], cudaEventDisableTiming);
+  }
+  FO_JAX_RETURN_IF_ERROR(CudaStatus(err, "creating the copy-engine all-gather's state"));
+  FO_JAX_RETURN_IF_ERROR(DeviceAlloc(state.device, "copy-engine all-gather word",
+                                     sizeof(uint32_t), reinterpret_cast<void**>(&s.copies_done)));
+  // Zero in XLA's stream order, before the first call's "call started", which the copy stream
+  // waits on before it writes the word (no device synchronization: peers may be mid-call).
+  return CudaStatus(cudaMemsetAsync(s.copies_done, 0, sizeof(uint32_t), xla_stream),
+                    "creating the copy-engine all-gather's state");
+}
+
 Status GetAgState(CommState& state, cudaStream_t xla_stream, AgState** out) {
   static auto* states = new std::map<const CommState*, std::unique_ptr<AgState>>();
   static auto* exchanges = new std::map<const CommGroup*, std::shared_ptr<Exchange>>();
@@ -74,26 +98,24 @@ Status GetAgState(CommState& state, cudaStream_t xla_stream, AgState** out) {
     *out = it->second.get();
     return Status::Ok();
   }
-  auto s = std::make_unique<AgState>();
-  cudaError_t err = cudaSuccess;
-  int least = 0, greatest = 0;
-  err = cudaDeviceGetStreamPriorityRange(&least, &greatest);
-  if (err == cudaSuccess) {
-    err = cudaStreamCreateWithPriority(&s->copy_stream, cudaStreamNonBlocking, greatest);
-  }
-  for (int i = 0; i < kRing && err == cudaSuccess; ++i) {
-    err = cudaEventCreateWithFlags(&s->started[i], cudaEventDisableTiming);
-  }
-  FO_JAX_RETURN_IF_ERROR(CudaStatus(err, "creating the copy-engine all-gather's state"));
-  FO_JAX_RETURN_IF_ERROR(DeviceAlloc(state.device, "copy-engine all-gather word",
-                                     sizeof(uint32_t), reinterpret_cast<void**>(&s->copies_done)));
-  // Zero in XLA's stream order, before the first call's "call started", which the copy stream
-  // waits on before it writes the word (no device synchronization: peers may be mid-call).
-  FO_JAX_RETURN_IF_ERROR(
-      CudaStatus(cudaMemsetAsync(s->copies_done, 0, sizeof(uint32_t), xla_stream),
-                 "creating the copy-engine all-gather's state"));
+  // The group's exchange first: a rank that cannot create its state fails the exchange, so its
+  // peers' waits for its entries end at once (not after kPeerTimeout) and every rank's call
+  // raises. It retries on its next call; the exchange stays failed.
   std::shared_ptr<Exchange>& ex = (*exchanges)[state.group.get()];
   if (!ex) ex = std::make_shared<Exchange>();
+  auto s = std::make_unique<AgState>();
+  const Status created = CreateAgState(state, xla_stream, *s);
+  if (!created.ok()) {
+    {
+      std::lock_guard<std::mutex> failure_lock(ex->mu);
+      if (ex->failure.empty()) {
+        ex->failure = "rank " + std::to_string(state.rank) + " of the group could not create "
+                      "its copy-engine all-gather state: " + created.message();
+      }
+    }
+    ex->cv.notify_all();
+    return created;
+  }
   s->exchange = ex;
   s->worker = std::make_unique<HostWorker>(state.device);
   *out = s.get();

@@ -51,6 +51,8 @@ std::string WarmUp(CommState& s) {
   if (!allocated.ok()) return allocated.message();
   // Kept, not freed: cudaFree would synchronize the whole device, and the communicator is
   // created inside a call, while other work on this GPU may wait for the group's other ranks.
+  // Kept as the state's scratch, too (comm_registry.h).
+  s.scratch = buf;
   for (ncclDataType_t dt : {ncclBfloat16, ncclFloat16}) {
     for (size_t count : {size_t{1024}, kElems}) {
       ncclResult_t r = ncclGroupStart();

@@ -42,6 +42,12 @@ struct CommState {
   cudaEvent_t inputs_ready = nullptr;  // recorded on XLA's stream, waited on by the comm stream
   cudaEvent_t comm_done = nullptr;     // recorded on the comm stream, waited on by XLA's stream
   std::shared_ptr<CopyEngineState> copy_engine;  // created on the transport's first use
+  // Why this rank's group could not set up the copy engine ("" while none failed): set on every
+  // rank of the group in the same call (copy_engine.cc), so all of them refuse later calls alike.
+  std::string copy_engine_failure;
+  // Device scratch of a few KiB or more (the NCCL warm-up's buffer, kept): collective setup
+  // steps that must not depend on an allocation of their own gather through it.
+  void* scratch = nullptr;
   std::shared_ptr<CommGroup> group;    // shared with the group's other ranks in this process
   std::timed_mutex mu;   // held while a call enqueues work; AbortCommGroup takes it
   std::atomic<bool> aborted{false};  // ncclCommAbort was called on `comm` (under mu)

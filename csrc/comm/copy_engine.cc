@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "comm/call_timeline.h"
 #include "comm/stream_wait.h"
@@ -166,11 +168,57 @@ Status EnqueueLastRoundSums(CommState& s, cudaStream_t stream, const CopyEngineA
 
 }  // namespace
 
+// Creating the copy-engine state is each rank's own work, but the address exchange that follows
+// is the group's: a rank that failed here and returned would leave its partners waiting in that
+// exchange. So every rank first learns every rank's outcome (an all-gather of one word through
+// the communicator's scratch, which needs no allocation of its own), and on any failure all of
+// them fail this call and keep failing later ones (copy_engine_failure: a rank that created its
+// state cannot undo it, so none retries out of step with the others).
+Status AgreeOnCopyEngineSetup(CommState& s, const Status& created) {
+  auto* words = static_cast<int32_t*>(s.scratch);
+  const int32_t mine = created.ok() ? 0 : 1;
+  std::vector<int32_t> all(s.nranks, 0);
+  cudaError_t e =
+      cudaMemcpyAsync(words + s.rank, &mine, sizeof(mine), cudaMemcpyHostToDevice, s.stream);
+  FO_JAX_RETURN_IF_ERROR(CudaStatus(e, "copy-engine setup verdicts"));
+  FO_JAX_RETURN_IF_ERROR(NcclStatus(
+      ncclAllGather(words + s.rank, words, sizeof(int32_t), ncclUint8, s.comm, s.stream),
+      "copy-engine setup verdicts (ncclAllGather)", s.comm));
+  e = cudaMemcpyAsync(all.data(), words, s.nranks * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                      s.stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s.stream);
+  FO_JAX_RETURN_IF_ERROR(CudaStatus(e, "copy-engine setup verdicts"));
+  int failed = -1;
+  for (int q = 0; q < s.nranks && failed < 0; ++q) {
+    if (all[q] != 0) failed = q;
+  }
+  if (failed < 0) return Status::Ok();
+  const Status problem =
+      failed == s.rank ? created
+                       : Status::Internal("rank " + std::to_string(failed) + " of the group "
+                                          "could not create its copy-engine state (its own "
+                                          "error says why); every rank fails this call");
+  s.copy_engine_failure = problem.message();
+  FailCommGroup(s, problem.message());
+  return problem;
+}
+
 Status PrepareCopyEngineCall(CommState& s, const OverlapPlan& plan, const OverlapShape& shape,
                              void* out, SignalingGemmArgs& gemm, CopyEngineArgs* args) {
   *args = CopyEngineArgsOf(plan, shape, gemm, out);
+  if (!s.copy_engine_failure.empty()) {
+    return Status::Internal("the group's copy-engine setup failed earlier: " +
+                            s.copy_engine_failure + "; restart the process");
+  }
   FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(s.device), "cudaSetDevice"));
-  if (!s.copy_engine) FO_JAX_RETURN_IF_ERROR(CreateCopyEngineState(s));
+  if (!s.copy_engine) {
+    const Status created =
+        TestFailureAt(FailStage::kSetup, s.rank)
+            ? Status::Internal("creating the copy-engine state failed " +
+                               InjectedFailureMessage(FailStage::kSetup))
+            : CreateCopyEngineState(s);
+    FO_JAX_RETURN_IF_ERROR(AgreeOnCopyEngineSetup(s, created));
+  }
   CopyEngineState& ce = *s.copy_engine;
   const size_t band_bytes = args->band_elems * 2;
   FO_JAX_RETURN_IF_ERROR(GrowCopyEngineBuffers(s, ce.buffers, (s.nranks - 1) * band_bytes));

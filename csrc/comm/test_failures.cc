@@ -14,6 +14,7 @@ const char* StageName(FailStage stage) {
     case FailStage::kGraph: return "graph";
     case FailStage::kLaunch: return "launch";
     case FailStage::kCopy: return "copy";
+    case FailStage::kSetup: return "setup";
     case FailStage::kNone: break;
   }
   return "";
@@ -22,7 +23,8 @@ const char* StageName(FailStage stage) {
 }  // namespace
 
 bool FailStageFromName(const std::string& name, FailStage* stage) {
-  for (FailStage s : {FailStage::kNone, FailStage::kGraph, FailStage::kLaunch, FailStage::kCopy}) {
+  for (FailStage s : {FailStage::kNone, FailStage::kGraph, FailStage::kLaunch, FailStage::kCopy,
+                      FailStage::kSetup}) {
     if (name == StageName(s)) {
       *stage = s;
       return true;

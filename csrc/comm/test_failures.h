@@ -15,6 +15,8 @@ enum class FailStage {
   kGraph,   // building the copy-engine call's copy graphs (XLA's thread, after the exchange)
   kLaunch,  // launching the call's GEMM (either transport)
   kCopy,    // the copy worker enqueueing a copy-engine call's copies (its hand-off)
+  kSetup,   // creating a group's copy-engine state (its first copy-engine call, before any
+            // exchange with the peers)
 };
 
 // The stage named `name` ("graph", "launch", "copy"; "" is kNone); false if unknown.

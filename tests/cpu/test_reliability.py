@@ -68,6 +68,8 @@ def test_test_hooks_parse(monkeypatch):
             _env.test_epoch_start()
     monkeypatch.setenv(_env.TEST_FAIL, "alloc:1")
     assert _env.test_fail() == ("alloc", 1)
+    monkeypatch.setenv(_env.TEST_FAIL, "setup:0")
+    assert _env.test_fail() == ("setup", 0)
     for bad in ("alloc", "melt:1", "alloc:x"):
         monkeypatch.setenv(_env.TEST_FAIL, bad)
         with pytest.raises(ValueError, match="FO_JAX_TEST_FAIL"):
@@ -83,6 +85,8 @@ def test_module_refuses_an_unknown_failure_stage():
     mod = fo_jax._cuda.module()
     with pytest.raises(ValueError, match="unknown stage"):
         mod.set_test_hooks(0, "melt", 0)
+    for stage in _env.TEST_FAIL_STAGES:  # every stage FO_JAX_TEST_FAIL accepts, the module too
+        mod.set_test_hooks(0, stage, 7)
     mod.set_test_hooks(0, "", -1)  # the defaults: no hook
 
 

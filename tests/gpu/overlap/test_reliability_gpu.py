@@ -151,19 +151,23 @@ def test_plan_agreement_across_gpu_processes():
 
 
 # (stage, form): every stage after the address exchange where a rank can fail, on the forms whose
-# release differs (direct, by rows, ring, all-reduce rounds, NCCL, the all-gather).
+# release differs (direct, by rows, ring, all-reduce rounds, NCCL, the all-gather); and "setup",
+# creating the copy-engine state before the group's first exchange (its own state for the
+# copy-engine all-gather).
 _STAGES = [("graph", "rs_direct"), ("graph", "rs_ring"), ("graph", "ar_two_rounds"),
            ("graph", "ag_copy_engine"), ("launch", "rs_direct"), ("launch", "rs_rows"),
            ("launch", "rs_ring"), ("launch", "ar_two_rounds"), ("launch", "rs_nccl"),
            ("launch", "ar_nccl"), ("launch", "ag_copy_engine"), ("copy", "rs_direct"),
            ("copy", "rs_ring"), ("copy", "ar_two_rounds"), ("copy", "ag_copy_engine"),
-           ("launch", "ag_nccl")]
+           ("launch", "ag_nccl"), ("setup", "rs_direct"), ("setup", "ar_two_rounds"),
+           ("setup", "ag_copy_engine")]
 
 
 @pytest.mark.parametrize("stage,form", _STAGES)
 def test_failure_after_the_exchange_fails_every_rank(stage, form):
     """H1: the last rank fails at `stage` on every call (FO_JAX_TEST_FAIL=<stage>:<rank>) after
-    its peers may already wait for it. It releases what they wait for, so no call hangs (each
+    its peers may already wait for it (setup: before the group's first exchange, which its peers
+    then wait in). It releases what they wait for, so no call hangs (each
     ends within 30 s); the failed group makes every later call raise, with the cause; the process
     then exits cleanly. A graph or launch failure raises in the failing call itself; the copy
     thread's, which runs after the handler returned, by the next call at the latest."""
