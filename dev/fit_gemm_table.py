@@ -243,7 +243,7 @@ def recheck_points(points: list, rows: list, dt: str, configs: list, params: dic
             f"sweep's:\n\n" + table(["M x N x K", "config", "config sweep", "plain sweep"],
                                      lines)
             + "\nWith them, predicted on the plain sweep's shapes (ratio 1 where fo_jax.matmul "
-            f"hands the shape to XLA's dot):\n\n"
+            "hands the shape to XLA's dot):\n\n"
             + summary("fo_jax.matmul", after)
             + (f"\n{unread} shapes would move from XLA's dot to fo_jax's kernel (no reading).\n"
                if unread else ""))
@@ -433,6 +433,12 @@ def cv_section(shapes, configs, sms, bf16, skip, threshold, fit_shapes, rec) -> 
     return "".join(out)
 
 
+def _source_parts(source: str) -> list:
+    """`source` ("a, b, c") as pieces that concatenate back to it, one file each (short lines)."""
+    files = source.split(", ")
+    return [f + (", " if i < len(files) - 1 else "") for i, f in enumerate(files)]
+
+
 def write_table(path: str, device: str, source: str, model: dict, points: dict,
                 threshold: float) -> None:
     lines = [
@@ -442,7 +448,7 @@ def write_table(path: str, device: str, source: str, model: dict, points: dict,
         '"""',
         "",
         f"DEVICE = {device!r}",
-        f"SOURCE = {source!r}",
+        "SOURCE = (" + "".join(f"\n    {part!r}" for part in _source_parts(source)) + "\n)",
         "# {dtype: {config name: (a, b, b_avg, g)}}, us: coefficients of "
         "fo_jax/_gemm_choice.features.",
         "MODEL: dict = {",

@@ -79,8 +79,8 @@ def test_fail() -> tuple:
     that stage, as the real failure would: "alloc", the copy-engine receive-buffer allocation;
     "graph", the copy-engine call's copy-graph build (after the address exchange); "launch", the
     call's GEMM launch (either transport); "copy", the copy thread's enqueueing of a copy-engine
-    call; "setup", creating the group's copy-engine state (its first copy-engine call). Unset: ("", -1). Read once, when the CUDA module is loaded. A malformed value
-    raises."""
+    call; "setup", creating the group's copy-engine state (its first copy-engine call). Unset:
+    ("", -1). Read once, when the CUDA module is loaded. A malformed value raises."""
     text = os.environ.get(TEST_FAIL, "")
     if not text:
         return ("", -1)

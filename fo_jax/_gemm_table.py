@@ -4,7 +4,11 @@ Written by dev/fit_gemm_table.py; do not edit (rerun the script on a new sweep).
 """
 
 DEVICE = 'NVIDIA H100 80GB HBM3'
-SOURCE = 'benchmarks/results/gemm_sweep_h100_2026-11-24.jsonl, benchmarks/results/gemm_sweep_h100_2026-11-24_347741c.jsonl, benchmarks/results/gemm_sweep_h100_2026-11-24_347741c_float16.jsonl'
+SOURCE = (
+    'benchmarks/results/gemm_sweep_h100_2026-11-24.jsonl, '
+    'benchmarks/results/gemm_sweep_h100_2026-11-24_347741c.jsonl, '
+    'benchmarks/results/gemm_sweep_h100_2026-11-24_347741c_float16.jsonl'
+)
 # {dtype: {config name: (a, b, b_avg, g)}}, us: coefficients of fo_jax/_gemm_choice.features.
 MODEL: dict = {
     'bfloat16': {

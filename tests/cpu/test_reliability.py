@@ -316,7 +316,6 @@ def test_lowered_group_tokens_follow_the_communicator_naming(transport):
 def test_lowered_module_is_the_same_in_every_process():
     """H12: the NCCL unique id is new in every process, the lowered module is not (it names the
     id by a token), so JAX's persistent compilation cache can hit across runs."""
-    import hashlib
     import os
     import subprocess
     import sys
