@@ -6,6 +6,7 @@ here it costs a test."""
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -21,8 +22,10 @@ SCRIPT = os.path.join(ROOT, "dev", "lease", "dry_run_cpu.sh")
 def test_multi_gpu_runs_start_every_test_step(tmp_path):
     where = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))  # this fo_jax
     # CPU only, also on a GPU machine: the steps must start, not run the multi-GPU tests.
+    # The scripts call `python3`: this interpreter (a virtual environment need not be active).
     env = dict(os.environ, OUT=str(tmp_path / "out"), STEPS="overlap-tests reliability",
                JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="",
+               PATH=os.pathsep.join((os.path.dirname(sys.executable), os.environ["PATH"])),
                PYTHONPATH=os.pathsep.join(p for p in (where, os.environ.get("PYTHONPATH")) if p))
     env.pop("FO_JAX_REQUIRE_GPU", None)
     p = subprocess.run(["bash", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
