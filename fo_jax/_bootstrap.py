@@ -303,6 +303,12 @@ def check_plan_agreement(group: Sequence, fields: dict, process_index: int, time
         raise ValueError(mismatch)
 
 
+def _group_name(group: Sequence, nccl_max_ctas: int) -> str:
+    """What names a group's communicator (its CTA bound and devices' ids), e.g. "0/4-5-6-7": the
+    key of its NCCL unique id in JAX's key-value store and the source of its token."""
+    return "%d/%s" % (int(nccl_max_ctas), "-".join(str(int(d.id)) for d in group))
+
+
 def _unique_id(group: Sequence, nccl_max_ctas: int, process_index: int, process_count: int,
                make_id: Callable[[], bytes]) -> bytes:
     key = (tuple(int(d.id) for d in group), int(nccl_max_ctas))
@@ -314,7 +320,7 @@ def _unique_id(group: Sequence, nccl_max_ctas: int, process_index: int, process_
             uid = make_id()
         else:
             client = _distributed_client()
-            kv_key = "fo_jax/nccl_unique_id/%d/%s" % (key[1], "-".join(map(str, key[0])))
+            kv_key = "fo_jax/nccl_unique_id/" + _group_name(group, nccl_max_ctas)
             if _owner_process(group) == process_index:
                 uid = make_id()
                 client.key_value_set(kv_key, uid.hex())
@@ -332,8 +338,7 @@ def group_token(group: Sequence, nccl_max_ctas: int) -> bytes:
     bound), the same in every run, so the compiled module is too and the persistent compilation
     cache can hit; the unique id itself is new in every run and reaches the handler through
     `register_id` at lowering."""
-    key = "fo_jax/group/%d/%s" % (int(nccl_max_ctas), "-".join(str(int(d.id)) for d in group))
-    return hashlib.sha256(key.encode()).digest()
+    return hashlib.sha256(("fo_jax/group/" + _group_name(group, nccl_max_ctas)).encode()).digest()
 
 
 def mesh_attributes(mesh, axis_name: str, nccl_max_ctas: int, process_index: int,

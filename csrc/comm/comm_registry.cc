@@ -44,7 +44,7 @@ std::string NcclMessage(const char* what, ncclResult_t r, ncclComm_t comm) {
 // Warm-up: every (collective, dtype) the overlap issues, at a small and a mid size, so that
 // NCCL's runtime connection setup for the protocols it picks happens here, not mid-overlap.
 std::string WarmUp(CommState& s) {
-  constexpr size_t kElems = size_t{1} << 21;  // 4 MiB of 16-bit values per rank chunk
+  constexpr size_t kElems = kScratchBytesPerRank / 2;  // 16-bit values per rank chunk
   void* buf = nullptr;
   const Status allocated = DeviceAlloc(s.device, "NCCL warm-up buffer", kElems * 2 * s.nranks,
                                        &buf);
@@ -148,6 +148,24 @@ std::string Describe(const CommState& s) {
 }
 
 }  // namespace
+
+Status AllGatherToHost(CommState& s, const void* mine, size_t bytes, void* all,
+                       const std::string& what) {
+  if (bytes > kScratchBytesPerRank || s.scratch == nullptr) {
+    return Status::Internal(what + ": " + std::to_string(bytes) + " bytes per rank do not fit "
+                            "the communicator's scratch");
+  }
+  char* slots = static_cast<char*>(s.scratch);
+  cudaError_t e = cudaMemcpyAsync(slots + s.rank * bytes, mine, bytes, cudaMemcpyHostToDevice,
+                                  s.stream);
+  FO_JAX_RETURN_IF_ERROR(CudaStatus(e, what));
+  FO_JAX_RETURN_IF_ERROR(NcclStatus(
+      ncclAllGather(slots + s.rank * bytes, slots, bytes, ncclUint8, s.comm, s.stream),
+      what + " (ncclAllGather)", s.comm));
+  e = cudaMemcpyAsync(all, slots, s.nranks * bytes, cudaMemcpyDeviceToHost, s.stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s.stream);
+  return CudaStatus(e, what);
+}
 
 Status GetOrCreateCommState(int device, const ncclUniqueId& id, int nranks, int rank,
                             const CommOptions& options, CommState** state_out) {

@@ -45,8 +45,8 @@ struct CommState {
   // Why this rank's group could not set up the copy engine ("" while none failed): set on every
   // rank of the group in the same call (copy_engine.cc), so all of them refuse later calls alike.
   std::string copy_engine_failure;
-  // Device scratch of a few KiB or more (the NCCL warm-up's buffer, kept): collective setup
-  // steps that must not depend on an allocation of their own gather through it.
+  // Device scratch of kScratchBytesPerRank per rank (the NCCL warm-up's buffer, kept):
+  // AllGatherToHost's, so that no setup step's gather depends on an allocation of its own.
   void* scratch = nullptr;
   std::shared_ptr<CommGroup> group;    // shared with the group's other ranks in this process
   std::timed_mutex mu;   // held while a call enqueues work; AbortCommGroup takes it
@@ -82,6 +82,16 @@ std::string CommGroupFailure(CommState& state);
 // that its peers may not see (failed_call.h), so that every later call of the group, on every
 // local rank, raises with it.
 void FailCommGroup(CommState& state, const std::string& failure);
+
+// The scratch each rank of a CommState has for AllGatherToHost.
+inline constexpr size_t kScratchBytesPerRank = size_t{4} << 20;
+
+// Gathers `bytes` (at most kScratchBytesPerRank) from every rank of the group, this rank's from
+// the host memory `mine`, into the host memory `all` (nranks * bytes, in rank order): through the
+// state's scratch on its comm stream, synchronized. Every rank must call it (a collective); `what`
+// names the step in errors.
+Status AllGatherToHost(CommState& state, const void* mine, size_t bytes, void* all,
+                       const std::string& what);
 
 // Whether this rank's own communicator can still run collectives.
 bool CommUsable(const CommState& state);

@@ -170,24 +170,15 @@ Status EnqueueLastRoundSums(CommState& s, cudaStream_t stream, const CopyEngineA
 
 // Creating the copy-engine state is each rank's own work, but the address exchange that follows
 // is the group's: a rank that failed here and returned would leave its partners waiting in that
-// exchange. So every rank first learns every rank's outcome (an all-gather of one word through
-// the communicator's scratch, which needs no allocation of its own), and on any failure all of
+// exchange. So every rank first learns every rank's outcome (AllGatherToHost of one word, which
+// needs no allocation of its own), and on any failure all of
 // them fail this call and keep failing later ones (copy_engine_failure: a rank that created its
 // state cannot undo it, so none retries out of step with the others).
 Status AgreeOnCopyEngineSetup(CommState& s, const Status& created) {
-  auto* words = static_cast<int32_t*>(s.scratch);
   const int32_t mine = created.ok() ? 0 : 1;
   std::vector<int32_t> all(s.nranks, 0);
-  cudaError_t e =
-      cudaMemcpyAsync(words + s.rank, &mine, sizeof(mine), cudaMemcpyHostToDevice, s.stream);
-  FO_JAX_RETURN_IF_ERROR(CudaStatus(e, "copy-engine setup verdicts"));
-  FO_JAX_RETURN_IF_ERROR(NcclStatus(
-      ncclAllGather(words + s.rank, words, sizeof(int32_t), ncclUint8, s.comm, s.stream),
-      "copy-engine setup verdicts (ncclAllGather)", s.comm));
-  e = cudaMemcpyAsync(all.data(), words, s.nranks * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                      s.stream);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(s.stream);
-  FO_JAX_RETURN_IF_ERROR(CudaStatus(e, "copy-engine setup verdicts"));
+  FO_JAX_RETURN_IF_ERROR(
+      AllGatherToHost(s, &mine, sizeof(mine), all.data(), "copy-engine setup verdicts"));
   int failed = -1;
   for (int q = 0; q < s.nranks && failed < 0; ++q) {
     if (all[q] != 0) failed = q;

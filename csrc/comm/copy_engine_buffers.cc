@@ -30,8 +30,6 @@ void SetFailReceiveAllocForTests(int rank) { g_fail_recv_alloc_rank.store(rank);
 Status CreateCopyEngineBuffers(CommState& s, CopyEngineBuffers& b) {
   FO_JAX_RETURN_IF_ERROR(DeviceAlloc(s.device, "copy-engine flags", sizeof(CopyEngineFlags),
                                      reinterpret_cast<void**>(&b.flags)));
-  FO_JAX_RETURN_IF_ERROR(DeviceAlloc(s.device, "copy-engine address exchange",
-                                     kMaxCopyEngineRanks * sizeof(PeerInfo), &b.exchange));
   // Every epoch word starts at the epoch start ("no call yet": each wait is for a later epoch,
   // epoch_compare.h); the output addresses start null. Synchronized: the host copy is local.
   b.epoch_start = g_test_epoch_start.load();
@@ -46,23 +44,6 @@ Status CreateCopyEngineBuffers(CommState& s, CopyEngineBuffers& b) {
 }
 
 namespace {
-
-// Gathers one int32 of every rank (through the exchange scratch) into *all.
-Status GatherVerdicts(CommState& s, CopyEngineBuffers& b, int32_t mine,
-                      std::vector<int32_t>* all) {
-  auto* words = static_cast<int32_t*>(b.exchange);
-  all->assign(s.nranks, 0);
-  cudaError_t e =
-      cudaMemcpyAsync(words + s.rank, &mine, sizeof(mine), cudaMemcpyHostToDevice, s.stream);
-  FO_JAX_RETURN_IF_ERROR(CudaStatus(e, "copy-engine setup verdicts"));
-  FO_JAX_RETURN_IF_ERROR(NcclStatus(
-      ncclAllGather(words + s.rank, words, sizeof(int32_t), ncclUint8, s.comm, s.stream),
-      "copy-engine setup verdicts (ncclAllGather)", s.comm));
-  e = cudaMemcpyAsync(all->data(), words, s.nranks * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                      s.stream);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(s.stream);
-  return CudaStatus(e, "copy-engine setup verdicts");
-}
 
 // Routes to every peer and their addresses in this process (new_recv, new_flags; the mappings
 // this opened are marked in opened_*); the first problem, if any.
@@ -144,18 +125,9 @@ Status GrowCopyEngineBuffers(CommState& s, CopyEngineBuffers& b, size_t recv_byt
   // matters only to a peer in another process, which then refuses this rank.
   std::string export_problem;
   if (allocated.ok()) ExportPeerMemory(s.device, recv, b.flags, mine, &export_problem);
-  auto* slots = static_cast<PeerInfo*>(b.exchange);
   std::vector<PeerInfo> all(s.nranks);
-  cudaError_t e =
-      cudaMemcpyAsync(slots + s.rank, &mine, sizeof(PeerInfo), cudaMemcpyHostToDevice, s.stream);
-  FO_JAX_RETURN_IF_ERROR(CudaStatus(e, "address exchange"));
-  FO_JAX_RETURN_IF_ERROR(NcclStatus(
-      ncclAllGather(slots + s.rank, slots, sizeof(PeerInfo), ncclUint8, s.comm, s.stream),
-      "address exchange (ncclAllGather)", s.comm));
-  e = cudaMemcpyAsync(all.data(), slots, s.nranks * sizeof(PeerInfo), cudaMemcpyDeviceToHost,
-                      s.stream);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(s.stream);
-  FO_JAX_RETURN_IF_ERROR(CudaStatus(e, "address exchange"));
+  FO_JAX_RETURN_IF_ERROR(
+      AllGatherToHost(s, &mine, sizeof(PeerInfo), all.data(), "address exchange"));
   // Every rank sees every rank's allocation outcome, so all of them fail this call together (no
   // rank enqueues work that waits for another) and keep their previous buffers, in step.
   int failed = -1;
@@ -184,8 +156,10 @@ Status GrowCopyEngineBuffers(CommState& s, CopyEngineBuffers& b, size_t recv_byt
   }
   // The routes and mappings are each rank's own findings (a hidden GPU, a failed mapping):
   // a second all-gather shows every rank every outcome, so they fail or commit together.
-  std::vector<int32_t> verdicts;
-  FO_JAX_RETURN_IF_ERROR(GatherVerdicts(s, b, problem.ok() ? 0 : 1, &verdicts));
+  const int32_t verdict = problem.ok() ? 0 : 1;
+  std::vector<int32_t> verdicts(s.nranks, 0);
+  FO_JAX_RETURN_IF_ERROR(AllGatherToHost(s, &verdict, sizeof(verdict), verdicts.data(),
+                                         "copy-engine mapping verdicts"));
   for (int q = 0; q < s.nranks && problem.ok(); ++q) {
     if (verdicts[q] != 0) {
       problem = Status::Internal("rank " + std::to_string(q) + " of the group could not reach "

@@ -1,8 +1,9 @@
 // The copy-engine transport's memory (copy_engine.h): this rank's flags and receive slots, and
 // the peers' addresses of theirs, learnt by an all-gather over the group's NCCL communicator.
-// The memory is fo_jax's own, outside XLA's pool (device_memory.h counts it). The flags and the
-// exchange scratch live as long as the process; a receive buffer lives until a larger one
-// supersedes it (GrowCopyEngineBuffers frees it where no call can be using it).
+// The memory is fo_jax's own, outside XLA's pool (device_memory.h counts it); the all-gathers go
+// through the communicator's scratch (AllGatherToHost). The flags live as long as the process; a
+// receive buffer lives until a larger one supersedes it (GrowCopyEngineBuffers frees it where no
+// call can be using it).
 #pragma once
 
 #include <cstddef>
@@ -19,7 +20,6 @@ struct CopyEngineBuffers {
   CopyEngineFlags* flags = nullptr;  // this rank's, device memory (every epoch word set once)
   void* recv = nullptr;              // receive slots: rounds * (P - 1) chunks
   size_t recv_bytes = 0;
-  void* exchange = nullptr;  // device scratch of the address all-gather
   void* peer_recv[kMaxCopyEngineRanks] = {};
   CopyEngineFlags* peer_flags[kMaxCopyEngineRanks] = {};
   // Whether peer q is in another process, so that peer_recv[q] and peer_flags[q] are this
@@ -30,8 +30,7 @@ struct CopyEngineBuffers {
   uint32_t epoch_start = 0;
 };
 
-// Allocates the flags (every epoch word set to the epoch start, in `state`'s comm stream order)
-// and the exchange scratch.
+// Allocates the flags (every epoch word set to the epoch start, in `state`'s comm stream order).
 Status CreateCopyEngineBuffers(CommState& state, CopyEngineBuffers& buffers);
 
 // Before a call's GEMM: on first use, and when a larger call arrives, allocates a receive buffer

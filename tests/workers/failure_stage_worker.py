@@ -7,7 +7,6 @@ every later call raises (the group is failed). Arguments: the form (a key of FOR
 leaves through the interpreter's normal exit (the copy threads and CUDA torn down as usual)."""
 
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +14,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 import fo_jax
+from call_report import report_calls
 
 FORMS = {
     "rs_direct": ("reduce_scatter", dict(transport="copy_engine", copy_engine_ring=False)),
@@ -51,13 +51,5 @@ else:
                                               config=config),
         mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)),
         out_specs=P("tp", None) if collective == "reduce_scatter" else P()))
-for call in range(CALLS):
-    start = time.perf_counter()
-    try:
-        jax.block_until_ready(f(x, w))
-        print(f"CALL {call} RETURNED {time.perf_counter() - start:.1f}", flush=True)
-    except Exception as e:  # noqa: BLE001 (the expected failure, reported)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"CALL {call} RAISED {time.perf_counter() - start:.1f} {first}", flush=True)
-        print(f"MESSAGE {call} {e}", flush=True)
+report_calls(f, (x, w), CALLS)
 print("WORKER OK", flush=True)

@@ -19,6 +19,7 @@ proc, nproc, port = (int(a) for a in sys.argv[1:4])
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=proc,
                            local_device_ids=[proc])
 import fo_jax  # noqa: E402
+from call_report import report_calls  # noqa: E402
 from ipc_cases import config, operands  # noqa: E402
 
 CALLS = 6
@@ -30,16 +31,7 @@ f = jax.jit(jax.shard_map(
     lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective="reduce_scatter",
                                           config=config(False, multiprocess=True)),
     mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
-for call in range(CALLS):
-    start = time.perf_counter()
-    try:
-        jax.block_until_ready(f(xg, wg))
-        print(f"CALL {call} RETURNED {time.perf_counter() - start:.1f}", flush=True)
-    except Exception as e:  # noqa: BLE001 (the expected failure, reported)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"CALL {call} RAISED {time.perf_counter() - start:.1f} {first}", flush=True)
-        print(f"MESSAGE {call} {e}", flush=True)
-    time.sleep(1.5)  # the failure watch polls once a second
+report_calls(f, (xg, wg), CALLS, pause_s=1.5)  # the failure watch polls once a second
 print(f"WORKER OK process {proc}", flush=True)
 time.sleep(10)
 os._exit(0)
