@@ -218,7 +218,31 @@ class SignalingTmaEpilogue
   using typename Inner::LoadPipelineState;
   using typename Inner::StorePipeline;
   using typename Inner::StorePipelineState;
-  using typename Inner::TensorStorage;
+
+  // Cooperative kernels (no source) hand their signals to the producer warp group's epilogue
+  // warp, which CUTLASS's kernel runs when is_producer_load_needed() says so and which otherwise
+  // idles: the tensor-core warps then never wait for the release's memory fence (see "When"
+  // above). `handoff` carries one signal at a time from the consumers' thread 0 to that warp.
+  static constexpr bool kSignalWarp = !kPingpong && !kSource;
+  struct SignalHandoff {
+    cutlass::arch::ClusterBarrier full;   // thread 0 of the consumers filled the fields below
+    cutlass::arch::ClusterBarrier empty;  // the signal warp has read them
+    int group;
+    uint32_t count;
+    int last;  // the consumers' final signal of this CTA
+  };
+  struct TensorStorageWithHandoff {
+    typename Inner::TensorStorage inner;
+    alignas(16) SignalHandoff handoff;
+  };
+  using TensorStorage = std::conditional_t<kSignalWarp, TensorStorageWithHandoff,
+                                           typename Inner::TensorStorage>;
+  using typename Inner::PipelineStorage;
+  // What the mainloop's stage count carves out of shared memory (GemmKernelConfig).
+  struct SharedStorage {
+    TensorStorage tensors;
+    PipelineStorage pipeline;
+  };
 
   struct Arguments {
     typename Inner::Arguments inner;
@@ -289,17 +313,42 @@ class SignalingTmaEpilogue
   }
 
   CUTLASS_HOST_DEVICE SignalingTmaEpilogue(Params const& params, TensorStorage& shared)
-      : Inner(params.inner, shared), p_(&params.signal), tail_params_(&params.tail) {}
+      : Inner(params.inner, InnerStorage(shared)), p_(&params.signal),
+        tail_params_(&params.tail), handoff_(HandoffOf(shared)) {}
 
-  // The producer's epilogue warp (kSource only: without a source nothing calls it): the tile's
-  // source rows are the addend's rows of its tile-row if it adds it (after the addend's flag is
-  // set), else rows past the addend's end, which TMA fills with zeros without reading memory.
+  // The cooperative kernel asks this once, in every thread, before it initializes its pipelines
+  // and synchronizes the cluster (the ping-pong kernel asks twice, never from thread 0 again);
+  // with signals, thread 0 initializes the handoff's barriers here, fenced as CUTLASS's
+  // pipelines fence theirs, so the kernel's cluster synchronization publishes them.
+  CUTLASS_DEVICE bool is_producer_load_needed() const {
+    if constexpr (kSignalWarp) {
+      if (p_->counters == nullptr) return false;
+      if (threadIdx.x == 0) {
+        handoff_->full.init(1);
+        handoff_->empty.init(1);
+        cutlass::arch::fence_barrier_init();
+      }
+      return true;
+    } else {
+      return Inner::is_producer_load_needed();
+    }
+  }
+
+  // The producer's epilogue warp, once per tile. kSignalWarp: it notes that the consumers will
+  // store tiles (and so hand over a last signal); its signals wait for load_tail(). kSource: the
+  // tile's source rows are the addend's rows of its tile-row if it adds it (after the addend's
+  // flag is set), else rows past the addend's end, which TMA fills with zeros without reading
+  // memory. Without either, nothing calls it.
   template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class TiledMma>
   CUTLASS_DEVICE auto load(LoadPipeline load_pipeline, LoadPipelineState load_state,
                            ProblemShapeMNKL problem_shape, TileShapeMNK tile_shape,
                            TileCoordMNKL tile_coord, TiledMma tiled_mma, int thread_idx,
                            TensorStorage& shared, int subtile_idx = -1) {
     using namespace cute;
+    if constexpr (kSignalWarp) {
+      saw_tile_ = true;
+      return load_state;
+    }
     EpilogueParams const& p = *p_;
     const int m_idx = logical_tile_row(int(get<0>(tile_coord)));
     const int addend_tiles = p.tiles_m - p.addend_first;
@@ -312,7 +361,7 @@ class SignalingTmaEpilogue
     auto source_shape = make_shape(addend_tiles * kTileM, int(get<1>(problem_shape)),
                                    int(get<2>(problem_shape)), 1);
     return Inner::load(load_pipeline, load_state, source_shape, tile_shape, source_coord,
-                       tiled_mma, thread_idx, shared, subtile_idx);
+                       tiled_mma, thread_idx, InnerStorage(shared), subtile_idx);
   }
 
   template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class AccEngine,
@@ -354,7 +403,7 @@ class SignalingTmaEpilogue
         Inner* target = this;
         if constexpr (kSource) {
           // One inlined store either way: the tail tile only swaps the object, shape and row.
-          Inner tail(*tail_params_, shared);
+          Inner tail(*tail_params_, InnerStorage(shared));
           if (p.tail_out != nullptr && m_idx >= p.tail_first) {
             target = &tail;
             get<0>(flat_shape) = (p.tiles_m - p.tail_first) * kTileM;
@@ -362,11 +411,11 @@ class SignalingTmaEpilogue
           }
           result = target->store(load_pipeline, load_state, store_pipeline, store_state,
                                  flat_shape, tile_shape, flat_coord, accumulators, tiled_mma,
-                                 thread_idx, shared, rest...);
+                                 thread_idx, InnerStorage(shared), rest...);
         } else {
           result = Inner::store(load_pipeline, load_state, store_pipeline, store_state,
                                 flat_shape, tile_shape, flat_coord, accumulators, tiled_mma,
-                                thread_idx, shared, rest...);
+                                thread_idx, InnerStorage(shared), rest...);
         }
       } else {
         StoreDirect<Element, kTileM, kTileN, kScaled>(p, dst_row0, valid_rows, n_idx,
@@ -385,8 +434,20 @@ class SignalingTmaEpilogue
 
   CUTLASS_DEVICE auto store_tail(LoadPipeline load_pipeline, LoadPipelineState load_state,
                                  StorePipeline store_pipeline, StorePipelineState store_state) {
-    flush_signal(-1);
+    flush_signal(-1, /*last=*/true);
     return Inner::store_tail(load_pipeline, load_state, store_pipeline, store_state);
+  }
+
+  // The producer's epilogue warp after its last tile. kSignalWarp: lane 0 signals what the
+  // consumers hand over, until their last handoff (there is one if this CTA had a tile: the
+  // consumers then call store_tail()).
+  CUTLASS_DEVICE auto load_tail(LoadPipeline load_pipeline, LoadPipelineState load_state) {
+    if constexpr (kSignalWarp) {
+      if (saw_tile_ && cute::elect_one_sync()) run_signal_warp();
+      return load_state;
+    } else {
+      return Inner::load_tail(load_pipeline, load_state);
+    }
   }
 
  private:
@@ -428,53 +489,97 @@ class SignalingTmaEpilogue
     return lo;
   }
 
-  // Warp 0 of the set issued this set's TMA stores. All of its lanes wait until at most
-  // kKeepGroups of their bulk async-groups are pending (the full-completion form, not .read), fence
-  // the async proxy against the generic proxy, and order themselves before lane 0 (__syncwarp);
-  // lane 0 then adds `count` with release semantics at GPU scope.
-  template <int kKeepGroups>
-  CUTLASS_DEVICE void signal_from_store_warp(int set_thread, int group, uint32_t count) {
-    if (set_thread < 32) {
-      asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kKeepGroups) : "memory");
-      asm volatile("fence.proxy.async.global;" ::: "memory");
-      __syncwarp();
-      if (set_thread == 0) {
-        uint32_t* ctr = p_->counters + group;
-        asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ctr), "r"(count)
-                     : "memory");
-      }
-    }
-  }
-
   // Signals the pending tiles now. All kTileThreads threads of the set call this together
-  // (the pending state is uniform). Tiles written by TMA only need warp 0; if any pending tile
-  // took the direct path, every thread's stores are first ordered by a named barrier.
-  CUTLASS_DEVICE void flush_signal(int thread_idx) {
-    if (pending_count_ == 0) return;
+  // (the pending state is uniform). Tiles written by TMA: warp 0 of the set issued their stores,
+  // so all of its lanes wait until none of their bulk async-groups is pending (the
+  // full-completion form, not .read), fence the async proxy against the generic proxy, and order
+  // themselves before lane 0 (__syncwarp). If a pending tile took the direct path, every thread's
+  // stores are ordered by a named barrier instead. Thread 0 then adds the count with release
+  // semantics at GPU scope, or (kSignalWarp) hands it to the signal warp, whose release is
+  // cumulative over what thread 0's handoff made visible to it. `last`: store_tail()'s call,
+  // which a signal warp waits for even when nothing is pending.
+  CUTLASS_DEVICE void flush_signal(int thread_idx, bool last = false) {
+    const bool hand_over_last = kSignalWarp && last && p_->counters != nullptr;
+    if (pending_count_ == 0 && !hand_over_last) return;
     const int set_thread = thread_idx >= 0 ? thread_idx : int(threadIdx.x) % kTileThreads;
-    if (pending_direct_) {
+    if (pending_count_ > 0) {
       if (set_thread < 32) {
         asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
         asm volatile("fence.proxy.async.global;" ::: "memory");
+        __syncwarp();
       }
-      const int barrier_id =
-          kPingpong ? kFirstBarrier + cutlass::canonical_warp_group_idx() : kFirstBarrier;
-      asm volatile("bar.sync %0, %1;" ::"r"(barrier_id), "r"(kTileThreads) : "memory");
-      if (set_thread == 0) {
-        uint32_t* ctr = p_->counters + pending_group_;
-        asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ctr), "r"(pending_count_)
-                     : "memory");
+      if (pending_direct_) {
+        const int barrier_id =
+            kPingpong ? kFirstBarrier + cutlass::canonical_warp_group_idx() : kFirstBarrier;
+        asm volatile("bar.sync %0, %1;" ::"r"(barrier_id), "r"(kTileThreads) : "memory");
       }
-    } else {
-      signal_from_store_warp<0>(set_thread, pending_group_, pending_count_);
+    }
+    if (set_thread == 0) {
+      if constexpr (kSignalWarp) {
+        hand_over(pending_group_, pending_count_, last);
+      } else {
+        signal(pending_group_, pending_count_);
+      }
     }
     pending_group_ = -1;
     pending_count_ = 0;
     pending_direct_ = false;
   }
 
+  CUTLASS_DEVICE void signal(int group, uint32_t count) {
+    uint32_t* ctr = p_->counters + group;
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ctr), "r"(count) : "memory");
+  }
+
+  // Thread 0 of the consumers: waits until the signal warp has read the previous handoff (long
+  // done: it follows a whole tile's mainloop), fills the next one and arrives (release, CTA
+  // scope). A handoff per barrier phase, strictly alternating, so neither side can run a phase
+  // ahead of the other.
+  CUTLASS_DEVICE void hand_over(int group, uint32_t count, bool last) {
+    SignalHandoff& h = *handoff_;
+    if (handoffs_ > 0) h.empty.wait((handoffs_ - 1) & 1);
+    h.group = group;
+    h.count = count;
+    h.last = last ? 1 : 0;
+    h.full.arrive();
+    ++handoffs_;
+  }
+
+  // Lane 0 of the producer's epilogue warp: takes each handoff (acquire, CTA scope), frees it,
+  // and adds its count (release, GPU scope), until the last.
+  CUTLASS_DEVICE void run_signal_warp() {
+    SignalHandoff& h = *handoff_;
+    for (uint32_t k = 0;; ++k) {
+      h.full.wait(k & 1);
+      const int group = h.group;
+      const uint32_t count = h.count;
+      const bool last = h.last != 0;
+      h.empty.arrive();
+      if (count > 0) signal(group, count);
+      if (last) return;
+    }
+  }
+
+  CUTLASS_HOST_DEVICE static typename Inner::TensorStorage& InnerStorage(TensorStorage& shared) {
+    if constexpr (kSignalWarp) {
+      return shared.inner;
+    } else {
+      return shared;
+    }
+  }
+  CUTLASS_HOST_DEVICE static SignalHandoff* HandoffOf(TensorStorage& shared) {
+    if constexpr (kSignalWarp) {
+      return &shared.handoff;
+    } else {
+      return nullptr;
+    }
+  }
+
   EpilogueParams const* p_;
   TailParams const* tail_params_;
+  SignalHandoff* handoff_;       // kSignalWarp: in shared memory
+  uint32_t handoffs_ = 0;        // thread 0 of the consumers: handoffs made
+  bool saw_tile_ = false;        // the signal warp: this CTA's consumers store tiles
   int pending_group_ = -1;  // group of the tiles stored but not yet signalled
   uint32_t pending_count_ = 0;
   bool pending_direct_ = false;  // some pending tile was stored by the direct path
