@@ -123,22 +123,28 @@ CUTLASS_DEVICE void StoreDirect(EpilogueParams const& p, int64_t dst_row0, int v
 //    generic-proxy operations, and __syncwarp orders every lane before lane 0.
 //  * Direct-stored tiles: every consumer thread writes with st.global, then all of them meet at a
 //    named barrier (bar.sync, CTA scope), so their writes happen-before what thread 0 does next.
-//  * Thread 0 then performs ONE red.release.gpu.global.add.u32 on counters[group]. A release is
+//  * Thread 0 then performs ONE red.release.gpu.global.add.u32 on counters[group] (in a
+//    cooperative kernel, the signal warp does, after thread 0's handoff; see "When"). A release is
 //    cumulative: every write that happens-before it (the whole tile, via the steps above) is
 //    visible at GPU scope before the counter update is. A consumer that observes the value with
 //    an acquire load (spin kernel) or with cuStreamWaitValue32 followed by stream-ordered work
 //    therefore sees the complete tiles. (The same shape as cutlass/barrier.h's arrive_inc.)
 //
-// When: a signal costs a fence on the tensor-core warps' critical path (the cooperative kernel
-// does not overlap its epilogue with MMA), so a CTA adds up its consecutive tiles of one group and
-// signals them with one add of the count when its next tile belongs to another group, at the
-// start of that tile's epilogue (the stores are long complete by then, the wait is free), or in
-// store_tail() at the end. Tiles run group by group, so a group completes no later than with
-// per-tile signals (its last tile decides). Ping-pong calls store_tail() after every tile, so it
-// signals each tile right after its store (hidden behind the other warp group's MMA). Measured on
-// H200: this costs 0.4-1.3% against counters == nullptr on the TP shapes with 8 groups; a signal
-// per tile (right after its store, or at the next tile's epilogue) and a signal issued after the
-// next tile's stores cost more (docs/performance.md, "Smaller decisions").
+// When: a signal is a release at GPU scope, whose fence waits for the signalling thread's writes
+// to reach L2, so a CTA adds up its consecutive tiles of one group and signals them with one add
+// of the count when its next tile belongs to another group, at the start of that tile's epilogue
+// (the stores are long complete by then, their wait is free), or in store_tail() at the end.
+// Tiles run group by group, so a group completes no later than with per-tile signals (its last
+// tile decides). Who issues the add:
+//  * Ping-pong: thread 0 of the warp group, in store_tail() after every tile, right after its
+//    store; the fence hides behind the other warp group's MMA (+0.0-0.4% of GPU time against
+//    counters == nullptr on the design shapes).
+//  * Cooperative (without a source): both warp groups would wait for the fence, as no MMA runs
+//    during a cooperative epilogue (+2.4-3.5% for fp8 at 4096x8192x2048). Thread 0 instead hands
+//    (group, count) over through shared memory (SignalHandoff: two mbarriers, release/acquire at
+//    CTA scope, so the handed-over writes happen-before what the receiver does next) to the
+//    producer warp group's epilogue warp, idle without a source, whose add then releases them at
+//    GPU scope (a release is cumulative). Measured: +0.0-0.3% (docs/performance.md, "fp8").
 // ---------------------------------------------------------------------------------------------
 // kSource: CUTLASS's epilogue with a source C (D = acc + C, C loaded by TMA in the producer's
 // epilogue warp), for SignalingGemmArgs' addend, a [rows, n] matrix. Every tile loads it, at its
