@@ -143,16 +143,22 @@ def choose_fp8(op: str, config, m: int, n: int, k: int, platform: str, **extra) 
 def _choose_fp8_overlapped(config, m: int, n: int, k: int, platform: str, collective: str,
                            size: int) -> PathChoice:
     """The path of an fp8 overlapped call on x[m, k] and w[k, n] (m: rows of this rank's x):
+    for an all-gather, XLA's all_gather then fo_jax's fp8 GEMM on the gathered rows; otherwise,
     over more than one device, the overlapped pipeline with fo_jax's fp8 GEMM as its producer
     (the collective moves and sums the GEMM's bfloat16 output) on the transport that
     fo_jax/_transport.py picks; where the overlap would not pay (as for 16-bit calls, with the
     GEMM estimate scaled by the fp8 kernel's speed), fo_jax's fp8 GEMM then XLA's collective
     (path "cuda" without a transport); the dequantizing reference off CUDA."""
     extra = dict(collective=collective, axis_size=size)
-    rows = m // size if collective == "reduce_scatter" else m
+    rows = {"reduce_scatter": m // size, "all_gather": m * size}.get(collective, m)
     c = choose_fp8("overlapped_matmul", config, rows, n, k, platform, **extra)
     if size == 1 or c.path != "cuda":
         return c
+    if collective == "all_gather":  # fo_jax/_fp8_all_gather.py
+        return dataclasses.replace(c, reason=(
+            f"XLA's all_gather of the fp8 x, then {c.reason}, not overlapped (no fp8 consumer "
+            "kernel yet): one GEMM where x_scale is provably the same on every device (check_vma "
+            "types: fo_jax.quantize_fp8(x, axis_name=...)), else one per device's rows"))
     plain = (f"{c.reason}, then XLA's {collective} on its bfloat16 output")
     transport, how = _transport.choose("fo_jax.overlapped_matmul", collective, size, fp8.FP8_DTYPE,
                                        m, n, k, config)

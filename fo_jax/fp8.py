@@ -83,26 +83,28 @@ def check_fp8_args(fn: str, dtype, x_scale, w_scale, out_dtype):
 # --------------------------------------------------------------------------------------------
 # quantize_fp8
 # --------------------------------------------------------------------------------------------
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
-def _quantize(x, dtype, x_dtype):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def _quantize(x, dtype, x_dtype, axis_name):
     del x_dtype  # (for the backward: the cotangent's dtype)
     fmax = _finfo_max(dtype)
     amax = jnp.max(jnp.abs(x.astype(jnp.float32)))
+    if axis_name is not None:  # one scale for the whole axis: its devices' largest amax
+        amax = jax.lax.pmax(amax, axis_name)
     scale = jnp.where(amax > 0, amax / fmax, jnp.float32(1.0)).astype(jnp.float32)
     q = jnp.clip(x.astype(jnp.float32) / scale, -fmax, fmax).astype(dtype)
     return q, scale
 
 
-def _quantize_fwd(x, dtype, x_dtype):
-    q, scale = _quantize(x, dtype, x_dtype)
+def _quantize_fwd(x, dtype, x_dtype, axis_name):
+    q, scale = _quantize(x, dtype, x_dtype, axis_name)
     return (q, scale), scale
 
 
-def _quantize_bwd(dtype, x_dtype, scale, cts):
+def _quantize_bwd(dtype, x_dtype, axis_name, scale, cts):
     # Straight through: q = x / scale, so dL/dx = dL/dq / scale. The scale's own cotangent is
     # dropped: through q * scale its path and q's dependence on the scale cancel exactly
     # (q * scale = x inside the range), which makes the round trip's derivative the identity.
-    del dtype
+    del dtype, axis_name
     ct_q, _ = cts
     return ((ct_q.astype(jnp.float32) / scale).astype(x_dtype),)
 
@@ -110,13 +112,19 @@ def _quantize_bwd(dtype, x_dtype, scale, cts):
 _quantize.defvjp(_quantize_fwd, _quantize_bwd)
 
 
-def quantize_fp8(x: jax.Array, dtype=jnp.float8_e4m3fn) -> tuple:
+def quantize_fp8(x: jax.Array, dtype=jnp.float8_e4m3fn, *, axis_name=None) -> tuple:
     """(q, scale): x quantized to fp8 with current (per-call amax) per-tensor scaling.
 
     scale = amax(|x|) / finfo(dtype).max (1 where x is all zeros), a float32 scalar;
     q = clip(x / scale) to dtype's finite range, rounded to nearest. So q * scale ~= x, with
     e4m3's relative rounding error (at most 2^-4 for normal values). Gradients pass straight
     through (d(q * scale)/dx = 1; the module docstring says how the fp8 cotangent rounds).
+
+    axis_name: inside `jax.shard_map`, the amax is the largest over the devices of that mesh axis
+    (one `pmax` of a scalar), so every device gets the same scale, and shard_map's types say so
+    (it does not vary over the axis). `overlapped_matmul(..., collective="all_gather")` then
+    scales the gathered rows in one GEMM; with a scale per device it runs one GEMM per device's
+    rows.
     """
     fn = "fo_jax.quantize_fp8"
     if not hasattr(x, "dtype"):
@@ -125,7 +133,11 @@ def quantize_fp8(x: jax.Array, dtype=jnp.float8_e4m3fn) -> tuple:
         raise TypeError(f"{fn}: dtype must be float8_e4m3fn, got {jnp.dtype(dtype)}")
     if not jnp.issubdtype(x.dtype, jnp.floating) or is_fp8(x.dtype):
         raise TypeError(f"{fn}: x must be float32, bfloat16 or float16, got {jnp.dtype(x.dtype)}")
-    return _quantize(x, jnp.dtype(dtype), jnp.dtype(x.dtype))
+    if axis_name is not None:
+        from fo_jax import _checks  # noqa: PLC0415
+
+        _checks.axis_size(fn, axis_name)  # a clear error outside shard_map or for a bad name
+    return _quantize(x, jnp.dtype(dtype), jnp.dtype(x.dtype), axis_name)
 
 
 def dequantize(q: jax.Array, scale: jax.Array) -> jax.Array:
@@ -201,7 +213,7 @@ def _batchable(x, w, xs, ws, out_dtype, w_transposed, config):
     return gemm(x, w, xs, ws)
 
 
-def _saturate(v, dtype):
+def saturate(v, dtype):
     """float32 -> fp8 with saturation (no inf or NaN from out-of-range values)."""
     fmax = _finfo_max(dtype)
     return jnp.clip(v, -fmax, fmax).astype(dtype)
@@ -230,8 +242,8 @@ def cotangents(x, w_kn, xs, ws, dy, fit=None) -> tuple:
     dyf = dy.astype(jnp.float32)
     g_x = jnp.dot(dyf, (wf * ws).T, precision=hi)  # dL/dX [R, K]
     g_w = jnp.dot((xf * xs).T, dyf, precision=hi)  # dL/dW [K, N]
-    dx = _saturate(fit(g_x * xs, x), x.dtype)
-    dw = _saturate(fit(g_w * ws, w_kn), w_kn.dtype)
+    dx = saturate(fit(g_x * xs, x), x.dtype)
+    dw = saturate(fit(g_w * ws, w_kn), w_kn.dtype)
     dxs = fit(jnp.sum(g_x * xf), xs).astype(xs.dtype)
     dws = fit(jnp.sum(g_w * wf), ws).astype(ws.dtype)
     return dx, dw, dxs, dws

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
-from fo_jax import (_checks, _plan, _vma, autodiff, fp8,
+from fo_jax import (_checks, _fp8_all_gather, _plan, _vma, autodiff, fp8,
                     reference)
 # The path choices live in fo_jax/_paths.py; PathChoice is public (fo_jax.PathChoice) and the
 # choosers are imported here under their names, where the ops call them.
@@ -313,10 +313,6 @@ def describe(x, w, *, axis_name: str, collective: str = "reduce_scatter",
 
 def _validate_fp8_overlapped(fn, x, axis_name, collective, config) -> int:
     _checks.check_collective(fn, collective)
-    if collective == "all_gather":
-        raise NotImplementedError(f"{fn}: collective='all_gather' does not take fp8 operands yet; "
-                                  "gather the bf16 input and quantize it after the gather, or "
-                                  "use reduce_scatter / all_reduce")
     _checks.check_config(fn, config)
     size = _checks.axis_size(fn, axis_name)
     if collective == "reduce_scatter":
@@ -339,12 +335,17 @@ def _fp8_overlapped(x, w, axis_name, collective, config, x_scale, w_scale, out_d
     x2 = x.reshape(rows, k)
     if size == 1:  # the collective over one device is the identity: the fp8 GEMM alone
         y2 = fp8.fp8_gemm(x2, w, x_scale, w_scale, out, False, config)
-        y2 = reference.apply_collective(y2, axis_name, collective)
+        if collective != "all_gather":
+            y2 = reference.apply_collective(y2, axis_name, collective)
+    elif collective == "all_gather":
+        y2 = _fp8_all_gather.all_gather_fp8(axis_name, size, config, x2, w, x_scale, w_scale)
     else:
         y2 = _fp8_overlapped_vjp(axis_name, collective, config, size, x2, w, x_scale, w_scale)
     lead = x.shape[:-1]
     if collective == "reduce_scatter":
         lead = (lead[0] // size, *lead[1:])
+    elif collective == "all_gather":
+        lead = (lead[0] * size, *lead[1:])
     return y2.reshape(*lead, n)
 
 
@@ -536,8 +537,11 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
       x_scale, w_scale, out_dtype: for float8_e4m3fn operands, as in `fo_jax.matmul`: on CUDA
         devices fo_jax's fp8 GEMM overlapped with the collective of its bfloat16 output (either
         transport; the copy-engine reduce-scatter in its direct form, never the ring), as for
-        16-bit operands; not for "all_gather" (NotImplementedError). Their backward is the fp8
-        GEMM's float32 rule (fo_jax/fp8.py) with XLA's collective.
+        16-bit operands. "all_gather" gathers the fp8 x with XLA's all-gather, then runs fo_jax's
+        fp8 GEMM, not overlapped: one GEMM where x_scale is provably the same on every device
+        (`fo_jax.quantize_fp8(x, axis_name=...)` under check_vma=True), else one per device's
+        rows, each with its own gathered scale (fo_jax/_fp8_all_gather.py). Their backward is the
+        fp8 GEMM's float32 rule (fo_jax/fp8.py) with XLA's collectives.
 
     Returns:
       The result in x's dtype (bfloat16 for fp8 operands), accumulated in float32.

@@ -158,13 +158,149 @@ def test_grads_vs_float64(collective, size, check_vma):
     np.testing.assert_allclose(float(dws), want[3], rtol=1e-4, atol=1e-3)
 
 
-def test_all_gather_refuses_fp8():
-    mesh = cpu_mesh((2,), ("tp",))
-    xq, xs, wq, ws = _operands((16,), 64, 32)
-    f = jax.shard_map(_fp8_call("all_gather"), mesh=mesh, in_specs=(P("tp", None), P(), P(), P()),
-                      out_specs=P(None, None))
-    with pytest.raises(NotImplementedError, match="all_gather' does not take fp8 operands"):
-        jax.jit(f)(xq, wq, xs, ws)
+# --- all-gather (fo_jax/_fp8_all_gather.py) ----------------------------------------------------
+def _gather_operands(size, m, k, n, shared, seed):
+    """x[size * m, 3, K] quantized per device's rows (its own scale, `xs` [size]) or with one
+    scale for all (`xs` a scalar); w[K, N]."""
+    kx, kw = jax.random.split(jax.random.key(seed))
+    x = 3.0 * jax.random.normal(kx, (size, m, 3, k), jnp.float32)
+    x = x * (1.0 + jnp.arange(size, dtype=jnp.float32))[:, None, None, None]  # scales differ
+    if shared:
+        xq, xs = fo_jax.quantize_fp8(x.reshape(size * m, 3, k))
+    else:
+        pairs = [fo_jax.quantize_fp8(x[d]) for d in range(size)]
+        xq = jnp.concatenate([q for q, _ in pairs])
+        xs = jnp.stack([s for _, s in pairs])
+    wq, ws = fo_jax.quantize_fp8(0.05 * jax.random.normal(kw, (k, n), jnp.float32))
+    return xq, xs, wq, ws
+
+
+def _gather_ref64(xq, xs, wq, ws, size):
+    x = np.asarray(xq, np.float64).reshape(size, -1, *xq.shape[1:])
+    x = x * np.broadcast_to(np.asarray(xs, np.float64), (size,))[:, None, None, None]
+    w = _dequant64(wq, ws)
+    x = x.reshape(-1, *xq.shape[1:])
+    return x @ w, np.abs(x) @ np.abs(w)
+
+
+def _gather_call(shared):
+    def call(x, w, a, b):
+        a = a if shared else a.reshape(())  # each device's own scale
+        return fo_jax.overlapped_matmul(x, w, axis_name="tp", collective="all_gather",
+                                        x_scale=a, w_scale=b)
+    return call
+
+
+def _gather_specs(mesh, shared, check_vma):
+    return dict(mesh=mesh, in_specs=(P("tp", None, None), P(None, "tp"),
+                                     P() if shared else P("tp"), P()),
+                out_specs=P(None, None, "tp"), check_vma=check_vma)
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("size", [2, 4])
+def test_all_gather_vs_float64(size, shared, check_vma):
+    """all_gather(x * xs) @ (w * ws) in bf16 against float64 NumPy, with one scale shared by
+    the axis and with a scale per device (each device's gathered rows keep their own); one GEMM
+    only where the types prove the scale shared (check_vma=True), else one per device's rows."""
+    mesh = cpu_mesh((size,), ("tp",))
+    m, k, n = 8, 32, 8 * size
+    xq, xs, wq, ws = _gather_operands(size, m, k, n, shared, seed=30 + size)
+    f = jax.jit(jax.shard_map(_gather_call(shared), **_gather_specs(mesh, shared, check_vma)))
+    y = f(xq, wq, xs, ws)
+    assert y.dtype == jnp.bfloat16 and y.shape == (size * m, 3, n)
+    ref, mag = _gather_ref64(xq, xs, wq, ws, size)
+    err = np.abs(np.asarray(y, np.float64) - ref)
+    assert np.all(err <= 2.0**-8 * np.abs(ref) + 1e-5 * mag + 1e-6), float(np.max(err))
+    jaxpr = str(jax.make_jaxpr(f)(xq, wq, xs, ws))
+    one_gemm = shared and check_vma
+    assert ("scan" in jaxpr) != one_gemm  # the per-device GEMMs map over the devices' rows
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+@pytest.mark.parametrize("shared", [True, False])
+def test_all_gather_grads_vs_float32_reference(shared, check_vma):
+    """d/dx, d/dw (fp8) and d/dxs, d/dws (float32) of sum(y * c) against JAX's own derivative
+    of the dequantizing float32 reference (XLA's all_gather and its transpose, the
+    reduce-scatter), as check_vma defines them."""
+    size, m, k, n = 4, 8, 32, 16
+    mesh = cpu_mesh((size,), ("tp",))
+    xq, xs, wq, ws = _gather_operands(size, m, k, n, shared, seed=40)
+    c = _bf16_exact(jax.random.key(6), (size * m, 3, n))
+    call = _gather_call(shared)
+
+    def loss(x, w, a, b, c):
+        return jnp.sum(call(x, w, a, b).astype(jnp.float32) * c)
+
+    def loss_f32(xf, wf, a, b, c):
+        a = a if shared else a.reshape(())
+        g = jax.lax.all_gather(xf * a, "tp", axis=0, tiled=True)
+        y = jnp.einsum("mik,kn->min", g, wf * b, precision=HI)
+        return jnp.sum(y * c)
+
+    specs = _gather_specs(mesh, shared, check_vma)
+    specs = dict(specs, in_specs=(*specs["in_specs"], P(None, None, "tp")),
+                 out_specs=specs["in_specs"])
+    got = jax.jit(jax.shard_map(jax.grad(loss, argnums=(0, 1, 2, 3)), **specs))(
+        xq, wq, xs, ws, c)
+    want = [np.asarray(g, np.float64) for g in jax.jit(jax.shard_map(
+        jax.grad(loss_f32, argnums=(0, 1, 2, 3)), **specs))(
+            xq.astype(jnp.float32), wq.astype(jnp.float32), xs, ws, c)]
+    assert got[0].dtype == E4M3 and got[1].dtype == E4M3
+    for g, exact in zip(got[:2], want[:2]):
+        err = np.abs(np.asarray(g, np.float64) - exact)
+        assert np.all(err <= 2.0**-3 * np.abs(exact) + 2.0**-9), float(np.max(err))
+    for g, exact in zip(got[2:], want[2:]):
+        np.testing.assert_allclose(np.asarray(g, np.float64), exact, rtol=1e-4, atol=1e-3)
+
+
+def test_all_gather_vmap_scan_checkpoint():
+    size, b, m, k, n = 2, 3, 8, 32, 16
+    mesh = cpu_mesh((size,), ("tp",))
+    xq, xs, wq, ws = _gather_operands(size, m, k, n, True, seed=50)  # x[size * m, 3, K]
+    xb = jnp.moveaxis(xq, 1, 0)  # [3, size * m, K]: vmap over the 3
+    call = _gather_call(True)
+    specs = dict(mesh=mesh, in_specs=(P(None, "tp", None), P(None, "tp"), P(), P()),
+                 out_specs=P(None, None, "tp"))
+    bodies = {
+        "vmap": lambda x, w, a, c: jax.vmap(call, in_axes=(0, None, None, None))(x, w, a, c),
+        "scan": lambda x, w, a, c: jax.lax.scan(
+            lambda carry, xe: (carry, call(xe, w, a, c)), 0, x)[1],
+        "checkpoint": lambda x, w, a, c: jax.vmap(jax.checkpoint(call),
+                                                  in_axes=(0, None, None, None))(x, w, a, c),
+    }
+    ref, mag = _gather_ref64(xq, xs, wq, ws, size)
+    ref, mag = np.moveaxis(ref, 1, 0), np.moveaxis(mag, 1, 0)
+    for name, body in bodies.items():
+        y = jax.jit(jax.shard_map(body, **specs))(xb, wq, xs, ws)
+        assert y.shape == (3, size * m, n), name
+        err = np.abs(np.asarray(y, np.float64) - ref)
+        assert np.all(err <= 2.0**-8 * np.abs(ref) + 1e-5 * mag + 1e-6), name
+
+
+def test_quantize_with_axis_name_shares_the_scale():
+    """quantize_fp8(x, axis_name=) gives every device the largest amax over the axis, and its
+    type says it does not vary over the axis; outside shard_map it names the problem."""
+    from fo_jax import _vma
+
+    size = 4
+    mesh = cpu_mesh((size,), ("tp",))
+    x = jax.random.normal(jax.random.key(7), (size * 8, 16)) * 3.0
+
+    def body(x):
+        q, s = fo_jax.quantize_fp8(x, axis_name="tp")
+        assert "tp" not in _vma.varying_axes(s)
+        return q, s[None]
+
+    q, s = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("tp", None),
+                                 out_specs=(P("tp", None), P("tp"))))(x)
+    want = float(jnp.max(jnp.abs(x))) / float(jnp.finfo(E4M3).max)
+    np.testing.assert_allclose(np.asarray(s), want, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(q, np.float32) * want, np.asarray(x),
+                               rtol=2.0**-4, atol=2.0**-9 * want)
+    with pytest.raises(ValueError, match="axis name 'tp' is not bound here"):
+        fo_jax.quantize_fp8(x, axis_name="tp")
 
 
 # --- with the compiled module: plans, validation, lowering --------------------------------------
@@ -217,7 +353,7 @@ def test_fp8_plan_refusals():
     with pytest.raises(ValueError, match="copy_engine_ring=True.*no fp8 kernel takes an addend"):
         _fp8_plan("reduce_scatter", 2, "copy_engine", fo_jax.OverlapConfig(copy_engine_ring=True))
     with pytest.raises(ValueError, match="all-gather does not take float8_e4m3fn"):
-        _fp8_plan("all_gather", 2, "nccl")
+        _fp8_plan("all_gather", 2, "nccl")  # the fp8 all-gather is XLA's gather + fp8 GEMM
     m, n, k = SHAPE
     # The handler: a ring plan and an all-gather plan, each refused for fp8 with its reason.
     ring = dataclasses.replace(_fp8_plan("reduce_scatter", 2, "copy_engine"), ring=True)
@@ -250,6 +386,10 @@ def test_fp8_choice():
         assert forced.transport is not None
     one = overlap._choose_fp8_overlapped(None, m, n, k, "cuda", "all_reduce", 1)
     assert one.path == "cuda" and one.transport is None
+    gather = overlap._choose_fp8_overlapped(None, m, n, k, "cuda", "all_gather", 4)
+    assert gather.path == "cuda" and gather.transport is None
+    assert gather.reason.startswith("XLA's all_gather of the fp8 x, then fo_jax's fp8 GEMM")
+    assert "not overlapped" in gather.reason
 
 
 @needs_fp8_module

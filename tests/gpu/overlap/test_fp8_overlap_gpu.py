@@ -186,3 +186,34 @@ def test_fp8_overlap_grad_and_vmap(collective):
     bound = _sum_order_bound(_calls(mesh, collective, config)[2](xq, wq, xs, ws), tp)
     err = np.abs(np.asarray(yv, np.float64) - np.asarray(yv_base, np.float64))
     assert yv.shape == (2, m // 2, n) and np.all(err <= bound.reshape(2, m // 2, n))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_fp8_all_gather_matches_fp8_gemm_per_device_rows(shared):
+    """collective="all_gather" (XLA's all-gather of the fp8 x, then fo_jax's fp8 GEMM): with one
+    scale for the axis (quantize_fp8(axis_name=)), one GEMM on the gathered rows; with a scale
+    per device, one GEMM per device's rows. Either way each output row is the fp8 kernel's
+    product of that row with its own device's scale: bit-identical to fo_jax.matmul of that
+    device's rows alone (the same kernel, tile configuration and rounding)."""
+    tp = _tp()
+    mesh = _mesh(tp)
+    m, k, n = 1024, 2048, 1024 * tp
+    kx, kw = jax.random.split(jax.random.key(60))
+    x = 2.0 * jax.random.normal(kx, (tp * m, k), jnp.float32)
+    wq, ws = fo_jax.quantize_fp8(0.05 * jax.random.normal(kw, (k, n), jnp.float32))
+    cfg = fo_jax.OverlapConfig(gemm_config="fp8_coop_128x128x128_c1")
+
+    def body(x, w, b):
+        xq, xs = fo_jax.quantize_fp8(x, axis_name="tp" if shared else None)
+        y = fo_jax.overlapped_matmul(xq, w, axis_name="tp", collective="all_gather",
+                                     x_scale=xs, w_scale=b, config=cfg)
+        return y, xq, xs[None]
+
+    y, xq, xs = jax.jit(jax.shard_map(
+        body, mesh=mesh, in_specs=(P("tp", None), P(None, "tp"), P()),
+        out_specs=(P(None, "tp"), P("tp", None), P("tp"))))(x, wq, ws)
+    assert y.dtype == jnp.bfloat16 and y.shape == (tp * m, n)
+    for d in range(tp):
+        rows = slice(d * m, (d + 1) * m)
+        want = fo_jax.matmul(xq[rows], wq, x_scale=xs[d], w_scale=ws, config=cfg)
+        np.testing.assert_array_equal(np.asarray(y[rows]), np.asarray(want), err_msg=f"rows of {d}")
