@@ -259,6 +259,26 @@ def all_gather_matmul_cuda(x: jax.Array, w: jax.Array, axis_name: str,
     return outs[0], outs[1]
 
 
+def all_gather_matmul_fp8_cuda(x: jax.Array, w_nk: jax.Array, x_scale: jax.Array,
+                               w_scale: jax.Array, axis_name: str, plan: OverlapPlan,
+                               config=None) -> tuple:
+    """(all_gather(x * x_scale) @ (w_nk * w_scale)^T in bfloat16, all_gather(x)) by the
+    overlapped CUDA pipeline: x[m, k] and w_nk[n, k] float8_e4m3fn, one x_scale for every
+    gathered row (the caller's to ensure: fo_jax/_fp8_all_gather.py), the consumer GEMM the fp8
+    kernel's. The gathered x (fp8) is the call's second result."""
+    _cuda.register_targets()
+    m, k, n = x.shape[0] * plan.axis_size, x.shape[1], w_nk.shape[0]
+    result_avals = (
+        _result_aval((x, w_nk), (m, n), np.dtype(jax.numpy.bfloat16)),
+        _result_aval((x,), (m, k), x.dtype),  # the gathered x: x's varying axes, as all_gather
+        _result_aval((x, w_nk), (plan.num_groups,), np.uint32),  # one flag per band
+    )
+    outs = overlap_p.bind(x, w_nk, x_scale, w_scale, result_avals=result_avals,
+                          axis_name=axis_name, plan=plan,
+                          explicit=_bootstrap.explicit_config(config))
+    return outs[0], outs[1]
+
+
 CHECK_TARGET = "fo_jax_check_overlap_plan"
 # The words of fo_jax_check_overlap_plan's output (csrc/ffi/plan_check_ffi.cc, PlanCheckWord),
 # then one expected counter value per group (max_gemm_groups of them).

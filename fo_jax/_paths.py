@@ -154,11 +154,8 @@ def _choose_fp8_overlapped(config, m: int, n: int, k: int, platform: str, collec
     c = choose_fp8("overlapped_matmul", config, rows, n, k, platform, **extra)
     if size == 1 or c.path != "cuda":
         return c
-    if collective == "all_gather":  # fo_jax/_fp8_all_gather.py
-        return dataclasses.replace(c, reason=(
-            f"XLA's all_gather of the fp8 x, then {c.reason}, not overlapped (no fp8 consumer "
-            "kernel yet): one GEMM where x_scale is provably the same on every device (check_vma "
-            "types: fo_jax.quantize_fp8(x, axis_name=...)), else one per device's rows"))
+    if collective == "all_gather":
+        return _choose_fp8_all_gather(config, c, m, n, k, platform, size)
     plain = (f"{c.reason}, then XLA's {collective} on its bfloat16 output")
     transport, how = _transport.choose("fo_jax.overlapped_matmul", collective, size, fp8.FP8_DTYPE,
                                        m, n, k, config)
@@ -170,6 +167,25 @@ def _choose_fp8_overlapped(config, m: int, n: int, k: int, platform: str, collec
             f"< {floor * 1e6:.0f} us)"))
     return dataclasses.replace(c, reason=f"fo_jax's fp8 GEMM overlapped with the {collective} of "
                                f"its bfloat16 output; {how}", transport=transport)
+
+
+def _choose_fp8_all_gather(config, c: PathChoice, m: int, n: int, k: int, platform: str,
+                           size: int) -> PathChoice:
+    """fo_jax/_fp8_all_gather.py's path for fp8 all_gather(x[m, k]) @ w[k, n] over `size` ranks
+    (c: the fp8 GEMM's choice on the gathered rows): the overlapped all-gather where the 16-bit
+    one would take it (opted in, the bands fit a consumer config, not too small) and x_scale is
+    provably the same on every device; otherwise XLA's all_gather of the fp8 x, then the fp8
+    GEMM. The scale's sharing is known to the call, not here: the reason names both."""
+    plain = (f"XLA's all_gather of the fp8 x, then {c.reason}: one GEMM where x_scale is "
+             "provably the same on every device (check_vma types: fo_jax.quantize_fp8(x, "
+             "axis_name=...)), else one per device's rows")
+    over = _choose_all_gather(fp8.FP8_DTYPE, config, m, n, k, platform, size)
+    if over.path != "cuda":
+        return dataclasses.replace(c, reason=f"{plain} ({over.reason.split(': ', 1)[-1]})")
+    return dataclasses.replace(c, transport=over.transport, reason=(
+        f"with x_scale provably the same on every device (check_vma types: "
+        f"fo_jax.quantize_fp8(x, axis_name=...)), {over.reason}, its consumer GEMM fo_jax's fp8 "
+        f"kernel; otherwise {plain}"))
 
 
 def _choose_all_gather(dtype, config, m: int, n: int, k: int, platform: str,

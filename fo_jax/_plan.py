@@ -367,11 +367,8 @@ def plan_overlap(fn: str, collective: str, axis_size: int, dtype, rows: int, n: 
     `config` overrides them. An all-gather's rows are this rank's x (plan_all_gather).
     float8_e4m3fn operands get an fp8 tile configuration (gemm_config_index) and the direct
     copy-engine form (no fp8 kernel takes the ring's addend); their collective moves the
-    bfloat16 output (output_dtype); they have no all-gather."""
+    bfloat16 output (output_dtype), their all-gather the fp8 x (the fp8 consumer configs)."""
     fp8 = jnp.dtype(dtype) == jnp.float8_e4m3fn
-    if fp8 and collective == "all_gather":
-        raise ValueError(f"{fn}: the overlapped all-gather does not take float8_e4m3fn operands "
-                         "(no fp8 consumer kernel): gather the bfloat16 input, then quantize it")
     if fp8 and config is not None and config.copy_engine_ring:
         raise ValueError(f"{fn}: OverlapConfig(copy_engine_ring=True) with float8_e4m3fn "
                          "operands: the ring adds partial sums in the GEMM's epilogue and no fp8 "

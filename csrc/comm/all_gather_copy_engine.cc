@@ -18,7 +18,6 @@
 namespace fo_jax {
 namespace {
 
-constexpr size_t kElemBytes = 2;  // bf16 / f16
 // "Call started" events per rank, reused round-robin: rank r re-records slot e % kRing for call e
 // only once every peer's copy thread has enqueued its wait on call e - kRing's.
 constexpr int kRing = 8;
@@ -307,7 +306,7 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   FO_JAX_RETURN_IF_ERROR(
       CudaStatus(cudaMemsetAsync(buffers.flags, 0, bands.count * sizeof(uint32_t), xla_stream),
                  "zeroing the band flags"));
-  const size_t band_bytes = static_cast<size_t>(bands.rows * shape.k) * kElemBytes;
+  const size_t band_bytes = static_cast<size_t>(bands.rows * shape.k) * GemmInputBytes(shape.dtype);
   FO_JAX_RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(static_cast<char*>(buffers.gathered) + me * bands.per_rank * band_bytes,
                       buffers.x, bands.per_rank * band_bytes, cudaMemcpyDeviceToDevice,

@@ -12,7 +12,6 @@
 namespace fo_jax {
 namespace {
 
-constexpr size_t kElemBytes = 2;  // bf16 / f16
 
 // The own rows into the gathered output and every flag in its state before the GEMM: the
 // others' flags 0 (a flag of an earlier call must not pass: the buffer is XLA's, reused), the
@@ -20,7 +19,7 @@ constexpr size_t kElemBytes = 2;  // bf16 / f16
 // others' flags, starts only after this.
 Status EnqueueOwnRows(cudaStream_t xla_stream, const OverlapShape& shape,
                       const AllGatherBands& bands, int rank, const AllGatherBuffers& buffers) {
-  const size_t band_bytes = static_cast<size_t>(bands.rows * shape.k) * kElemBytes;
+  const size_t band_bytes = static_cast<size_t>(bands.rows * shape.k) * GemmInputBytes(shape.dtype);
   char* own = static_cast<char*>(buffers.gathered) +
               static_cast<size_t>(rank) * bands.per_rank * band_bytes;
   cudaError_t err =
@@ -43,6 +42,7 @@ Status EnqueuePeerBands(CommState& state, const OverlapShape& shape, const AllGa
                         ncclDataType_t dtype, const AllGatherBuffers& buffers) {
   const int P = state.nranks, rank = state.rank;
   const size_t count = static_cast<size_t>(bands.rows * shape.k);
+  const size_t elem = GemmInputBytes(shape.dtype);
   const char* x = static_cast<const char*>(buffers.x);
   char* gathered = static_cast<char*>(buffers.gathered);
   for (int s = 1; s < P; ++s) {
@@ -53,8 +53,8 @@ Status EnqueuePeerBands(CommState& state, const OverlapShape& shape, const AllGa
                                std::to_string(c);
       FO_JAX_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), what, state.comm));
       const ncclResult_t sent =
-          ncclSend(x + c * count * kElemBytes, count, dtype, to, state.comm, state.stream);
-      const ncclResult_t received = ncclRecv(gathered + band * count * kElemBytes, count, dtype,
+          ncclSend(x + c * count * elem, count, dtype, to, state.comm, state.stream);
+      const ncclResult_t received = ncclRecv(gathered + band * count * elem, count, dtype,
                                              from, state.comm, state.stream);
       // The group ends whatever happened inside it, so NCCL's group state stays balanced.
       const ncclResult_t ended = ncclGroupEnd();
@@ -91,7 +91,10 @@ Status EnqueueAllGatherNccl(CommState& state, cudaStream_t xla_stream, const Ove
   // GEMM, so their launch order does not matter on the GPU.
   FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(state.stream, state.inputs_ready, 0),
                                     "comm stream waiting for XLA's inputs"));
-  const ncclDataType_t dtype = shape.dtype == GemmDtype::kBF16 ? ncclBfloat16 : ncclFloat16;
+  // The bands are moved, never reduced: fp8 goes as bytes.
+  const ncclDataType_t dtype = shape.dtype == GemmDtype::kBF16  ? ncclBfloat16
+                               : shape.dtype == GemmDtype::kF16 ? ncclFloat16
+                                                                : ncclUint8;
   const Status peers = EnqueuePeerBands(state, shape, bands, dtype, buffers);
   // XLA's stream waits for whatever the comm stream got (after the GEMM's launch, which would
   // otherwise wait for every band), so that XLA never reuses a buffer NCCL still writes.

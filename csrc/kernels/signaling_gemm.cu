@@ -72,11 +72,17 @@ cudaError_t DeviceSms(int device, int* sms) {
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// A consumer (or source) kernel for every dtype the row serves: the 16-bit rows have both
-// dtypes' or neither, the fp8 rows none.
+// A consumer kernel for every dtype the row serves (the 16-bit rows serve bf16 and f16, the fp8
+// rows e4m3).
 bool HasConsumer(int config) {
-  return config >= 0 && config < kNumConfigs && detail::kRunGemmConsumer_bf16[config] != nullptr &&
-         detail::kRunGemmConsumer_f16[config] != nullptr;
+  if (config < 0 || config >= kNumConfigs) return false;
+  bool serves_any = false;
+  for (GemmDtype dtype : {GemmDtype::kBF16, GemmDtype::kF16, GemmDtype::kE4M3}) {
+    if (KernelsOf(dtype).run[config] == nullptr) continue;
+    if (KernelsOf(dtype).run_consumer[config] == nullptr) return false;
+    serves_any = true;
+  }
+  return serves_any;
 }
 
 bool SupportsDtype(int config, GemmDtype dtype) {
@@ -187,10 +193,10 @@ int SelectGemmConfig(GemmDtype dtype, int m, int n, int k, int batch, int sm_bud
 int SelectConsumerGemmConfig(GemmDtype dtype, int m, int n, int k, int band_rows,
                              int sm_budget) {
   const int cfg = SelectGemmConfig(dtype, m, n, k, 1, sm_budget);
-  if (dtype == GemmDtype::kE4M3) return cfg;  // no fp8 consumer: the launcher says so
   const GemmTileConfig& c = detail::kGemmConfigs[cfg];
   const bool fits = band_rows > 0 && band_rows % (c.tile_m * c.cluster_m) == 0;
-  return HasConsumer(cfg) && fits ? cfg : ConfigIndex("pp_128x128x64_c1");
+  if (HasConsumer(cfg) && fits) return cfg;
+  return ConfigIndex(dtype == GemmDtype::kE4M3 ? "fp8_coop_128x128x128_c1" : "pp_128x128x64_c1");
 }
 
 int ExpectedGroupCount(const SignalingGemmArgs& args, int g) {

@@ -19,6 +19,11 @@ namespace fo_jax {
 // Only the table's fp8 rows (tile_k 128) have kernels for it, and the bf16/f16 rows none.
 enum class GemmDtype : int { kBF16 = 0, kF16 = 1, kE4M3 = 2 };
 
+// Bytes of one operand element (A's and B's; an fp8 GEMM's D is bf16).
+inline constexpr size_t GemmInputBytes(GemmDtype dtype) {
+  return dtype == GemmDtype::kE4M3 ? 1 : 2;
+}
+
 // Most groups one launch accepts (the group table travels in the kernel parameters).
 inline constexpr int kMaxGemmGroups = 64;
 // Most bands of a consumer launch (SignalingGemmArgs::wait_flags): every band holds a group.

@@ -610,7 +610,7 @@ struct GemmKernelConfig {
   using Element = Element_;
   using ElementOut = ElementOut_;
   static constexpr bool kFp8 = sizeof(Element) == 1;
-  static_assert(!kFp8 || (!kSource && !kConsumer), "fp8 kernels have no source or consumer form");
+  static_assert(!kFp8 || !kSource, "fp8 kernels have no source form");
   static constexpr int kAlignIn = 16 / int(sizeof(Element));  // elements in 16 bytes
   using TileShape = cute::Shape<cute::Int<kTM>, cute::Int<kTN>, cute::Int<kTK>>;
   using ClusterShape = cute::Shape<cute::Int<kCM>, cute::Int<kCN>, cute::_1>;

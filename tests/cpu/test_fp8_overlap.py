@@ -352,10 +352,9 @@ def test_fp8_plan_refusals():
 
     with pytest.raises(ValueError, match="copy_engine_ring=True.*no fp8 kernel takes an addend"):
         _fp8_plan("reduce_scatter", 2, "copy_engine", fo_jax.OverlapConfig(copy_engine_ring=True))
-    with pytest.raises(ValueError, match="all-gather does not take float8_e4m3fn"):
-        _fp8_plan("all_gather", 2, "nccl")  # the fp8 all-gather is XLA's gather + fp8 GEMM
     m, n, k = SHAPE
-    # The handler: a ring plan and an all-gather plan, each refused for fp8 with its reason.
+    # The handler: a ring plan refused for fp8 with its reason; a 16-bit all-gather plan (its
+    # consumer config has no fp8 kernel) refused for fp8 operands.
     ring = dataclasses.replace(_fp8_plan("reduce_scatter", 2, "copy_engine"), ring=True)
     with pytest.raises(Exception, match="fp8 operands cannot run the ring"):
         _cuda_ops.check_overlap_plan(_cuda_ops.overlap_attribute(ring), E4M3, m, n, k)
@@ -363,8 +362,30 @@ def test_fp8_plan_refusals():
 
     gather = _plan.plan_overlap("test", "all_gather", 2, jnp.dtype(jnp.bfloat16), m // 2, n, k,
                                 None, "nccl")
-    with pytest.raises(Exception, match="all-gather does not take fp8 operands"):
+    with pytest.raises(Exception, match="pp_128x192x64_c2 has no fp8 kernel"):
         _cuda_ops.check_overlap_plan(_cuda_ops.overlap_attribute(gather), E4M3, m, n, k)
+
+
+@needs_fp8_module
+@pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
+@pytest.mark.parametrize("size", [2, 4, 8])
+def test_fp8_all_gather_plans(size, transport):
+    """The fp8 all-gather's plan: an fp8 row with the consumer kernel, one group per band, and
+    the handler's own decoding and validation accept it for fp8 operands."""
+    from fo_jax import _cuda_ops, _plan
+
+    m, n, k = SHAPE  # rows per rank
+    plan = _fp8_plan("all_gather", size, transport)
+    c = _plan.gemm_configs()[plan.gemm.config_index]
+    assert c["dtypes"] == ("float8_e4m3fn",) and c["has_consumer"], c
+    assert plan.num_groups == size * _plan.all_gather_bands_per_rank(None)
+    got = _cuda_ops.check_overlap_plan(_cuda_ops.overlap_attribute(plan), E4M3, m * size, n, k,
+                                       rank=1)
+    assert got["config"] == plan.gemm.config_index and got["num_groups"] == plan.num_groups
+    # A named fp8 config without the consumer form is refused, naming those that have it.
+    with pytest.raises(ValueError, match="has no consumer kernel.*fp8_coop_128x128x128_c1"):
+        _fp8_plan("all_gather", size, transport,
+                  fo_jax.OverlapConfig(gemm_config="fp8_pp_64x192x128_c2"))
 
 
 @needs_fp8_module
@@ -389,7 +410,12 @@ def test_fp8_choice():
     gather = overlap._choose_fp8_overlapped(None, m, n, k, "cuda", "all_gather", 4)
     assert gather.path == "cuda" and gather.transport is None
     assert gather.reason.startswith("XLA's all_gather of the fp8 x, then fo_jax's fp8 GEMM")
-    assert "not overlapped" in gather.reason
+    assert "opt-in" in gather.reason
+    opted = overlap._choose_fp8_overlapped(fo_jax.OverlapConfig(all_gather="overlap"), m, n, k,
+                                           "cuda", "all_gather", 4)
+    assert opted.path == "cuda" and opted.transport in ("nccl", "copy_engine"), opted
+    assert opted.reason.startswith("with x_scale provably the same on every device")
+    assert "otherwise XLA's all_gather of the fp8 x" in opted.reason
 
 
 @needs_fp8_module
@@ -421,3 +447,44 @@ def test_fp8_overlap_lowers_for_cuda(collective, transport):
     assert plan.transport == transport and not plan.ring
     assert f"config = {plan.gemm.config_index} : i32" in call
     assert f"axis_size = {size} : i32" in call and "ring = false" in call
+
+
+@needs_fp8_module
+@pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
+@pytest.mark.parametrize("shared", [True, False])
+def test_fp8_all_gather_lowers_for_cuda(shared, transport):
+    """Opted in (OverlapConfig(all_gather="overlap")): with a scale the types prove shared, one
+    fp8 overlapped call (x[m, K] e4m3, the weight K-major, the two f32 scalars; bf16 out and the
+    gathered e4m3 x) planned with an fp8 consumer config; with a scale per device, no overlapped
+    call (XLA's all-gather, then one fp8 GEMM per device's rows)."""
+    from fo_jax import _plan
+
+    size, m, k, n = 4, 1024, 512, 256  # rows per rank, K, N per rank
+    config = fo_jax.OverlapConfig(all_gather="overlap", transport=transport, allow_fallback=False)
+    mesh = cpu_mesh((size,), ("tp",))
+    xq, xs, wq, ws = _gather_operands(size, m, k, n * size, shared, seed=70)
+    xq = xq[:, 0]  # [size * m, K]
+
+    def call(x, w, a, b):
+        a = a if shared else a.reshape(())
+        return fo_jax.overlapped_matmul(x, w, axis_name="tp", collective="all_gather",
+                                        x_scale=a, w_scale=b, config=config)
+
+    f = jax.jit(jax.shard_map(call, mesh=mesh,
+                              in_specs=(P("tp", None), P(None, "tp"), P() if shared else P("tp"),
+                                        P()),
+                              out_specs=P(None, "tp")))
+    text = f.trace(xq, wq, xs, ws).lower(lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+    fp8_calls = [line for line in calls if "@fo_jax_overlapped_matmul_fp8_v1(" in line]
+    if not shared:
+        assert not fp8_calls and "all_gather" in text
+        return
+    assert len(fp8_calls) == 1, calls
+    call_text = fp8_calls[0]
+    assert f"(tensor<{m}x{k}xf8E4M3FN>, tensor<{n}x{k}xf8E4M3FN>, tensor<f32>, tensor<f32>)" \
+        in call_text
+    assert f"tensor<{m * size}x{n}xbf16>, tensor<{m * size}x{k}xf8E4M3FN>" in call_text
+    plan = _plan.plan_overlap("test", "all_gather", size, E4M3, m, n, k, config, transport)
+    assert plan.gemm.config_name.startswith("fp8_coop_")
+    assert f"config = {plan.gemm.config_index} : i32" in call_text

@@ -1,5 +1,6 @@
-"""fp8 (float8_e4m3fn) operands through the overlapped call on 2 and 4 GPUs: the reduce-scatter and
-the all-reduce on both transports against fo_jax's fp8 GEMM followed by XLA's collective on the
+"""fp8 (float8_e4m3fn) operands through the overlapped call on 1, 2 and 4 GPUs: the all-gather
+(one GPU: the overlapped call over a one-rank group; several: against the fp8 GEMM of each
+device's rows), and the reduce-scatter and the all-reduce on both transports against fo_jax's fp8 GEMM followed by XLA's collective on the
 same GPUs, with the same fp8 tile configuration (OverlapConfig.gemm_config), so that every rank's
 bf16 partial product is the same kernel's on the same operands: the same per-tile accumulation
 order, the same one rounding to bf16, whatever the overlap's groups, batch remap or tile-row
@@ -188,20 +189,24 @@ def test_fp8_overlap_grad_and_vmap(collective):
     assert yv.shape == (2, m // 2, n) and np.all(err <= bound.reshape(2, m // 2, n))
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("shared", [True, False])
-def test_fp8_all_gather_matches_fp8_gemm_per_device_rows(shared):
+def test_fp8_all_gather_matches_fp8_gemm_per_device_rows(shared, overlap):
     """collective="all_gather" (XLA's all-gather of the fp8 x, then fo_jax's fp8 GEMM): with one
     scale for the axis (quantize_fp8(axis_name=)), one GEMM on the gathered rows; with a scale
     per device, one GEMM per device's rows. Either way each output row is the fp8 kernel's
     product of that row with its own device's scale: bit-identical to fo_jax.matmul of that
-    device's rows alone (the same kernel, tile configuration and rounding)."""
+    device's rows alone (the same kernel, tile configuration and rounding). overlap: opted in
+    (OverlapConfig(all_gather="overlap")), the shared scale takes the overlapped all-gather with
+    the fp8 consumer GEMM."""
     tp = _tp()
     mesh = _mesh(tp)
     m, k, n = 1024, 2048, 1024 * tp
     kx, kw = jax.random.split(jax.random.key(60))
     x = 2.0 * jax.random.normal(kx, (tp * m, k), jnp.float32)
     wq, ws = fo_jax.quantize_fp8(0.05 * jax.random.normal(kw, (k, n), jnp.float32))
-    cfg = fo_jax.OverlapConfig(gemm_config="fp8_coop_128x128x128_c1")
+    cfg = fo_jax.OverlapConfig(gemm_config="fp8_coop_128x128x128_c1", allow_fallback=False,
+                               all_gather="overlap" if overlap else None)
 
     def body(x, w, b):
         xq, xs = fo_jax.quantize_fp8(x, axis_name="tp" if shared else None)
@@ -215,5 +220,38 @@ def test_fp8_all_gather_matches_fp8_gemm_per_device_rows(shared):
     assert y.dtype == jnp.bfloat16 and y.shape == (tp * m, n)
     for d in range(tp):
         rows = slice(d * m, (d + 1) * m)
-        want = fo_jax.matmul(xq[rows], wq, x_scale=xs[d], w_scale=ws, config=cfg)
+        want = fo_jax.matmul(xq[rows], wq, x_scale=xs[d], w_scale=ws,
+                             config=fo_jax.OverlapConfig(gemm_config="fp8_coop_128x128x128_c1",
+                                                         allow_fallback=False))
         np.testing.assert_array_equal(np.asarray(y[rows]), np.asarray(want), err_msg=f"rows of {d}")
+
+
+@pytest.mark.parametrize("rows,n,k,bands", [(512, 768, 1024, 1), (1024, 392, 256, 4),
+                                            (256, 4096, 2048, 2)])
+def test_fp8_all_gather_one_rank_call_bit_identical(rows, n, k, bands):
+    """The overlapped fp8 all-gather's whole CUDA call over a one-rank group (one GPU): the
+    gathered x is x, and the fp8 consumer GEMM's product is bit-identical to fo_jax's plain fp8
+    GEMM of the same configuration, call after call (the band flags are zeroed and set again).
+    NCCL's transport: the copy engine's needs two ranks."""
+    import functools
+
+    from fo_jax import _plan
+    from fo_jax._cuda_ops import all_gather_matmul_fp8_cuda
+
+    mesh = _mesh(1)
+    config = fo_jax.OverlapConfig(all_gather="overlap", num_groups=bands, transport="nccl",
+                                  allow_fallback=False)
+    plan = _plan.plan_overlap("test", "all_gather", 1, E4M3, rows, n, k, config, "nccl")
+    assert plan.gemm.config_name.startswith("fp8_coop_"), plan
+    f = jax.jit(jax.shard_map(
+        functools.partial(all_gather_matmul_fp8_cuda, axis_name="tp", plan=plan), mesh=mesh,
+        in_specs=(P(), P(), P(), P()), out_specs=(P(), P()), check_vma=False))
+    xq, xs, wq, ws = _operands(rows, k, n, seed=rows + n)
+    want = fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws, config=fo_jax.OverlapConfig(
+        gemm_config=plan.gemm.config_name, allow_fallback=False))
+    want = np.asarray(want)
+    w_nk = jnp.asarray(wq.T)
+    for _ in range(50):
+        y, g = f(xq, w_nk, xs, ws)
+    np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(xq).view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(y), want)
