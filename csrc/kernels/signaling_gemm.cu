@@ -215,9 +215,8 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
     return Fail(error, kBad, "fp8 needs k a multiple of 16 (16-byte rows of A and B; got " +
                                  std::to_string(args.k) + ")");
   }
-  if (fp8 && (args.addend != nullptr || args.wait_flags != nullptr)) {
-    return Fail(error, kBad, "fp8 kernels take no addend and no wait_flags (no source or "
-                             "consumer form)");
+  if (fp8 && args.addend != nullptr) {
+    return Fail(error, kBad, "fp8 kernels take no addend (no source form)");
   }
   if (!fp8 && (args.a_scale != nullptr || args.b_scale != nullptr)) {
     return Fail(error, kBad, "a_scale and b_scale are for fp8 (e4m3) operands only");
