@@ -18,17 +18,22 @@
 namespace fo_jax {
 namespace {
 
-// Random 16-bit floats of magnitude 0.25 .. 2 (no zeros, infinities or NaNs), as bit patterns.
-std::vector<uint16_t> RandomHalves(size_t count, GemmDtype dtype, std::mt19937_64& rng) {
-  std::vector<uint16_t> v(count);
-  for (auto& x : v) {
+// `count` random elements of magnitude 0.25 .. 2 (no zeros, infinities or NaNs), as the bytes
+// of their bit patterns: bf16, f16 or e4m3 (whose exponents 5..7 stay clear of its NaN).
+std::vector<uint8_t> RandomElements(size_t count, GemmDtype dtype, std::mt19937_64& rng) {
+  std::vector<uint8_t> v(count * GemmInputBytes(dtype));
+  for (size_t i = 0; i < count; ++i) {
     const uint64_t r = rng();
-    const uint16_t sign = (r & 1) << 15;
-    if (dtype == GemmDtype::kBF16) {
-      x = sign | uint16_t((125 + (r >> 1) % 3) << 7) | uint16_t((r >> 8) & 0x7F);
-    } else {
-      x = sign | uint16_t((13 + (r >> 1) % 3) << 10) | uint16_t((r >> 8) & 0x3FF);
+    if (dtype == GemmDtype::kE4M3) {
+      v[i] = uint8_t(((r & 1) << 7) | ((5 + (r >> 1) % 3) << 3) | ((r >> 8) & 0x7));
+      continue;
     }
+    const uint16_t sign = (r & 1) << 15;
+    const uint16_t x =
+        dtype == GemmDtype::kBF16
+            ? uint16_t(sign | ((125 + (r >> 1) % 3) << 7) | ((r >> 8) & 0x7F))
+            : uint16_t(sign | ((13 + (r >> 1) % 3) << 10) | ((r >> 8) & 0x3FF));
+    std::memcpy(&v[2 * i], &x, 2);
   }
   return v;
 }
@@ -128,23 +133,26 @@ AllGatherCheckResult RunAllGatherCheck(const AllGatherCheckOptions& o) {
     return result;
   }
   const AllGatherBands bands = AllGatherBandsOf(plan, shape);
-  const size_t elem = 2, band_bytes = size_t(band_rows) * o.k * elem;
+  // Operands in the dtype's bytes (fp8: the weight read K-major, random all the same); the
+  // product is 16-bit (bf16 for fp8, unscaled: the scales default to 1).
+  const size_t elem = GemmInputBytes(o.dtype), out_elem = 2;
+  const size_t band_bytes = size_t(band_rows) * o.k * elem;
 
   std::mt19937_64 rng(o.seed);
-  const std::vector<uint16_t> xs_host = RandomHalves(size_t(M) * o.k, o.dtype, rng);
-  const std::vector<uint16_t> w_host = RandomHalves(size_t(o.k) * o.n, o.dtype, rng);
+  const std::vector<uint8_t> xs_host = RandomElements(size_t(M) * o.k, o.dtype, rng);
+  const std::vector<uint8_t> w_host = RandomElements(size_t(o.k) * o.n, o.dtype, rng);
   Resources r;
   void *xs = nullptr, *w = nullptr, *gathered = nullptr, *d = nullptr, *d_ref = nullptr,
        *flags_v = nullptr;
-  if ((e = r.Alloc(&xs, xs_host.size() * elem)) != cudaSuccess ||
-      (e = r.Alloc(&w, w_host.size() * elem)) != cudaSuccess ||
+  if ((e = r.Alloc(&xs, xs_host.size())) != cudaSuccess ||
+      (e = r.Alloc(&w, w_host.size())) != cudaSuccess ||
       (e = r.Alloc(&gathered, size_t(M) * o.k * elem)) != cudaSuccess ||
-      (e = r.Alloc(&d, size_t(M) * o.n * elem)) != cudaSuccess ||
-      (e = r.Alloc(&d_ref, size_t(M) * o.n * elem)) != cudaSuccess ||
+      (e = r.Alloc(&d, size_t(M) * o.n * out_elem)) != cudaSuccess ||
+      (e = r.Alloc(&d_ref, size_t(M) * o.n * out_elem)) != cudaSuccess ||
       (e = r.Alloc(&flags_v, bands.count * sizeof(uint32_t))) != cudaSuccess ||
-      (e = cudaMemcpy(xs, xs_host.data(), xs_host.size() * elem, cudaMemcpyHostToDevice)) !=
+      (e = cudaMemcpy(xs, xs_host.data(), xs_host.size(), cudaMemcpyHostToDevice)) !=
           cudaSuccess ||
-      (e = cudaMemcpy(w, w_host.data(), w_host.size() * elem, cudaMemcpyHostToDevice)) !=
+      (e = cudaMemcpy(w, w_host.data(), w_host.size(), cudaMemcpyHostToDevice)) !=
           cudaSuccess ||
       (e = cudaStreamCreateWithFlags(&r.gemm, cudaStreamNonBlocking)) != cudaSuccess ||
       (e = cudaStreamCreateWithFlags(&r.copy, cudaStreamNonBlocking)) != cudaSuccess ||
@@ -190,12 +198,13 @@ AllGatherCheckResult RunAllGatherCheck(const AllGatherCheckOptions& o) {
   consumer.d = d;
   consumer.wait_flags = flags;
   result.gathered_equal = true;
-  std::vector<uint16_t> got(size_t(M) * o.n), want(size_t(M) * o.n), g_host(xs_host.size());
+  std::vector<uint16_t> got(size_t(M) * o.n), want(size_t(M) * o.n);
+  std::vector<uint8_t> g_host(xs_host.size());
   for (int call = 0; call < o.calls; ++call) {
     // The receiver's stream, as EnqueueAllGatherCopyEngine: poison (a check of its own), the
     // flags zeroed, the own rows and their flags, "call started", the consumer.
     if ((e = cudaMemsetAsync(gathered, 0xFF, size_t(M) * o.k * elem, r.gemm)) != cudaSuccess ||
-        (e = cudaMemsetAsync(d, 0xFF, size_t(M) * o.n * elem, r.gemm)) != cudaSuccess ||
+        (e = cudaMemsetAsync(d, 0xFF, size_t(M) * o.n * out_elem, r.gemm)) != cudaSuccess ||
         (e = cudaMemsetAsync(flags, 0, bands.count * sizeof(uint32_t), r.gemm)) != cudaSuccess ||
         (e = cudaMemcpyAsync(gathered_bytes + o.rank * rank_bytes, xs_bytes + o.rank * rank_bytes,
                              rank_bytes, cudaMemcpyDeviceToDevice, r.gemm)) != cudaSuccess) {
@@ -240,18 +249,18 @@ AllGatherCheckResult RunAllGatherCheck(const AllGatherCheckOptions& o) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     if ((e = cudaStreamSynchronize(r.gemm)) != cudaSuccess ||
-        (e = cudaMemcpy(g_host.data(), gathered, g_host.size() * elem,
-                        cudaMemcpyDeviceToHost)) != cudaSuccess ||
-        (e = cudaMemcpy(got.data(), d, got.size() * elem, cudaMemcpyDeviceToHost)) !=
+        (e = cudaMemcpy(g_host.data(), gathered, g_host.size(), cudaMemcpyDeviceToHost)) !=
+            cudaSuccess ||
+        (e = cudaMemcpy(got.data(), d, got.size() * out_elem, cudaMemcpyDeviceToHost)) !=
             cudaSuccess) {
       result.error = Error(e, "running the check");
       return result;
     }
     if (result.timed_out) break;
-    const bool same = std::memcmp(g_host.data(), xs_host.data(), g_host.size() * elem) == 0;
+    const bool same = std::memcmp(g_host.data(), xs_host.data(), g_host.size()) == 0;
     result.gathered_equal = result.gathered_equal && same;
   }
-  if ((e = cudaMemcpy(want.data(), d_ref, want.size() * elem, cudaMemcpyDeviceToHost)) !=
+  if ((e = cudaMemcpy(want.data(), d_ref, want.size() * out_elem, cudaMemcpyDeviceToHost)) !=
       cudaSuccess) {
     result.error = Error(e, "reading the plain GEMM");
     return result;

@@ -1,16 +1,16 @@
 """The overlapped all-gather + GEMM (OverlapConfig(all_gather="overlap")) on GPUs.
 
-One GPU: the copy-engine transport's data path with the GPU playing the receiving rank of 2 to
-8 (the senders' rows in its memory, pushed by the transport's own copy-graph launches and flag
-writes, in its arrival order, each sender late), against the plain GEMM bit for bit; and the
-whole call (the FFI handler, the own rows copied into the gathered output, the band
-flags zeroed and set in stream order, the consumer GEMM waiting on them) over a 1-rank group,
-against fo_jax's plain GEMM of the same tile configuration: bit-identical, call after call.
-2 or 4 GPUs: both transports (NCCL, and the copy engine where the GPUs have peer access)
-against XLA's all_gather followed by fo_jax's plain GEMM of the
-same configuration (bit-identical: the consumer changes only the tile visit order), bf16/fp16,
-shapes with several bands per rank and odd N and K, 1000 back-to-back calls, XLA's own
-collectives in the same jit, and gradients through the paired VJPs against the reference's."""
+One GPU: the copy-engine transport's data path with the GPU playing the receiving rank of 2 to 8
+(the senders' rows in its memory, pushed by the transport's own copy-graph launches and flag writes,
+in its arrival order, each sender late), against the plain GEMM bit for bit (bf16, fp16 and fp8,
+whose bands move as bytes); and the whole call (the FFI handler, the own rows copied into the
+gathered output, the band flags zeroed and set in stream order, the consumer GEMM waiting on them)
+over a 1-rank group, against fo_jax's plain GEMM of the same tile configuration: bit-identical, call
+after call. 2 or 4 GPUs: both transports (NCCL, and the copy engine where the GPUs have peer access)
+against XLA's all_gather followed by fo_jax's plain GEMM of the same configuration (bit-identical:
+the consumer changes only the tile visit order), bf16/fp16, shapes with several bands per rank and
+odd N and K, 1000 back-to-back calls, XLA's own collectives in the same jit, and gradients through
+the paired VJPs against the reference's."""
 
 import functools
 
@@ -71,12 +71,16 @@ def _plain_gemm(g, w, config_name):
                                                            allow_fallback=False))
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("ranks,rank,rows,n,k,bands,config", [
-    (2, 0, 512, 768, 1024, 1, ""),
-    (4, 1, 1024, 392, 136, 4, ""),        # odd N and K, 4 bands per rank
-    (4, 3, 512, 4096, 2048, 2, "pp_128x192x64_c2"),
-    (8, 5, 256, 1024, 512, 1, "pp_128x128x64_c1"),
+@pytest.mark.parametrize("dtype,ranks,rank,rows,n,k,bands,config", [
+    (dtype, *case) for dtype in ("bfloat16", "float16") for case in [
+        (2, 0, 512, 768, 1024, 1, ""),
+        (4, 1, 1024, 392, 136, 4, ""),        # odd N and K, 4 bands per rank
+        (4, 3, 512, 4096, 2048, 2, "pp_128x192x64_c2"),
+        (8, 5, 256, 1024, 512, 1, "pp_128x128x64_c1"),
+    ]] + [  # fp8 (the bands move as bytes; K a multiple of 16; the consumer configs' tiles)
+    ("float8_e4m3fn", 2, 1, 512, 768, 1024, 1, ""),
+    ("float8_e4m3fn", 4, 2, 1024, 392, 144, 4, "fp8_coop_128x128x128_c1"),
+    ("float8_e4m3fn", 4, 0, 512, 4096, 2048, 2, "fp8_coop_128x192x128_c2"),
 ])
 def test_copy_engine_data_path_on_one_gpu(ranks, rank, rows, n, k, bands, config, dtype):
     from fo_jax import _cuda
