@@ -1,12 +1,15 @@
 """Overlapped fp8 benchmark: overlapped_matmul on float8_e4m3fn operands over a "tp" mesh of 2+ GPUs
 against XLA's fp8 dot + collective (the fp8 jax.baseline) and the non-overlapped fp8 call.
 
-Methods per (collective, shape MxNxK per GPU: x[M, K] @ w[K, N], K sharded over tp):
+Methods per (collective, shape MxNxK per GPU: x[M, K] @ w[K, N], K sharded over tp; for
+all_gather x's M rows gathered over tp, w's N columns sharded):
   fo_jax              overlapped_matmul(xq, wq, x_scale=, w_scale=): fo_jax's fp8 GEMM
-                      overlapped with the collective of its bf16 output (default transport)
+                      overlapped with the collective of its bf16 output (default transport);
+                      all_gather: the overlapped all-gather, opted in, its consumer the fp8 GEMM
+                      (one x_scale for all ranks: quantize_fp8's scale, replicated)
   fo_jax.nccl         the same, OverlapConfig(transport="nccl")
   fo_jax.fp8_then_xla fo_jax.matmul's fp8 GEMM, then XLA's psum / psum_scatter (the fp8 call
-                      before it overlapped)
+                      before it overlapped); all_gather: XLA's all_gather of the fp8 x first
   jax.baseline        XLA's fp8 dot (lax.dot_general of the fp8 operands, bf16 out, times the
                       scales), then XLA's collective
   fo_jax.bf16         overlapped_matmul on the bf16 operands of the same values (for scale)
@@ -22,7 +25,7 @@ Output (--out DIR): fp8_overlap_<gpu>_tp<tp>_<date>.jsonl (fo_jax.bench's row fi
 "collective", "M", "N", "K", "method", "ms") and .md.
 
 Usage: python3 benchmarks/bench_fp8_overlap.py [--tp 4] [--shapes MxNxK ...]
-       [--collectives reduce_scatter all_reduce] [--reps 20] [--trials 5] [--out DIR]
+       [--collectives reduce_scatter all_reduce all_gather] [--reps 20] [--trials 5] [--out DIR]
 """
 
 from __future__ import annotations
@@ -52,31 +55,39 @@ def xla_fp8_dot(xq, wq, xs, ws):
 
 def build(mesh, collective: str, method: str):
     """A jitted shard_map function of (xq, wq, xs, ws, x16, w16)."""
-    out = P("tp", None) if collective == "reduce_scatter" else P()
+    ag = collective == "all_gather"
+    out = {"reduce_scatter": P("tp", None), "all_gather": P(None, "tp")}.get(collective, P())
+    opt_in = dict(all_gather="overlap") if ag else {}
+
+    def then_collective(x, w, matmul):
+        if ag:
+            return matmul(jax.lax.all_gather(x, "tp", axis=0, tiled=True), w)
+        return fo_jax.reference.apply_collective(matmul(x, w), "tp", collective)
 
     def body(xq, wq, xs, ws, x16, w16):
         if method == "fo_jax":
-            cfg = fo_jax.OverlapConfig(**NO_FALLBACK)
+            cfg = fo_jax.OverlapConfig(**NO_FALLBACK, **opt_in)
         elif method == "fo_jax.nccl":
-            cfg = fo_jax.OverlapConfig(transport="nccl", **NO_FALLBACK)
+            cfg = fo_jax.OverlapConfig(transport="nccl", **NO_FALLBACK, **opt_in)
         elif method == "fo_jax.bf16":
             return fo_jax.overlapped_matmul(x16, w16, axis_name="tp", collective=collective,
-                                            config=fo_jax.OverlapConfig(**NO_FALLBACK))
+                                            config=fo_jax.OverlapConfig(**NO_FALLBACK, **opt_in))
         elif method == "fo_jax.fp8_then_xla":
-            y = fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws)
-            return fo_jax.reference.apply_collective(y, "tp", collective)
+            return then_collective(xq, wq, lambda x, w: fo_jax.matmul(x, w, x_scale=xs,
+                                                                      w_scale=ws))
         elif method == "jax.baseline":
-            return fo_jax.reference.apply_collective(xla_fp8_dot(xq, wq, xs, ws), "tp",
-                                                     collective)
+            return then_collective(xq, wq, lambda x, w: xla_fp8_dot(x, w, xs, ws))
         elif method == "jax.baseline.bf16":
+            if ag:
+                return fo_jax.reference.plain_all_gather_matmul(x16, w16, "tp")[0]
             return fo_jax.reference.plain_overlapped_matmul(x16, w16, "tp", collective)
         else:
             raise ValueError(method)
         return fo_jax.overlapped_matmul(xq, wq, axis_name="tp", collective=collective,
                                         config=cfg, x_scale=xs, w_scale=ws)
 
-    k_spec = (P(None, "tp"), P("tp", None))
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(*k_spec, P(), P(), *k_spec),
+    specs = (P("tp", None), P(None, "tp")) if ag else (P(None, "tp"), P("tp", None))
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(*specs, P(), P(), *specs),
                                  out_specs=out))
 
 
@@ -85,10 +96,11 @@ METHODS = ("fo_jax", "fo_jax.nccl", "fo_jax.fp8_then_xla", "jax.baseline", "fo_j
 BF16_METHODS = ("fo_jax.bf16", "jax.baseline.bf16")
 
 
-def operands(mesh, m: int, n: int, k: int, seed: int) -> tuple:
+def operands(mesh, collective: str, m: int, n: int, k: int, seed: int) -> tuple:
     """(xq, wq, xs, ws, x16, w16): the bf16 operands of fo_jax.bench and their fp8 quantization
-    (one scale per tensor, over all ranks' shards)."""
-    x16, w16 = core.random_operands(mesh, m, n, k, jnp.bfloat16, seed=seed)
+    (one scale per tensor, over all ranks' shards: the all-gather's x_scale is replicated)."""
+    draw = core.gather_operands if collective == "all_gather" else core.random_operands
+    x16, w16 = draw(mesh, m, n, k, jnp.bfloat16, seed=seed)
     quant = jax.jit(fo_jax.quantize_fp8)
     (xq, xs), (wq, ws) = quant(x16), quant(w16)
     return xq, wq, xs, ws, x16, w16
@@ -113,7 +125,7 @@ def main() -> None:
     table = []
     for i, (collective, s) in enumerate((c, s) for c in args.collectives for s in args.shapes):
         m, n, k = core.parse_shape(s)
-        ops = operands(mesh, m, n, k, seed=i)
+        ops = operands(mesh, collective, m, n, k, seed=i)
         fns = {name: build(mesh, collective, name) for name in METHODS}
         ref = fns["jax.baseline"](*ops)
         ref16 = fns["jax.baseline.bf16"](*ops)

@@ -3,8 +3,8 @@
 # in priority order, each step bounded by `timeout` and timed. Installs the carried wheels (.whl/)
 # and builds fo_jax from this tree with pip (as gpu_suite.sh), then the steps named in $STEPS
 # (default: all of them, in this order):
-#   overlap-tests  tests/gpu/overlap (the multi-GPU tests) with FO_JAX_REQUIRE_GPU=1, less the
-#                  reliability and one-process-per-GPU files (step reliability)
+#   overlap-tests  tests/gpu/overlap (the multi-GPU tests, fp8 included) with FO_JAX_REQUIRE_GPU=1,
+#                  less the reliability and one-process-per-GPU files (step reliability)
 #   bench          benchmarks/bench_overlap.py defaults (reduce_scatter, all_reduce, all_gather with
 #                  its opt-in rows): the table with ms / bound and the PASS/FAIL criteria lines
 #   train          benchmarks/train_tp_transformer.py, TP = GPU count, sequence parallel, bf16,
@@ -16,6 +16,7 @@
 #                  $PROFILE_CHECK_ARGS adds the check's (e.g. --gemm-regex NAME)
 #   reliability    tests/gpu/overlap/test_reliability_gpu.py and test_copy_engine_processes_gpu.py
 #   multiprocess   benchmarks/bench_overlap_multiprocess.py --processes <GPU count>
+#   fp8-bench      benchmarks/bench_fp8_overlap.py, all three collectives (the all-gather opted in)
 #   cpu-tests      tests/cpu (the rest of the suite), FO_JAX_REQUIRE_GPU=1
 # Every result file lands in $OUT with <device>x<GPUs>_<date>_<commit> in its name; the PASS/FAIL
 # lines of all steps are collected in $OUT/summary_<same>.txt. A step's timeout (seconds) is
@@ -58,12 +59,13 @@ collect() {
 }
 
 O=$R/tests/gpu/overlap
-for step in ${STEPS:-overlap-tests bench train reliability multiprocess cpu-tests}; do
+for step in ${STEPS:-overlap-tests bench train reliability multiprocess fp8-bench cpu-tests}; do
   stamp "$step"
   case "$step" in
     overlap-tests)
       run "$step" "${OVERLAP_TESTS_TIMEOUT:-420}" "tests_overlap_$NAME.log" "${pytest_files[@]}" \
-        "$O/test_overlap_gpu.py" "$O/test_all_gather_gpu.py" "$O/test_autodiff_gpu.py"
+        "$O/test_overlap_gpu.py" "$O/test_all_gather_gpu.py" "$O/test_autodiff_gpu.py" \
+        "$O/test_fp8_overlap_gpu.py"
       tail -5 "$OUT/tests_overlap_$NAME.log"; tail -1 "$OUT/tests_overlap_$NAME.log" \
         | sed 's/^/overlap-tests: /' >> "$SUMMARY";;
     bench)
@@ -105,12 +107,17 @@ for step in ${STEPS:-overlap-tests bench train reliability multiprocess cpu-test
         python3 "$R/benchmarks/bench_overlap_multiprocess.py" --processes "$NGPU" \
         --out "$OUT/mp.tmp" ${MULTIPROCESS_ARGS:-}
       collect "$OUT/mp.tmp"; tail -12 "$OUT/bench_multiprocess_$NAME.log";;
+    fp8-bench)
+      run "$step" "${FP8_BENCH_TIMEOUT:-420}" "bench_fp8_overlap_$NAME.log" \
+        python3 "$R/benchmarks/bench_fp8_overlap.py" --collectives reduce_scatter all_reduce \
+        all_gather --out "$OUT/fp8.tmp" ${FP8_BENCH_ARGS:-}
+      collect "$OUT/fp8.tmp"; tail -20 "$OUT/bench_fp8_overlap_$NAME.log";;
     cpu-tests)
       run "$step" "${CPU_TESTS_TIMEOUT:-540}" "tests_cpu_$NAME.log" "${pytest_files[@]}" "$R/tests/cpu"
       tail -5 "$OUT/tests_cpu_$NAME.log"; tail -1 "$OUT/tests_cpu_$NAME.log" \
         | sed 's/^/cpu-tests: /' >> "$SUMMARY";;
     *) echo "unknown step $step (expected overlap-tests bench train reliability multiprocess" \
-         "cpu-tests)";;
+         "fp8-bench cpu-tests)";;
   esac
 done
 stamp done
