@@ -10,7 +10,7 @@ before each) and asserts D equals the plain GEMM bit for bit: a benchmark of a w
 worthless.
 
 Usage: python benchmarks/bench_consumer_gemm.py [--out benchmarks/results] [--shapes MxNxK ...]
-       [--dtypes bfloat16 float16] [--iters 100] [--tag TAG]
+       [--dtypes bfloat16 float16 float8_e4m3fn] [--iters 100] [--tag TAG]
 Writes <out>/consumer_gemm_<date><tag>.jsonl (one row per shape, dtype and kernel) and a
 markdown table beside it.
 """
@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--shapes", nargs="*", default=benchlib.DESIGN_SHAPES)
     ap.add_argument("--dtypes", nargs="*", default=["bfloat16", "float16"],
-                    choices=["bfloat16", "float16"])
+                    choices=["bfloat16", "float16", "float8_e4m3fn"])
     ap.add_argument("--iters", type=int, default=100, help="timed launch pairs per shape")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()

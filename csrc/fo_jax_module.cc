@@ -538,7 +538,7 @@ NB_MODULE(_fo_jax_cuda, m) {
          int timing_iters, double timeout_s, int device) {
         fo_jax::ConsumerGemmCheckOptions o;
         o.m_local = m_local, o.n = n, o.k = k, o.bands = bands;
-        o.dtype = CheckDtype("consumer_gemm_check", dtype);
+        o.dtype = CheckDtype("consumer_gemm_check", dtype, /*fp8=*/true);
         o.config = ConfigIndexByName("consumer_gemm_check", config);
         o.order = order, o.seed = seed, o.delay_us = delay_us, o.rank = rank;
         o.groups_per_band = groups_per_band, o.flag_value = flag_value;

@@ -5,6 +5,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,7 +19,7 @@
 namespace fo_jax {
 namespace {
 
-constexpr int kPoisonByte = 0xFF;  // elements 0xFFFF: a NaN in bf16 and in f16
+constexpr int kPoisonByte = 0xFF;  // a NaN in bf16, f16 (0xFFFF) and e4m3 (0xFF)
 
 // ---------------------------------------------------------------------------------------------
 // Device helpers: operands from a counter-based hash (the same values for a seed on any GPU and
@@ -36,13 +37,18 @@ __device__ float ToFloat(uint16_t bits, bool bf16) {
               : __half2float(__ushort_as_half(bits));
 }
 
-// Uniform in [-1, 1), rounded to the element type.
-__global__ void FillUniform(uint16_t* out, int64_t count, uint64_t seed, bool bf16) {
+// Uniform in [-1, 1), rounded to the element type (`out` holds count elements of it).
+__global__ void FillUniform(void* out, int64_t count, uint64_t seed, GemmDtype dtype) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     const float v = float(HashIndex(seed, uint64_t(i)) >> 8) * (2.0f / 16777216.0f) - 1.0f;
-    out[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v))
-                  : __half_as_ushort(__float2half_rn(v));
+    if (dtype == GemmDtype::kE4M3) {
+      static_cast<uint8_t*>(out)[i] = __nv_fp8_e4m3(v).__x;
+    } else {
+      static_cast<uint16_t*>(out)[i] = dtype == GemmDtype::kBF16
+                                           ? __bfloat16_as_ushort(__float2bfloat16_rn(v))
+                                           : __half_as_ushort(__float2half_rn(v));
+    }
   }
 }
 
@@ -105,8 +111,8 @@ class DeviceScope {
 // running would make the frees wait forever). A return while the consumer may still wait (an
 // error after its launch) first sets every flag, so that it ends.
 struct Resources {
-  uint16_t *a = nullptr, *b = nullptr, *d = nullptr, *d_ref = nullptr, *staging_dev = nullptr;
-  uint16_t* staging_host = nullptr;
+  uint8_t *a = nullptr, *b = nullptr, *staging_dev = nullptr, *staging_host = nullptr;  // bytes
+  uint16_t *d = nullptr, *d_ref = nullptr;  // 16-bit D (bf16 for fp8 operands)
   uint32_t *flags = nullptr, *counters = nullptr, *flag_words_host = nullptr;
   CompareStats* stats = nullptr;
   cudaStream_t gemm = nullptr, copy = nullptr, rescue = nullptr;
@@ -253,7 +259,6 @@ class Check {
 
 cudaError_t Check::Setup() {
   const GemmTileConfig& c = GetGemmConfig(cfg_);
-  const bool bf16 = o_.dtype == GemmDtype::kBF16;
   const int m = o_.bands * o_.m_local;
   const int num_groups = o_.bands * o_.groups_per_band;
   band_tiles_ = o_.m_local / c.tile_m;
@@ -268,11 +273,11 @@ cudaError_t Check::Setup() {
   cudaError_t e = LoadAllGemmKernels(&msg);  // no lazy loading while a waiting GEMM holds the SMs
   if (e != cudaSuccess) return Fail(e, msg);
 
-  const size_t el = sizeof(uint16_t);
+  const size_t el = GemmInputBytes(o_.dtype), d_el = sizeof(uint16_t);
   if ((e = cudaMalloc(&r_.a, a_elems_ * el)) != cudaSuccess ||
       (e = cudaMalloc(&r_.b, size_t(o_.k) * o_.n * el)) != cudaSuccess ||
-      (e = cudaMalloc(&r_.d, d_elems_ * el)) != cudaSuccess ||
-      (e = cudaMalloc(&r_.d_ref, d_elems_ * el)) != cudaSuccess ||
+      (e = cudaMalloc(&r_.d, d_elems_ * d_el)) != cudaSuccess ||
+      (e = cudaMalloc(&r_.d_ref, d_elems_ * d_el)) != cudaSuccess ||
       (e = cudaMalloc(&r_.flags, o_.bands * sizeof(uint32_t))) != cudaSuccess ||
       (e = cudaMalloc(&r_.counters, num_groups * sizeof(uint32_t))) != cudaSuccess ||
       (e = cudaMalloc(&r_.stats, sizeof(CompareStats))) != cudaSuccess ||
@@ -300,13 +305,13 @@ cudaError_t Check::Setup() {
 
   // Operands, the staging copy of A (the bands' source), then the reference: the plain GEMM on
   // the complete A with the same config and groups.
-  FillUniform<<<1024, 256, 0, r_.gemm>>>(r_.a, int64_t(a_elems_), o_.seed * 2 + 1, bf16);
-  FillUniform<<<1024, 256, 0, r_.gemm>>>(r_.b, int64_t(o_.k) * o_.n, o_.seed * 2 + 2, bf16);
+  FillUniform<<<1024, 256, 0, r_.gemm>>>(r_.a, int64_t(a_elems_), o_.seed * 2 + 1, o_.dtype);
+  FillUniform<<<1024, 256, 0, r_.gemm>>>(r_.b, int64_t(o_.k) * o_.n, o_.seed * 2 + 2, o_.dtype);
   if ((e = cudaGetLastError()) != cudaSuccess) return CudaFail(e, "filling A and B");
-  uint16_t* staging = o_.staging == "host" ? r_.staging_host : r_.staging_dev;
+  uint8_t* staging = o_.staging == "host" ? r_.staging_host : r_.staging_dev;
   if ((e = cudaMemcpyAsync(staging, r_.a, a_elems_ * el, cudaMemcpyDefault, r_.gemm)) !=
           cudaSuccess ||
-      (e = cudaMemsetAsync(r_.d_ref, kPoisonByte, d_elems_ * el, r_.gemm)) != cudaSuccess) {
+      (e = cudaMemsetAsync(r_.d_ref, kPoisonByte, d_elems_ * d_el, r_.gemm)) != cudaSuccess) {
     return CudaFail(e, "copying A to its staging copy");
   }
 
@@ -356,23 +361,23 @@ cudaError_t Check::RunWithWaits() {
       (e = r_.NewEvent(&last_flag)) != cudaSuccess) {
     return CudaFail(e, "creating events");
   }
-  const size_t el = sizeof(uint16_t);
+  const size_t el = GemmInputBytes(o_.dtype), d_el = sizeof(uint16_t);
   if ((e = cudaMemcpyAsync(r_.flags, stale_words_, o_.bands * sizeof(uint32_t),
                            cudaMemcpyHostToDevice, r_.gemm)) != cudaSuccess ||
       (e = cudaMemsetAsync(r_.a, kPoisonByte, a_elems_ * el, r_.gemm)) != cudaSuccess ||
-      (e = cudaMemsetAsync(r_.d, kPoisonByte, d_elems_ * el, r_.gemm)) != cudaSuccess ||
+      (e = cudaMemsetAsync(r_.d, kPoisonByte, d_elems_ * d_el, r_.gemm)) != cudaSuccess ||
       (e = cudaEventRecord(poisoned, r_.gemm)) != cudaSuccess ||
       (e = cudaStreamWaitEvent(r_.copy, poisoned, 0)) != cudaSuccess) {
     return CudaFail(e, "preparing the run with waits");
   }
   std::string msg;
-  const uint16_t* staging = o_.staging == "host" ? r_.staging_host : r_.staging_dev;
+  const uint8_t* staging = o_.staging == "host" ? r_.staging_host : r_.staging_dev;
   for (const int band : result_->arrival_order) {
     if (o_.delay_us > 0 &&
         (e = cudaLaunchHostFunc(r_.copy, SleepOnHost, &delay_us_)) != cudaSuccess) {
       return CudaFail(e, "enqueueing a delay");
     }
-    const size_t off = size_t(band) * band_elems_;
+    const size_t off = size_t(band) * band_elems_ * el;  // bytes
     e = cudaMemcpyAsync(r_.a + off, staging + off, band_elems_ * el, cudaMemcpyDefault, r_.copy);
     if (e != cudaSuccess) return CudaFail(e, "enqueueing a band's copy");
     const Status flagged = EnqueueWriteValue(r_.copy, r_.flags + band, o_.flag_value);
@@ -448,7 +453,7 @@ cudaError_t Check::CompareWithReference() {
                                   r_.gemm);
   if (e != cudaSuccess) return CudaFail(e, "clearing the statistics");
   CompareBits<<<1024, 256, 0, r_.gemm>>>(r_.d, r_.d_ref, int64_t(d_elems_), o_.n, o_.m_local,
-                                         o_.dtype == GemmDtype::kBF16, r_.stats);
+                                         o_.dtype != GemmDtype::kF16, r_.stats);  // D bf16
   if ((e = cudaGetLastError()) != cudaSuccess ||
       (e = cudaMemcpyAsync(&stats, r_.stats, sizeof(stats), cudaMemcpyDeviceToHost, r_.gemm)) !=
           cudaSuccess ||

@@ -2,8 +2,9 @@
 stream per band, after a delay, then the band's flag by a stream memory operation), and D must
 equal the plain GEMM on the complete A bit for bit, whatever the arrival order. The flags start
 at an earlier call's value (also across the 2^32 wrap), so a wait that passed early would read the
-NaN-poisoned rows. The hook is the CUDA module's consumer_gemm_check
-(csrc/comm/consumer_gemm_check.h); no JAX computation runs."""
+NaN-poisoned rows. bf16, fp16 and fp8 (e4m3 operands, bf16 D: the all-gather's fp8 consumer
+configs). The hook is the CUDA module's consumer_gemm_check (csrc/comm/consumer_gemm_check.h); no
+JAX computation runs."""
 
 import pytest
 
@@ -20,7 +21,7 @@ DESIGN_SHAPES = [
     (16384, 8192, 2048),
 ]
 ORDERS = ["forward", "reversed", "random"]
-DTYPES = ["bfloat16", "float16"]
+DTYPES = ["bfloat16", "float16", "float8_e4m3fn"]
 DELAY_US = 200  # before each band's copy: the kernel reaches most bands before they land
 
 
@@ -84,10 +85,20 @@ ODD_CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+# fp8: K a multiple of 16 (16-byte rows), the fp8 rows with a consumer kernel.
+FP8_ODD_CASES = [
+    dict(m_local=384, n=264, k=528, bands=4, config="fp8_coop_128x128x128_c1"),
+    dict(m_local=768, n=272, k=1040, bands=3, rank=1, config="fp8_coop_128x192x128_c2"),
+    dict(m_local=256, n=8192, k=2048, bands=8, rank=5, groups_per_band=2),
+    dict(m_local=128, n=8, k=16, bands=2, config="fp8_coop_128x128x128_c1"),
+]
+
+
+@pytest.mark.parametrize("dtype,case", [
+    (d, c) for d in ("bfloat16", "float16") for c in ODD_CASES] + [
+    ("float8_e4m3fn", c) for c in FP8_ODD_CASES],
+    ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}{x}" for k, x in v.items()))
 @pytest.mark.parametrize("order", ORDERS)
-@pytest.mark.parametrize("case", ODD_CASES,
-                         ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_odd_shapes_bit_identical(case, order, dtype):
     kwargs = dict(case, dtype=dtype, order=order, delay_us=DELAY_US, seed=7)
     _assert_exact(_check(**kwargs), kwargs)
@@ -122,6 +133,8 @@ def test_device_to_device_copies():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(m_local=384, n=256, k=256, config="pp_128x192x64_c2"), "tile_m \\* cluster_m"),
     (dict(m_local=256, n=256, k=256, config="coop_128x256x64_c1"), "no consumer kernel"),
+    (dict(m_local=256, n=256, k=256, dtype="float8_e4m3fn", config="fp8_pp_64x192x128_c2"),
+     "no consumer kernel"),
     (dict(m_local=256, n=256, k=256, order="sideways"), "order must be"),
     (dict(m_local=256, n=256, k=256, staging="device"), "sm_budget"),
     (dict(m_local=256, n=256, k=256, bands=65), "bands must be"),
