@@ -7,7 +7,7 @@
 #   gemm-tests      only $TESTS (file names, searched under tests/)
 #   info, bench     python -m fo_jax.info / python -m fo_jax.bench ($BENCH_ARGS)
 #   bench-overlap   benchmarks/bench_overlap.py ($BENCH_ARGS)
-#   consumer-bench  benchmarks/bench_consumer_gemm.py
+#   consumer-bench  benchmarks/bench_consumer_gemm.py ($CONSUMER_ARGS, e.g. --dtypes float8_e4m3fn)
 #   fp8-bench       benchmarks/bench_fp8.py ($FP8_ARGS)
 #   sweep           benchmarks/bench_gemm_sweep.py ($SWEEP_ARGS)
 #   signal-bench    benchmarks/bench_signal_overhead.py (the producer's counters, bf16 and fp8)
@@ -28,7 +28,8 @@ for step in ${STEPS:-tests}; do
              --rootdir "$R" -c "$R/pyproject.toml" $(for t in ${TESTS:?}; do find "$R/tests" -name "$t"; done) 2>&1 \
              | tee "$OUT/tests_sel.log" | tail -40;;
     fp8-bench) timeout ${FP8_TIMEOUT:-300} python3 "$R/benchmarks/bench_fp8.py" --out "$OUT" ${FP8_ARGS:-} 2>&1 | tail -25;;
-    consumer-bench) timeout 200 python3 "$R/benchmarks/bench_consumer_gemm.py" --out "$OUT" 2>&1 | tail -20;;
+    consumer-bench) timeout 200 python3 "$R/benchmarks/bench_consumer_gemm.py" --out "$OUT" \
+                      ${CONSUMER_ARGS:-} 2>&1 | tail -20;;
     sweep) timeout ${SWEEP_TIMEOUT:-560} python3 "$R/benchmarks/bench_gemm_sweep.py" ${SWEEP_ARGS:-} --out "$OUT" 2>&1 | tail -30;;
     signal-bench) timeout ${SIGNAL_TIMEOUT:-300} python3 "$R/benchmarks/bench_signal_overhead.py" --out "$OUT" ${SIGNAL_ARGS:-} 2>&1 | tail -40;;
     info) python3 -m fo_jax.info 2>&1 | tee "$OUT/info.log";;
