@@ -46,14 +46,14 @@ namespace nb = nanobind;
 
 namespace {
 
-// The dtype a GPU check takes by name ("bfloat16" or "float16"; with `fp8`, also
-// "float8_e4m3fn"); `fn` names the check in the error.
-fo_jax::GemmDtype CheckDtype(const char* fn, const std::string& dtype, bool fp8 = false) {
+// The dtype a GPU check takes by name ("bfloat16", "float16" or "float8_e4m3fn"); `fn` names the
+// check in the error.
+fo_jax::GemmDtype CheckDtype(const char* fn, const std::string& dtype) {
   if (dtype == "bfloat16") return fo_jax::GemmDtype::kBF16;
   if (dtype == "float16") return fo_jax::GemmDtype::kF16;
-  if (fp8 && dtype == "float8_e4m3fn") return fo_jax::GemmDtype::kE4M3;
-  throw std::invalid_argument(std::string(fn) + ": dtype must be \"bfloat16\", \"float16\"" +
-                              (fp8 ? ", \"float8_e4m3fn\"" : "") + ", got \"" + dtype + "\"");
+  if (dtype == "float8_e4m3fn") return fo_jax::GemmDtype::kE4M3;
+  throw std::invalid_argument(std::string(fn) + ": dtype must be \"bfloat16\", \"float16\" or "
+                              "\"float8_e4m3fn\", got \"" + dtype + "\"");
 }
 
 // The index of the GEMM config named `config`; -1 for "" (the check picks one).
@@ -202,7 +202,7 @@ NB_MODULE(_fo_jax_cuda, m) {
          const std::string& dtype, const std::string& config, int sm_budget, int calls,
          int delay_us, uint64_t seed, double timeout_s) {
         fo_jax::AllGatherCheckOptions o;
-        o.dtype = CheckDtype("all_gather_copy_check", dtype, /*fp8=*/true);
+        o.dtype = CheckDtype("all_gather_copy_check", dtype);
         o.config = ConfigIndexByName("all_gather_copy_check", config);
         o.ranks = ranks;
         o.rank = rank;
@@ -538,7 +538,7 @@ NB_MODULE(_fo_jax_cuda, m) {
          int timing_iters, double timeout_s, int device) {
         fo_jax::ConsumerGemmCheckOptions o;
         o.m_local = m_local, o.n = n, o.k = k, o.bands = bands;
-        o.dtype = CheckDtype("consumer_gemm_check", dtype, /*fp8=*/true);
+        o.dtype = CheckDtype("consumer_gemm_check", dtype);
         o.config = ConfigIndexByName("consumer_gemm_check", config);
         o.order = order, o.seed = seed, o.delay_us = delay_us, o.rank = rank;
         o.groups_per_band = groups_per_band, o.flag_value = flag_value;

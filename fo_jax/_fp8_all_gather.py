@@ -28,17 +28,21 @@ _BF16 = jnp.dtype(jnp.bfloat16)
 _HI = jax.lax.Precision.HIGHEST
 
 
+def _types_tracked(axis_name: str) -> bool:
+    """Whether shard_map tracks varying-axes types (check_vma=True): the device index then
+    varies over the axis."""
+    return axis_name in _vma.varying_axes(jax.lax.axis_index(axis_name))
+
+
 def scale_is_shared(x_scale, axis_name: str) -> bool:
     """Whether shard_map's varying-axes types prove x_scale equal on every device of axis_name:
-    they are tracked (check_vma=True: the device index varies over the axis) and x_scale does not
-    vary over it."""
-    tracked = axis_name in _vma.varying_axes(jax.lax.axis_index(axis_name))
-    return tracked and axis_name not in _vma.varying_axes(x_scale)
+    they are tracked and x_scale does not vary over it."""
+    return _types_tracked(axis_name) and axis_name not in _vma.varying_axes(x_scale)
 
 
 def _gathered_scales(xs, axis_name: str):
     """[P]: every device's x_scale, in the all-gather's device order."""
-    if axis_name in _vma.varying_axes(jax.lax.axis_index(axis_name)):
+    if _types_tracked(axis_name):
         xs = autodiff.vary(xs, {axis_name})
     return jax.lax.all_gather(xs, axis_name)
 
@@ -90,9 +94,7 @@ def _batchable(axis_name: str, size: int, config):
     def forward_batched(axis_size, in_batched, x, w, xs, ws):
         inner = _batchable(axis_name, size, config)
         if any(in_batched[1:]):
-            args = tuple(a if b else jnp.broadcast_to(a, (axis_size,) + a.shape)
-                         for a, b in zip((x, w, xs, ws), in_batched))
-            return jax.lax.map(lambda a: inner(*a), args), True
+            return fp8.map_over_batch(inner, axis_size, in_batched, (x, w, xs, ws)), True
         b, r, k = x.shape
         y = inner(x.reshape(b * r, k), w, xs, ws)
         n = y.shape[-1]

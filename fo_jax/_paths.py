@@ -179,13 +179,38 @@ def _choose_fp8_all_gather(config, c: PathChoice, m: int, n: int, k: int, platfo
     plain = (f"XLA's all_gather of the fp8 x, then {c.reason}: one GEMM where x_scale is "
              "provably the same on every device (check_vma types: fo_jax.quantize_fp8(x, "
              "axis_name=...)), else one per device's rows")
-    over = _choose_all_gather(fp8.FP8_DTYPE, config, m, n, k, platform, size)
-    if over.path != "cuda":
-        return dataclasses.replace(c, reason=f"{plain} ({over.reason.split(': ', 1)[-1]})")
-    return dataclasses.replace(c, transport=over.transport, reason=(
+    why_not, transport, how = _all_gather_overlap(fp8.FP8_DTYPE, config, m, n, k, size)
+    if why_not is not None:
+        return dataclasses.replace(c, reason=f"{plain} ({why_not})")
+    return dataclasses.replace(c, transport=transport, reason=(
         f"with x_scale provably the same on every device (check_vma types: "
-        f"fo_jax.quantize_fp8(x, axis_name=...)), {over.reason}, its consumer GEMM fo_jax's fp8 "
-        f"kernel; otherwise {plain}"))
+        f"fo_jax.quantize_fp8(x, axis_name=...)), {_OVERLAPPED_ALL_GATHER}; {how}, its consumer "
+        f"GEMM fo_jax's fp8 kernel; otherwise {plain}"))
+
+
+_OVERLAPPED_ALL_GATHER = ("fo_jax's overlapped all-gather (opted in, not yet verified on "
+                          "multi-GPU machines)")
+
+
+def _all_gather_overlap(dtype, config, m: int, n: int, k: int, size: int) -> tuple:
+    """(why the overlapped all-gather does not take all_gather(x[m, k]) @ w[k, n] over `size`
+    ranks, or None; its transport and how it was chosen): it needs the opt-in, bands that fit a
+    consumer config, and a GEMM long enough to gain."""
+    if config is None or config.all_gather != "overlap":
+        return ("the overlapped all-gather is opt-in until it has passed its multi-GPU runs "
+                "(OverlapConfig(all_gather='overlap'))", None, None)
+    problem = _plan.all_gather_problem(dtype, m, n, k, size, config)
+    if problem is not None:
+        return problem, None, None
+    transport, how = _transport.choose_all_gather("fo_jax.all_gather_matmul", size, config)
+    t_gemm = _plan.estimate_seconds("all_gather", m * size, n, k)[0]
+    # The NCCL floor on both transports: the copy engine's lower floor is measured for the
+    # reduce-scatter and all-reduce only.
+    floor = _too_small(config, t_gemm, None)
+    if floor is not None:
+        return (f"too small to gain from overlap (estimated GEMM {t_gemm * 1e6:.0f} us < "
+                f"{floor * 1e6:.0f} us)", transport, how)
+    return None, transport, how
 
 
 def _choose_all_gather(dtype, config, m: int, n: int, k: int, platform: str,
@@ -196,24 +221,11 @@ def _choose_all_gather(dtype, config, m: int, n: int, k: int, platform: str,
     op = "overlapped_matmul"
     extra = dict(collective="all_gather", axis_size=size, platform=platform)
     plain = "XLA's all_gather, then its dot"
-    if config is None or config.all_gather != "overlap":
-        return PathChoice(op, "xla", f"{plain}: the overlapped all-gather is opt-in until it has "
-                          "passed its multi-GPU runs (OverlapConfig(all_gather='overlap'))",
-                          **extra)
-    problem = _plan.all_gather_problem(dtype, m, n, k, size, config)
-    if problem is not None:
-        return PathChoice(op, "xla", f"{plain}: {problem}", **extra)
-    transport, how = _transport.choose_all_gather("fo_jax.all_gather_matmul", size, config)
-    t_gemm = _plan.estimate_seconds("all_gather", m * size, n, k)[0]
-    # The NCCL floor on both transports: the copy engine's lower floor is measured for the
-    # reduce-scatter and all-reduce only.
-    floor = _too_small(config, t_gemm, None)
-    if floor is not None:
-        return PathChoice(op, "xla", (
-            f"{plain}: too small to gain from overlap (estimated GEMM {t_gemm * 1e6:.0f} us < "
-            f"{floor * 1e6:.0f} us)"), transport=transport, **extra)
-    return PathChoice(op, "cuda", f"fo_jax's overlapped all-gather (opted in, not yet verified "
-                      f"on multi-GPU machines); {how}", transport=transport, **extra)
+    why_not, transport, how = _all_gather_overlap(dtype, config, m, n, k, size)
+    if why_not is not None:
+        return PathChoice(op, "xla", f"{plain}: {why_not}", transport=transport, **extra)
+    return PathChoice(op, "cuda", f"{_OVERLAPPED_ALL_GATHER}; {how}", transport=transport,
+                      **extra)
 
 
 def _all_gather_config(config: Optional[OverlapConfig]) -> Optional[OverlapConfig]:

@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
+from fo_jax import _checks
+
 FP8_DTYPE = jnp.dtype(jnp.float8_e4m3fn)
 # Output dtypes of the fp8 GEMM: the CUDA kernel writes bfloat16 only.
 FP8_OUT_DTYPES = (jnp.dtype(jnp.bfloat16),)
@@ -134,8 +136,6 @@ def quantize_fp8(x: jax.Array, dtype=jnp.float8_e4m3fn, *, axis_name=None) -> tu
     if not jnp.issubdtype(x.dtype, jnp.floating) or is_fp8(x.dtype):
         raise TypeError(f"{fn}: x must be float32, bfloat16 or float16, got {jnp.dtype(x.dtype)}")
     if axis_name is not None:
-        from fo_jax import _checks  # noqa: PLC0415
-
         _checks.axis_size(fn, axis_name)  # a clear error outside shard_map or for a bad name
     return _quantize(x, jnp.dtype(dtype), jnp.dtype(x.dtype), axis_name)
 
@@ -193,6 +193,14 @@ def _unbatched(x, w, xs, ws, out_dtype, w_transposed, config):
     return jax.lax.platform_dependent(x, w, xs, ws, cuda=cuda, default=default)
 
 
+def map_over_batch(f, axis_size: int, in_batched, args) -> jax.Array:
+    """f(*args) for each element of the batch (a custom_vmap rule's fallback: one call per
+    element), the unbatched arguments broadcast along."""
+    args = tuple(a if b else jnp.broadcast_to(a, (axis_size,) + a.shape)
+                 for a, b in zip(args, in_batched))
+    return jax.lax.map(lambda a: f(*a), args)
+
+
 def _batchable(x, w, xs, ws, out_dtype, w_transposed, config):
     @custom_vmap
     def gemm(x, w, xs, ws):
@@ -205,10 +213,8 @@ def _batchable(x, w, xs, ws, out_dtype, w_transposed, config):
             rows = x.reshape(-1, x.shape[-1])
             y = _batchable(rows, w, xs, ws, out_dtype, w_transposed, config)
             return y.reshape(axis_size, -1, y.shape[-1]), True
-        args = tuple(a if b else jnp.broadcast_to(a, (axis_size,) + a.shape)
-                     for a, b in zip((x, w, xs, ws), in_batched))
-        return jax.lax.map(
-            lambda a: _batchable(*a, out_dtype, w_transposed, config), args), True
+        return map_over_batch(lambda *a: _batchable(*a, out_dtype, w_transposed, config),
+                              axis_size, in_batched, (x, w, xs, ws)), True
 
     return gemm(x, w, xs, ws)
 

@@ -395,9 +395,7 @@ def _fp8_overlap_batchable(axis_name: str, collective: str, config, size: int):
     def forward_batched(axis_size, in_batched, x, w, xs, ws):
         inner = _fp8_overlap_batchable(axis_name, collective, config, size)
         if any(in_batched[1:]):
-            args = tuple(a if b else jnp.broadcast_to(a, (axis_size,) + a.shape)
-                         for a, b in zip((x, w, xs, ws), in_batched))
-            return jax.lax.map(lambda a: inner(*a), args), True
+            return fp8.map_over_batch(inner, axis_size, in_batched, (x, w, xs, ws)), True
         b, r, k = x.shape
         n = w.shape[1]
         if collective == "all_reduce":
