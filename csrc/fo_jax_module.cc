@@ -37,6 +37,7 @@
 #include "comm/overlap_plan.h"
 #include "comm/peer_memory_ipc.h"
 #include "comm/status.h"
+#include "comm/stuck_release_check.h"
 #include "comm/test_failures.h"
 #include "ffi/registrations.h"
 #include "kernels/epoch_compare.h"
@@ -259,7 +260,7 @@ NB_MODULE(_fo_jax_cuda, m) {
 
   m.def("max_gemm_groups", []() { return fo_jax::kMaxGemmGroups; });
 
-  // The NCCL transport's progress watchdog limit (fo_jax/_env.py, FO_JAX_COMM_TIMEOUT_S), set
+  // The progress watchdog's limit (fo_jax/_env.py, FO_JAX_COMM_TIMEOUT_S), set
   // once when Python loads the module: the module reads no environment variable.
   m.def("set_comm_timeout_s", [](double seconds) { fo_jax::SetCommTimeoutSeconds(seconds); },
         nb::arg("seconds"));
@@ -369,7 +370,7 @@ NB_MODULE(_fo_jax_cuda, m) {
 
   // Test hooks, from FO_JAX_TEST_EPOCH_START and FO_JAX_TEST_FAIL (fo_jax/_env.py): the epoch
   // start of copy-engine states created afterwards; a stage ("alloc", comm/test_failures.h's
-  // "graph", "launch", "copy", "setup", or "" for none) failing on a rank.
+  // "graph", "launch", "copy", "setup", "stop", or "" for none) failing on a rank.
   m.def(
       "set_test_hooks",
       [](uint32_t epoch_start, const std::string& fail_stage, int fail_rank) {
@@ -447,6 +448,29 @@ NB_MODULE(_fo_jax_cuda, m) {
       },
       nb::call_guard<nb::gil_scoped_release>());
 
+  // Tests (one GPU): the progress watchdog's release of a stuck copy-engine rank
+  // (comm/stuck_release_check.h); `mark_abandoned` false runs the control.
+  m.def(
+      "stuck_release_check",
+      [](uint32_t epoch_start, bool mark_abandoned, int elements, double timeout_s) {
+        fo_jax::StuckReleaseCheckResult r;
+        {
+          nb::gil_scoped_release release;
+          r = fo_jax::RunStuckReleaseCheck(epoch_start, mark_abandoned, elements, timeout_s);
+        }
+        nb::dict d;
+        d["stuck_before"] = r.stuck_before;
+        d["released"] = r.released;
+        d["release_ms"] = r.release_ms;
+        d["sum_equal"] = r.sum_equal;
+        d["canary_untouched"] = r.canary_untouched;
+        d["words_released"] = r.words_released;
+        d["error"] = r.error;
+        return d;
+      },
+      nb::arg("epoch_start") = 0, nb::arg("mark_abandoned") = true,
+      nb::arg("elements") = 1 << 20, nb::arg("timeout_s") = 10.0);
+
   // What fo_jax holds outside XLA (fo_jax/info.py, device_resources): one row per communicator
   // (device, rank, ranks, group index, NCCL CTA bound, whether it has a copy-engine state and
   // that state's epoch), and one per (device, kind) of device memory (device, kind, bytes held,
@@ -456,7 +480,7 @@ NB_MODULE(_fo_jax_cuda, m) {
     for (fo_jax::CommState* s : fo_jax::AllCommStatesForDebug()) {
       rows.emplace_back(s->device, s->rank, s->nranks, fo_jax::CommGroupIndex(*s),
                         s->options.max_ctas, s->copy_engine != nullptr,
-                        s->copy_engine ? s->copy_engine->epoch : 0u);
+                        s->copy_engine ? s->copy_engine->epoch.load() : 0u);
     }
     return rows;
   });

@@ -23,13 +23,15 @@ def force_reference() -> bool:
 
 
 def comm_timeout_s() -> float:
-    """FO_JAX_COMM_TIMEOUT_S (opt-in fail-fast): seconds after which the NCCL transport's
-    progress watchdog fails a group whose call has not completed (another rank failed or stopped
-    calling) and aborts its communicators; the waiting call then returns with undefined output
-    and the next call raises. Default 0: no timeout, a paused rank is waited for as XLA's own
-    collectives wait (a known failure of a rank still ends the wait: fo_jax/_failure_watch.py).
-    A value that is not a number >= 0 keeps the default. Read once, when the CUDA module is
-    loaded."""
+    """FO_JAX_COMM_TIMEOUT_S (opt-in fail-fast): seconds after which the progress watchdog fails
+    a group whose call has not completed (another rank failed or stopped calling). The NCCL
+    transport's communicators are aborted; the copy-engine transport's waits are released (its
+    all-gather's copy threads give up on a missing peer after the same time), and a call still
+    stuck as long again ends the process with exit status 70. The waiting call returns with
+    undefined output and the next call raises. Default 0: no timeout, a paused rank is waited
+    for as XLA's own collectives wait (a known failure of a rank still ends the wait:
+    fo_jax/_failure_watch.py). A value that is not a number >= 0 keeps the default. Read once,
+    when the CUDA module is loaded."""
     text = os.environ.get(COMM_TIMEOUT_S, "")
     try:
         value = float(text)
@@ -42,7 +44,7 @@ PLAN_TIMEOUT_S = "FO_JAX_PLAN_TIMEOUT_S"
 DEFAULT_PLAN_TIMEOUT_S = 120.0
 TEST_EPOCH_START = "FO_JAX_TEST_EPOCH_START"
 TEST_FAIL = "FO_JAX_TEST_FAIL"
-TEST_FAIL_STAGES = ("alloc", "graph", "launch", "copy", "setup")
+TEST_FAIL_STAGES = ("alloc", "graph", "launch", "copy", "setup", "stop")
 
 
 def plan_timeout_s() -> float:
@@ -79,8 +81,9 @@ def test_fail() -> tuple:
     that stage, as the real failure would: "alloc", the copy-engine receive-buffer allocation;
     "graph", the copy-engine call's copy-graph build (after the address exchange); "launch", the
     call's GEMM launch (either transport); "copy", the copy thread's enqueueing of a copy-engine
-    call; "setup", creating the group's copy-engine state (its first copy-engine call). Unset:
-    ("", -1). Read once, when the CUDA module is loaded. A malformed value raises."""
+    call; "setup", creating the group's copy-engine state (its first copy-engine call); "stop",
+    every copy-engine call of that rank enqueues nothing and returns (to its peers, a rank that
+    stopped calling: the progress watchdog's case). Unset: ("", -1). Read once, when the CUDA module is loaded. A malformed value raises."""
     text = os.environ.get(TEST_FAIL, "")
     if not text:
         return ("", -1)

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -22,8 +23,18 @@ namespace {
 // only once every peer's copy thread has enqueued its wait on call e - kRing's.
 constexpr int kRing = 8;
 // A host wait on a peer (its entry, or its copy thread's progress) longer than this fails the
-// call: the peer stopped calling (a rank that failed, or a program whose ranks disagree).
-constexpr auto kPeerTimeout = std::chrono::seconds(300);
+// call: the peer stopped calling (a rank that failed, or a program whose ranks disagree). The
+// progress watchdog's limit where one is set (FO_JAX_COMM_TIMEOUT_S), else 300 s.
+std::chrono::milliseconds PeerTimeout() {
+  const double limit = CommTimeoutSeconds();
+  return std::chrono::milliseconds(limit > 0 ? static_cast<int64_t>(limit * 1000) : 300000);
+}
+
+std::string PeerTimeoutText() {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g s", PeerTimeout().count() / 1000.0);
+  return text;
+}
 
 // What rank r published for its call `epoch`.
 struct Entry {
@@ -41,6 +52,10 @@ struct Exchange {
   Entry entry[kMaxCopyEngineRanks][kRing];
   // waited[q][r]: the latest call of rank q whose event rank r's copy thread has waited on.
   uint32_t waited[kMaxCopyEngineRanks][kMaxCopyEngineRanks] = {};
+  // released[r][q]: the latest call for which rank r stopped waiting for rank q's entry and set
+  // its own flags of q's bands itself; q then writes nothing into r for that call (r's call may
+  // have ended, and XLA reused its buffers).
+  uint32_t released[kMaxCopyEngineRanks][kMaxCopyEngineRanks] = {};
   std::string failure;  // "" while healthy: set once, every later wait ends with it
 };
 
@@ -98,7 +113,7 @@ Status GetAgState(CommState& state, cudaStream_t xla_stream, AgState** out) {
     return Status::Ok();
   }
   // The group's exchange first: a rank that cannot create its state fails the exchange, so its
-  // peers' waits for its entries end at once (not after kPeerTimeout) and every rank's call
+  // peers' waits for its entries end at once (not after PeerTimeout()) and every rank's call
   // raises. It retries on its next call; the exchange stays failed.
   std::shared_ptr<Exchange>& ex = (*exchanges)[state.group.get()];
   if (!ex) ex = std::make_shared<Exchange>();
@@ -122,20 +137,35 @@ Status GetAgState(CommState& state, cudaStream_t xla_stream, AgState** out) {
   return Status::Ok();
 }
 
-// Waits on the host until rank q's entry for call e is there; its copy, or the failure.
-Status AwaitEntry(Exchange& ex, int q, uint32_t e, Entry* out) {
+// Waits on the host until rank q's entry for call e is there; its copy, or the failure. On a
+// failure rank `me` gives up on q for call e (Exchange::released): the caller must then set its
+// own flags of q's bands.
+Status AwaitEntry(Exchange& ex, int me, int q, uint32_t e, Entry* out) {
   std::unique_lock<std::mutex> lock(ex.mu);
   const Entry& slot = ex.entry[q][e % kRing];
-  ex.cv.wait_for(lock, kPeerTimeout, [&] { return slot.epoch == e || !ex.failure.empty(); });
+  ex.cv.wait_for(lock, PeerTimeout(), [&] { return slot.epoch == e || !ex.failure.empty(); });
   if (slot.epoch == e) {  // even after a failure: the caller releases that peer's flags
     *out = slot;
     return Status::Ok();
   }
+  ex.released[me][q] = e;
   if (!ex.failure.empty()) return Status::Internal(ex.failure);
   ex.failure = "rank " + std::to_string(q) + " did not reach all-gather call " +
-               std::to_string(e) + " within " + std::to_string(kPeerTimeout.count()) + " s";
+               std::to_string(e) + " within " + PeerTimeoutText();
   ex.cv.notify_all();
   return Status::Internal(ex.failure);
+}
+
+// Rank `me` gives up on every peer for call e (its XLA stream sets all of its flags).
+void ReleaseAllPeers(Exchange& ex, int P, int me, uint32_t e) {
+  std::lock_guard<std::mutex> lock(ex.mu);
+  for (int q = 0; q < P; ++q) ex.released[me][q] = e;
+}
+
+// Whether rank q gave up on rank `me` for call e (then `me` writes nothing into q's buffers).
+bool PeerGaveUp(Exchange& ex, int q, int me, uint32_t e) {
+  std::lock_guard<std::mutex> lock(ex.mu);
+  return ex.released[q][me] == e;
 }
 
 void Fail(AgState& ag, const Status& status) {
@@ -147,6 +177,7 @@ struct Job {
   int P = 0, me = 0;
   uint32_t epoch = 0;
   const char* x = nullptr;
+  uint32_t* own_flags = nullptr;  // this call's band flags (this rank's GEMM waits for them)
   cudaEvent_t own_started = nullptr;
   AllGatherBands bands;
   size_t band_bytes = 0;
@@ -176,11 +207,18 @@ void RunJob(AgState& ag, const Job& job) {
   for (int s = 1; s < job.P; ++s) {
     const int q = (job.me + s) % job.P;
     Entry peer;
-    const Status got = AwaitEntry(ex, q, job.epoch, &peer);
+    const Status got = AwaitEntry(ex, job.me, q, job.epoch, &peer);
     if (!got.ok()) {
       if (status.ok()) status = got;
-      continue;  // without its entry the peer has not launched its GEMM for this call
+      // Without its entry the peer has not launched its GEMM for this call and may never send
+      // its bands: this rank's GEMM waits for their flags, set here (after the zeroing: the
+      // copy stream waited on own_started).
+      for (int c = 0; c < job.bands.per_rank; ++c) {
+        (void)EnqueueWriteValue(ag.copy_stream, job.own_flags + q * job.bands.per_rank + c, 1);
+      }
+      continue;
     }
+    if (PeerGaveUp(ex, q, job.me, job.epoch)) continue;  // its call may be over: nothing into it
     // Always, even after a failure: a flag written before the peer zeroed its flags would be
     // lost, and the peer's GEMM would wait for it forever.
     const Status started =
@@ -209,7 +247,7 @@ Status AwaitRingSlot(Exchange& ex, int P, int me, uint32_t e) {
   if (e <= kRing) return Status::Ok();
   const uint32_t previous = e - kRing;
   std::unique_lock<std::mutex> lock(ex.mu);
-  const bool ready = ex.cv.wait_for(lock, kPeerTimeout, [&] {
+  const bool ready = ex.cv.wait_for(lock, PeerTimeout(), [&] {
     if (!ex.failure.empty()) return true;
     for (int r = 0; r < P; ++r) {
       if (static_cast<int32_t>(ex.waited[me][r] - previous) < 0) return false;
@@ -219,7 +257,7 @@ Status AwaitRingSlot(Exchange& ex, int P, int me, uint32_t e) {
   if (!ex.failure.empty()) return Status::Internal(ex.failure);
   if (!ready) {
     ex.failure = "a peer's copy thread did not take all-gather call " + std::to_string(previous) +
-                 " within " + std::to_string(kPeerTimeout.count()) + " s";
+                 " within " + PeerTimeoutText();
     ex.cv.notify_all();
     return Status::Internal(ex.failure);
   }
@@ -239,7 +277,7 @@ Status PreparePeers(AgState& ag, int device, int P, int me, uint32_t e,
     }
     if (ag.peer_ready[q] && graphs_built) continue;
     Entry peer;
-    FO_JAX_RETURN_IF_ERROR(AwaitEntry(*ag.exchange, q, e, &peer));
+    FO_JAX_RETURN_IF_ERROR(AwaitEntry(*ag.exchange, me, q, e, &peer));
     if (!ag.peer_ready[q]) {
       int ok = 0;
       cudaError_t err = cudaDeviceCanAccessPeer(&ok, device, peer.device);
@@ -329,6 +367,7 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   if (!failed.empty()) {
     // A peer's copy thread may have given up on this call before it was published: nothing
     // might write these flags, so they are released here and the GEMM's result is undefined.
+    ReleaseAllPeers(ex, P, me, e);
     for (int b = 0; b < bands.count; ++b) {
       FO_JAX_RETURN_IF_ERROR(EnqueueWriteValue(xla_stream, buffers.flags + b, 1));
     }
@@ -341,6 +380,7 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   const Status prepared = PreparePeers(*ag, state.device, P, me, e, bands, band_bytes, buffers.x);
   if (!prepared.ok()) {
     Fail(*ag, prepared);
+    ReleaseAllPeers(ex, P, me, e);
     for (int b = 0; b < bands.count; ++b) {
       FO_JAX_RETURN_IF_ERROR(EnqueueWriteValue(xla_stream, buffers.flags + b, 1));
     }
@@ -351,6 +391,7 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   job.me = me;
   job.epoch = e;
   job.x = static_cast<const char*>(buffers.x);
+  job.own_flags = buffers.flags;
   job.own_started = ag->started[slot];
   job.bands = bands;
   job.band_bytes = band_bytes;

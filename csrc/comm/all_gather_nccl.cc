@@ -123,7 +123,7 @@ Status EnqueueAllGatherNccl(CommState& state, cudaStream_t xla_stream, const Ove
                              ": " + launched.message());
     return launched;
   }
-  return NoteNcclCall(state, xla_stream);
+  return NoteCallEnd(state, xla_stream, /*copy_engine=*/false);
 }
 
 }  // namespace fo_jax

@@ -14,6 +14,8 @@
 #include <tuple>
 #include <vector>
 
+#include "comm/copy_engine.h"
+#include "comm/copy_engine_watchdog.h"
 #include "comm/device_memory.h"
 #include "comm/stream_wait.h"
 
@@ -255,8 +257,66 @@ int64_t NowNs() {
 
 std::atomic<double> g_timeout_s{0.0};  // SetCommTimeoutSeconds (0: off)
 
+// Whether `m`'s latest recorded call, recorded at `stamp`, is still running; a query error
+// counts as not (it is the next call's to report).
+bool StillRunning(CommState& m, int64_t stamp) {
+  if (cudaSetDevice(m.device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const cudaError_t q = cudaEventQuery(m.progress);
+  if (q != cudaErrorNotReady) {
+    if (q != cudaSuccess) (void)cudaGetLastError();
+    return false;
+  }
+  (void)cudaGetLastError();
+  return m.progress_ns.load() == stamp;  // a call recorded in between is a new one
+}
+
+std::string Seconds(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", seconds);
+  return text;
+}
+
+// The copy-engine transport's side of a pass (copy_engine_watchdog.h), for a group whose member
+// `stuck` has run past the limit: every local member still running is released (again, if it
+// enqueued calls since its last release); one released a limit ago and still running through
+// the same epoch ends the process.
+void ReleaseCopyEngineGroup(CommGroup& group, const std::vector<CommState*>& members,
+                            CommState& stuck, double timeout) {
+  FailGroup(group, "no progress for " + Seconds(timeout) + " s on " + Describe(stuck) +
+                       ": another rank failed or stopped calling (FO_JAX_COMM_TIMEOUT_S sets "
+                       "the limit; 0 waits, as XLA's collectives do); the copy-engine "
+                       "transport's waits of the group's pending calls were released");
+  for (CommState* m : members) {
+    const int64_t stamp = m->progress_ns.load();
+    if (stamp == 0 || !StillRunning(*m, stamp)) continue;
+    const int64_t released = m->released_ns.load();
+    const uint32_t through = m->copy_engine ? m->copy_engine->epoch.load() : 0;
+    if (released != 0 && m->released_through.load() == through) {
+      if (double(NowNs() - released) >= timeout * 1e9) {
+        EndStuckProcess("a copy-engine call on " + Describe(*m) + " was still waiting " +
+                        Seconds(timeout) + " s after the progress watchdog released it");
+      }
+      continue;
+    }
+    uint32_t done = 0;
+    if (m->copy_engine) {
+      const Status r = ReleaseStuckCopyEngineRank(*m, &done);
+      if (!r.ok()) {
+        std::fprintf(stderr, "fo_jax: %s on %s\n", r.message().c_str(), Describe(*m).c_str());
+      }
+    }
+    // The copy-engine all-gather has no state here: its copy threads release its waits after
+    // the same limit (all_gather_copy_engine.cc); the end of the process covers the rest.
+    m->released_through.store(through);
+    m->released_ns.store(NowNs());
+  }
+}
+
 // One pass over every communicator of this process: a call recorded more than `timeout` ago and
-// still running fails its group and aborts it.
+// still running fails its group, and aborts it (NCCL) or releases it (copy engine).
 void CheckProgress(double timeout) {
   std::vector<std::shared_ptr<CommGroup>> groups;
   {
@@ -272,17 +332,12 @@ void CheckProgress(double timeout) {
     for (CommState* m : members) {
       const int64_t stamp = m->progress_ns.load();
       if (m->aborted || stamp == 0 || double(NowNs() - stamp) < timeout * 1e9) continue;
-      if (cudaSetDevice(m->device) != cudaSuccess) continue;
-      const cudaError_t q = cudaEventQuery(m->progress);
-      // A call recorded in between is a new one: judge it on the next pass.
-      if (q != cudaErrorNotReady || m->progress_ns.load() != stamp) {
-        if (q != cudaSuccess) (void)cudaGetLastError();
-        continue;
+      if (!StillRunning(*m, stamp)) continue;
+      if (m->copy_engine_call.load()) {
+        ReleaseCopyEngineGroup(*group, members, *m, timeout);
+        break;
       }
-      (void)cudaGetLastError();
-      char seconds[32];
-      std::snprintf(seconds, sizeof(seconds), "%g", timeout);
-      FailGroup(*group, std::string("no progress for ") + seconds + " s on " + Describe(*m) +
+      FailGroup(*group, "no progress for " + Seconds(timeout) + " s on " + Describe(*m) +
                             ": another rank failed or stopped calling (FO_JAX_COMM_TIMEOUT_S "
                             "sets the limit; 0 waits, as XLA's collectives do)");
       AbortCommGroup(*m);
@@ -318,6 +373,7 @@ void StartWatchdogOnce() {
 }  // namespace
 
 void SetCommTimeoutSeconds(double seconds) { g_timeout_s.store(seconds > 0 ? seconds : 0.0); }
+double CommTimeoutSeconds() { return g_timeout_s.load(); }
 
 std::vector<std::pair<std::string, std::string>> FailedGroups() {
   std::vector<std::pair<std::string, std::string>> failed;
@@ -352,9 +408,10 @@ void AbortGroupForKnownFailure(const std::string& id, const std::string& failure
   if (!copy_engine) AbortCommGroup(*first);  // skips the members already aborted
 }
 
-Status NoteNcclCall(CommState& s, cudaStream_t stream) {
+Status NoteCallEnd(CommState& s, cudaStream_t stream, bool copy_engine) {
   FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(s.progress, stream),
                                     "recording the call's progress event"));
+  s.copy_engine_call.store(copy_engine);
   s.progress_ns.store(NowNs());
   StartWatchdogOnce();
   return Status::Ok();

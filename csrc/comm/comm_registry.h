@@ -51,8 +51,13 @@ struct CommState {
   std::shared_ptr<CommGroup> group;    // shared with the group's other ranks in this process
   std::timed_mutex mu;   // held while a call enqueues work; AbortCommGroup takes it
   std::atomic<bool> aborted{false};  // ncclCommAbort was called on `comm` (under mu)
-  cudaEvent_t progress = nullptr;     // NCCL transport: end of the latest call (watchdog)
+  cudaEvent_t progress = nullptr;     // end of the latest call (the progress watchdog)
   std::atomic<int64_t> progress_ns{0};  // steady-clock time `progress` was recorded (0: never)
+  // Whether the latest call ran the copy-engine transport (the watchdog releases instead of
+  // aborting); when the watchdog last released this rank (0: never) and through which epoch.
+  std::atomic<bool> copy_engine_call{false};
+  std::atomic<int64_t> released_ns{0};
+  std::atomic<uint32_t> released_through{0};
   CallTimeline timeline;  // diagnostics, copy-engine transport only (under mu; call_timeline.h)
 };
 
@@ -102,21 +107,25 @@ bool CommUsable(const CommState& state);
 // the group's failure.
 void AbortCommGroup(CommState& state);
 
-// Progress watchdog of the NCCL transport, opt-in, for what the checks above cannot see (a rank
-// in another process that failed or stopped calling leaves this rank's collectives waiting):
-// records state.progress on `stream` at the end of a call; with a limit set, a background thread
-// (started on first use) fails the group and aborts its communicators in this process once a
-// recorded call has not completed for SetCommTimeoutSeconds seconds. The aborted collectives
-// end, so the waiting call returns (its output undefined: JAX cannot fail an operation that
-// already returned) and the next one raises. Off by default (0): a rank that merely pauses (a
-// long checkpoint on one process) is waited for, as XLA's own collectives wait; a KNOWN failure
-// in another process is handled without a timeout (AbortGroupForKnownFailure).
-Status NoteNcclCall(CommState& state, cudaStream_t stream);
+// Progress watchdog, opt-in, for what the checks above cannot see (a rank that stopped calling,
+// in this process or another, leaves its partners waiting): records state.progress on `stream`
+// at the end of a call; with a limit set, a background thread (started on first use) acts once
+// a recorded call has not completed for SetCommTimeoutSeconds seconds. It fails the group, and
+// - the NCCL transport: aborts its communicators in this process; the aborted collectives end;
+// - the copy-engine transport (`copy_engine`): releases every local rank of the group whose call
+//   has not completed (copy_engine_watchdog.h), and ends the process if one is still stuck one
+//   more limit later.
+// The waiting call returns (its output undefined: JAX cannot fail an operation that already
+// returned) and the next one raises. Off by default (0): a rank that merely pauses (a long
+// checkpoint on one process) is waited for, as XLA's own collectives wait; a KNOWN failure in
+// another process is handled without a timeout (AbortGroupForKnownFailure).
+Status NoteCallEnd(CommState& state, cudaStream_t stream, bool copy_engine);
 
 // The watchdog's limit in seconds (0: off, the default), read when it starts (the first
-// NCCL-transport call): Python sets it once, from FO_JAX_COMM_TIMEOUT_S, when it loads the
+// overlapped call): Python sets it once, from FO_JAX_COMM_TIMEOUT_S, when it loads the
 // module (fo_jax/_env.py).
 void SetCommTimeoutSeconds(double seconds);
+double CommTimeoutSeconds();
 
 // Known failures across processes (fo_jax/_failure_watch.py carries them through JAX's
 // key-value store): (unique id, failure) of every group of this process that has failed.

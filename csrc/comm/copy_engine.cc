@@ -41,6 +41,10 @@ Status CreateCopyEngineState(CommState& s) {
       CudaStatus(e, "creating the copy, flag and sum streams and their events"));
   FO_JAX_RETURN_IF_ERROR(CreateCopyEngineBuffers(s, ce->buffers));
   ce->epoch = ce->buffers.epoch_start;  // the flags' "no call yet" (epoch_compare.h)
+  if (e == cudaSuccess) {
+    e = cudaStreamCreateWithPriority(&ce->release_stream, cudaStreamNonBlocking, greatest);
+  }
+  FO_JAX_RETURN_IF_ERROR(CudaStatus(e, "creating the progress watchdog's release stream"));
   std::string err;
   FO_JAX_RETURN_IF_ERROR(LaunchStatus(LoadBandSumKernels(&err), "loading the band sums", err));
   // At exit, before the CUDA runtime's own teardown (registered earlier, so run later): let the
@@ -55,7 +59,7 @@ Status CreateCopyEngineState(CommState& s) {
       }
     });
   });
-  w.thread = std::make_unique<HostWorker>(s.device, ce->epoch);  // signals: epochs
+  w.thread = std::make_unique<HostWorker>(s.device, ce->epoch.load());  // signals: epochs
   s.copy_engine = std::move(ce);
   return Status::Ok();
 }
@@ -281,6 +285,8 @@ Status EnqueueCopyEngineCall(CommState& s, cudaStream_t xla_stream, const CopyEn
   if (a.all_reduce) {
     remote.table = OutTable(ce.buffers.flags);
     remote.count = P - 1;
+    remote.abandoned = Abandoned(ce.buffers.flags);
+    remote.epoch = e;
   }
   auto own_out = [&](int h) {
     return a.all_reduce ? static_cast<char*>(a.out) + chunk(h, me) : a.out;

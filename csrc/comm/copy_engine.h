@@ -54,6 +54,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -77,7 +78,12 @@ struct CopyEngineState {
   CopyEngineDebug debug;
   cudaStream_t sum_stream = nullptr;  // all-reduce rounds before the last (highest priority)
   cudaEvent_t sums_done = nullptr;    // recorded on the sum stream after those rounds
-  uint32_t epoch = 0;                 // calls enqueued
+  // The progress watchdog's writes into this rank's flags (copy_engine_watchdog.h): a stream of
+  // its own, since every stream of the call may be waiting.
+  cudaStream_t release_stream = nullptr;
+  // Calls enqueued (changed under the state's lock; atomic because the watchdog reads it
+  // without taking the lock that a stuck call's thread may hold).
+  std::atomic<uint32_t> epoch{0};
 };
 
 // Before the call's GEMM launch, on XLA's thread, under state.mu: creates the state on first

@@ -27,8 +27,9 @@ std::string DescribeCopyEngineForDebug(CommState& s) {
   if (!s.copy_engine) return text + " (no copy-engine state)";
   CopyEngineState& ce = *s.copy_engine;
   CopyEngineDebug& d = ce.debug;
-  text += " epoch " + std::to_string(ce.epoch) + ", " + std::to_string(ce.graphs.copies.load()) +
-          " copies, " + std::to_string(ce.graphs.built.load()) + " copy graphs built";
+  text += " epoch " + std::to_string(ce.epoch.load()) + ", " +
+          std::to_string(ce.graphs.copies.load()) + " copies, " +
+          std::to_string(ce.graphs.built.load()) + " copy graphs built";
   {
     std::lock_guard<std::mutex> failure_lock(ce.worker.failure_mu);
     if (!ce.worker.failure.empty()) text += " [" + ce.worker.failure + "]";

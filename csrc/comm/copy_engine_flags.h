@@ -36,6 +36,10 @@ struct CopyEngineFlags {
   uint32_t last_pieces[kMaxRowPieces];
   // [g]: epoch in which the ring's sender's group g arrived (the GEMM's addend flags).
   uint32_t ring_arrived[kMaxGemmGroups];
+  // The latest epoch whose calls the progress watchdog abandoned on this rank
+  // (copy_engine_watchdog.h): it wrote the words above that the peers owed, so an all-reduce's
+  // band sums of those calls store nothing into the peers (the out table may be stale).
+  uint32_t abandoned;
 };
 
 // Device addresses of a CopyEngineFlags' fields: `flags` is device memory (this GPU's or a
@@ -67,6 +71,9 @@ inline uint32_t* LastPieces(CopyEngineFlags* f) {
 }
 inline uint32_t* RingArrived(CopyEngineFlags* f) {
   return FlagField<uint32_t>(f, offsetof(CopyEngineFlags, ring_arrived));
+}
+inline uint32_t* Abandoned(CopyEngineFlags* f) {
+  return FlagField<uint32_t>(f, offsetof(CopyEngineFlags, abandoned));
 }
 
 // A per-rank flag array of CopyEngineFlags ([q] = rank q's word): recv_acked, stored, out_ready.

@@ -58,7 +58,7 @@ Status EnqueueNcclTransport(CommState& state, cudaStream_t xla_stream, Collectiv
   const ncclDataType_t dtype = out_dtype == GemmDtype::kBF16 ? ncclBfloat16 : ncclFloat16;
   FO_JAX_RETURN_IF_ERROR(EnqueueGatedCollectives(state, xla_stream, kind, dtype, gemm.d, out, 2,
                                                  gemm.counters, CollectiveSpans(gemm, kind)));
-  return NoteNcclCall(state, xla_stream);
+  return NoteCallEnd(state, xla_stream, /*copy_engine=*/false);
 }
 
 }  // namespace fo_jax

@@ -98,8 +98,20 @@ Status OverlapCall::Prepare() {
 }
 
 Status OverlapCall::Enqueue(cudaStream_t stream) {
+  Status status = EnqueueParts(stream);
+  if (plan_.transport == Transport::kCopyEngine) {
+    // The progress watchdog's mark, after everything the call enqueued, failed or not (the NCCL
+    // transport's collectives make their own).
+    const Status noted = NoteCallEnd(*state_, stream, /*copy_engine=*/true);
+    if (status.ok()) status = noted;
+  }
+  return status;
+}
+
+Status OverlapCall::EnqueueParts(cudaStream_t stream) {
   const bool copy_engine = plan_.transport == Transport::kCopyEngine;
   CommState& state = *state_;
+  if (copy_engine && TestFailureAt(FailStage::kStop, place_.rank)) return Status::Ok();
   if (plan_.collective == Collective::kAllGather) {
     AllGatherBuffers ag;
     ag.x = buffers_.x;

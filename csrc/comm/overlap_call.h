@@ -4,8 +4,9 @@
 // failure policy (comm_registry.h) and prepares the transport (the copy engine's buffers, ring
 // and graphs); Enqueue launches the signaling GEMM on XLA's stream and the transport's work after
 // it (gated_collectives.h for NCCL, copy_engine.h for the copy engine); an all-gather's
-// consumer GEMM and transports are all_gather_nccl.h's and all_gather_copy_engine.h's. The communicator's lock
-// is held from Prepare to the object's end, so a call's work is enqueued in one piece.
+// consumer GEMM and transports are all_gather_nccl.h's and all_gather_copy_engine.h's. The
+// communicator's lock is held from Prepare to the object's end, so a call's work is enqueued in
+// one piece.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -70,6 +71,7 @@ class OverlapCall {
   Status Enqueue(cudaStream_t stream);
 
  private:
+  Status EnqueueParts(cudaStream_t stream);  // Enqueue but the progress watchdog's mark
   Status CheckBuffers() const;
   Status Finish() const;  // the group's failure as this call's status, if the group failed
 

@@ -15,6 +15,7 @@ const char* StageName(FailStage stage) {
     case FailStage::kLaunch: return "launch";
     case FailStage::kCopy: return "copy";
     case FailStage::kSetup: return "setup";
+    case FailStage::kStop: return "stop";
     case FailStage::kNone: break;
   }
   return "";
@@ -24,7 +25,7 @@ const char* StageName(FailStage stage) {
 
 bool FailStageFromName(const std::string& name, FailStage* stage) {
   for (FailStage s : {FailStage::kNone, FailStage::kGraph, FailStage::kLaunch, FailStage::kCopy,
-                      FailStage::kSetup}) {
+                      FailStage::kSetup, FailStage::kStop}) {
     if (name == StageName(s)) {
       *stage = s;
       return true;

@@ -17,9 +17,12 @@ enum class FailStage {
   kCopy,    // the copy worker enqueueing a copy-engine call's copies (its hand-off)
   kSetup,   // creating a group's copy-engine state (its first copy-engine call, before any
             // exchange with the peers)
+  kStop,    // not a failure: every copy-engine call of the rank enqueues nothing and returns
+            // success, which its peers cannot tell from a rank that stopped calling (the
+            // progress watchdog's case, copy_engine_watchdog.h)
 };
 
-// The stage named `name` ("graph", "launch", "copy"; "" is kNone); false if unknown.
+// The stage named `name` ("graph", "launch", "copy", "setup", "stop"; "" is kNone); false if unknown.
 bool FailStageFromName(const std::string& name, FailStage* stage);
 
 // From now on, rank `rank` of every group fails at `stage` (kNone: no rank fails).

@@ -46,6 +46,7 @@ template <class T2, int kParts>
 __global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs remote,
                               ArrivalWait wait, size_t vectors, bool from_end) {
   __shared__ uint4* remote_out[kMaxBandSumParts];
+  __shared__ int remote_count;
   if (threadIdx.x == 0) {
     // One thread per block polls; the barrier below orders the block's part loads after it.
     for (int f = 0; f <= wait.count; ++f) {
@@ -57,6 +58,13 @@ __global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs 
         if (EpochReached(seen, wait.value)) break;  // wrap-safe: epoch_compare.h
         __nanosleep(100);
       }
+    }
+    remote_count = remote.count;
+    if (remote.abandoned != nullptr && remote.count > 0) {
+      uint32_t abandoned;
+      asm volatile("ld.acquire.sys.global.u32 %0, [%1];"
+                   : "=r"(abandoned) : "l"(remote.abandoned) : "memory");
+      if (EpochReached(abandoned, remote.epoch)) remote_count = 0;
     }
   }
   if (static_cast<int>(threadIdx.x) < remote.count) {
@@ -94,7 +102,7 @@ __global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs 
 #pragma unroll
     for (int j = 0; j < 4; ++j) oh[j] = FromFloat2<T2>(acc[j]);
     reinterpret_cast<uint4*>(out)[i] = o;
-    for (int r = 0; r < remote.count; ++r) remote_out[r][i] = o;
+    for (int r = 0; r < remote_count; ++r) remote_out[r][i] = o;
   }
 }
 

@@ -24,10 +24,15 @@ constexpr int kMaxBandSumParts = 16;
 // addresses that this kernel reads on the GPU (other GPUs wrote them with stream memory
 // operations); address + offset_bytes receives the same values as out, typically another GPU's
 // memory over NVLink.
+// `abandoned`, if set, is a word that the progress watchdog sets to the latest epoch it
+// abandoned (comm/copy_engine_watchdog.h): read after the arrival wait, a value that has reached
+// `epoch` means the table may hold stale addresses, and nothing is stored remotely.
 struct RemoteOutputs {
   const uint64_t* table = nullptr;
   int count = 0;
   size_t offset_bytes = 0;
+  const uint32_t* abandoned = nullptr;
+  uint32_t epoch = 0;
 };
 // Flags to wait for inside the kernel, before any part is read: flags[0 .. count) >= value
 // (acquire loads at system scope: other GPUs' stream memory operations write them after their

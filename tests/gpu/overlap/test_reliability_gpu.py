@@ -240,3 +240,102 @@ def test_failure_in_one_process_fails_the_copy_engine_group_everywhere(stage):
         assert all(what == "RAISED" for what in outcomes[outcomes.index("RAISED"):]), out[-4000:]
         if i != nproc - 1:
             assert f"process {nproc - 1} of the group failed" in out, out[-4000:]
+
+
+@pytest.mark.parametrize("epoch_start", [0, 2**32 - 1])
+def test_watchdog_release_ends_a_stuck_call_without_stale_stores(epoch_start):
+    """The progress watchdog's release on one GPU (stuck_release_check): an all-reduce call whose
+    peer never comes is stuck in its stream waits and its band sum's in-kernel wait; the release
+    (a stream of its own, the rank's own flags) ends it, with the local sum right, nothing stored
+    through the peer's stale out-table address and every owed word at the call's epoch (also
+    where that epoch wraps to 0)."""
+    gpu_devices_or_skip(1)
+    r = fo_jax._cuda.module().stuck_release_check(epoch_start, True)
+    assert r["error"] == "", r
+    assert r["stuck_before"] and r["released"], r
+    assert r["sum_equal"] and r["canary_untouched"] and r["words_released"], r
+    print(f"released in {r['release_ms']:.2f} ms")
+
+
+def test_watchdog_release_control_stores_through_the_table():
+    """The control of the release check: the same awaited words written as healthy peers write
+    them (no `abandoned`) end the call too, and the band sum then stores into the out table's
+    address (the canary): so an untouched canary above is the release's doing."""
+    gpu_devices_or_skip(1)
+    r = fo_jax._cuda.module().stuck_release_check(0, False)
+    assert r["error"] == "", r
+    assert r["stuck_before"] and r["released"] and r["sum_equal"], r
+    assert not r["canary_untouched"], r
+
+
+_STUCK_EXIT = 70  # csrc/comm/copy_engine_watchdog.h, kStuckExitStatus
+
+
+@pytest.mark.parametrize("form", ["rs_direct", "rs_ring", "ar_two_rounds", "ag_copy_engine"])
+def test_a_rank_that_stops_calling_is_released_by_the_watchdog(form):
+    """A rank that stops calling (FO_JAX_TEST_FAIL=stop:<last rank>: its copy-engine calls enqueue
+    nothing) leaves its peers waiting for words that never come. With FO_JAX_COMM_TIMEOUT_S=5
+    the progress watchdog releases them (the all-gather: its copy threads give up on the rank)
+    and fails the group: no call takes longer than the limit + 30 s, and the calls after the
+    first one raise, naming the timeout. If a release cannot take effect, the watchdog ends the
+    process with exit status 70 and says why: no hang either way."""
+    devs = gpu_devices_or_skip(2)
+    n = min(4, len(devs))
+    code, out = _worker("stopped_rank_worker.py", n, timeout_s=240, args=(form,),
+                        FO_JAX_TEST_FAIL=f"stop:{n - 1}", FO_JAX_COMM_TIMEOUT_S="5")
+    print(out[-3000:])
+    if code == _STUCK_EXIT:
+        assert "ending the process" in out and "progress watchdog released it" in out, out[-4000:]
+        return
+    assert code == 0 and "WORKER OK" in out, out[-4000:]
+    calls = re.findall(r"^CALL (\d+) (RAISED|RETURNED) (\S+)", out, re.M)
+    assert [int(c) for c, _, _ in calls] == [0, 1, 2], out[-4000:]
+    assert all(float(seconds) < 35 for _, _, seconds in calls), calls
+    outcomes = [what for _, what, _ in calls]
+    assert outcomes[1:] == ["RAISED", "RAISED"], out[-4000:]
+    assert "no progress for 5 s" in out or "did not reach all-gather call" in out, out[-4000:]
+
+
+def test_a_killed_process_releases_its_copy_engine_peers(tmp_path):
+    """One process per GPU, the copy engine across processes, FO_JAX_COMM_TIMEOUT_S=5: the last
+    process SIGKILLs itself mid-loop (tests/workers/ipc_killed_peer_worker.py). Every survivor
+    exits non-zero (a call raised, or the watchdog ended it) within the limit + 30 s of the
+    kill, never hangs."""
+    import time
+
+    devs = gpu_devices_or_skip(2)
+    nproc = min(4, len(devs))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", NCCL_NVLS_ENABLE="0",
+               PYTHONPATH=_FO_JAX_ROOT, FO_JAX_COMM_TIMEOUT_S="5")
+    env.pop("XLA_FLAGS", None)
+    logs = [open(tmp_path / f"process{i}.log", "w+") for i in range(nproc)]
+    procs = [subprocess.Popen([sys.executable, os.path.join(WORKERS, "ipc_killed_peer_worker.py"),
+                               str(i), str(nproc), str(port)],
+                              env=env, stdout=logs[i], stderr=subprocess.STDOUT, text=True)
+             for i in range(nproc)]
+    ended = [None] * nproc
+    deadline = time.monotonic() + 240
+    while None in ended and time.monotonic() < deadline:
+        for i, p in enumerate(procs):
+            if ended[i] is None and p.poll() is not None:
+                ended[i] = time.monotonic()
+        time.sleep(0.2)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    outs = []
+    for log in logs:
+        log.seek(0)
+        outs.append(log.read())
+        log.close()
+    report = "\n".join(f"--- process {i} (exit {p.returncode}):\n{out[-2500:]}"
+                       for i, (p, out) in enumerate(zip(procs, outs)))
+    print(report)
+    assert None not in ended, "a process hung after its peer was killed:\n" + report
+    assert procs[-1].returncode == -9 and "KILLING MYSELF" in outs[-1], report
+    for i in range(nproc - 1):
+        assert procs[i].returncode != 0 and "NO RAISE" not in outs[i], report
+        assert ended[i] - ended[-1] < 35, report

@@ -1,0 +1,209 @@
+// See stuck_release_check.h.
+#include "comm/stuck_release_check.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "comm/copy_engine_flags.h"
+#include "comm/copy_engine_watchdog.h"
+#include "comm/stream_wait.h"
+#include "kernels/band_sum.h"
+
+namespace fo_jax {
+namespace {
+
+// What one check holds, released at its end (the check owns the GPU).
+struct Resources {
+  std::vector<void*> memory;
+  cudaStream_t call = nullptr, release = nullptr;
+  cudaEvent_t done = nullptr;
+  ~Resources() {
+    (void)cudaDeviceSynchronize();
+    for (void* p : memory) (void)cudaFree(p);
+    for (cudaStream_t s : {call, release}) {
+      if (s) (void)cudaStreamDestroy(s);
+    }
+    if (done) (void)cudaEventDestroy(done);
+  }
+  template <class T>
+  cudaError_t Alloc(T** p, size_t bytes) {
+    void* v = nullptr;
+    cudaError_t e = cudaMalloc(&v, bytes);
+    if (e == cudaSuccess) memory.push_back(v);
+    *p = static_cast<T*>(v);
+    return e;
+  }
+};
+
+uint16_t Bf16Bits(float v) {
+  const __nv_bfloat16 b = __float2bfloat16(v);
+  uint16_t bits;
+  std::memcpy(&bits, &b, 2);
+  return bits;
+}
+
+}  // namespace
+
+StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, bool mark_abandoned,
+                                             int elements, double timeout_s) {
+  StuckReleaseCheckResult r;
+  if (elements <= 0 || elements % 8 != 0) {
+    r.error = "elements must be a positive multiple of 8";
+    return r;
+  }
+  const size_t n = static_cast<size_t>(elements), bytes = n * 2;
+  const uint32_t e = epoch_start + 1;  // the stuck call's epoch (wraps from 2^32 - 1)
+  Resources res;
+  auto fail = [&](cudaError_t err, const char* what) {
+    r.error = std::string(what) + ": " + cudaGetErrorString(err);
+    return r;
+  };
+  cudaError_t err = cudaSetDevice(0);
+  if (err != cudaSuccess) return fail(err, "cudaSetDevice");
+  const Status prepared = PrepareStreamWait();
+  if (!prepared.ok()) {
+    r.error = prepared.message();
+    return r;
+  }
+  std::string launch_error;
+  if ((err = LoadBandSumKernels(&launch_error)) != cudaSuccess) return fail(err, "band sums");
+  CopyEngineFlags* flags = nullptr;
+  uint16_t *own = nullptr, *slot = nullptr, *out = nullptr, *canary = nullptr;
+  for (auto [p, size] : {std::pair<void**, size_t>{reinterpret_cast<void**>(&own), bytes},
+                         {reinterpret_cast<void**>(&slot), bytes},
+                         {reinterpret_cast<void**>(&out), bytes},
+                         {reinterpret_cast<void**>(&canary), bytes},
+                         {reinterpret_cast<void**>(&flags), sizeof(CopyEngineFlags)}}) {
+    if ((err = res.Alloc(p, size)) != cudaSuccess) return fail(err, "cudaMalloc");
+  }
+  // Small integers: their bf16 sum is exact, so the expected output is known bit for bit.
+  std::vector<uint16_t> h_own(n), h_slot(n), h_sum(n), h_canary(n, 0x1234);
+  for (size_t i = 0; i < n; ++i) {
+    const float a = float(i % 7) + 1, b = float(i % 5) - 2;
+    h_own[i] = Bf16Bits(a);
+    h_slot[i] = Bf16Bits(b);
+    h_sum[i] = Bf16Bits(a + b);
+  }
+  // Every epoch word at the start; the out table's first entry the canary: an address that an
+  // earlier call of the peer left there.
+  std::vector<uint32_t> words(sizeof(CopyEngineFlags) / 4, epoch_start);
+  const uint64_t stale = reinterpret_cast<uint64_t>(canary);
+  for (int q = 0; q < kMaxCopyEngineRanks; ++q) {
+    std::memcpy(reinterpret_cast<char*>(words.data()) + offsetof(CopyEngineFlags, out_table) +
+                    q * 8,
+                &stale, 8);
+  }
+  const std::pair<void*, const void*> uploads[] = {
+      {own, h_own.data()}, {slot, h_slot.data()}, {canary, h_canary.data()}};
+  for (auto [dst, src] : uploads) {
+    if ((err = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice)) != cudaSuccess) {
+      return fail(err, "upload");
+    }
+  }
+  if ((err = cudaMemset(out, 0, bytes)) != cudaSuccess ||
+      (err = cudaMemcpy(flags, words.data(), sizeof(CopyEngineFlags), cudaMemcpyHostToDevice)) !=
+          cudaSuccess) {
+    return fail(err, "setting the flags");
+  }
+  if ((err = cudaStreamCreateWithFlags(&res.call, cudaStreamNonBlocking)) != cudaSuccess ||
+      (err = cudaStreamCreateWithFlags(&res.release, cudaStreamNonBlocking)) != cudaSuccess ||
+      (err = cudaEventCreateWithFlags(&res.done, cudaEventDisableTiming)) != cudaSuccess) {
+    return fail(err, "streams");
+  }
+
+  // Rank 0 of 2 in an all-reduce: its peer (rank 1) owes out_ready[1] (with the address),
+  // arrived[0] and a piece of the last band, stored[1] and the acknowledgement recv_acked[1].
+  Status enqueued = EnqueueWaitGeq(res.call, OutReady(flags) + 1, e);
+  const void* parts[2] = {own, slot};
+  RemoteOutputs remote;
+  remote.table = OutTable(flags);
+  remote.count = 1;
+  remote.abandoned = Abandoned(flags);
+  remote.epoch = e;
+  const ArrivalWait wait{Arrived(flags), 1, e, LastPieces(flags)};
+  if (enqueued.ok()) {
+    enqueued = LaunchStatus(
+        LaunchBandSum(res.call, GemmDtype::kBF16, parts, 2, out, n, &launch_error, 0, remote,
+                      wait),
+        "band sum", launch_error);
+  }
+  if (enqueued.ok()) enqueued = EnqueueWaitGeq(res.call, Stored(flags) + 1, e);
+  if (enqueued.ok()) enqueued = EnqueueWaitGeq(res.call, RecvAcked(flags) + 1, e);
+  if (!enqueued.ok()) {
+    r.error = enqueued.message();
+    return r;
+  }
+  if ((err = cudaEventRecord(res.done, res.call)) != cudaSuccess) return fail(err, "record");
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  r.stuck_before = cudaEventQuery(res.done) == cudaErrorNotReady;
+  (void)cudaGetLastError();
+
+  const auto t0 = std::chrono::steady_clock::now();
+  Status wrote = Status::Ok();
+  if (mark_abandoned) {
+    wrote = EnqueueStuckRankRelease(res.release, flags, e);
+  } else {  // the control: the awaited words as a healthy peer writes them
+    for (uint32_t* word : {OutReady(flags) + 1, Arrived(flags), LastPieces(flags),
+                           Stored(flags) + 1, RecvAcked(flags) + 1}) {
+      if (wrote.ok()) wrote = EnqueueWriteValue(res.release, word, e);
+    }
+  }
+  if (!wrote.ok()) {
+    r.error = wrote.message();
+    return r;
+  }
+  const auto deadline = t0 + std::chrono::duration<double>(timeout_s);
+  while (cudaEventQuery(res.done) == cudaErrorNotReady &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  err = cudaEventQuery(res.done);
+  r.released = err == cudaSuccess;
+  r.release_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!r.released) {
+    if (err != cudaErrorNotReady) return fail(err, "the stuck call");
+    // Still stuck: end the waits so that the check can free its memory.
+    for (uint32_t* word : {OutReady(flags) + 1, Arrived(flags), LastPieces(flags),
+                           Stored(flags) + 1, RecvAcked(flags) + 1}) {
+      (void)EnqueueWriteValue(res.release, word, e);
+    }
+    return r;
+  }
+  std::vector<uint16_t> h_out(n), h_canary_after(n);
+  std::vector<uint32_t> after(words.size());
+  if ((err = cudaMemcpy(h_out.data(), out, bytes, cudaMemcpyDeviceToHost)) != cudaSuccess ||
+      (err = cudaMemcpy(h_canary_after.data(), canary, bytes, cudaMemcpyDeviceToHost)) !=
+          cudaSuccess ||
+      (err = cudaMemcpy(after.data(), flags, sizeof(CopyEngineFlags), cudaMemcpyDeviceToHost)) !=
+          cudaSuccess) {
+    return fail(err, "download");
+  }
+  r.sum_equal = h_out == h_sum;
+  r.canary_untouched = h_canary_after == h_canary;
+  if (mark_abandoned) {
+    auto word_at = [&](size_t offset, int i) { return after[offset / 4 + i]; };
+    bool ok = word_at(offsetof(CopyEngineFlags, abandoned), 0) == e &&
+              word_at(offsetof(CopyEngineFlags, own_copies), 0) == epoch_start;
+    const std::pair<size_t, int> owed[] = {
+        {offsetof(CopyEngineFlags, out_ready), kMaxCopyEngineRanks},
+        {offsetof(CopyEngineFlags, arrived), kMaxReceiveSlots},
+        {offsetof(CopyEngineFlags, last_pieces), kMaxRowPieces},
+        {offsetof(CopyEngineFlags, ring_arrived), kMaxGemmGroups},
+        {offsetof(CopyEngineFlags, stored), kMaxCopyEngineRanks},
+        {offsetof(CopyEngineFlags, recv_acked), kMaxCopyEngineRanks}};
+    for (auto [offset, count] : owed) {
+      for (int i = 0; i < count; ++i) ok = ok && word_at(offset, i) == e;
+    }
+    r.words_released = ok;
+  }
+  return r;
+}
+
+}  // namespace fo_jax
