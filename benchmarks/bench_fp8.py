@@ -15,6 +15,9 @@ fo_jax.quantize_fp8 of the same values, scales float32 device scalars):
     fo_jax.matmul      fo_jax.matmul(xq, wq, x_scale=, w_scale=): w [K, N], so the op transposes
                        it to [N, K] per call (an XLA transpose kernel, timed with it)
     fo_jax.matmul_wt   the same with w stored [N, K] (w_transposed=True): the kernel alone
+    fo_jax.gemm        with --configs: fo_jax.matmul_wt with OverlapConfig(gemm_config=NAME), one
+                       row per compiled fp8 configuration ("config" names it), so that the
+                       rule's pick (fo_jax.matmul_wt's "config") can be read against the best
 Every fp8 result is checked against the float32 product of the dequantized operands (relative
 Frobenius error <= 1e-2, bf16 output rounding and fp32 accumulation only); a failing method's
 row carries "error" and no time.
@@ -29,6 +32,7 @@ Output (--out DIR): gemm_fp8_<gpu>_<date>_<commit>.jsonl (rows {"suite": "gemm_f
 "date", "commit", "dtype", "M", "N", "K", "method", "ms", "tflops", "kernel", "config"}) and .md.
 
 Usage: python3 benchmarks/bench_fp8.py [--shapes MxNxK ...] [--rounds 3] [--calls 8] [--out DIR]
+       [--configs all|NAME ...]
 """
 
 from __future__ import annotations
@@ -87,9 +91,22 @@ def xla_fp8_dot(xq, wq, xs, ws):
     return (y * (xs * ws).astype(jnp.bfloat16)).astype(jnp.bfloat16)
 
 
-def methods() -> list:
-    """[(dtype, method, operands key, function)]."""
-    return [
+def fp8_config_names() -> list:
+    from fo_jax import _plan  # noqa: PLC0415
+
+    return [c["name"] for c in _plan.gemm_configs_for(jnp.float8_e4m3fn)]
+
+
+def config_method(name: str):
+    cfg = fo_jax.OverlapConfig(gemm_config=name)
+    return lambda xq, wt, xs, ws: fo_jax.matmul(xq, wt, x_scale=xs, w_scale=ws,
+                                                w_transposed=True, config=cfg)
+
+
+def methods(configs: list) -> list:
+    """[(dtype, method, operands key, function, config or None)]: the fixed methods, then one
+    fo_jax.gemm per name in `configs`."""
+    fixed = [
         ("bfloat16", "xla.dot", "bf16", jnp.dot),
         ("bfloat16", "fo_jax.matmul", "bf16", fo_jax.matmul),
         ("float8_e4m3fn", "xla.dot", "fp8", xla_fp8_dot),
@@ -99,6 +116,9 @@ def methods() -> list:
          lambda xq, wt, xs, ws: fo_jax.matmul(xq, wt, x_scale=xs, w_scale=ws,
                                               w_transposed=True)),
     ]
+    return ([(d, meth, key, f, None) for d, meth, key, f in fixed] +
+            [("float8_e4m3fn", "fo_jax.gemm", "fp8_t", config_method(name), name)
+             for name in configs])
 
 
 def fp8_config(m: int, n: int, k: int) -> str:
@@ -108,13 +128,13 @@ def fp8_config(m: int, n: int, k: int) -> str:
                              None).config_name
 
 
-def measure(res, shape: tuple, timer, first_key: int) -> dict:
+def measure(res, shape: tuple, timer, first_key: int, configs: list) -> dict:
     m, n, k = shape
     ops = operands(m, n, k, seed=m * 7 + n * 3 + k)
     xq, wq, xs, ws = ops["fp8"]
     ref = fo_jax.reference.fp8_matmul(xq, wq, xs, ws)
     entries, ok = [], {}
-    for j, (dtype, method, key, f) in enumerate(methods()):
+    for j, (dtype, method, key, f, name) in enumerate(methods(configs)):
         fn = named_jit(f, first_key + j)
         error = None
         try:
@@ -131,19 +151,19 @@ def measure(res, shape: tuple, timer, first_key: int) -> dict:
         except Exception as e:  # noqa: BLE001 (one failing method must not end the run)
             error = f"{type(e).__name__}: {e}"[:300]
             print(f"    {m}x{n}x{k} {dtype} {method}: {error}", file=sys.stderr)
-        entries.append((first_key + j, dtype, method, error))
+        entries.append((first_key + j, dtype, method, name, error))
     gpu = timer(ok)
     flops = 2.0 * m * n * k
     summary = {}
-    for key, dtype, method, error in entries:
-        config = fp8_config(m, n, k) if method.startswith("fo_jax") and dtype != "bfloat16" \
-            else None
+    for key, dtype, method, name, error in entries:
+        config = name or (fp8_config(m, n, k) if method.startswith("fo_jax") and
+                          dtype != "bfloat16" else None)
         row = dict(dtype=dtype, M=m, N=n, K=k, method=method, config=config)
         if key in gpu:
             ms, kernel = gpu[key]
             row.update(ms=round(ms, 5), tflops=round(flops / ms / 1e9, 1),
                        kernel=trace_timing.short_kernel(kernel))
-            summary[(dtype, method)] = ms
+            summary[(dtype, method if name is None else f"{method}[{name}]")] = ms
         else:
             row.update(ms=None, error=error)
         res.add(**row)
@@ -152,6 +172,28 @@ def measure(res, shape: tuple, timer, first_key: int) -> dict:
 
 def ratio(a, b) -> str:
     return f"{a / b:.3f}" if a and b else "-"
+
+
+def config_markdown(table: list, configs: list) -> str:
+    """Each fp8 configuration's time per shape, the rule's pick and its time over the best."""
+    header = ["M", "N", "K", *[f"{c} ms" for c in configs], "rule's pick", "best",
+              "rule / best"]
+    rows, ratios = [], []
+    for (m, n, k), s in table:
+        times = {c: s.get(("float8_e4m3fn", f"fo_jax.gemm[{c}]")) for c in configs}
+        measured = {c: t for c, t in times.items() if t}
+        pick = fp8_config(m, n, k)
+        best = min(measured, key=measured.get) if measured else None
+        r = measured.get(pick, 0) / measured[best] if best and pick in measured else None
+        if r:
+            ratios.append(r)
+        rows.append([m, n, k, *[f"{times[c]:.4f}" if times[c] else "-" for c in configs], pick,
+                     best or "-", f"{r:.3f}" if r else "-"])
+    gm = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else float("nan")
+    return (f"\n\n## Each fp8 configuration (w [N, K])\n\nThe rule's pick over the fastest "
+            f"measured configuration: geomean {gm:.3f}, worst "
+            f"{max(ratios) if ratios else float('nan'):.3f}.\n\n" +
+            _benchcore.markdown_table(header, rows))
 
 
 def markdown(base: dict, table: list) -> str:
@@ -179,6 +221,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", default=None, help="MxNxK ... instead of the list")
     ap.add_argument("--rounds", type=int, default=3, help="traces per shape (median)")
     ap.add_argument("--calls", type=int, default=8, help="calls per method in each trace")
+    ap.add_argument("--configs", nargs="*", default=[],
+                    help="'all' or fp8 configuration names: time each (fo_jax.gemm rows)")
     args = ap.parse_args()
 
     gpus = benchlib.cuda_gpus_or_exit("bench_fp8.py")
@@ -187,6 +231,11 @@ def main() -> None:
     stem = os.path.join(args.out, gemm_sweep_report.file_stem(res.base).replace(
         "gemm_sweep_", "gemm_fp8_", 1))
     shapes = [_benchcore.parse_shape(s) for s in (args.shapes or SHAPES)]
+    known = fp8_config_names()
+    configs = known if args.configs == ["all"] else args.configs
+    unknown = [c for c in configs if c not in known]
+    if unknown:
+        raise SystemExit(f"bench_fp8.py: unknown fp8 configurations {unknown}; compiled: {known}")
     timer = trace_timing.TraceTimer(args.rounds, args.calls)
     os.makedirs(args.out, exist_ok=True)
     table = []
@@ -194,7 +243,7 @@ def main() -> None:
     with open(stem + ".jsonl", "w") as jsonl:  # written shape by shape: a crash keeps the rest
         for j, shape in enumerate(shapes):
             first = len(res.rows)
-            summary = measure(res, shape, timer, first_key=len(res.rows))
+            summary = measure(res, shape, timer, first_key=len(res.rows), configs=configs)
             jsonl.writelines(json.dumps(r) + "\n" for r in res.rows[first:])
             jsonl.flush()
             table.append((shape, summary))
@@ -204,7 +253,7 @@ def main() -> None:
             print(f"[{j + 1}/{len(shapes)}] {'x'.join(map(str, shape))}: xla fp8 / fo_jax fp8 "
                   f"{ratio(f8x, f8t)}, fo_jax bf16 / fp8 {ratio(b16, f8t)} "
                   f"[{time.perf_counter() - t0:.0f} s]", file=sys.stderr, flush=True)
-    md = markdown(res.base, table)
+    md = markdown(res.base, table) + (config_markdown(table, configs) if configs else "")
     res.write_markdown(stem + ".md", md)
     print(md)
     print(f"wrote {stem}.jsonl, {stem}.md", file=sys.stderr)
