@@ -173,18 +173,28 @@ const GemmTileConfig& GetGemmConfig(int index) {
 // 0.97-0.99x XLA's cuBLASLt kernel, 2-10% ahead of the cooperative 128x256/256x128 tiles. When it
 // would not fill two waves of the SM budget, the ping-pong 128x128 tile keeps more SMs busy.
 // The small-M rows (64-row tiles) are left to the measured choice (fo_jax/_gemm_choice.py).
-// fp8 (not measured yet, docs/performance.md, "fp8"): the same rule on the fp8 rows (the
-// 128x192 tile from two waves of tiles on), and the 64-row tile when 128x128 tiles would not
-// fill the SMs once.
+//
+// fp8, a wave model (measured on one H100: benchmarks/results/gemm_fp8_h100_2026-11-24_f8ea3c2.md,
+// every fp8 configuration on 16 shapes): a persistent kernel's time is its waves (tiles over the
+// SMs, rounded up: a last partial wave costs nearly a whole one) times the cost of one wave, and
+// a wave of cooperative 128x192 tiles costs 1.32x one of 128x128 tiles (1.29-1.34x at the large
+// shapes) for 1.5x the work. The cheaper of the two is the pick; it was the fastest configuration
+// on all 16 shapes, where the previous rule (128x192 from two waves on) lost up to 1.38x at small
+// ones. Ping-pong 64x192 was never the fastest there (its two 64-row tiles per SM cost 2.1x a
+// 128x128 wave); it stays the pick only where a 128-row tile would be more than half empty
+// (rows <= 64), which was not measured.
 int SelectGemmConfig(GemmDtype dtype, int m, int n, int k, int batch, int sm_budget) {
   (void)k;
   const int sms = sm_budget > 0 ? sm_budget : 132;
   const long long rows = static_cast<long long>(m) * (batch > 0 ? batch : 1);
   const long long tiles_big = ((rows + 127) / 128) * ((n + 191) / 192);
   if (dtype == GemmDtype::kE4M3) {
-    if (tiles_big >= 2LL * sms) return ConfigIndex("fp8_coop_128x192x128_c2");
+    if (rows <= 64) return ConfigIndex("fp8_pp_64x192x128_c2");
     const long long tiles_128 = ((rows + 127) / 128) * ((n + 127) / 128);
-    return ConfigIndex(tiles_128 < sms ? "fp8_pp_64x192x128_c2" : "fp8_coop_128x128x128_c1");
+    const long long waves_128 = (tiles_128 + sms - 1) / sms;
+    const long long waves_192 = (tiles_big + sms - 1) / sms;
+    return ConfigIndex(100 * waves_128 <= 132 * waves_192 ? "fp8_coop_128x128x128_c1"
+                                                          : "fp8_coop_128x192x128_c2");
   }
   if (tiles_big >= 2LL * sms) return ConfigIndex("pp_128x192x64_c2");
   return ConfigIndex("pp_128x128x64_c1");
