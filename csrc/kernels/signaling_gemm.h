@@ -51,16 +51,15 @@ const GemmTileConfig& GetGemmConfig(int index);
 // of the table that supports the dtype (GemmConfigSupportsDtype) serves every use of the kernel
 // (groups, counters, the batched reduce-scatter remap, tile-row rotation, any SM budget of at
 // least one cluster), so any such index is a valid producer of an overlapped call; only
-// GemmConfigTakesAddends rows take an addend and only GemmConfigHasConsumer rows wait for A's
-// bands (no fp8 row does either); the pick is always a row of the dtype. fo_jax's
+// GemmConfigTakesAddends rows take an addend (no fp8 row does) and only GemmConfigHasConsumer
+// rows wait for A's bands; the pick is always a row of the dtype. fo_jax's
 // Python planner chooses with the table measured on the GPU (fo_jax/_gemm_choice.py) and passes
 // the index; this rule serves C++ callers (config -1) and the planner when no table is fitted.
 int SelectGemmConfig(GemmDtype dtype, int m, int n, int k, int batch, int sm_budget);
 // The pick for a consumer launch (SignalingGemmArgs::wait_flags) whose A has bands of band_rows
 // rows: SelectGemmConfig's, unless that config has no consumer kernel or its cluster rows
-// (tile_m * cluster_m) do not divide band_rows; then the consumer config with one 128-row tile.
-// fp8 has no consumer kernel: SelectGemmConfig's fp8 pick (which LaunchSignalingGemm refuses
-// with wait_flags set).
+// (tile_m * cluster_m) do not divide band_rows; then the consumer config with one 128-row tile
+// (fp8: cooperative 128x128).
 int SelectConsumerGemmConfig(GemmDtype dtype, int m, int n, int k, int band_rows, int sm_budget);
 
 // Arguments of one launch. A is [batch * m, k] row-major (batch l starts at row l * m), B is
