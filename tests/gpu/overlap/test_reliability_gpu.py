@@ -2,7 +2,9 @@
 epoch wrap give bit-identical results for every copy-engine form; one communicator and one
 copy-engine state per group whatever the shapes' NCCL settings, with the receive buffer's
 superseded allocations freed; a receive-buffer allocation failing on one rank fails the call on
-every rank instead of hanging; the capture guard; plan agreement between processes on GPUs."""
+every rank instead of hanging; the capture guard; plan agreement between processes on GPUs; the
+progress watchdog's release of a stuck copy-engine GPU (one GPU), of a rank that stops calling
+and of the peers of a killed process."""
 
 import os
 import re
