@@ -281,8 +281,8 @@ std::string Seconds(double seconds) {
 
 // The copy-engine transport's side of a pass (copy_engine_watchdog.h), for a group whose member
 // `stuck` has run past the limit: every local member still running is released (again, if it
-// enqueued calls since its last release); one released a limit ago and still running through
-// the same epoch ends the process.
+// recorded calls since its last release); one released a limit ago whose latest call is still
+// the one it was released at ends the process.
 void ReleaseCopyEngineGroup(CommGroup& group, const std::vector<CommState*>& members,
                             CommState& stuck, double timeout) {
   FailGroup(group, "no progress for " + Seconds(timeout) + " s on " + Describe(stuck) +
@@ -291,26 +291,29 @@ void ReleaseCopyEngineGroup(CommGroup& group, const std::vector<CommState*>& mem
                        "transport's waits of the group's pending calls were released");
   for (CommState* m : members) {
     const int64_t stamp = m->progress_ns.load();
-    if (stamp == 0 || !StillRunning(*m, stamp)) continue;
+    if (stamp == 0 || !StillRunning(*m, stamp)) {
+      m->released_ns.store(0);  // its calls completed: a later stall starts afresh
+      continue;
+    }
     const int64_t released = m->released_ns.load();
-    const uint32_t through = m->copy_engine ? m->copy_engine->epoch.load() : 0;
-    if (released != 0 && m->released_through.load() == through) {
+    if (released != 0 && m->released_stamp.load() == stamp) {
       if (double(NowNs() - released) >= timeout * 1e9) {
         EndStuckProcess("a copy-engine call on " + Describe(*m) + " was still waiting " +
                         Seconds(timeout) + " s after the progress watchdog released it");
       }
       continue;
     }
-    uint32_t done = 0;
+    // Not released yet, or calls were recorded since the release: release through its latest.
     if (m->copy_engine) {
-      const Status r = ReleaseStuckCopyEngineRank(*m, &done);
+      uint32_t through = 0;
+      const Status r = ReleaseStuckCopyEngineRank(*m, &through);
       if (!r.ok()) {
         std::fprintf(stderr, "fo_jax: %s on %s\n", r.message().c_str(), Describe(*m).c_str());
       }
     }
     // The copy-engine all-gather has no state here: its copy threads release its waits after
     // the same limit (all_gather_copy_engine.cc); the end of the process covers the rest.
-    m->released_through.store(through);
+    m->released_stamp.store(stamp);
     m->released_ns.store(NowNs());
   }
 }

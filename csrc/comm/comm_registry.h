@@ -54,10 +54,11 @@ struct CommState {
   cudaEvent_t progress = nullptr;     // end of the latest call (the progress watchdog)
   std::atomic<int64_t> progress_ns{0};  // steady-clock time `progress` was recorded (0: never)
   // Whether the latest call ran the copy-engine transport (the watchdog releases instead of
-  // aborting); when the watchdog last released this rank (0: never) and through which epoch.
+  // aborting); when the watchdog last released this rank (0: not since its calls last
+  // completed) and the progress_ns of the latest call then.
   std::atomic<bool> copy_engine_call{false};
   std::atomic<int64_t> released_ns{0};
-  std::atomic<uint32_t> released_through{0};
+  std::atomic<int64_t> released_stamp{0};
   CallTimeline timeline;  // diagnostics, copy-engine transport only (under mu; call_timeline.h)
 };
 
