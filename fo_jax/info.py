@@ -129,6 +129,18 @@ def _resource_lines() -> list:
     return lines
 
 
+def _timeout_line() -> str:
+    """FO_JAX_COMM_TIMEOUT_S as the CUDA module is given it when it loads (fo_jax/_env.py)."""
+    from fo_jax import _env  # noqa: PLC0415
+
+    seconds = _env.comm_timeout_s()
+    if seconds <= 0:
+        return ("off (FO_JAX_COMM_TIMEOUT_S unset or 0: a partner that stops without a word is "
+                "waited for, as in XLA's collectives)")
+    return (f"{seconds:g} s (FO_JAX_COMM_TIMEOUT_S: a call not completed that long fails its "
+            "group; a copy-engine GPU still stuck as long again ends the process, exit 70)")
+
+
 def report(shape: str = EXAMPLE_SHAPE, dtype: str = "bfloat16") -> list:
     """The lines `python -m fo_jax.info` prints."""
     import jax  # noqa: PLC0415
@@ -165,6 +177,7 @@ def report(shape: str = EXAMPLE_SHAPE, dtype: str = "bfloat16") -> list:
         lines.append(f"CUDA module: not available: {_cuda.unavailable_reason()}")
     lines.append(f"NCCL: {_nccl_line(loaded)}")
     lines.append(f"hardware queues: {_hw_queues.status()}")
+    lines.append(f"progress timeout: {_timeout_line()}")
     devs = gpus or jax.devices("cpu")
     kind = "local GPU" if gpus else "host CPU device"
     m, n, k = parse_shape(shape)

@@ -54,7 +54,7 @@ def test_info_cli_on_cpu(tmp_path):
     assert lines[0].startswith(f"fo_jax {fo_jax.__version__} (commit "), lines[0]
     assert lines[1].startswith(f"jax {jax.__version__}, jaxlib "), lines[1]
     expected = ["platform: JAX default backend cpu", "GPUs: none", "CUDA module: ", "NCCL: ",
-                "hardware queues: CUDA_DEVICE_MAX_CONNECTIONS=",
+                "hardware queues: CUDA_DEVICE_MAX_CONNECTIONS=", "progress timeout: ",
                 "overlapped_matmul on a mesh of the 4 host CPU devices (axis 'tp' of size 4), "
                 "bfloat16, per-GPU x[64,32] @ w[32,128]:",
                 "  reduce_scatter: path=reference (", "  all_reduce: path=reference ("]
@@ -63,6 +63,16 @@ def test_info_cli_on_cpu(tmp_path):
     cuda = next(line for line in lines if line.startswith("CUDA module: "))
     assert cuda.startswith("CUDA module: loads (") or "Fix: " in cuda, cuda
     assert "Traceback" not in p.stderr, p.stderr
+
+
+def test_info_reports_the_progress_timeout(monkeypatch):
+    from fo_jax import info
+
+    monkeypatch.delenv("FO_JAX_COMM_TIMEOUT_S", raising=False)
+    assert info._timeout_line().startswith("off (FO_JAX_COMM_TIMEOUT_S unset or 0")
+    monkeypatch.setenv("FO_JAX_COMM_TIMEOUT_S", "30")
+    line = info._timeout_line()
+    assert line.startswith("30 s (FO_JAX_COMM_TIMEOUT_S") and "exit 70" in line, line
 
 
 def test_describe_on_mesh_is_abstract_and_matches_describe():
