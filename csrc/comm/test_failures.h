@@ -22,7 +22,8 @@ enum class FailStage {
             // progress watchdog's case, copy_engine_watchdog.h)
 };
 
-// The stage named `name` ("graph", "launch", "copy", "setup", "stop"; "" is kNone); false if unknown.
+// The stage named `name` ("graph", "launch", "copy", "setup", "stop"; "" is kNone); false if
+// unknown.
 bool FailStageFromName(const std::string& name, FailStage* stage);
 
 // From now on, rank `rank` of every group fails at `stage` (kNone: no rank fails).
