@@ -21,20 +21,15 @@ namespace fo_jax::detail {
 // Why the data is visible (PTX memory model): band b's rows are copied into A (a copy engine
 // write, possibly from a peer GPU), then a stream memory operation writes wait_flags[b]; the
 // driver orders that write after the stream's earlier memory operations at system scope. Every
-// lane of the producer warp reads the flags with strong (relaxed, system-scope) loads and, once
-// the band it needs has reached the call's value, executes fence.acq_rel.sys: a strong read
-// followed by that fence is an acquire pattern, so the copies of every band it saw set
-// happen-before the lane's later operations; fence.proxy.async.global then orders those
-// generic-proxy observations before the lane's later async-proxy operations, the TMA loads of A
-// that the elected lane issues next. (The ring reduce-scatter's epilogue waits for its addend
-// with one ld.acquire.sys per group instead: signaling_gemm_kernel.cuh, wait_for_addend.)
+// lane of the producer warp reads the flag with ld.acquire.sys until it has reached the call's
+// value, so the copy's writes happen-before its later operations; fence.proxy.async.global then
+// orders those generic-proxy observations before the lane's later async-proxy operations, the
+// TMA loads of A that the elected lane issues next. (The ring reduce-scatter's epilogue waits for
+// its addend the same way: signaling_gemm_kernel.cuh, wait_for_addend.)
 //
-// Cost: a check reads every band's flag in one pass of independent loads (one round trip per 4
-// bands, not one per band) and remembers each band it saw set (`ready_`), so a CTA fences once
-// per pass that finds its band, not once per band: with every flag already set, once per CTA.
-// One load per band and check cost ping-pong bf16 +1.0-3.4% of GPU time with 16 bands (each CTA
-// meets a new band nearly every tile), against +0.1-0.8% with 4
-// (benchmarks/results/consumer_gemm_2026-11-24_acc2c6c_bands.md).
+// Cost: a CTA visits its tiles band by band (the scheduler's order), so it checks each band's
+// flag once (the last band seen is cached); with every flag already set, a check is one
+// system-scope load per band and CTA on the producer warp, hidden behind the loaded stages.
 //
 // Clusters: a 2x1 cluster's CTAs hold consecutive tile-rows of one band (band_rows is a multiple
 // of tile_m * cluster_m), so they wait for the same flag; B's multicast loads of a CTA that waits
@@ -45,14 +40,12 @@ struct BandWaitMainloop : Base {
     uint32_t const* band_flags = nullptr;  // one word per band of A
     uint32_t flag_value = 0;               // band b is there once flags[b] has reached it
     int band_tiles = 1;                    // tile-rows per band
-    int num_bands = 1;                     // words in band_flags (at most 64)
   };
 
   struct Params : Base::Params {
     uint32_t const* band_flags = nullptr;
     uint32_t flag_value = 0;
     int band_tiles = 1;
-    int num_bands = 1;
   };
 
   template <class ProblemShape>
@@ -64,14 +57,13 @@ struct BandWaitMainloop : Base {
     p.band_flags = args.band_flags;
     p.flag_value = args.flag_value;
     p.band_tiles = args.band_tiles;
-    p.num_bands = args.num_bands;
     return p;
   }
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
-    return args.band_flags != nullptr && args.band_tiles > 0 && args.num_bands > 0 &&
-           args.num_bands <= 64 && Base::can_implement(problem_shape, args);
+    return args.band_flags != nullptr && args.band_tiles > 0 &&
+           Base::can_implement(problem_shape, args);
   }
 
   template <class Pipeline, class PipelineState, class LoadInputs, class BlockCoord,
@@ -87,46 +79,23 @@ struct BandWaitMainloop : Base {
   }
 
  private:
-  // Every lane of the producer warp waits until flags[band] has reached the call's value (see
-  // above). The comparison is wrap-safe (epoch_compare.h): the flags are never reset, each call
-  // waits for the next value, and a flag up to 2^31 values behind (left by earlier calls) reads
-  // as not reached. Every lane reads the same words in the same order, so `ready_` is the same
-  // in every lane.
+  // Every lane of the producer warp waits until flags[band] has reached the call's value. The
+  // comparison is wrap-safe (epoch_compare.h): the flags are never reset, each call waits for the
+  // next value, and a flag up to 2^31 values behind (left by earlier calls) reads as not reached.
   CUTLASS_DEVICE void wait_for_band(Params const& params, int band) {
-    if ((ready_ >> band) & 1u) return;
-    // Loads in flight per round trip: 8 spilled registers in the ping-pong kernel (the producer
-    // warp has few).
-    constexpr int kChunk = 4;
+    if (band == seen_band_) return;
+    uint32_t const* flag = params.band_flags + band;
     while (true) {
-      uint64_t seen_set = 0;
-      for (int first = 0; first < params.num_bands; first += kChunk) {
-        uint32_t seen[kChunk];
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < kChunk; ++i) {
-          seen[i] = params.flag_value;  // past the last band: counts as set, never used
-          if (first + i < params.num_bands) {
-            asm volatile("ld.relaxed.sys.global.u32 %0, [%1];"
-                         : "=r"(seen[i]) : "l"(params.band_flags + first + i) : "memory");
-          }
-        }
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < kChunk; ++i) {
-          if (first + i < params.num_bands && EpochReached(seen[i], params.flag_value)) {
-            seen_set |= uint64_t{1} << (first + i);
-          }
-        }
-      }
-      if ((seen_set >> band) & 1u) {
-        asm volatile("fence.acq_rel.sys;" ::: "memory");
-        asm volatile("fence.proxy.async.global;" ::: "memory");
-        ready_ |= seen_set;
-        return;
-      }
+      uint32_t seen;
+      asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+      if (EpochReached(seen, params.flag_value)) break;
       __nanosleep(256);
     }
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    seen_band_ = band;
   }
 
-  uint64_t ready_ = 0;  // bit b: this CTA's producer warp saw band b's flag set, and fenced
+  int seen_band_ = -1;  // the band whose flag this CTA's producer warp saw set last
 };
 
 }  // namespace fo_jax::detail

@@ -809,7 +809,6 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
     args.mainloop.band_flags = a.wait_flags;
     args.mainloop.flag_value = a.wait_flag_value;
     args.mainloop.band_tiles = a.band_rows / kTM;
-    args.mainloop.num_bands = a.m / a.band_rows;  // validated: a multiple, at most 64
   }
   args.epilogue.inner.ptr_C = nullptr;
   if constexpr (Cfg::kHasSource) {
