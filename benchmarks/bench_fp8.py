@@ -97,8 +97,10 @@ def fp8_config_names() -> list:
     return [c["name"] for c in _plan.gemm_configs_for(jnp.float8_e4m3fn)]
 
 
-def config_method(name: str):
-    cfg = fo_jax.OverlapConfig(gemm_config=name)
+def matmul_wt(name=None):
+    """fo_jax.matmul of a pre-transposed weight, with tile configuration `name` (None: its
+    choice)."""
+    cfg = fo_jax.OverlapConfig(gemm_config=name) if name else None
     return lambda xq, wt, xs, ws: fo_jax.matmul(xq, wt, x_scale=xs, w_scale=ws,
                                                 w_transposed=True, config=cfg)
 
@@ -106,19 +108,14 @@ def config_method(name: str):
 def methods(configs: list) -> list:
     """[(dtype, method, operands key, function, config or None)]: the fixed methods, then one
     fo_jax.gemm per name in `configs`."""
-    fixed = [
-        ("bfloat16", "xla.dot", "bf16", jnp.dot),
-        ("bfloat16", "fo_jax.matmul", "bf16", fo_jax.matmul),
-        ("float8_e4m3fn", "xla.dot", "fp8", xla_fp8_dot),
+    return [
+        ("bfloat16", "xla.dot", "bf16", jnp.dot, None),
+        ("bfloat16", "fo_jax.matmul", "bf16", fo_jax.matmul, None),
+        ("float8_e4m3fn", "xla.dot", "fp8", xla_fp8_dot, None),
         ("float8_e4m3fn", "fo_jax.matmul", "fp8",
-         lambda xq, wq, xs, ws: fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws)),
-        ("float8_e4m3fn", "fo_jax.matmul_wt", "fp8_t",
-         lambda xq, wt, xs, ws: fo_jax.matmul(xq, wt, x_scale=xs, w_scale=ws,
-                                              w_transposed=True)),
-    ]
-    return ([(d, meth, key, f, None) for d, meth, key, f in fixed] +
-            [("float8_e4m3fn", "fo_jax.gemm", "fp8_t", config_method(name), name)
-             for name in configs])
+         lambda xq, wq, xs, ws: fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws), None),
+        ("float8_e4m3fn", "fo_jax.matmul_wt", "fp8_t", matmul_wt(), None),
+    ] + [("float8_e4m3fn", "fo_jax.gemm", "fp8_t", matmul_wt(name), name) for name in configs]
 
 
 def fp8_config(m: int, n: int, k: int) -> str:

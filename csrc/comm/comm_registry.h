@@ -109,9 +109,10 @@ bool CommUsable(const CommState& state);
 void AbortCommGroup(CommState& state);
 
 // Progress watchdog, opt-in, for what the checks above cannot see (a rank that stopped calling,
-// in this process or another, leaves its partners waiting): records state.progress on `stream`
-// at the end of a call; with a limit set, a background thread (started on first use) acts once
-// a recorded call has not completed for SetCommTimeoutSeconds seconds. It fails the group, and
+// in this process or another, leaves its partners waiting): with a limit set, records
+// state.progress on `stream` at the end of a call (nothing when off), and a background thread
+// (started on first use) acts once a recorded call has not completed for SetCommTimeoutSeconds
+// seconds. It fails the group, and
 // - the NCCL transport: aborts its communicators in this process; the aborted collectives end;
 // - the copy-engine transport (`copy_engine`): releases every local rank of the group whose call
 //   has not completed (copy_engine_watchdog.h), and ends the process if one is still stuck one

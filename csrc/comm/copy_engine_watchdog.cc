@@ -10,20 +10,30 @@
 
 namespace fo_jax {
 
+// A field added to CopyEngineFlags must be placed: owed by the peers (listed below) or not.
+static_assert(sizeof(CopyEngineFlags) ==
+                  4 * (3 * kMaxCopyEngineRanks + kMaxReceiveSlots + kMaxRowPieces +
+                       kMaxGemmGroups) +
+                      sizeof(CopyEngineFlags::out_table) + 4 /* own_copies */ +
+                      4 /* abandoned */,
+              "a CopyEngineFlags field is missing from WordsPeersOwe or from this list");
+
+void WordsPeersOwe(CopyEngineFlags* flags, OwedWords (&runs)[kOwedRuns]) {
+  runs[0] = {OutReady(flags), kMaxCopyEngineRanks};
+  runs[1] = {Arrived(flags), kMaxReceiveSlots};
+  runs[2] = {LastPieces(flags), kMaxRowPieces};
+  runs[3] = {RingArrived(flags), kMaxGemmGroups};
+  runs[4] = {Stored(flags), kMaxCopyEngineRanks};
+  runs[5] = {RecvAcked(flags), kMaxCopyEngineRanks};
+}
+
 Status EnqueueStuckRankRelease(cudaStream_t stream, CopyEngineFlags* flags, uint32_t through) {
   // `abandoned` first: a band sum that sees a released out_ready must also see it (each stream
   // write fences the stream's earlier ones: stream_wait.h).
   FO_JAX_RETURN_IF_ERROR(EnqueueWriteValue(stream, Abandoned(flags), through));
-  struct Words {
-    uint32_t* first;
-    int count;
-  };
-  const Words owed[] = {
-      {OutReady(flags), kMaxCopyEngineRanks},  {Arrived(flags), kMaxReceiveSlots},
-      {LastPieces(flags), kMaxRowPieces},      {RingArrived(flags), kMaxGemmGroups},
-      {Stored(flags), kMaxCopyEngineRanks},    {RecvAcked(flags), kMaxCopyEngineRanks},
-  };
-  for (const Words& words : owed) {
+  OwedWords owed[kOwedRuns];
+  WordsPeersOwe(flags, owed);
+  for (const OwedWords& words : owed) {
     for (int i = 0; i < words.count; ++i) {
       FO_JAX_RETURN_IF_ERROR(EnqueueWriteValue(stream, words.first + i, through));
     }

@@ -35,9 +35,20 @@ struct CommState;  // comm_registry.h
 // The exit status of a process that the watchdog ends (EX_SOFTWARE).
 inline constexpr int kStuckExitStatus = 70;
 
-// Enqueues on `stream`: flags->abandoned = through, then every word of `flags` that peers write
-// (arrived, recv_acked, stored, out_ready, last_pieces, ring_arrived) = through. `flags` is
-// this rank's own CopyEngineFlags. The one-GPU check (stuck_release_check.h) runs it too.
+// A run of `count` words of a CopyEngineFlags that the peers write.
+struct OwedWords {
+  uint32_t* first;
+  int count;
+};
+inline constexpr int kOwedRuns = 6;
+
+// Every word of `flags` that peers write: out_ready, arrived, last_pieces, ring_arrived, stored,
+// recv_acked (not own_copies: this rank's; not the out table: addresses, not epochs).
+void WordsPeersOwe(CopyEngineFlags* flags, OwedWords (&runs)[kOwedRuns]);
+
+// Enqueues on `stream`: flags->abandoned = through, then every word of WordsPeersOwe(flags) =
+// through. `flags` is this rank's own CopyEngineFlags. The one-GPU check (stuck_release_check.h)
+// runs it too.
 Status EnqueueStuckRankRelease(cudaStream_t stream, CopyEngineFlags* flags, uint32_t through);
 
 // The watchdog's release of a rank with a copy-engine state: EnqueueStuckRankRelease on the

@@ -144,13 +144,15 @@ StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, bool mark_aba
   r.stuck_before = cudaEventQuery(res.done) == cudaErrorNotReady;
   (void)cudaGetLastError();
 
+  // The words this call waits for, as its peer (rank 1) writes them.
+  uint32_t* const awaited[] = {OutReady(flags) + 1, Arrived(flags), LastPieces(flags),
+                               Stored(flags) + 1, RecvAcked(flags) + 1};
   const auto t0 = std::chrono::steady_clock::now();
   Status wrote = Status::Ok();
   if (mark_abandoned) {
     wrote = EnqueueStuckRankRelease(res.release, flags, e);
   } else {  // the control: the awaited words as a healthy peer writes them
-    for (uint32_t* word : {OutReady(flags) + 1, Arrived(flags), LastPieces(flags),
-                           Stored(flags) + 1, RecvAcked(flags) + 1}) {
+    for (uint32_t* word : awaited) {
       if (wrote.ok()) wrote = EnqueueWriteValue(res.release, word, e);
     }
   }
@@ -170,10 +172,7 @@ StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, bool mark_aba
   if (!r.released) {
     if (err != cudaErrorNotReady) return fail(err, "the stuck call");
     // Still stuck: end the waits so that the check can free its memory.
-    for (uint32_t* word : {OutReady(flags) + 1, Arrived(flags), LastPieces(flags),
-                           Stored(flags) + 1, RecvAcked(flags) + 1}) {
-      (void)EnqueueWriteValue(res.release, word, e);
-    }
+    for (uint32_t* word : awaited) (void)EnqueueWriteValue(res.release, word, e);
     return r;
   }
   std::vector<uint16_t> h_out(n), h_canary_after(n);
@@ -188,18 +187,15 @@ StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, bool mark_aba
   r.sum_equal = h_out == h_sum;
   r.canary_untouched = h_canary_after == h_canary;
   if (mark_abandoned) {
-    auto word_at = [&](size_t offset, int i) { return after[offset / 4 + i]; };
-    bool ok = word_at(offsetof(CopyEngineFlags, abandoned), 0) == e &&
-              word_at(offsetof(CopyEngineFlags, own_copies), 0) == epoch_start;
-    const std::pair<size_t, int> owed[] = {
-        {offsetof(CopyEngineFlags, out_ready), kMaxCopyEngineRanks},
-        {offsetof(CopyEngineFlags, arrived), kMaxReceiveSlots},
-        {offsetof(CopyEngineFlags, last_pieces), kMaxRowPieces},
-        {offsetof(CopyEngineFlags, ring_arrived), kMaxGemmGroups},
-        {offsetof(CopyEngineFlags, stored), kMaxCopyEngineRanks},
-        {offsetof(CopyEngineFlags, recv_acked), kMaxCopyEngineRanks}};
-    for (auto [offset, count] : owed) {
-      for (int i = 0; i < count; ++i) ok = ok && word_at(offset, i) == e;
+    // The host copy's word at the device address `word` (of `flags`).
+    auto word_at = [&](const uint32_t* word) {
+      return after[(reinterpret_cast<const char*>(word) - reinterpret_cast<char*>(flags)) / 4];
+    };
+    bool ok = word_at(Abandoned(flags)) == e && word_at(OwnCopies(flags)) == epoch_start;
+    OwedWords owed[kOwedRuns];
+    WordsPeersOwe(flags, owed);
+    for (const OwedWords& run : owed) {
+      for (int i = 0; i < run.count; ++i) ok = ok && word_at(run.first + i) == e;
     }
     r.words_released = ok;
   }

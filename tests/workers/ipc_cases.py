@@ -33,3 +33,23 @@ def operands(m: int, n: int, k_rank: int, nproc: int, seed: int):
     x = np.asarray(jnp.asarray(rng.standard_normal((m, k)) / np.sqrt(k), jnp.bfloat16))
     w = np.asarray(jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16))
     return x, w, np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+
+
+def sharded_reduce_scatter(nproc: int):
+    """(f, (x, w)) for the failure workers, after jax.distributed.initialize: the copy-engine
+    reduce-scatter across processes (direct form) over a mesh of every process's GPU, on the
+    operands of 4096 x 1024 with 512 columns of K per rank (seed 5), sharded for it."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()), ("tp",))
+    x, w, _ = operands(4096, 1024, 512, nproc, 5)
+    xg = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P(None, "tp")),
+                                      lambda i: x[i])
+    wg = jax.make_array_from_callback(w.shape, NamedSharding(mesh, P("tp", None)),
+                                      lambda i: w[i])
+    f = jax.jit(jax.shard_map(
+        lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective="reduce_scatter",
+                                              config=config(False, multiprocess=True)),
+        mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
+    return f, (xg, wg)

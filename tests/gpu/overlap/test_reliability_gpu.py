@@ -30,13 +30,26 @@ WRAP_START = 2**32 - 8
 _FO_JAX_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _process_env(**env_extra) -> dict:
+    """The environment of the worker processes: no preallocation (this process's JAX
+    holds most of every GPU), no NVLink multicast, this fo_jax, no XLA_FLAGS."""
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", NCCL_NVLS_ENABLE="0",
+               PYTHONPATH=_FO_JAX_ROOT, **env_extra)
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
 def _worker(name, n_gpus, timeout_s=300, args=(), **env_extra):
     """Runs tests/workers/<name> on the first n_gpus GPUs in a process of its own; returns
     (returncode, output) or fails the test if it hangs."""
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", NCCL_NVLS_ENABLE="0",
-               CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(n_gpus)),
-               PYTHONPATH=_FO_JAX_ROOT, **env_extra)
-    env.pop("XLA_FLAGS", None)
+    env = _process_env(CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(n_gpus)),
+                       **env_extra)
     p = subprocess.Popen([sys.executable, os.path.join(WORKERS, name), *args], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -132,12 +145,8 @@ def test_plan_agreement_across_gpu_processes():
     entry would give): every process raises 'plan mismatch' at lowering, none hangs."""
     devs = gpu_devices_or_skip(2)
     nproc = min(2, len(devs))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", FO_JAX_PLAN_TIMEOUT_S="60",
-               PYTHONPATH=_FO_JAX_ROOT)
-    env.pop("XLA_FLAGS", None)
+    port = _free_port()
+    env = _process_env(FO_JAX_PLAN_TIMEOUT_S="60")
     procs = [subprocess.Popen([sys.executable, os.path.join(WORKERS, "plan_agreement_worker.py"),
                                str(i), str(nproc), str(port), "gpu", str(4 if i else 2)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -196,12 +205,8 @@ def test_known_failure_in_another_process_ends_the_wait_without_a_timeout():
     failed process. No process hangs."""
     devs = gpu_devices_or_skip(2)
     nproc = min(2, len(devs))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=_FO_JAX_ROOT,
-               NCCL_NVLS_ENABLE="0")
-    env.pop("XLA_FLAGS", None)
+    port = _free_port()
+    env = _process_env()
     env.pop("FO_JAX_COMM_TIMEOUT_S", None)
     procs = [subprocess.Popen([sys.executable, os.path.join(WORKERS,
                                                             "multiprocess_failure_worker.py"),
@@ -307,12 +312,8 @@ def test_a_killed_process_releases_its_copy_engine_peers(tmp_path):
 
     devs = gpu_devices_or_skip(2)
     nproc = min(4, len(devs))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", NCCL_NVLS_ENABLE="0",
-               PYTHONPATH=_FO_JAX_ROOT, FO_JAX_COMM_TIMEOUT_S="5")
-    env.pop("XLA_FLAGS", None)
+    port = _free_port()
+    env = _process_env(FO_JAX_COMM_TIMEOUT_S="5")
     logs = [open(tmp_path / f"process{i}.log", "w+") for i in range(nproc)]
     procs = [subprocess.Popen([sys.executable, os.path.join(WORKERS, "ipc_killed_peer_worker.py"),
                                str(i), str(nproc), str(port)],
