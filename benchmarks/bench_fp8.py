@@ -11,7 +11,12 @@ fo_jax.quantize_fp8 of the same values, scales float32 device scalars):
     fo_jax.matmul      fo_jax.matmul(x, w)
   dtype float8_e4m3fn (output bf16):
     xla.dot            lax.dot_general(xq, wq, preferred_element_type=bfloat16), then the two
-                       scales (XLA's fp8 dot: cuBLASLt's fp8 GEMM where XLA rewrites it)
+                       scales (XLA's fp8 dot: cuBLASLt's fp8 GEMM where XLA rewrites it). At
+                       default precision XLA asks cuBLASLt for fast accumulation
+                       (CUBLASLT_MATMUL_DESC_FAST_ACCUM: the whole K sum in the tensor cores'
+                       accumulator), which fo_jax does only with fp8_fast_accumulation
+    xla.dot_fp32acc    the same with precision=HIGHEST: no fast accumulation (partial sums
+                       promoted to fp32, as fo_jax's default kernels do)
     fo_jax.matmul      fo_jax.matmul(xq, wq, x_scale=, w_scale=): w [K, N], so the op transposes
                        it to [N, K] per call (an XLA transpose kernel, timed with it)
     fo_jax.matmul_wt   the same with w stored [N, K] (w_transposed=True): the kernel alone
@@ -85,10 +90,14 @@ def operands(m: int, n: int, k: int, seed: int) -> dict:
     return dict(bf16=(x, w), fp8=(xq, wq, xs, ws), fp8_t=(xq, wq_t, xs, ws))
 
 
-def xla_fp8_dot(xq, wq, xs, ws):
-    y = jax.lax.dot_general(xq, wq, (((1,), (0,)), ((), ())),
+def xla_fp8_dot(xq, wq, xs, ws, precision=None):
+    y = jax.lax.dot_general(xq, wq, (((1,), (0,)), ((), ())), precision=precision,
                             preferred_element_type=jnp.bfloat16)
     return (y * (xs * ws).astype(jnp.bfloat16)).astype(jnp.bfloat16)
+
+
+def xla_fp8_dot_fp32acc(xq, wq, xs, ws):
+    return xla_fp8_dot(xq, wq, xs, ws, precision=jax.lax.Precision.HIGHEST)
 
 
 def fp8_config_names() -> list:
@@ -112,6 +121,7 @@ def methods(configs: list) -> list:
         ("bfloat16", "xla.dot", "bf16", jnp.dot, None),
         ("bfloat16", "fo_jax.matmul", "bf16", fo_jax.matmul, None),
         ("float8_e4m3fn", "xla.dot", "fp8", xla_fp8_dot, None),
+        ("float8_e4m3fn", "xla.dot_fp32acc", "fp8", xla_fp8_dot_fp32acc, None),
         ("float8_e4m3fn", "fo_jax.matmul", "fp8",
          lambda xq, wq, xs, ws: fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws), None),
         ("float8_e4m3fn", "fo_jax.matmul_wt", "fp8_t", matmul_wt(), None),
@@ -194,18 +204,19 @@ def config_markdown(table: list, configs: list) -> str:
 
 
 def markdown(base: dict, table: list) -> str:
-    header = ["M", "N", "K", "xla bf16 ms", "fo_jax bf16 ms", "xla fp8 ms", "fo_jax fp8 ms",
-              "fo_jax fp8 (w [N,K]) ms", "xla fp8 / fo_jax fp8", "fo_jax bf16 / fo_jax fp8",
-              "xla bf16 / xla fp8"]
+    header = ["M", "N", "K", "xla bf16 ms", "fo_jax bf16 ms", "xla fp8 ms", "xla fp8 fp32acc ms",
+              "fo_jax fp8 ms", "fo_jax fp8 (w [N,K]) ms", "xla fp8 / fo_jax fp8",
+              "xla fp8 fp32acc / fo_jax fp8", "fo_jax bf16 / fo_jax fp8", "xla bf16 / xla fp8"]
     rows = []
     for (m, n, k), s in table:
         g = lambda d, meth: s.get((d, meth))  # noqa: E731
         b16x, b16f = g("bfloat16", "xla.dot"), g("bfloat16", "fo_jax.matmul")
         f8x, f8f, f8t = (g("float8_e4m3fn", "xla.dot"), g("float8_e4m3fn", "fo_jax.matmul"),
                          g("float8_e4m3fn", "fo_jax.matmul_wt"))
+        f8p = g("float8_e4m3fn", "xla.dot_fp32acc")
         fmt = lambda v: f"{v:.4f}" if v else "-"  # noqa: E731
-        rows.append([m, n, k, fmt(b16x), fmt(b16f), fmt(f8x), fmt(f8f), fmt(f8t),
-                     ratio(f8x, f8t), ratio(b16f, f8t), ratio(b16x, f8x)])
+        rows.append([m, n, k, fmt(b16x), fmt(b16f), fmt(f8x), fmt(f8p), fmt(f8f), fmt(f8t),
+                     ratio(f8x, f8t), ratio(f8p, f8t), ratio(b16f, f8t), ratio(b16x, f8x)])
     title = (f"# fp8 GEMM: fo_jax vs XLA\n\n{_benchcore.provenance(base)}\n\nGPU kernel time "
              "per call (JAX profiler, median of rounds); ratios over fo_jax's fp8 kernel with a "
              "pre-transposed weight (> 1: fo_jax faster).\n\n")

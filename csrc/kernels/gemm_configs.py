@@ -21,6 +21,7 @@ class GemmConfig(NamedTuple):
     cluster_m: int
     cluster_n: int
     pingpong: bool
+    fast_accum: bool = False  # fp8 only: the FP8FastAccum schedules (see FP8_FAST_CONFIGS)
 
 
 # SelectGemmConfig in signaling_gemm.cu refers to these names. Measured on H200 (kernel times from
@@ -71,8 +72,21 @@ FP8_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8_coop_128x192x128_c2", 128, 192, 128, 2, 1, False),
     GemmConfig("fp8_pp_64x192x128_c2", 64, 192, 128, 2, 1, True),
 ]
-FP8_NAMES = {cfg.name for cfg in FP8_CONFIGS}
-TABLE: list[GemmConfig] = CONFIGS + FP8_CONFIGS
+
+# fp8 rows with fast accumulation (opt-in, OverlapConfig.fp8_fast_accumulation): CUTLASS's
+# FP8FastAccum schedules keep the whole K sum in the tensor cores' accumulator, whose additions
+# keep fewer mantissa bits than fp32 (XLA's fp8 dot at default precision does the same through
+# cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM). One accumulator per output element: the tile
+# sizes that spill with promotion fit here, among them bf16's ping-pong 128x192, whose epilogue
+# overlaps the other warp group's MMA (output-bound shapes, short K).
+FP8_FAST_CONFIGS: list[GemmConfig] = [
+    GemmConfig("fp8fast_pp_128x192x128_c2", 128, 192, 128, 2, 1, True, True),
+    GemmConfig("fp8fast_pp_128x128x128_c1", 128, 128, 128, 1, 1, True, True),
+    GemmConfig("fp8fast_coop_128x256x128_c2", 128, 256, 128, 2, 1, False, True),
+    GemmConfig("fp8fast_coop_128x192x128_c2", 128, 192, 128, 2, 1, False, True),
+]
+FP8_NAMES = {cfg.name for cfg in FP8_CONFIGS + FP8_FAST_CONFIGS}
+TABLE: list[GemmConfig] = CONFIGS + FP8_CONFIGS + FP8_FAST_CONFIGS
 
 # Configs that also get a kernel with a source (D = A @ B + C; SignalingGemmArgs' addend): the
 # copy-engine reduce-scatter's own band adds a received band in the GEMM's epilogue. Only the
@@ -128,6 +142,9 @@ def _kernel_file(cfg: GemmConfig, dtype: str, kind: str) -> str:
     if dtype in OUT_TYPE:
         args.append(OUT_TYPE[dtype])
         what += ", bf16 out, scaled"
+    if cfg.fast_accum:
+        args.append("true")
+        what += ", fast accumulation"
     while args and args[-1] == "false":  # the template's defaults
         args.pop()
     src = "".join(", " + a for a in args)
@@ -172,9 +189,10 @@ def _table_file() -> str:
     lines += ["", "constexpr GemmTileConfig kGemmConfigs[] = {"]
     for cfg in TABLE:
         pp = "true" if cfg.pingpong else "false"
+        fast = "true" if cfg.fast_accum else "false"
         lines.append(
             f'    {{"{cfg.name}", {cfg.tile_m}, {cfg.tile_n}, {cfg.tile_k}, '
-            f"{cfg.cluster_m}, {cfg.cluster_n}, {pp}}},"
+            f"{cfg.cluster_m}, {cfg.cluster_n}, {pp}, {fast}}},"
         )
     lines += ["};", ""]
     for dtype in DTYPES:

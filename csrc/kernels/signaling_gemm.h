@@ -35,6 +35,7 @@ struct GemmTileConfig {
   int tile_m, tile_n, tile_k;
   int cluster_m, cluster_n;
   bool pingpong;  // false: cooperative (two consumer warpgroups share one tile)
+  bool fast_accum;  // fp8 rows: the whole K sum in the tensor cores' accumulator (no fp32 promotion)
 };
 
 int NumGemmConfigs();

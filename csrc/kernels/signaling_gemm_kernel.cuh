@@ -601,9 +601,11 @@ class SignalingTmaEpilogue
 // (MainloopSm90TmaGmmaWarpSpecializedFP8), which adds the tensor cores' partial sums into fp32
 // registers every few k-blocks: the FP8FastAccum schedules keep the whole K sum in the tensor
 // cores' accumulator, whose fp8 additions keep fewer mantissa bits, so a long K loses accuracy.
+// kFastAccum (fp8 only, opt-in): those schedules, with one accumulator per output element.
 // ---------------------------------------------------------------------------------------------
 template <class Element_, int kTM, int kTN, int kTK, int kCM, int kCN, bool kPingpong,
-          bool kSource = false, bool kConsumer = false, class ElementOut_ = Element_>
+          bool kSource = false, bool kConsumer = false, class ElementOut_ = Element_,
+          bool kFastAccum = false>
 struct GemmKernelConfig {
   static_assert(kCN == 1, "clusters along N are not supported by the group scheduler");
   static_assert(!(kSource && kConsumer), "no kernel both adds a source and waits for bands");
@@ -622,8 +624,14 @@ struct GemmKernelConfig {
       SignalingTmaEpilogue<ElementOut, TileShape, ClusterShape, kPingpong, kSource, kFp8>;
   static constexpr bool kHasSource = kSource;
   static constexpr bool kIsConsumer = kConsumer;
-  using Schedule = std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                                      cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  static_assert(!kFastAccum || kFp8, "fast accumulation is an fp8 schedule");
+  using PreciseSchedule =
+      std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  using FastAccumSchedule =
+      std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum>;
+  using Schedule = std::conditional_t<kFastAccum, FastAccumSchedule, PreciseSchedule>;
   using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, StrideA, kAlignIn, Element,
       StrideB, kAlignIn, float, TileShape, ClusterShape,
