@@ -20,18 +20,22 @@ fo_jax.quantize_fp8 of the same values, scales float32 device scalars):
     fo_jax.matmul      fo_jax.matmul(xq, wq, x_scale=, w_scale=): w [K, N], so the op transposes
                        it to [N, K] per call (an XLA transpose kernel, timed with it)
     fo_jax.matmul_wt   the same with w stored [N, K] (w_transposed=True): the kernel alone
+    fo_jax.matmul_fast the same with OverlapConfig(fp8_fast_accumulation=True)
     fo_jax.gemm        with --configs: fo_jax.matmul_wt with OverlapConfig(gemm_config=NAME), one
                        row per compiled fp8 configuration ("config" names it), so that the
                        rule's pick (fo_jax.matmul_wt's "config") can be read against the best
+                       (the fast-accumulation rows with fp8_fast_accumulation=True, against
+                       fo_jax.matmul_fast's pick)
 Every fp8 result is checked against the float32 product of the dequantized operands (relative
-Frobenius error <= 1e-2, bf16 output rounding and fp32 accumulation only); a failing method's
-row carries "error" and no time.
+Frobenius error <= 1e-2: bf16 output rounding and the accumulation's own error); a failing
+method's row carries "error" and no time.
 
 Timing ("ms"): GPU kernel time per call from JAX profiler traces (trace_timing.py), every method
 of a shape in the same traces, rotated order, median over --rounds rounds of --calls calls: the
-timing of bench_gemm_sweep.py. The markdown's ratio columns: XLA's fp8 dot over fo_jax's fp8
-kernel time (> 1: fo_jax faster), fo_jax's bf16 over fo_jax's fp8 (the fp8 speedup) and XLA's
-fp8 over XLA's bf16.
+timing of bench_gemm_sweep.py. The markdown's ratio columns (> 1: the second faster): XLA's fp8
+dot over fo_jax's fp8 kernel with the same accumulation (precision HIGHEST against fo_jax's
+default, default precision against fp8_fast_accumulation), fo_jax's bf16 over fo_jax's fp8 (the
+fp8 speedup, both accumulations) and XLA's bf16 over XLA's fp8.
 
 Output (--out DIR): gemm_fp8_<gpu>_<date>_<commit>.jsonl (rows {"suite": "gemm_fp8", "device",
 "date", "commit", "dtype", "M", "N", "K", "method", "ms", "tflops", "kernel", "config"}) and .md.
@@ -100,16 +104,18 @@ def xla_fp8_dot_fp32acc(xq, wq, xs, ws):
     return xla_fp8_dot(xq, wq, xs, ws, precision=jax.lax.Precision.HIGHEST)
 
 
-def fp8_config_names() -> list:
+def fp8_config_names(fast_accum=None) -> list:
+    """The compiled fp8 configurations: accurate (False), fast-accumulation (True) or both."""
     from fo_jax import _plan  # noqa: PLC0415
 
-    return [c["name"] for c in _plan.gemm_configs_for(jnp.float8_e4m3fn)]
+    return [c["name"] for c in _plan.gemm_configs_for(jnp.float8_e4m3fn, fast_accum)]
 
 
-def matmul_wt(name=None):
+def matmul_wt(name=None, fast=False):
     """fo_jax.matmul of a pre-transposed weight, with tile configuration `name` (None: its
-    choice)."""
-    cfg = fo_jax.OverlapConfig(gemm_config=name) if name else None
+    choice) and fast accumulation if `fast` (or if `name` is a fast-accumulation row)."""
+    fast = fast or (name is not None and name in fp8_config_names(True))
+    cfg = fo_jax.OverlapConfig(gemm_config=name, fp8_fast_accumulation=fast)
     return lambda xq, wt, xs, ws: fo_jax.matmul(xq, wt, x_scale=xs, w_scale=ws,
                                                 w_transposed=True, config=cfg)
 
@@ -125,14 +131,17 @@ def methods(configs: list) -> list:
         ("float8_e4m3fn", "fo_jax.matmul", "fp8",
          lambda xq, wq, xs, ws: fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws), None),
         ("float8_e4m3fn", "fo_jax.matmul_wt", "fp8_t", matmul_wt(), None),
+        ("float8_e4m3fn", "fo_jax.matmul_fast", "fp8_t", matmul_wt(fast=True), None),
     ] + [("float8_e4m3fn", "fo_jax.gemm", "fp8_t", matmul_wt(name), name) for name in configs]
 
 
-def fp8_config(m: int, n: int, k: int) -> str:
+def fp8_config(m: int, n: int, k: int, fast: bool = False) -> str:
+    """The configuration fo_jax picks, accurate or with fast accumulation."""
     from fo_jax import _plan  # noqa: PLC0415
 
+    config = fo_jax.OverlapConfig(fp8_fast_accumulation=fast)
     return _plan.plan_matmul("bench_fp8", jnp.dtype(jnp.float8_e4m3fn), m, n, k,
-                             None).config_name
+                             config).config_name
 
 
 def measure(res, shape: tuple, timer, first_key: int, configs: list) -> dict:
@@ -163,8 +172,8 @@ def measure(res, shape: tuple, timer, first_key: int, configs: list) -> dict:
     flops = 2.0 * m * n * k
     summary = {}
     for key, dtype, method, name, error in entries:
-        config = name or (fp8_config(m, n, k) if method.startswith("fo_jax") and
-                          dtype != "bfloat16" else None)
+        config = name or (fp8_config(m, n, k, fast=method == "fo_jax.matmul_fast")
+                          if method.startswith("fo_jax") and dtype != "bfloat16" else None)
         row = dict(dtype=dtype, M=m, N=n, K=k, method=method, config=config)
         if key in gpu:
             ms, kernel = gpu[key]
@@ -182,31 +191,42 @@ def ratio(a, b) -> str:
 
 
 def config_markdown(table: list, configs: list) -> str:
-    """Each fp8 configuration's time per shape, the rule's pick and its time over the best."""
-    header = ["M", "N", "K", *[f"{c} ms" for c in configs], "rule's pick", "best",
-              "rule / best"]
-    rows, ratios = [], []
+    """Each fp8 configuration's time per shape, and per accumulation (float32, fast) the pick
+    and its time over the best measured configuration of that accumulation."""
+    fast_names = set(fp8_config_names(True))
+    kinds = [(label, fast, [c for c in configs if (c in fast_names) == fast])
+             for label, fast in (("float32 accumulation", False), ("fast accumulation", True))]
+    kinds = [k for k in kinds if k[2]]
+    header = ["M", "N", "K", *[f"{c} ms" for c in configs]]
+    for label, _, _ in kinds:
+        header += [f"pick ({label})", "best", "pick / best"]
+    rows, ratios = [], {label: [] for label, _, _ in kinds}
     for (m, n, k), s in table:
         times = {c: s.get(("float8_e4m3fn", f"fo_jax.gemm[{c}]")) for c in configs}
-        measured = {c: t for c, t in times.items() if t}
-        pick = fp8_config(m, n, k)
-        best = min(measured, key=measured.get) if measured else None
-        r = measured.get(pick, 0) / measured[best] if best and pick in measured else None
-        if r:
-            ratios.append(r)
-        rows.append([m, n, k, *[f"{times[c]:.4f}" if times[c] else "-" for c in configs], pick,
-                     best or "-", f"{r:.3f}" if r else "-"])
-    gm = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else float("nan")
-    return (f"\n\n## Each fp8 configuration (w [N, K])\n\nThe rule's pick over the fastest "
-            f"measured configuration: geomean {gm:.3f}, worst "
-            f"{max(ratios) if ratios else float('nan'):.3f}.\n\n" +
+        row = [m, n, k, *[f"{times[c]:.4f}" if times[c] else "-" for c in configs]]
+        for label, fast, names in kinds:
+            measured = {c: times[c] for c in names if times[c]}
+            pick = fp8_config(m, n, k, fast)
+            best = min(measured, key=measured.get) if measured else None
+            r = measured[pick] / measured[best] if best and pick in measured else None
+            if r:
+                ratios[label].append(r)
+            row += [pick, best or "-", f"{r:.3f}" if r else "-"]
+        rows.append(row)
+    lines = []
+    for label, rs in ratios.items():
+        gm = math.exp(sum(map(math.log, rs)) / len(rs)) if rs else float("nan")
+        lines.append(f"- {label}: the pick over the fastest measured configuration: geomean "
+                     f"{gm:.3f}, worst {max(rs) if rs else float('nan'):.3f}.")
+    return ("\n\n## Each fp8 configuration (w [N, K])\n\n" + "\n".join(lines) + "\n\n" +
             _benchcore.markdown_table(header, rows))
 
 
 def markdown(base: dict, table: list) -> str:
     header = ["M", "N", "K", "xla bf16 ms", "fo_jax bf16 ms", "xla fp8 ms", "xla fp8 fp32acc ms",
-              "fo_jax fp8 ms", "fo_jax fp8 (w [N,K]) ms", "xla fp8 / fo_jax fp8",
-              "xla fp8 fp32acc / fo_jax fp8", "fo_jax bf16 / fo_jax fp8", "xla bf16 / xla fp8"]
+              "fo_jax fp8 ms", "fo_jax fp8 (w [N,K]) ms", "fo_jax fp8 fast ms",
+              "xla fp8 fp32acc / fo_jax fp8", "xla fp8 / fo_jax fp8 fast",
+              "fo_jax bf16 / fo_jax fp8", "fo_jax bf16 / fo_jax fp8 fast", "xla bf16 / xla fp8"]
     rows = []
     for (m, n, k), s in table:
         g = lambda d, meth: s.get((d, meth))  # noqa: E731
@@ -214,12 +234,17 @@ def markdown(base: dict, table: list) -> str:
         f8x, f8f, f8t = (g("float8_e4m3fn", "xla.dot"), g("float8_e4m3fn", "fo_jax.matmul"),
                          g("float8_e4m3fn", "fo_jax.matmul_wt"))
         f8p = g("float8_e4m3fn", "xla.dot_fp32acc")
+        f8q = g("float8_e4m3fn", "fo_jax.matmul_fast")
         fmt = lambda v: f"{v:.4f}" if v else "-"  # noqa: E731
         rows.append([m, n, k, fmt(b16x), fmt(b16f), fmt(f8x), fmt(f8p), fmt(f8f), fmt(f8t),
-                     ratio(f8x, f8t), ratio(f8p, f8t), ratio(b16f, f8t), ratio(b16x, f8x)])
+                     fmt(f8q), ratio(f8p, f8t), ratio(f8x, f8q), ratio(b16f, f8t),
+                     ratio(b16f, f8q), ratio(b16x, f8x)])
     title = (f"# fp8 GEMM: fo_jax vs XLA\n\n{_benchcore.provenance(base)}\n\nGPU kernel time "
              "per call (JAX profiler, median of rounds); ratios over fo_jax's fp8 kernel with a "
-             "pre-transposed weight (> 1: fo_jax faster).\n\n")
+             "pre-transposed weight (> 1: fo_jax faster), each against the same accumulation: "
+             "XLA's fp8 dot at precision HIGHEST (fp32acc) against fo_jax's default, XLA's at "
+             "default precision (cuBLASLt's fast accumulation) against fo_jax's "
+             "fp8_fast_accumulation=True.\n\n")
     return title + _benchcore.markdown_table(header, rows)
 
 
@@ -256,10 +281,13 @@ def main() -> None:
             jsonl.flush()
             table.append((shape, summary))
             f8x = summary.get(("float8_e4m3fn", "xla.dot"))
+            f8p = summary.get(("float8_e4m3fn", "xla.dot_fp32acc"))
             f8t = summary.get(("float8_e4m3fn", "fo_jax.matmul_wt"))
+            f8q = summary.get(("float8_e4m3fn", "fo_jax.matmul_fast"))
             b16 = summary.get(("bfloat16", "fo_jax.matmul"))
-            print(f"[{j + 1}/{len(shapes)}] {'x'.join(map(str, shape))}: xla fp8 / fo_jax fp8 "
-                  f"{ratio(f8x, f8t)}, fo_jax bf16 / fp8 {ratio(b16, f8t)} "
+            print(f"[{j + 1}/{len(shapes)}] {'x'.join(map(str, shape))}: xla / fo_jax fp8 "
+                  f"{ratio(f8p, f8t)} (float32 accumulation), {ratio(f8x, f8q)} (fast), "
+                  f"fo_jax bf16 / fp8 {ratio(b16, f8t)} "
                   f"[{time.perf_counter() - t0:.0f} s]", file=sys.stderr, flush=True)
     md = markdown(res.base, table) + (config_markdown(table, configs) if configs else "")
     res.write_markdown(stem + ".md", md)

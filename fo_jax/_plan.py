@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 import jax.numpy as jnp
 
-from fo_jax import _cuda, _gemm_choice, _transport
+from fo_jax import _cuda, _fp8_fast_choice, _gemm_choice, _transport
 from fo_jax.config import OverlapConfig
 
 # Overlap defaults, measured on 4x H200 (docs/performance.md, "Smaller decisions"). The GEMM
@@ -167,11 +167,21 @@ def gemm_configs() -> tuple:
     return tuple(dict(c) for c in _cuda.module().gemm_configs())
 
 
-def gemm_configs_for(dtype) -> tuple:
+def gemm_configs_for(dtype, fast_accum: Optional[bool] = False) -> tuple:
     """The compiled GEMM configurations with kernels for operands of `dtype` (the fp8 rows take
-    float8_e4m3fn only, the others bfloat16 and float16)."""
+    float8_e4m3fn only, the others bfloat16 and float16). fp8 rows accumulate in float32 or
+    with fast accumulation (OverlapConfig.fp8_fast_accumulation): `fast_accum` picks which,
+    None both."""
     name = jnp.dtype(dtype).name
-    return tuple(c for c in gemm_configs() if name in c.get("dtypes", ("bfloat16", "float16")))
+    return tuple(c for c in gemm_configs() if name in c.get("dtypes", ("bfloat16", "float16"))
+                 and (fast_accum is None or bool(c.get("fast_accum")) == fast_accum))
+
+
+def fast_accumulation(dtype, config: Optional[OverlapConfig]) -> bool:
+    """Whether a call's GEMMs take the fast-accumulation fp8 rows: fp8 operands and
+    config.fp8_fast_accumulation."""
+    return (jnp.dtype(dtype) == jnp.float8_e4m3fn and config is not None
+            and config.fp8_fast_accumulation)
 
 
 def uniform_groups(tile_rows: int, num_groups: int) -> tuple:
@@ -222,13 +232,21 @@ def gemm_config_index(fn: str, dtype, m: int, n: int, k: int, batch: int,
     source), else (no table fitted for the dtype) the kernel library's shape heuristic (m is
     per batch)."""
     dtype_name = jnp.dtype(dtype).name
+    fast = fast_accumulation(dtype, config)
     if config is not None and config.gemm_config is not None:
-        names = [c["name"] for c in gemm_configs()
-                 if dtype_name in c.get("dtypes", ("bfloat16", "float16"))]
+        names = [c["name"] for c in gemm_configs_for(dtype, fast)]
         if config.gemm_config not in names:
+            other = [c["name"] for c in gemm_configs_for(dtype, not fast)]
+            if config.gemm_config in other:
+                raise ValueError(
+                    f"{fn}: gemm_config {config.gemm_config!r} is an fp8 configuration "
+                    f"{'without' if fast else 'with'} fast accumulation, but "
+                    f"OverlapConfig.fp8_fast_accumulation is {fast}; with it {fast}: {names}")
             raise ValueError(f"{fn}: unknown gemm_config {config.gemm_config!r} for {dtype_name} "
                              f"operands; compiled: {names}")
         return [c["name"] for c in gemm_configs()].index(config.gemm_config)
+    if fast:
+        return _fp8_fast_choice.select(m * max(batch, 1), n, sm_budget, gemm_configs())
     if dtype_name == "float8_e4m3fn":  # no measured fp8 table yet: the library's fp8 rule
         mod = _cuda.module()
         return int(mod.select_gemm_config(mod.GemmDtype[dtype_name], m, n, k, batch,
