@@ -38,7 +38,8 @@ default, default precision against fp8_fast_accumulation), fo_jax's bf16 over fo
 fp8 speedup, both accumulations) and XLA's bf16 over XLA's fp8.
 
 Output (--out DIR): gemm_fp8_<gpu>_<date>_<commit>.jsonl (rows {"suite": "gemm_fp8", "device",
-"date", "commit", "dtype", "M", "N", "K", "method", "ms", "tflops", "kernel", "config"}) and .md.
+"date", "commit", "dtype", "M", "N", "K", "method", "ms", "tflops", "kernel", "config", and for
+fp8 methods "rel_err", the relative Frobenius error above}) and .md.
 
 Usage: python3 benchmarks/bench_fp8.py [--shapes MxNxK ...] [--rounds 3] [--calls 8] [--out DIR]
        [--configs all|NAME ...]
@@ -149,7 +150,7 @@ def measure(res, shape: tuple, timer, first_key: int, configs: list) -> dict:
     ops = operands(m, n, k, seed=m * 7 + n * 3 + k)
     xq, wq, xs, ws = ops["fp8"]
     ref = fo_jax.reference.fp8_matmul(xq, wq, xs, ws)
-    entries, ok = [], {}
+    entries, ok, errs = [], {}, {}
     for j, (dtype, method, key, f, name) in enumerate(methods(configs)):
         fn = named_jit(f, first_key + j)
         error = None
@@ -157,7 +158,7 @@ def measure(res, shape: tuple, timer, first_key: int, configs: list) -> dict:
             y = fn(*ops[key])
             jax.block_until_ready(y)
             if dtype == "float8_e4m3fn":
-                err = float(_benchcore.rel_err(y, ref))
+                err = errs[first_key + j] = float(_benchcore.rel_err(y, ref))
                 if not err <= TOLERANCE:
                     raise AssertionError(f"relative error {err:.2e} against the dequantized "
                                          f"float32 product")
@@ -175,6 +176,8 @@ def measure(res, shape: tuple, timer, first_key: int, configs: list) -> dict:
         config = name or (fp8_config(m, n, k, fast=method == "fo_jax.matmul_fast")
                           if method.startswith("fo_jax") and dtype != "bfloat16" else None)
         row = dict(dtype=dtype, M=m, N=n, K=k, method=method, config=config)
+        if key in errs:
+            row["rel_err"] = float(f"{errs[key]:.3e}")
         if key in gpu:
             ms, kernel = gpu[key]
             row.update(ms=round(ms, 5), tflops=round(flops / ms / 1e9, 1),

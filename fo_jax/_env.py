@@ -83,7 +83,8 @@ def test_fail() -> tuple:
     call's GEMM launch (either transport); "copy", the copy thread's enqueueing of a copy-engine
     call; "setup", creating the group's copy-engine state (its first copy-engine call); "stop",
     every copy-engine call of that rank enqueues nothing and returns (to its peers, a rank that
-    stopped calling: the progress watchdog's case). Unset: ("", -1). Read once, when the CUDA module is loaded. A malformed value raises."""
+    stopped calling: the progress watchdog's case). Unset: ("", -1). Read once, when the CUDA
+    module is loaded. A malformed value raises."""
     text = os.environ.get(TEST_FAIL, "")
     if not text:
         return ("", -1)

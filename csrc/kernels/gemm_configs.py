@@ -78,10 +78,10 @@ FP8_CONFIGS: list[GemmConfig] = [
 # keep fewer mantissa bits than fp32 (XLA's fp8 dot at default precision does the same through
 # cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM). One accumulator per output element, so the
 # ping-pong tiles that spill with promotion fit, and a ping-pong epilogue overlaps the other warp
-# group's MMA. Measured on one H100 (docs/performance.md, "fp8"): ping-pong 128x192 the fastest,
-# 1.14x the accurate kernel at 8192x8192x7168 and 1.48x at 8192x4096x512; cooperative 128x256
-# and 128x192 with fast accumulation 3-18% behind it, so not compiled; ping-pong 128x128 for
-# few tiles.
+# group's MMA. Measured on one H100 (benchmarks/results/gemm_fp8_h100_2026-11-24_598fec1.jsonl):
+# ping-pong 128x192 the fastest, 1.14x the accurate kernel at 8192x8192x7168 and 1.48x at
+# 8192x4096x512; cooperative 128x256 and 128x192 with fast accumulation 3-28% behind it there,
+# so not compiled; ping-pong 128x128 for few tiles (fo_jax/_fp8_fast_choice.py).
 FP8_FAST_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8fast_pp_128x192x128_c2", 128, 192, 128, 2, 1, True, True),
     GemmConfig("fp8fast_pp_128x128x128_c1", 128, 128, 128, 1, 1, True, True),

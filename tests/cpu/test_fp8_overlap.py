@@ -256,7 +256,7 @@ def test_all_gather_grads_vs_float32_reference(shared, check_vma):
 
 
 def test_all_gather_vmap_scan_checkpoint():
-    size, b, m, k, n = 2, 3, 8, 32, 16
+    size, m, k, n = 2, 8, 32, 16
     mesh = cpu_mesh((size,), ("tp",))
     xq, xs, wq, ws = _gather_operands(size, m, k, n, True, seed=50)  # x[size * m, 3, K]
     xb = jnp.moveaxis(xq, 1, 0)  # [3, size * m, K]: vmap over the 3

@@ -72,7 +72,8 @@ def test_fp8_configs_against_float64(shape):
     m, k, n = shape
     xq, xs, wq, ws = _operands(m, k, n, seed=m + k + n)
     for cfg in configs:
-        config = fo_jax.OverlapConfig(gemm_config=cfg["name"], num_groups=1)
+        config = fo_jax.OverlapConfig(gemm_config=cfg["name"], num_groups=1,
+                                      fp8_fast_accumulation=cfg["fast_accum"])
         plan = _plan.plan_matmul("test", jnp.dtype(jnp.float8_e4m3fn), m, n, k, config)
         d_init = jnp.full((m, n), POISON, jnp.bfloat16)
         f = jax.jit(lambda x, w, a, b, d, plan=plan: _cuda_ops.signaling_gemm_fp8(
@@ -90,7 +91,8 @@ def test_fp8_signals_every_group():
     m, k, n = 2048, 512, 768
     xq, xs, wq, ws = _operands(m, k, n, seed=5)
     for cfg in _fp8_configs():
-        config = fo_jax.OverlapConfig(gemm_config=cfg["name"], num_groups=4)
+        config = fo_jax.OverlapConfig(gemm_config=cfg["name"], num_groups=4,
+                                      fp8_fast_accumulation=cfg["fast_accum"])
         plan = _plan.plan_matmul("test", jnp.dtype(jnp.float8_e4m3fn), m, n, k, config)
         y, counters = jax.jit(lambda x, w, a, b, plan=plan: _cuda_ops.signaling_gemm_fp8(
             x, w.T, a, b, plan))(xq, wq, xs, ws)
@@ -115,6 +117,64 @@ def test_fp8_matmul_end_to_end():
     g = jax.grad(lambda a: jnp.sum(fo_jax.matmul(xq, wq, x_scale=a, w_scale=ws)
                                    .astype(jnp.float32)))(xs)
     assert np.isfinite(float(g))
+
+
+FAST = fo_jax.OverlapConfig(fp8_fast_accumulation=True)
+
+
+def _fast_rows_or_skip():
+    from fo_jax import _plan
+
+    if not _plan.gemm_configs_for(jnp.float8_e4m3fn, True):
+        pytest.skip("the compiled CUDA module has no fast-accumulation fp8 kernels")
+
+
+@pytest.mark.parametrize("shape", [(512, 1024, 768), (1000, 1032, 784), (2048, 16384, 512)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_fp8_fast_accumulation_against_float64(shape):
+    """fo_jax.matmul with fp8_fast_accumulation runs a fast-accumulation row and stays close
+    to the float64 product: the tensor cores' accumulator keeps fewer mantissa bits than float32,
+    so the bounds are looser than _check's at long K, but a lost k-block (about 9% in norm at
+    K = 16384) would fail them."""
+    gpu_devices_or_skip(1)
+    _fast_rows_or_skip()
+    from fo_jax import _plan
+
+    m, k, n = shape
+    assert _plan.plan_matmul("t", jnp.dtype(jnp.float8_e4m3fn), m, n, k,
+                             FAST).config_name.startswith("fp8fast_")
+    xq, xs, wq, ws = _operands(m, k, n, seed=m + k + n + 1)
+    y = jax.jit(lambda x, w, a, b: fo_jax.matmul(x, w, x_scale=a, w_scale=b, config=FAST))(
+        xq, wq, xs, ws)
+    X = np.asarray(xq, np.float64) * float(xs)
+    W = np.asarray(wq, np.float64) * float(ws)
+    ref, mag = X @ W, np.abs(X) @ np.abs(W)
+    got = np.asarray(y, np.float64)
+    assert np.all(np.isfinite(got))
+    err = np.abs(got - ref)
+    assert np.all(err <= 2.0**-8 * np.abs(ref) + 2.0**-8 * mag), float(np.max(err / mag))
+    rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert rel <= 2.0**-6, rel
+
+
+def test_fp8_fast_accumulation_overlapped_axis_size_one():
+    devices = gpu_devices_or_skip(1)
+    _fast_rows_or_skip()
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    mesh = Mesh(np.array(devices[:1]), ("tp",))
+    m, k, n = 1024, 512, 256
+    xq, xs, wq, ws = _operands(m, k, n, seed=17)
+
+    def body(x, w, a, b):
+        c = fo_jax.describe(x, w, axis_name="tp", collective="reduce_scatter", config=FAST)
+        assert c.path == "cuda" and "fast accumulation" in c.reason, c
+        return fo_jax.overlapped_matmul(x, w, axis_name="tp", collective="reduce_scatter",
+                                        x_scale=a, w_scale=b, config=FAST)
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(), P()),
+                              out_specs=P("tp", None)))
+    _check(f(xq, wq, xs, ws), xq, xs, wq, ws)
 
 
 def test_fp8_overlapped_axis_size_one():
@@ -152,7 +212,8 @@ def test_fp8_batched_remap(batch, m):
     X = np.asarray(xq, np.float64) * float(xs)
     W = np.asarray(wq, np.float64) * float(ws)
     for cfg in _fp8_configs():
-        config = fo_jax.OverlapConfig(gemm_config=cfg["name"], num_groups=3)
+        config = fo_jax.OverlapConfig(gemm_config=cfg["name"], num_groups=3,
+                                      fp8_fast_accumulation=cfg["fast_accum"])
         plan = _plan.plan_gemm("test", jnp.dtype(jnp.float8_e4m3fn), m, n, k, batch, config, 1,
                                0)
         d_init = jnp.full((batch * m, n), POISON, jnp.bfloat16)

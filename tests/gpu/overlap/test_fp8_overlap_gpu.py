@@ -1,11 +1,12 @@
-"""fp8 (float8_e4m3fn) operands through the overlapped call on 1, 2 and 4 GPUs: the all-gather
-(one GPU: the overlapped call over a one-rank group; several: against the fp8 GEMM of each
-device's rows), and the reduce-scatter and the all-reduce on both transports against fo_jax's fp8 GEMM followed by XLA's collective on the
-same GPUs, with the same fp8 tile configuration (OverlapConfig.gemm_config), so that every rank's
-bf16 partial product is the same kernel's on the same operands: the same per-tile accumulation
-order, the same one rounding to bf16, whatever the overlap's groups, batch remap or tile-row
-rotation. What may differ is the order in which the P partials are added (NCCL's ring or tree,
-XLA's collective, the copy engine's band sums in float32), each addition rounded to bf16:
+"""fp8 (float8_e4m3fn) operands through the overlapped call on 1, 2 and 4 GPUs: the all-gather (one
+GPU: the overlapped call over a one-rank group; several: against the fp8 GEMM of each device's
+rows), and the reduce-scatter and the all-reduce on both transports against fo_jax's fp8 GEMM
+followed by XLA's collective on the same GPUs, with the same fp8 tile configuration
+(OverlapConfig.gemm_config), so that every rank's bf16 partial product is the same kernel's on the
+same operands: the same per-tile accumulation order, the same one rounding to bf16, whatever the
+overlap's groups, batch remap or tile-row rotation. What may differ is the order in which the P
+partials are added (NCCL's ring or tree, XLA's collective, the copy engine's band sums in float32),
+each addition rounded to bf16:
 
   - P = 2: a + b rounds the same in any order, so the results are bit-identical;
   - P > 2: each of the P - 1 additions rounds by at most 2^-8 of its partial sum, which is at
