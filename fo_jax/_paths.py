@@ -181,18 +181,14 @@ def _choose_fp8_all_gather(config, c: PathChoice, m: int, n: int, k: int, platfo
              "provably the same on every device (check_vma types: fo_jax.quantize_fp8(x, "
              "axis_name=...)), else one per device's rows")
     why_not, transport, how = _all_gather_overlap(fp8.FP8_DTYPE, config, m, n, k, size)
-    fast = config is not None and config.fp8_fast_accumulation
     if why_not is not None:
         return dataclasses.replace(c, reason=f"{plain} ({why_not})")
     return dataclasses.replace(c, transport=transport, reason=(
         f"with x_scale provably the same on every device (check_vma types: "
         f"fo_jax.quantize_fp8(x, axis_name=...)), {_OVERLAPPED_ALL_GATHER}; {how}, its consumer "
-        f"GEMM fo_jax's fp8 kernel{_CONSUMER_ACCUMULATION if fast else ''}; otherwise "
-        f"{plain}"))
+        f"GEMM fo_jax's fp8 kernel; otherwise {plain}"))
 
 
-# The consumer kernels (the GEMM that waits for gathered bands) have no fast-accumulation form.
-_CONSUMER_ACCUMULATION = " accumulating in float32 (no fast-accumulation consumer kernel)"
 _OVERLAPPED_ALL_GATHER = ("fo_jax's overlapped all-gather (opted in, not yet verified on "
                           "multi-GPU machines)")
 

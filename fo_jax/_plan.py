@@ -299,7 +299,9 @@ def consumer_config_index(fn: str, dtype, m: int, n: int, k: int, band_rows: int
                           config: Optional[OverlapConfig], sm_budget: int) -> int:
     """The consumer GEMM's configuration for x[m, k] @ w[k, n] read in bands of band_rows rows:
     config.gemm_config if set (ValueError if it has no consumer kernel), else the kernel
-    library's consumer pick (SelectConsumerGemmConfig)."""
+    library's consumer pick (SelectConsumerGemmConfig), or with fp8 fast accumulation the
+    fast rows' pick where its bands fit, else the fast 128x128 row (as the library falls back
+    to its 128x128 row)."""
     if config is not None and config.gemm_config is not None:
         index = gemm_config_index(fn, dtype, m, n, k, 1, config, sm_budget)
         if not gemm_configs()[index].get("has_consumer"):
@@ -307,6 +309,12 @@ def consumer_config_index(fn: str, dtype, m: int, n: int, k: int, band_rows: int
                              f"(the all-gather's GEMM needs one); these have: "
                              f"{consumer_config_names()}")
         return index
+    if fast_accumulation(dtype, config):
+        index = gemm_config_index(fn, dtype, m, n, k, 1, config, sm_budget)
+        c = gemm_configs()[index]
+        if c.get("has_consumer") and band_rows % (c["tile_m"] * c["cluster_m"]) == 0:
+            return index
+        return [c["name"] for c in gemm_configs()].index(_fp8_fast_choice.SMALL)
     mod = _cuda.module()
     return int(mod.select_consumer_gemm_config(mod.GemmDtype[jnp.dtype(dtype).name], m, n, k,
                                                band_rows, max(sm_budget, 0)))

@@ -98,8 +98,11 @@ SOURCE_CONFIGS = {"pp_128x192x64_c2"}
 # other GPUs, the all-gather feeding the GEMM): the large tile the TP shapes use and the small one
 # (fewer tiles than two waves; bands of any multiple of 128 rows).
 # The fp8 rows' two cooperative tiles serve the fp8 all-gather (its rows need the consumer too).
+# The fast-accumulation rows have it too (fo_jax/_plan.py's consumer_config_index picks them
+# under OverlapConfig.fp8_fast_accumulation).
 CONSUMER_CONFIGS = {"pp_128x192x64_c2", "pp_128x128x64_c1",
-                    "fp8_coop_128x192x128_c2", "fp8_coop_128x128x128_c1"}
+                    "fp8_coop_128x192x128_c2", "fp8_coop_128x128x128_c1",
+                    "fp8fast_pp_128x192x128_c2", "fp8fast_pp_128x128x128_c1"}
 
 DTYPES = {"bf16": "cutlass::bfloat16_t", "f16": "cutlass::half_t", "e4m3": "cutlass::float_e4m3_t"}
 # D's type where it is not the input's (a template argument after kSource and kConsumer).

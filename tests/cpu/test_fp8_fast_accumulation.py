@@ -160,3 +160,22 @@ def test_describe_names_fast_accumulation_on_cuda_only():
                                                         "cuda").reason
     assert "fast accumulation" not in _paths.choose_fp8("matmul", FAST, 4096, 4096, 4096,
                                                         "cpu").reason
+
+
+@needs_fast_kernels
+def test_all_gather_consumer_takes_a_fast_row():
+    """The overlapped fp8 all-gather's consumer GEMM under the flag: the fast rows' pick where
+    its bands are whole clusters, else the 128x128 fast row; without the flag an accurate row."""
+    from fo_jax import _plan
+
+    fast = {c["name"] for c in _plan.gemm_configs_for(E4M3, True)}
+    names = [c["name"] for c in _plan.gemm_configs()]
+    for m, band_rows in ((8192, 1024), (8192, 384), (1024, 128)):
+        index = _plan.consumer_config_index("t", E4M3, m, 8192, 4096, band_rows, FAST, 0)
+        c = _plan.gemm_configs()[index]
+        assert c["name"] in fast and c["has_consumer"], (m, band_rows, c["name"])
+        assert band_rows % (c["tile_m"] * c["cluster_m"]) == 0, (m, band_rows, c["name"])
+        plain = names[_plan.consumer_config_index("t", E4M3, m, 8192, 4096, band_rows, None, 0)]
+        assert plain not in fast
+    assert names[_plan.consumer_config_index("t", E4M3, 8192, 8192, 4096, 384, FAST, 0)] == \
+        "fp8fast_pp_128x128x128_c1"

@@ -91,6 +91,12 @@ FP8_ODD_CASES = [
     dict(m_local=768, n=272, k=1040, bands=3, rank=1, config="fp8_coop_128x192x128_c2"),
     dict(m_local=256, n=8192, k=2048, bands=8, rank=5, groups_per_band=2),
     dict(m_local=128, n=8, k=16, bands=2, config="fp8_coop_128x128x128_c1"),
+    # The fast-accumulation rows (ping-pong: each warp group takes its own tile and waits for
+    # its own band).
+    dict(m_local=384, n=264, k=528, bands=4, config="fp8fast_pp_128x128x128_c1"),
+    dict(m_local=768, n=272, k=1040, bands=3, rank=1, config="fp8fast_pp_128x192x128_c2"),
+    dict(m_local=1024, n=4104, k=2048, bands=2, rank=1, groups_per_band=3,
+         config="fp8fast_pp_128x192x128_c2"),
 ]
 
 
