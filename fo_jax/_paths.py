@@ -160,7 +160,7 @@ def _choose_fp8_overlapped(config, m: int, n: int, k: int, platform: str, collec
     plain = (f"{c.reason}, then XLA's {collective} on its bfloat16 output")
     transport, how = _transport.choose("fo_jax.overlapped_matmul", collective, size, fp8.FP8_DTYPE,
                                        m, n, k, config)
-    t_gemm = _plan.estimate_seconds(collective, m, n, k)[0] / fp8.GEMM_SPEEDUP_OVER_BF16
+    t_gemm = _plan.estimate_seconds(collective, m, n, k)[0] / fp8.gemm_speedup_over_bf16(config)
     floor = _too_small(config, t_gemm, transport)
     if floor is not None:
         return dataclasses.replace(c, reason=(

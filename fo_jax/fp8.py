@@ -40,6 +40,16 @@ FP8_OUT_DTYPES = (jnp.dtype(jnp.bfloat16),)
 # 1.37-1.74x; docs/performance.md, "fp8"): scales the bf16 GEMM-time estimate where an fp8 call
 # decides whether its overlap pays.
 GEMM_SPEEDUP_OVER_BF16 = 1.41
+# The same with OverlapConfig.fp8_fast_accumulation (K >= 2048: 1.52-1.97x, most shapes 1.75x
+# or more; benchmarks/results/gemm_fp8_h100_2026-11-24_8631637.md).
+GEMM_SPEEDUP_OVER_BF16_FAST = 1.75
+
+
+def gemm_speedup_over_bf16(config) -> float:
+    """How much faster fo_jax's fp8 GEMM runs than its bf16 one, for the accumulation that
+    `config` asks for (the estimate that decides whether an fp8 overlap pays)."""
+    fast = config is not None and config.fp8_fast_accumulation
+    return GEMM_SPEEDUP_OVER_BF16_FAST if fast else GEMM_SPEEDUP_OVER_BF16
 
 
 def is_fp8(dtype) -> bool:

@@ -179,3 +179,15 @@ def test_all_gather_consumer_takes_a_fast_row():
         assert plain not in fast
     assert names[_plan.consumer_config_index("t", E4M3, 8192, 8192, 4096, 384, FAST, 0)] == \
         "fp8fast_pp_128x128x128_c1"
+
+
+def test_overlap_floor_uses_the_fast_kernels_speed():
+    """Whether an fp8 overlap pays is decided on the bf16 GEMM-time estimate divided by the fp8
+    kernel's speedup, which is larger with fast accumulation: a shorter GEMM, so a shape can
+    fall under the floor with the flag and stay above it without."""
+    from fo_jax import fp8
+
+    assert fp8.gemm_speedup_over_bf16(None) == fp8.GEMM_SPEEDUP_OVER_BF16
+    assert fp8.gemm_speedup_over_bf16(fo_jax.OverlapConfig()) == fp8.GEMM_SPEEDUP_OVER_BF16
+    assert fp8.gemm_speedup_over_bf16(FAST) == fp8.GEMM_SPEEDUP_OVER_BF16_FAST
+    assert fp8.GEMM_SPEEDUP_OVER_BF16_FAST > fp8.GEMM_SPEEDUP_OVER_BF16
