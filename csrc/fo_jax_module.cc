@@ -464,6 +464,7 @@ NB_MODULE(_fo_jax_cuda, m) {
         d["released"] = r.released;
         d["release_ms"] = r.release_ms;
         d["sum_equal"] = r.sum_equal;
+        d["out_poisoned"] = r.out_poisoned;
         d["canary_untouched"] = r.canary_untouched;
         d["words_released"] = r.words_released;
         d["error"] = r.error;

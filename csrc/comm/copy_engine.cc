@@ -281,12 +281,13 @@ Status EnqueueCopyEngineCall(CommState& s, cudaStream_t xla_stream, const CopyEn
   RecordTimelineHost(s, kHostCopiesEnqueued);
 
   // An all-reduce's sums also store the summed chunk into the same rows of every peer's output.
+  // Every call's sums read `abandoned`: a call the watchdog released writes NaNs (band_sum.h).
   RemoteOutputs remote;
+  remote.abandoned = Abandoned(ce.buffers.flags);
+  remote.epoch = e;
   if (a.all_reduce) {
     remote.table = OutTable(ce.buffers.flags);
     remote.count = P - 1;
-    remote.abandoned = Abandoned(ce.buffers.flags);
-    remote.epoch = e;
   }
   auto own_out = [&](int h) {
     return a.all_reduce ? static_cast<char*>(a.out) + chunk(h, me) : a.out;

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -185,6 +186,10 @@ StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, bool mark_aba
     return fail(err, "download");
   }
   r.sum_equal = h_out == h_sum;
+  // bf16 NaN: exponent all ones, mantissa not zero.
+  r.out_poisoned = std::all_of(h_out.begin(), h_out.end(), [](uint16_t v) {
+    return (v & 0x7F80u) == 0x7F80u && (v & 0x007Fu) != 0;
+  });
   r.canary_untouched = h_canary_after == h_canary;
   if (mark_abandoned) {
     // The host copy's word at the device address `word` (of `flags`).

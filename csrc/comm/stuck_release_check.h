@@ -3,8 +3,8 @@
 // never come (a stream wait for a peer's output address, the band sum with its in-kernel
 // arrival wait and its stores into a peer, whose out-table entry is a stale address: a canary
 // buffer; stream waits for `stored` and the acknowledgement). The call must be stuck; then
-// EnqueueStuckRankRelease on a stream of its own must end it, with the sum written, the canary
-// untouched (the band sum saw `abandoned`) and every owed word at the released epoch. The
+// EnqueueStuckRankRelease on a stream of its own must end it, with the output all NaN and the
+// canary untouched (the band sum saw `abandoned`) and every owed word at the released epoch. The
 // control (`mark_abandoned` false) writes the same awaited words without `abandoned`, as healthy
 // peers would: the band sum then stores into the canary, which shows that the check can see
 // the difference.
@@ -20,6 +20,7 @@ struct StuckReleaseCheckResult {
   bool released = false;        // it completed after the release (within the timeout)
   double release_ms = 0;        // from enqueueing the release to the call's completion
   bool sum_equal = false;       // the local output is the sum of the parts, bit for bit
+  bool out_poisoned = false;    // every element of the local output is a NaN
   bool canary_untouched = false;  // nothing was stored through the stale address
   bool words_released = false;  // every owed word reads the epoch (release only)
   std::string error;            // "" when the check ran

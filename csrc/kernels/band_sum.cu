@@ -42,11 +42,24 @@ __device__ __forceinline__ void Accumulate(float2 (&acc)[4], const uint4& v) {
 // GEMM at 8192x8192x2048; raw log in git history:
 // benchmarks/results/overlap_profile_tp4_2026-11-21_b86e63a.log). Parts are added in order, so
 // the result does not depend on kParts.
+// Eight NaNs of T2's type in 16 bytes: what an abandoned call's sum writes.
+template <class T2>
+__device__ __forceinline__ uint4 NaNVector();
+template <>
+__device__ __forceinline__ uint4 NaNVector<__nv_bfloat162>() {
+  return make_uint4(0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u);
+}
+template <>
+__device__ __forceinline__ uint4 NaNVector<__half2>() {
+  return make_uint4(0x7E007E00u, 0x7E007E00u, 0x7E007E00u, 0x7E007E00u);
+}
+
 template <class T2, int kParts>
 __global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs remote,
                               ArrivalWait wait, size_t vectors, bool from_end) {
   __shared__ uint4* remote_out[kMaxBandSumParts];
   __shared__ int remote_count;
+  __shared__ bool poison;
   if (threadIdx.x == 0) {
     // One thread per block polls; the barrier below orders the block's part loads after it.
     for (int f = 0; f <= wait.count; ++f) {
@@ -60,11 +73,15 @@ __global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs 
       }
     }
     remote_count = remote.count;
-    if (remote.abandoned != nullptr && remote.count > 0) {
+    poison = false;
+    if (remote.abandoned != nullptr) {
       uint32_t abandoned;
       asm volatile("ld.acquire.sys.global.u32 %0, [%1];"
                    : "=r"(abandoned) : "l"(remote.abandoned) : "memory");
-      if (EpochReached(abandoned, remote.epoch)) remote_count = 0;
+      if (EpochReached(abandoned, remote.epoch)) {
+        remote_count = 0;
+        poison = true;
+      }
     }
   }
   if (static_cast<int>(threadIdx.x) < remote.count) {
@@ -77,6 +94,10 @@ __global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs 
   for (size_t k = blockIdx.x * size_t(blockDim.x) + threadIdx.x; k < vectors;
        k += size_t(gridDim.x) * blockDim.x) {
     const size_t i = from_end ? vectors - 1 - k : k;
+    if (poison) {  // an abandoned call: its parts are undefined, its output says so
+      reinterpret_cast<uint4*>(out)[i] = NaNVector<T2>();
+      continue;
+    }
     float2 acc[4] = {};
     if constexpr (kParts > 0) {
       uint4 v[kParts];

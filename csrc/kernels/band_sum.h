@@ -26,7 +26,10 @@ constexpr int kMaxBandSumParts = 16;
 // memory over NVLink.
 // `abandoned`, if set, is a word that the progress watchdog sets to the latest epoch it
 // abandoned (comm/copy_engine_watchdog.h): read after the arrival wait, a value that has reached
-// `epoch` means the table may hold stale addresses, and nothing is stored remotely.
+// `epoch` means the call was released, not completed: its parts are undefined and the table may
+// hold stale addresses, so nothing is stored remotely and out is written with NaNs (a failed
+// call's output reads as failed, never as a plausible sum). Any call may set it (table null,
+// count 0: a reduce-scatter's sums).
 struct RemoteOutputs {
   const uint64_t* table = nullptr;
   int count = 0;

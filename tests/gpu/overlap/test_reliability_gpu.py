@@ -253,14 +253,16 @@ def test_failure_in_one_process_fails_the_copy_engine_group_everywhere(stage):
 def test_watchdog_release_ends_a_stuck_call_without_stale_stores(epoch_start):
     """The progress watchdog's release on one GPU (stuck_release_check): an all-reduce call whose
     peer never comes is stuck in its stream waits and its band sum's in-kernel wait; the release
-    (a stream of its own, the rank's own flags) ends it, with the local sum right, nothing stored
-    through the peer's stale out-table address and every owed word at the call's epoch (also
-    where that epoch wraps to 0)."""
+    (a stream of its own, the rank's own flags) ends it, with the local output all NaN (a
+    released call's output reads as failed, not as a plausible sum), nothing stored through the
+    peer's stale out-table address and every owed word at the call's epoch (also where that
+    epoch wraps to 0)."""
     gpu_devices_or_skip(1)
     r = fo_jax._cuda.module().stuck_release_check(epoch_start, True)
     assert r["error"] == "", r
     assert r["stuck_before"] and r["released"], r
-    assert r["sum_equal"] and r["canary_untouched"] and r["words_released"], r
+    assert r["out_poisoned"] and not r["sum_equal"], r
+    assert r["canary_untouched"] and r["words_released"], r
     print(f"released in {r['release_ms']:.2f} ms")
 
 
@@ -272,7 +274,7 @@ def test_watchdog_release_control_stores_through_the_table():
     r = fo_jax._cuda.module().stuck_release_check(0, False)
     assert r["error"] == "", r
     assert r["stuck_before"] and r["released"] and r["sum_equal"], r
-    assert not r["canary_untouched"], r
+    assert not r["out_poisoned"] and not r["canary_untouched"], r
 
 
 _STUCK_EXIT = 70  # csrc/comm/copy_engine_watchdog.h, kStuckExitStatus
