@@ -241,7 +241,7 @@ def gemm_config_index(fn: str, dtype, m: int, n: int, k: int, batch: int,
                 raise ValueError(
                     f"{fn}: gemm_config {config.gemm_config!r} is an fp8 configuration "
                     f"{'without' if fast else 'with'} fast accumulation, but "
-                    f"OverlapConfig.fp8_fast_accumulation is {fast}; with it {fast}: {names}")
+                    f"OverlapConfig.fp8_fast_accumulation is {fast}, which takes {names}")
             raise ValueError(f"{fn}: unknown gemm_config {config.gemm_config!r} for {dtype_name} "
                              f"operands; compiled: {names}")
         return [c["name"] for c in gemm_configs()].index(config.gemm_config)
