@@ -113,10 +113,11 @@ def fp8_config_names(fast_accum=None) -> list:
 
 
 def matmul_wt(name=None, fast=False):
-    """fo_jax.matmul of a pre-transposed weight, with tile configuration `name` (None: its
-    choice) and fast accumulation if `fast` (or if `name` is a fast-accumulation row)."""
-    fast = fast or (name is not None and name in fp8_config_names(True))
-    cfg = fo_jax.OverlapConfig(gemm_config=name, fp8_fast_accumulation=fast)
+    """fo_jax.matmul of a pre-transposed weight, with tile configuration `name` (with its own
+    accumulation), or else fo_jax's choice, with fast accumulation if `fast`."""
+    from fo_jax import _plan  # noqa: PLC0415
+
+    cfg = _plan.row_config(name) if name else fo_jax.OverlapConfig(fp8_fast_accumulation=fast)
     return lambda xq, wt, xs, ws: fo_jax.matmul(xq, wt, x_scale=xs, w_scale=ws,
                                                 w_transposed=True, config=cfg)
 

@@ -48,10 +48,8 @@ def methods_for(dtype_name: str, m: int, n: int, k: int, seed: int, dev,
     ref = np.asarray(jnp.dot(x, w, preferred_element_type=jnp.float32))
 
     def plan(groups, dtype):
-        fast_rows = _plan.gemm_configs_for(jnp.float8_e4m3fn, True)
-        fast = gemm_config in [c["name"] for c in fast_rows]
-        cfg = fo_jax.OverlapConfig(num_groups=groups, gemm_config=gemm_config,
-                                   fp8_fast_accumulation=fast)
+        cfg = (_plan.row_config(gemm_config, num_groups=groups) if gemm_config
+               else fo_jax.OverlapConfig(num_groups=groups))
         return _plan.plan_gemm("bench", dtype, m, n, k, 1, cfg, groups, 0)
 
     if dtype_name == "bfloat16":

@@ -136,7 +136,7 @@ def choose_fp8(op: str, config, m: int, n: int, k: int, platform: str, **extra) 
     blocker = fp8.blocker(m, n, k)
     if blocker is not None:
         return PathChoice(op, "reference", blocker, **extra)
-    fast = " with fast accumulation" if config is not None and config.fp8_fast_accumulation else ""
+    fast = " with fast accumulation" if _plan.fast_accumulation(fp8.FP8_DTYPE, config) else ""
     return PathChoice(op, "cuda", f"fo_jax's fp8 GEMM{fast} on CUDA devices (no measured fp8 "
                       "table yet: XLA's fp8 dot is not chosen)", **extra)
 

@@ -177,6 +177,13 @@ def gemm_configs_for(dtype, fast_accum: Optional[bool] = False) -> tuple:
                  and (fast_accum is None or bool(c.get("fast_accum")) == fast_accum))
 
 
+def row_config(name: str, **fields) -> OverlapConfig:
+    """OverlapConfig(gemm_config=name, **fields) with fp8_fast_accumulation set to the compiled
+    row's own accumulation: what benchmarks and tests that force each row pass."""
+    fast = any(c["name"] == name and c.get("fast_accum") for c in gemm_configs())
+    return OverlapConfig(gemm_config=name, fp8_fast_accumulation=fast, **fields)
+
+
 def fast_accumulation(dtype, config: Optional[OverlapConfig]) -> bool:
     """Whether a call's GEMMs take the fast-accumulation fp8 rows: fp8 operands and
     config.fp8_fast_accumulation."""

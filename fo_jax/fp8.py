@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
-from fo_jax import _checks
+from fo_jax import _checks, _plan
 
 FP8_DTYPE = jnp.dtype(jnp.float8_e4m3fn)
 # Output dtypes of the fp8 GEMM: the CUDA kernel writes bfloat16 only.
@@ -48,7 +48,7 @@ GEMM_SPEEDUP_OVER_BF16_FAST = 1.75
 def gemm_speedup_over_bf16(config) -> float:
     """How much faster fo_jax's fp8 GEMM runs than its bf16 one, for the accumulation that
     `config` asks for (the estimate that decides whether an fp8 overlap pays)."""
-    fast = config is not None and config.fp8_fast_accumulation
+    fast = _plan.fast_accumulation(FP8_DTYPE, config)
     return GEMM_SPEEDUP_OVER_BF16_FAST if fast else GEMM_SPEEDUP_OVER_BF16
 
 

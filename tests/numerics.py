@@ -88,3 +88,18 @@ def group_major_layout(ref, plan, batch: int, m: int):
             dst = batch * r0 + b * (r1 - r0)
             out[dst:dst + r1 - r0] = ref[b * m + r0:b * m + r1]
     return out
+
+
+def measured_config_times(results_file: str) -> dict:
+    """{(M, N, K): {config: ms}} of the fo_jax.gemm rows (one per forced tile configuration) of
+    a committed benchmarks/results/ sweep (bench_fp8.py --configs)."""
+    import json  # noqa: PLC0415
+    import pathlib  # noqa: PLC0415
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results" / results_file
+    times = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row["method"] == "fo_jax.gemm" and row.get("ms"):
+            times.setdefault((row["M"], row["N"], row["K"]), {})[row["config"]] = row["ms"]
+    return times

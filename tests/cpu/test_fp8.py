@@ -10,6 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 import fo_jax
 from conftest import cpu_mesh
+from numerics import measured_config_times
 
 E4M3 = jnp.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -334,19 +335,11 @@ def test_fp8_rule_picks_the_fastest_measured_configuration():
     """The fp8 tile rule (SelectGemmConfig's wave model) against the committed measurement of
     every fp8 configuration on 16 shapes (one H100): its pick is within 1% of the fastest
     configuration on each (the rule before it lost up to 1.38x at small shapes)."""
-    import json
-    import pathlib
-
     from fo_jax import _cuda, _plan
 
     mod = _cuda.module()
     names = [c["name"] for c in _plan.gemm_configs()]
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results" / FP8_CONFIG_SWEEP
-    times = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        if row["method"] == "fo_jax.gemm" and row.get("ms"):
-            times.setdefault((row["M"], row["N"], row["K"]), {})[row["config"]] = row["ms"]
+    times = measured_config_times(FP8_CONFIG_SWEEP)
     assert len(times) == 16 and all(len(t) == 3 for t in times.values()), times
     for (m, n, k), t in times.items():
         pick = names[mod.select_gemm_config(mod.GemmDtype.float8_e4m3fn, m, n, k, 1, 0)]

@@ -3,9 +3,6 @@
 committed measurement, the lowering for CUDA, describe(), and the reference path, which ignores
 it."""
 
-import json
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 import fo_jax
 from conftest import cpu_mesh
+from numerics import measured_config_times
 
 E4M3 = jnp.float8_e4m3fn
 FAST = fo_jax.OverlapConfig(fp8_fast_accumulation=True)
@@ -126,12 +124,7 @@ def test_pick_is_within_2_percent_of_the_fastest_measured_row():
     1.7% behind it on the last (4096x7168x8192, a near tie)."""
     from fo_jax import _plan
 
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results" / FAST_SWEEP
-    times = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        if row["method"] == "fo_jax.gemm" and row.get("ms"):
-            times.setdefault((row["M"], row["N"], row["K"]), {})[row["config"]] = row["ms"]
+    times = measured_config_times(FAST_SWEEP)
     assert len(times) == 16 and all(len(t) == 2 for t in times.values()), times
     for (m, n, k), t in times.items():
         pick = _plan.plan_matmul("t", jnp.dtype(E4M3), m, n, k, FAST).config_name

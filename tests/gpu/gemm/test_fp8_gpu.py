@@ -72,8 +72,7 @@ def test_fp8_configs_against_float64(shape):
     m, k, n = shape
     xq, xs, wq, ws = _operands(m, k, n, seed=m + k + n)
     for cfg in configs:
-        config = fo_jax.OverlapConfig(gemm_config=cfg["name"], num_groups=1,
-                                      fp8_fast_accumulation=cfg["fast_accum"])
+        config = _plan.row_config(cfg["name"], num_groups=1)
         plan = _plan.plan_matmul("test", jnp.dtype(jnp.float8_e4m3fn), m, n, k, config)
         d_init = jnp.full((m, n), POISON, jnp.bfloat16)
         f = jax.jit(lambda x, w, a, b, d, plan=plan: _cuda_ops.signaling_gemm_fp8(
@@ -91,8 +90,7 @@ def test_fp8_signals_every_group():
     m, k, n = 2048, 512, 768
     xq, xs, wq, ws = _operands(m, k, n, seed=5)
     for cfg in _fp8_configs():
-        config = fo_jax.OverlapConfig(gemm_config=cfg["name"], num_groups=4,
-                                      fp8_fast_accumulation=cfg["fast_accum"])
+        config = _plan.row_config(cfg["name"], num_groups=4)
         plan = _plan.plan_matmul("test", jnp.dtype(jnp.float8_e4m3fn), m, n, k, config)
         y, counters = jax.jit(lambda x, w, a, b, plan=plan: _cuda_ops.signaling_gemm_fp8(
             x, w.T, a, b, plan))(xq, wq, xs, ws)
@@ -212,8 +210,7 @@ def test_fp8_batched_remap(batch, m):
     X = np.asarray(xq, np.float64) * float(xs)
     W = np.asarray(wq, np.float64) * float(ws)
     for cfg in _fp8_configs():
-        config = fo_jax.OverlapConfig(gemm_config=cfg["name"], num_groups=3,
-                                      fp8_fast_accumulation=cfg["fast_accum"])
+        config = _plan.row_config(cfg["name"], num_groups=3)
         plan = _plan.plan_gemm("test", jnp.dtype(jnp.float8_e4m3fn), m, n, k, batch, config, 1,
                                0)
         d_init = jnp.full((batch * m, n), POISON, jnp.bfloat16)
