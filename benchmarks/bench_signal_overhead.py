@@ -12,11 +12,12 @@ Reports the signaling overhead (signal / 8groups - 1: the counters' cost, the cr
 31: <= 2%) and the group order's (8groups / 1group - 1). Each method's result is checked against
 XLA's dot of the same (dequantized) operands first.
 
---fp8-configs all|NAME ...: also every named fp8 tile configuration (gemm_config) as the producer,
-one table row each (the fp8 choice is a rule, not a measured table: which row signals cheapest).
+fp8 runs twice: fo_jax's default pick and its pick with OverlapConfig(fp8_fast_accumulation=True)
+(--no-fast: the default only). --fp8-configs all|NAME ...: also every named fp8 tile
+configuration (gemm_config) as the producer, one table row each (which row signals cheapest).
 
 Usage: python benchmarks/bench_signal_overhead.py [--out benchmarks/results] [--shapes MxNxK ...]
-         [--fp8-configs all|NAME ...]
+         [--fp8-configs all|NAME ...] [--no-fast]
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ LIMIT = 0.02  # signaling overhead criterion (issue 31)
 
 
 def methods_for(dtype_name: str, m: int, n: int, k: int, seed: int, dev,
-                gemm_config: str | None = None) -> tuple:
+                gemm_config: str | None = None, fast: bool = False) -> tuple:
     """({method: f(x, w)}, x, w, reference, config name): the three variants of one dtype, on
-    the tile configuration fo_jax chooses or on `gemm_config`."""
+    the tile configuration fo_jax chooses (with fp8 fast accumulation if `fast`) or on
+    `gemm_config`."""
     from fo_jax import _cuda_ops, _plan  # noqa: PLC0415
 
     x, w = benchlib.gemm_operands(m, n, k, jnp.bfloat16, dev, seed)
@@ -49,7 +51,7 @@ def methods_for(dtype_name: str, m: int, n: int, k: int, seed: int, dev,
 
     def plan(groups, dtype):
         cfg = (_plan.row_config(gemm_config, num_groups=groups) if gemm_config
-               else fo_jax.OverlapConfig(num_groups=groups))
+               else fo_jax.OverlapConfig(num_groups=groups, fp8_fast_accumulation=fast))
         return _plan.plan_gemm("bench", dtype, m, n, k, 1, cfg, groups, 0)
 
     if dtype_name == "bfloat16":
@@ -80,6 +82,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", default=benchlib.DESIGN_SHAPES)
     ap.add_argument("--fp8-configs", nargs="*", default=[],
                     help="also these fp8 tile configurations as the producer ('all': every one)")
+    ap.add_argument("--no-fast", action="store_true",
+                    help="skip the fp8 rows with fast accumulation (fo_jax's fast pick)")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
     from fo_jax import _plan  # noqa: PLC0415
@@ -87,17 +91,21 @@ def main() -> None:
     fp8_names = [c["name"] for c in _plan.gemm_configs()
                  if "float8_e4m3fn" in c.get("dtypes", ())]
     extra = fp8_names if args.fp8_configs == ["all"] else args.fp8_configs
-    cases = [("bfloat16", None), ("float8_e4m3fn", None)]
-    cases += [("float8_e4m3fn", name) for name in extra]
+    # (dtype, forced row or None: fo_jax's choice, fp8 fast accumulation)
+    cases = [("bfloat16", None, False), ("float8_e4m3fn", None, False)]
+    if not args.no_fast:
+        cases.append(("float8_e4m3fn", None, True))
+    cases += [("float8_e4m3fn", name, False) for name in extra]
     (dev,) = benchlib.cuda_gpus_or_exit("bench_signal_overhead.py")[:1]
     res = benchlib.Results(benchlib.device_info([dev]))
     lines, worst = [], {}
     for i, s in enumerate(args.shapes):
         m, n, k = (int(v) for v in s.split("x"))
-        for dt, forced in cases:
-            print(f"[{i + 1}/{len(args.shapes)}] {s} {dt} {forced or ''}", file=sys.stderr,
+        for dt, forced, fast in cases:
+            label = dt + (" fast" if fast else "")
+            print(f"[{i + 1}/{len(args.shapes)}] {s} {label} {forced or ''}", file=sys.stderr,
                   flush=True)
-            fns, a, b, ref, config = methods_for(dt, m, n, k, i, dev, forced)
+            fns, a, b, ref, config = methods_for(dt, m, n, k, i, dev, forced, fast)
             for name, f in fns.items():
                 got = np.asarray(f(a, b).astype(jnp.float32))
                 err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
@@ -107,10 +115,11 @@ def main() -> None:
             one, eight, sig = (gpu[f"{prefix}.{v}"] for v in ("1group", "8groups", "signal"))
             for name, ms in gpu.items():
                 res.add(suite="signal_overhead", dtype=dt, M=m, N=n, K=k, method=name,
-                        gpu_ms=round(ms, 4), config=config, chosen=forced is None)
+                        gpu_ms=round(ms, 4), config=config, chosen=forced is None,
+                        fast_accumulation=fast or config.startswith("fp8fast"))
             overhead = sig / eight - 1
             if forced is None:  # the criterion is about what fo_jax runs
-                worst[dt] = max(worst.get(dt, -1.0), overhead)
+                worst[label] = max(worst.get(label, -1.0), overhead)
             lines.append([s, dt, config + ("" if forced is None else " (forced)"),
                           f"{one:.4f}", f"{eight:.4f}", f"{sig:.4f}",
                           f"{eight / one - 1:+.1%}", f"{overhead:+.1%}"])
