@@ -449,15 +449,23 @@ NB_MODULE(_fo_jax_cuda, m) {
       },
       nb::call_guard<nb::gil_scoped_release>());
 
-  // Tests (one GPU): the progress watchdog's release of a stuck copy-engine rank
-  // (comm/stuck_release_check.h); `mark_abandoned` false runs the control.
+  // Tests (one GPU): the releases of a stuck copy-engine call (comm/stuck_release_check.h):
+  // `release` "watchdog" (the progress watchdog's), "failed_peer" (a peer's failed call's) or
+  // "healthy_peer" (the control).
   m.def(
       "stuck_release_check",
-      [](uint32_t epoch_start, bool mark_abandoned, int elements, double timeout_s) {
+      [](uint32_t epoch_start, const std::string& release, int elements, double timeout_s) {
+        const fo_jax::ReleaseBy by =
+            release == "watchdog" ? fo_jax::ReleaseBy::kWatchdog
+            : release == "failed_peer" ? fo_jax::ReleaseBy::kFailedPeer
+            : release == "healthy_peer"
+                ? fo_jax::ReleaseBy::kHealthyPeer
+                : throw std::invalid_argument("stuck_release_check: release must be watchdog, "
+                                              "failed_peer or healthy_peer");
         fo_jax::StuckReleaseCheckResult r;
         {
-          nb::gil_scoped_release release;
-          r = fo_jax::RunStuckReleaseCheck(epoch_start, mark_abandoned, elements, timeout_s);
+          nb::gil_scoped_release unlocked;
+          r = fo_jax::RunStuckReleaseCheck(epoch_start, by, elements, timeout_s);
         }
         nb::dict d;
         d["stuck_before"] = r.stuck_before;
@@ -470,7 +478,7 @@ NB_MODULE(_fo_jax_cuda, m) {
         d["error"] = r.error;
         return d;
       },
-      nb::arg("epoch_start") = 0, nb::arg("mark_abandoned") = true,
+      nb::arg("epoch_start") = 0, nb::arg("release") = "watchdog",
       nb::arg("elements") = 1 << 20, nb::arg("timeout_s") = 10.0);
 
   // What fo_jax holds outside XLA (fo_jax/info.py, device_resources): one row per communicator

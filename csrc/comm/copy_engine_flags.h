@@ -36,9 +36,10 @@ struct CopyEngineFlags {
   uint32_t last_pieces[kMaxRowPieces];
   // [g]: epoch in which the ring's sender's group g arrived (the GEMM's addend flags).
   uint32_t ring_arrived[kMaxGemmGroups];
-  // The latest epoch whose calls the progress watchdog abandoned on this rank
-  // (copy_engine_watchdog.h): it wrote the words above that the peers owed, so an all-reduce's
-  // band sums of those calls store nothing into the peers (the out table may be stale).
+  // The latest epoch whose calls were released rather than completed on this rank: by its
+  // progress watchdog (copy_engine_watchdog.h), which wrote the words above that the peers
+  // owed, or by a peer whose call failed (failed_call.h). Band sums of those calls write NaNs and
+  // store nothing into the peers (the out table may be stale).
   uint32_t abandoned;
 };
 

@@ -49,9 +49,7 @@ std::vector<FlagRelease> FailedCallReleases(const CopyEngineArgs& a, int P, int 
   return out;
 }
 
-namespace {
-
-uint32_t* WordOf(CopyEngineFlags* flags, const FlagRelease& r) {
+uint32_t* FlagWordAddress(CopyEngineFlags* flags, const FlagRelease& r) {
   switch (r.word) {
     case FlagWord::kOutReady: return OutReady(flags) + r.index;
     case FlagWord::kArrived: return Arrived(flags) + r.index;
@@ -62,6 +60,8 @@ uint32_t* WordOf(CopyEngineFlags* flags, const FlagRelease& r) {
   }
   return nullptr;
 }
+
+namespace {
 
 void Keep(Status& first, const Status& s) {
   if (first.ok() && !s.ok()) first = s;
@@ -89,8 +89,37 @@ Status EnqueueReleases(cudaStream_t stream, CopyEngineFlags* const* peer_flags, 
                              "waiting for the band sums before the acknowledgements"));
       waited = true;
     }
-    Keep(first, EnqueueWriteValue(stream, WordOf(flags, r), epoch));
+    Keep(first, EnqueueWriteValue(stream, FlagWordAddress(flags, r), epoch));
   }
+  return first;
+}
+
+Status EnqueueMarkAbandoned(cudaStream_t stream, CopyEngineFlags* const* peer_flags,
+                            CopyEngineFlags* own_flags, const std::vector<FlagRelease>& releases,
+                            uint32_t epoch) {
+  Status first = Status::Ok();
+  if (own_flags != nullptr) Keep(first, EnqueueWriteValue(stream, Abandoned(own_flags), epoch));
+  bool marked[kMaxCopyEngineRanks] = {};
+  for (const FlagRelease& r : releases) {
+    if (marked[r.peer]) continue;
+    marked[r.peer] = true;
+    Keep(first, EnqueueWriteValue(stream, Abandoned(peer_flags[r.peer]), epoch));
+  }
+  return first;
+}
+
+Status EnqueueFailedCallWrites(cudaStream_t stream, CopyEngineFlags* const* peer_flags,
+                               CopyEngineFlags* own_flags, int P, int me,
+                               const std::vector<FlagRelease>& releases, uint32_t epoch,
+                               void* out, cudaEvent_t before_acks) {
+  std::vector<FlagRelease> awaited, acks;
+  for (const FlagRelease& r : releases) {
+    (r.word == FlagWord::kRecvAcked ? acks : awaited).push_back(r);
+  }
+  Status first = EnqueueMarkAbandoned(stream, peer_flags, own_flags, releases, epoch);
+  Keep(first, EnqueueReleases(stream, peer_flags, P, me, awaited, epoch, out));
+  Keep(first, EnqueueWriteValue(stream, OwnCopies(own_flags), epoch));
+  Keep(first, EnqueueReleases(stream, peer_flags, P, me, acks, epoch, out, before_acks));
   return first;
 }
 
@@ -102,14 +131,9 @@ void ReleaseOnCopyStream(CommState& s, const CopyJob& job, FailedPart part) {
   (void)cudaStreamWaitEvent(cs, job.inputs_ready, 0);
   (void)cudaEventRecord(w.flag_event, w.flag_stream);
   (void)cudaStreamWaitEvent(cs, w.flag_event, 0);
-  std::vector<FlagRelease> before_acks, acks;
-  for (const FlagRelease& r : FailedCallReleases(job.a, s.nranks, s.rank, part)) {
-    (r.word == FlagWord::kRecvAcked ? acks : before_acks).push_back(r);
-  }
-  (void)EnqueueReleases(cs, job.peer_flags, s.nranks, s.rank, before_acks, job.epoch, job.a.out);
-  (void)EnqueueWriteValue(cs, OwnCopies(s.copy_engine->buffers.flags), job.epoch);
-  (void)EnqueueReleases(cs, job.peer_flags, s.nranks, s.rank, acks, job.epoch, job.a.out,
-                        job.sums_ended);
+  (void)EnqueueFailedCallWrites(cs, job.peer_flags, s.copy_engine->buffers.flags, s.nranks,
+                                s.rank, FailedCallReleases(job.a, s.nranks, s.rank, part),
+                                job.epoch, job.a.out, job.sums_ended);
   (void)cudaGetLastError();
 }
 
@@ -129,8 +153,9 @@ Status ReleaseFailedCopyEngineCall(CommState& s, cudaStream_t xla_stream, const 
     job.inputs_ready = ready;
     ce.worker.thread->Push([&s, job] { ReleaseOnCopyStream(s, job, FailedPart::kWholeCall); });
   } else {
-    released = EnqueueReleases(xla_stream, ce.buffers.peer_flags, P, me,
-                               FailedCallReleases(a, P, me, part), e, a.out);
+    const std::vector<FlagRelease> releases = FailedCallReleases(a, P, me, part);
+    released = EnqueueMarkAbandoned(xla_stream, ce.buffers.peer_flags, nullptr, releases, e);
+    Keep(released, EnqueueReleases(xla_stream, ce.buffers.peer_flags, P, me, releases, e, a.out));
   }
   if (a.all_reduce) {
     // The peers store their summed bands into a.out (this call's output, whose address the

@@ -17,6 +17,18 @@
 // later epoch is satisfied early. An all-reduce's output address is this call's own output, and
 // the call's XLA stream then waits until every peer has stored into it (its `stored` word), as a
 // healthy call does: a peer never stores into memory this call no longer owns.
+//
+// Before those words, the release writes e into the `abandoned` word of every peer it releases
+// (and, on the copy worker, its own): a band sum reads that word after its waits, so a sum
+// whose waits the release ended writes NaNs instead of a sum of undefined parts and stores
+// nothing into the peers (band_sum.h). So a failed call's direct reduce-scatter and all-reduce
+// outputs read as failed on every rank in the same call, also where the failure is the copy
+// worker's, which the failing rank only reports at its next call. Not covered: the ring's output
+// (summed in the GEMM's epilogue), the all-gather's, and the band that a rank whose band sums
+// failed to launch (kXlaStream) owed its all-reduce peers, whose own sums may have passed their
+// waits before its mark lands. A peer's `abandoned` is otherwise written only by its own
+// progress watchdog, seconds later; the group is failed from the first failure on, so no later
+// call enqueues work that a lower mark could leave unmarked.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -57,6 +69,9 @@ struct FlagRelease {
 std::vector<FlagRelease> FailedCallReleases(const CopyEngineArgs& a, int P, int me,
                                             FailedPart part);
 
+// The device address of release r's word in `flags` (peer r.peer's flags).
+uint32_t* FlagWordAddress(CopyEngineFlags* flags, const FlagRelease& r);
+
 // Enqueues on `stream` the write of each release with the value `epoch`; kOutReady writes the
 // address `out` into the peer's out table first (as the healthy path does). If `before_acks` is
 // set, the stream waits for it before the first acknowledgement (the receive slots are read
@@ -65,13 +80,28 @@ Status EnqueueReleases(cudaStream_t stream, CopyEngineFlags* const* peer_flags, 
                        const std::vector<FlagRelease>& releases, uint32_t epoch, void* out,
                        cudaEvent_t before_acks = nullptr);
 
-// On the copy worker, in its job order: the words of `part` (kWholeCall or kCopyStream) of
-// call job.epoch, written on the copy stream after everything the worker enqueued for earlier
-// calls (the copy stream's and, through an event, the flag stream's writes) and after
-// job.inputs_ready (recorded on XLA's stream at this call, after its earlier calls' writes
-// there, and from which on this call's output may be written); then this rank's own-copies flag;
-// the acknowledgements after job.sums_ended if set (the band sums have read the receive slots).
-// Errors are ignored: nothing better can be done.
+// Enqueues on `stream` the write of `epoch` into `abandoned` of own_flags (if set) and of every
+// peer that `releases` names, once each.
+Status EnqueueMarkAbandoned(cudaStream_t stream, CopyEngineFlags* const* peer_flags,
+                            CopyEngineFlags* own_flags, const std::vector<FlagRelease>& releases,
+                            uint32_t epoch);
+
+// The writes of a failed call on one stream, in this order: the `abandoned` marks (own_flags'
+// and the released peers'), the releases other than the acknowledgements, own_flags' own-copies
+// flag (its own last band sum waits for it), then the acknowledgements (after before_acks if
+// set). Every write is attempted; returns the first failure.
+Status EnqueueFailedCallWrites(cudaStream_t stream, CopyEngineFlags* const* peer_flags,
+                               CopyEngineFlags* own_flags, int P, int me,
+                               const std::vector<FlagRelease>& releases, uint32_t epoch,
+                               void* out, cudaEvent_t before_acks = nullptr);
+
+// On the copy worker, in its job order: EnqueueFailedCallWrites of the words of `part`
+// (kWholeCall or kCopyStream) of call job.epoch, on the copy stream after everything the worker
+// enqueued for earlier calls (the copy stream's and, through an event, the flag stream's writes)
+// and after job.inputs_ready (recorded on XLA's stream at this call, after its earlier calls'
+// writes there, and from which on this call's output may be written); the acknowledgements
+// after job.sums_ended if set (the band sums have read the receive slots). Errors are ignored:
+// nothing better can be done.
 void ReleaseOnCopyStream(CommState& state, const CopyJob& job, FailedPart part);
 
 // On XLA's thread, under state.mu, for a call that prepared (PrepareCopyEngineCall: the
@@ -80,7 +110,8 @@ void ReleaseOnCopyStream(CommState& state, const CopyJob& job, FailedPart part);
 // in step with the peers), records its inputs_ready event on `xla_stream` and hands the copy
 // worker a job that writes the whole call's words (ReleaseOnCopyStream: the copy worker's
 // streams may still hold earlier calls' writes of the same words, which must land first).
-// kXlaStream (handed over): writes `stored` on `xla_stream`, where the earlier calls wrote it.
+// kXlaStream (handed over): marks the peers abandoned and writes `stored` on `xla_stream`, where
+// the earlier calls wrote it.
 // For an all-reduce, `xla_stream` then waits for the peers' stores into `a.out`.
 Status ReleaseFailedCopyEngineCall(CommState& state, cudaStream_t xla_stream,
                                    const CopyEngineArgs& a, FailedPart part, const Status& cause);

@@ -12,6 +12,7 @@
 
 #include "comm/copy_engine_flags.h"
 #include "comm/copy_engine_watchdog.h"
+#include "comm/failed_call.h"
 #include "comm/stream_wait.h"
 #include "kernels/band_sum.h"
 
@@ -50,7 +51,7 @@ uint16_t Bf16Bits(float v) {
 
 }  // namespace
 
-StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, bool mark_abandoned,
+StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, ReleaseBy release,
                                              int elements, double timeout_s) {
   StuckReleaseCheckResult r;
   if (elements <= 0 || elements % 8 != 0) {
@@ -73,13 +74,15 @@ StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, bool mark_aba
   }
   std::string launch_error;
   if ((err = LoadBandSumKernels(&launch_error)) != cudaSuccess) return fail(err, "band sums");
-  CopyEngineFlags* flags = nullptr;
+  // flags: the stuck rank's (rank 0); peer_own: the failing peer's own (kFailedPeer).
+  CopyEngineFlags *flags = nullptr, *peer_own = nullptr;
   uint16_t *own = nullptr, *slot = nullptr, *out = nullptr, *canary = nullptr;
   for (auto [p, size] : {std::pair<void**, size_t>{reinterpret_cast<void**>(&own), bytes},
                          {reinterpret_cast<void**>(&slot), bytes},
                          {reinterpret_cast<void**>(&out), bytes},
                          {reinterpret_cast<void**>(&canary), bytes},
-                         {reinterpret_cast<void**>(&flags), sizeof(CopyEngineFlags)}}) {
+                         {reinterpret_cast<void**>(&flags), sizeof(CopyEngineFlags)},
+                         {reinterpret_cast<void**>(&peer_own), sizeof(CopyEngineFlags)}}) {
     if ((err = res.Alloc(p, size)) != cudaSuccess) return fail(err, "cudaMalloc");
   }
   // Small integers: their bf16 sum is exact, so the expected output is known bit for bit.
@@ -108,7 +111,9 @@ StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, bool mark_aba
   }
   if ((err = cudaMemset(out, 0, bytes)) != cudaSuccess ||
       (err = cudaMemcpy(flags, words.data(), sizeof(CopyEngineFlags), cudaMemcpyHostToDevice)) !=
-          cudaSuccess) {
+          cudaSuccess ||
+      (err = cudaMemcpy(peer_own, words.data(), sizeof(CopyEngineFlags),
+                        cudaMemcpyHostToDevice)) != cudaSuccess) {
     return fail(err, "setting the flags");
   }
   if ((err = cudaStreamCreateWithFlags(&res.call, cudaStreamNonBlocking)) != cudaSuccess ||
@@ -148,10 +153,26 @@ StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, bool mark_aba
   // The words this call waits for, as its peer (rank 1) writes them.
   uint32_t* const awaited[] = {OutReady(flags) + 1, Arrived(flags), LastPieces(flags),
                                Stored(flags) + 1, RecvAcked(flags) + 1};
+  // The peer's call, for kFailedPeer: an all-reduce over 2 ranks, one round, the direct form,
+  // its one sent chunk summed by rows (so it owes the piece and the step's flag), its output
+  // (the address it gives rank 0) the canary.
+  CopyEngineArgs peer_call;
+  peer_call.all_reduce = true;
+  peer_call.sum_split = SumSplit::kByRows;
+  peer_call.num_groups = 2;
+  peer_call.chunk_first_group[1] = 1;
+  peer_call.chunk_first_group[2] = 2;
+  peer_call.out = canary;
+  const std::vector<FlagRelease> peer_releases =
+      FailedCallReleases(peer_call, 2, 1, FailedPart::kWholeCall);
+  CopyEngineFlags* const peer_flags[2] = {flags, peer_own};
   const auto t0 = std::chrono::steady_clock::now();
   Status wrote = Status::Ok();
-  if (mark_abandoned) {
+  if (release == ReleaseBy::kWatchdog) {
     wrote = EnqueueStuckRankRelease(res.release, flags, e);
+  } else if (release == ReleaseBy::kFailedPeer) {
+    wrote = EnqueueFailedCallWrites(res.release, peer_flags, peer_own, 2, 1, peer_releases, e,
+                                    canary);
   } else {  // the control: the awaited words as a healthy peer writes them
     for (uint32_t* word : awaited) {
       if (wrote.ok()) wrote = EnqueueWriteValue(res.release, word, e);
@@ -177,12 +198,14 @@ StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, bool mark_aba
     return r;
   }
   std::vector<uint16_t> h_out(n), h_canary_after(n);
-  std::vector<uint32_t> after(words.size());
+  std::vector<uint32_t> after(words.size()), peer_after(words.size());
   if ((err = cudaMemcpy(h_out.data(), out, bytes, cudaMemcpyDeviceToHost)) != cudaSuccess ||
       (err = cudaMemcpy(h_canary_after.data(), canary, bytes, cudaMemcpyDeviceToHost)) !=
           cudaSuccess ||
       (err = cudaMemcpy(after.data(), flags, sizeof(CopyEngineFlags), cudaMemcpyDeviceToHost)) !=
-          cudaSuccess) {
+          cudaSuccess ||
+      (err = cudaMemcpy(peer_after.data(), peer_own, sizeof(CopyEngineFlags),
+                        cudaMemcpyDeviceToHost)) != cudaSuccess) {
     return fail(err, "download");
   }
   r.sum_equal = h_out == h_sum;
@@ -191,19 +214,38 @@ StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, bool mark_aba
     return (v & 0x7F80u) == 0x7F80u && (v & 0x007Fu) != 0;
   });
   r.canary_untouched = h_canary_after == h_canary;
-  if (mark_abandoned) {
-    // The host copy's word at the device address `word` (of `flags`).
-    auto word_at = [&](const uint32_t* word) {
-      return after[(reinterpret_cast<const char*>(word) - reinterpret_cast<char*>(flags)) / 4];
-    };
-    bool ok = word_at(Abandoned(flags)) == e && word_at(OwnCopies(flags)) == epoch_start;
+  if (release == ReleaseBy::kHealthyPeer) return r;
+  // Which words of rank 0's flags the release must have set to e; every other epoch word
+  // (not the out table's addresses) must still read epoch_start.
+  std::vector<bool> released(words.size(), false);
+  auto index_of = [&](const CopyEngineFlags* base, const uint32_t* word) {
+    return (reinterpret_cast<const char*>(word) - reinterpret_cast<const char*>(base)) / 4;
+  };
+  released[index_of(flags, Abandoned(flags))] = true;
+  if (release == ReleaseBy::kWatchdog) {
     OwedWords owed[kOwedRuns];
     WordsPeersOwe(flags, owed);
     for (const OwedWords& run : owed) {
-      for (int i = 0; i < run.count; ++i) ok = ok && word_at(run.first + i) == e;
+      for (int i = 0; i < run.count; ++i) released[index_of(flags, run.first + i)] = true;
     }
-    r.words_released = ok;
+  } else {
+    for (const FlagRelease& pr : peer_releases) {
+      released[index_of(flags, FlagWordAddress(flags, pr))] = true;
+    }
   }
+  const size_t table_begin = offsetof(CopyEngineFlags, out_table) / 4;
+  const size_t table_end = table_begin + sizeof(CopyEngineFlags::out_table) / 4;
+  bool ok = true;
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (i >= table_begin && i < table_end) continue;
+    ok = ok && after[i] == (released[i] ? e : epoch_start);
+  }
+  if (release == ReleaseBy::kFailedPeer) {
+    // The failing peer marks its own flags too and says its own copies are done.
+    ok = ok && peer_after[index_of(peer_own, Abandoned(peer_own))] == e &&
+         peer_after[index_of(peer_own, OwnCopies(peer_own))] == e;
+  }
+  r.words_released = ok;
   return r;
 }
 

@@ -24,8 +24,9 @@ constexpr int kMaxBandSumParts = 16;
 // addresses that this kernel reads on the GPU (other GPUs wrote them with stream memory
 // operations); address + offset_bytes receives the same values as out, typically another GPU's
 // memory over NVLink.
-// `abandoned`, if set, is a word that the progress watchdog sets to the latest epoch it
-// abandoned (comm/copy_engine_watchdog.h): read after the arrival wait, a value that has reached
+// `abandoned`, if set, is a word set to the latest epoch of a call released rather than
+// completed (by the progress watchdog, comm/copy_engine_watchdog.h, or by a peer's failed call,
+// comm/failed_call.h): read after the arrival wait, a value that has reached
 // `epoch` means the call was released, not completed: its parts are undefined and the table may
 // hold stale addresses, so nothing is stored remotely and out is written with NaNs (a failed
 // call's output reads as failed, never as a plausible sum). Any call may set it (table null,

@@ -1,10 +1,19 @@
-"""The failure workers' call loop: each call timed and reported as "CALL <i> RAISED|RETURNED
-<seconds> <first line of the error>" (and "MESSAGE <i> <error>"), the lines the reliability tests
-parse (tests/gpu/overlap/test_reliability_gpu.py)."""
+"""The failure workers' call loop: each call timed and reported as "CALL <i> RAISED <seconds>
+<first line of the error>" (and "MESSAGE <i> <error>") or "CALL <i> RETURNED <seconds>
+nan_shards=<k>/<n>" (how many of the result's device shards hold a NaN: a failed call's band sums
+write NaNs), the lines the reliability tests parse (tests/gpu/overlap/test_reliability_gpu.py)."""
 
 import time
 
 import jax
+import numpy as np
+
+
+def nan_shards(result) -> str:
+    """"<k>/<n>": of the n device shards of the arrays in `result`, k hold a NaN."""
+    shards = [sh for leaf in jax.tree_util.tree_leaves(result) for sh in leaf.addressable_shards]
+    bad = sum(bool(np.isnan(np.asarray(sh.data, dtype=np.float32)).any()) for sh in shards)
+    return f"{bad}/{len(shards)}"
 
 
 def report_calls(f, args: tuple, calls: int, pause_s: float = 0.0,
@@ -15,8 +24,10 @@ def report_calls(f, args: tuple, calls: int, pause_s: float = 0.0,
     for call in range(first, first + calls):
         start = time.perf_counter()
         try:
-            jax.block_until_ready(f(*args))
-            print(f"CALL {call} RETURNED {time.perf_counter() - start:.1f}", flush=True)
+            result = jax.block_until_ready(f(*args))
+            seconds = time.perf_counter() - start
+            print(f"CALL {call} RETURNED {seconds:.1f} nan_shards={nan_shards(result)}",
+                  flush=True)
         except Exception as e:  # noqa: BLE001 (the expected failure, reported)
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             print(f"CALL {call} RAISED {time.perf_counter() - start:.1f} {first}", flush=True)

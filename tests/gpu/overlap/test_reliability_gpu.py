@@ -181,7 +181,9 @@ def test_failure_after_the_exchange_fails_every_rank(stage, form):
     then wait in). It releases what they wait for, so no call hangs (each
     ends within 30 s); the failed group makes every later call raise, with the cause; the process
     then exits cleanly. A graph or launch failure raises in the failing call itself; the copy
-    thread's, which runs after the handler returned, by the next call at the latest."""
+    thread's, which runs after the handler returned, by the next call at the latest, and a
+    direct reduce-scatter or all-reduce call that returns after it holds NaNs on every GPU (its
+    release marks the calls it ends abandoned: failed_call.h)."""
     devs = gpu_devices_or_skip(2)
     n = min(4, len(devs))
     code, out = _worker("failure_stage_worker.py", n, timeout_s=240, args=(form,),
@@ -195,6 +197,9 @@ def test_failure_after_the_exchange_fails_every_rank(stage, form):
     assert first <= (1 if stage == "copy" else 0), out[-4000:]
     assert all(what == "RAISED" for what in outcomes[first:]), out[-4000:]
     assert f"injected by FO_JAX_TEST_FAIL={stage}" in out, out[-4000:]
+    if stage == "copy" and form in ("rs_direct", "ar_two_rounds") and first > 0:
+        poisoned = re.search(r"^CALL 0 RETURNED \S+ nan_shards=(\d+)/(\d+)", out, re.M)
+        assert poisoned and poisoned.group(1) == poisoned.group(2) != "0", out[-4000:]
 
 
 def test_known_failure_in_another_process_ends_the_wait_without_a_timeout():
@@ -258,7 +263,7 @@ def test_watchdog_release_ends_a_stuck_call_without_stale_stores(epoch_start):
     peer's stale out-table address and every owed word at the call's epoch (also where that
     epoch wraps to 0)."""
     gpu_devices_or_skip(1)
-    r = fo_jax._cuda.module().stuck_release_check(epoch_start, True)
+    r = fo_jax._cuda.module().stuck_release_check(epoch_start, "watchdog")
     assert r["error"] == "", r
     assert r["stuck_before"] and r["released"], r
     assert r["out_poisoned"] and not r["sum_equal"], r
@@ -266,12 +271,30 @@ def test_watchdog_release_ends_a_stuck_call_without_stale_stores(epoch_start):
     print(f"released in {r['release_ms']:.2f} ms")
 
 
-def test_watchdog_release_control_stores_through_the_table():
-    """The control of the release check: the same awaited words written as healthy peers write
+@pytest.mark.parametrize("epoch_start", [0, 2**32 - 1])
+def test_a_failed_peers_release_poisons_the_waiting_call(epoch_start):
+    """A peer whose call fails before enqueueing anything (a copy graph that cannot be built, the
+    GEMM launch: failed_call.h, kWholeCall) writes what its partner waits for, and first that
+    partner's `abandoned` word: on one GPU (stuck_release_check, "failed_peer") the stuck
+    all-reduce call ends with its output all NaN in the same call (not a plausible sum of
+    undefined parts), nothing stored through the out table (the failed peer's output), exactly
+    the failed call's words at its epoch in the partner's flags, and the failed peer's own
+    `abandoned` and own-copies words set (its own band sums, after a copy-worker failure, read
+    them)."""
+    gpu_devices_or_skip(1)
+    r = fo_jax._cuda.module().stuck_release_check(epoch_start, "failed_peer")
+    assert r["error"] == "", r
+    assert r["stuck_before"] and r["released"], r
+    assert r["out_poisoned"] and not r["sum_equal"], r
+    assert r["canary_untouched"] and r["words_released"], r
+
+
+def test_release_check_control_stores_through_the_table():
+    """The control of the release checks: the same awaited words written as healthy peers write
     them (no `abandoned`) end the call too, and the band sum then stores into the out table's
     address (the canary): so an untouched canary above is the release's doing."""
     gpu_devices_or_skip(1)
-    r = fo_jax._cuda.module().stuck_release_check(0, False)
+    r = fo_jax._cuda.module().stuck_release_check(0, "healthy_peer")
     assert r["error"] == "", r
     assert r["stuck_before"] and r["released"] and r["sum_equal"], r
     assert not r["out_poisoned"] and not r["canary_untouched"], r
