@@ -118,7 +118,7 @@ Status EnqueueFailedCallWrites(cudaStream_t stream, CopyEngineFlags* const* peer
   }
   Status first = EnqueueMarkAbandoned(stream, peer_flags, own_flags, releases, epoch);
   Keep(first, EnqueueReleases(stream, peer_flags, P, me, awaited, epoch, out));
-  Keep(first, EnqueueWriteValue(stream, OwnCopies(own_flags), epoch));
+  if (own_flags != nullptr) Keep(first, EnqueueWriteValue(stream, OwnCopies(own_flags), epoch));
   Keep(first, EnqueueReleases(stream, peer_flags, P, me, acks, epoch, out, before_acks));
   return first;
 }

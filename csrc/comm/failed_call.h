@@ -87,9 +87,9 @@ Status EnqueueMarkAbandoned(cudaStream_t stream, CopyEngineFlags* const* peer_fl
                             uint32_t epoch);
 
 // The writes of a failed call on one stream, in this order: the `abandoned` marks (own_flags'
-// and the released peers'), the releases other than the acknowledgements, own_flags' own-copies
-// flag (its own last band sum waits for it), then the acknowledgements (after before_acks if
-// set). Every write is attempted; returns the first failure.
+// if set, and the released peers'), the releases other than the acknowledgements, own_flags'
+// own-copies flag if set (its own last band sum waits for it), then the acknowledgements (after
+// before_acks if set). Every write is attempted; returns the first failure.
 Status EnqueueFailedCallWrites(cudaStream_t stream, CopyEngineFlags* const* peer_flags,
                                CopyEngineFlags* own_flags, int P, int me,
                                const std::vector<FlagRelease>& releases, uint32_t epoch,
