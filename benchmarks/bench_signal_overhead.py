@@ -45,13 +45,11 @@ def producer_runs(dtype_name: str, m: int, n: int, k: int, fast: bool) -> bool:
     """Whether an overlapped call with this per-GPU GEMM runs the producer on some transport:
     its estimated GEMM time reaches the lowest overlap floor (the copy engine's); below it the
     call is a plain GEMM then XLA's collective (fo_jax/_paths.py), and nothing signals."""
-    from fo_jax import _plan  # noqa: PLC0415
+    from fo_jax import _paths  # noqa: PLC0415
 
-    t_gemm = _plan.estimate_seconds("reduce_scatter", m, n, k)[0]
-    if dtype_name != "bfloat16":
-        cfg = fo_jax.OverlapConfig(fp8_fast_accumulation=fast)
-        t_gemm /= fo_jax.fp8.gemm_speedup_over_bf16(cfg)
-    return t_gemm >= _plan.MIN_GEMM_SECONDS_COPY_ENGINE
+    cfg = fo_jax.OverlapConfig(fp8_fast_accumulation=fast)
+    t_gemm = _paths.overlap_gemm_seconds(dtype_name, cfg, "reduce_scatter", m, n, k)
+    return _paths._too_small(cfg, t_gemm, "copy_engine") is None
 
 
 def methods_for(dtype_name: str, m: int, n: int, k: int, seed: int, dev,

@@ -67,6 +67,14 @@ def _off_cuda(op: str, config, platform: str, extra: dict) -> Optional[PathChoic
     return None
 
 
+def overlap_gemm_seconds(dtype, config, collective: str, m: int, n: int, k: int) -> float:
+    """The estimated GEMM time that decides whether an overlapped reduce-scatter or all-reduce
+    on x[m, k] @ w[k, n] pays: _plan's bf16 estimate, divided by the fp8 kernel's speedup
+    over bf16 (for the accumulation `config` asks for) when the operands are fp8."""
+    t_gemm = _plan.estimate_seconds(collective, m, n, k)[0]
+    return t_gemm / fp8.gemm_speedup_over_bf16(config) if fp8.is_fp8(dtype) else t_gemm
+
+
 def _too_small(config, t_gemm: float, transport: Optional[str]) -> Optional[float]:
     """The GEMM-time floor an estimated GEMM of t_gemm seconds falls under (the overlap would not
     pay: _plan.MIN_GEMM_SECONDS*), or None; never with allow_fallback=False."""
@@ -114,7 +122,7 @@ def _choose_overlapped(dtype, config, m: int, n: int, k: int, platform: str, col
         return _choose_all_gather(dtype, config, m, n, k, platform, size)
     transport, how = _transport.choose("fo_jax.overlapped_matmul", collective, size, dtype, m, n,
                                        k, config)
-    t_gemm = _plan.estimate_seconds(collective, m, n, k)[0]
+    t_gemm = overlap_gemm_seconds(dtype, config, collective, m, n, k)
     floor = _too_small(config, t_gemm, transport)
     if floor is not None:
         return PathChoice(op, "xla", (
@@ -160,7 +168,7 @@ def _choose_fp8_overlapped(config, m: int, n: int, k: int, platform: str, collec
     plain = (f"{c.reason}, then XLA's {collective} on its bfloat16 output")
     transport, how = _transport.choose("fo_jax.overlapped_matmul", collective, size, fp8.FP8_DTYPE,
                                        m, n, k, config)
-    t_gemm = _plan.estimate_seconds(collective, m, n, k)[0] / fp8.gemm_speedup_over_bf16(config)
+    t_gemm = overlap_gemm_seconds(fp8.FP8_DTYPE, config, collective, m, n, k)
     floor = _too_small(config, t_gemm, transport)
     if floor is not None:
         return dataclasses.replace(c, reason=(

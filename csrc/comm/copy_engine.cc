@@ -281,7 +281,8 @@ Status EnqueueCopyEngineCall(CommState& s, cudaStream_t xla_stream, const CopyEn
   RecordTimelineHost(s, kHostCopiesEnqueued);
 
   // An all-reduce's sums also store the summed chunk into the same rows of every peer's output.
-  // Every call's sums read `abandoned`: a call the watchdog released writes NaNs (band_sum.h).
+  // Every call's sums read `abandoned`: a call released by the watchdog or by a peer's failure
+  // writes NaNs (band_sum.h).
   RemoteOutputs remote;
   remote.abandoned = Abandoned(ce.buffers.flags);
   remote.epoch = e;

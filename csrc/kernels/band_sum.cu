@@ -35,13 +35,6 @@ __device__ __forceinline__ void Accumulate(float2 (&acc)[4], const uint4& v) {
   }
 }
 
-// Grid-stride over 16-byte vectors (8 values); every part is read once, out and each remote
-// output written once. All of a vector's part loads are issued before the first add (kParts
-// > 0: exactly that many parts; 0: any number, four loads at a time): one load in flight per
-// thread left the sum latency-bound at ~2.6 TB/s (the copy-engine transport's ~100 us after the
-// GEMM at 8192x8192x2048; raw log in git history:
-// benchmarks/results/overlap_profile_tp4_2026-11-21_b86e63a.log). Parts are added in order, so
-// the result does not depend on kParts.
 // Eight NaNs of T2's type in 16 bytes: what an abandoned call's sum writes.
 template <class T2>
 __device__ __forceinline__ uint4 NaNVector();
@@ -54,6 +47,13 @@ __device__ __forceinline__ uint4 NaNVector<__half2>() {
   return make_uint4(0x7E007E00u, 0x7E007E00u, 0x7E007E00u, 0x7E007E00u);
 }
 
+// Grid-stride over 16-byte vectors (8 values); every part is read once, out and each remote
+// output written once. All of a vector's part loads are issued before the first add (kParts
+// > 0: exactly that many parts; 0: any number, four loads at a time): one load in flight per
+// thread left the sum latency-bound at ~2.6 TB/s (the copy-engine transport's ~100 us after the
+// GEMM at 8192x8192x2048; raw log in git history:
+// benchmarks/results/overlap_profile_tp4_2026-11-21_b86e63a.log). Parts are added in order, so
+// the result does not depend on kParts.
 template <class T2, int kParts>
 __global__ void BandSumKernel(Parts parts, int nparts, void* out, RemoteOutputs remote,
                               ArrivalWait wait, size_t vectors, bool from_end) {

@@ -26,11 +26,10 @@ constexpr int kMaxBandSumParts = 16;
 // memory over NVLink.
 // `abandoned`, if set, is a word set to the latest epoch of a call released rather than
 // completed (by the progress watchdog, comm/copy_engine_watchdog.h, or by a peer's failed call,
-// comm/failed_call.h): read after the arrival wait, a value that has reached
-// `epoch` means the call was released, not completed: its parts are undefined and the table may
-// hold stale addresses, so nothing is stored remotely and out is written with NaNs (a failed
-// call's output reads as failed, never as a plausible sum). Any call may set it (table null,
-// count 0: a reduce-scatter's sums).
+// comm/failed_call.h). Read after the arrival wait, a value that has reached `epoch` means the
+// call's parts are undefined and the table may hold stale addresses, so nothing is stored
+// remotely and out is written with NaNs (a failed call's output reads as failed, never as a
+// plausible sum). Any call may set it (table null, count 0: a reduce-scatter's sums).
 struct RemoteOutputs {
   const uint64_t* table = nullptr;
   int count = 0;

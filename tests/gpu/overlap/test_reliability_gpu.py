@@ -255,38 +255,25 @@ def test_failure_in_one_process_fails_the_copy_engine_group_everywhere(stage):
 
 
 @pytest.mark.parametrize("epoch_start", [0, 2**32 - 1])
-def test_watchdog_release_ends_a_stuck_call_without_stale_stores(epoch_start):
-    """The progress watchdog's release on one GPU (stuck_release_check): an all-reduce call whose
-    peer never comes is stuck in its stream waits and its band sum's in-kernel wait; the release
-    (a stream of its own, the rank's own flags) ends it, with the local output all NaN (a
-    released call's output reads as failed, not as a plausible sum), nothing stored through the
-    peer's stale out-table address and every owed word at the call's epoch (also where that
-    epoch wraps to 0)."""
+@pytest.mark.parametrize("release", ["watchdog", "failed_peer"])
+def test_a_release_ends_a_stuck_call_with_a_poisoned_output(release, epoch_start):
+    """The releases of a stuck call on one GPU (stuck_release_check): an all-reduce call whose
+    peer never comes is stuck in its stream waits and its band sum's in-kernel wait. "watchdog":
+    the progress watchdog's release (a stream of its own, the rank's own flags). "failed_peer":
+    what a peer whose call failed before enqueueing anything (a copy graph that cannot be built,
+    the GEMM launch: failed_call.h, kWholeCall) writes, first its partner's `abandoned` word.
+    Either ends the call with the local output all NaN (a released call's output reads as
+    failed, not as a plausible sum), nothing stored through the out table (a stale address, or
+    the failed peer's output) and exactly the release's words at the call's epoch (also where
+    that epoch wraps to 0; the failed peer also sets its own `abandoned` and own-copies words,
+    which its own band sums read after a copy-worker failure)."""
     gpu_devices_or_skip(1)
-    r = fo_jax._cuda.module().stuck_release_check(epoch_start, "watchdog")
+    r = fo_jax._cuda.module().stuck_release_check(epoch_start, release)
     assert r["error"] == "", r
     assert r["stuck_before"] and r["released"], r
     assert r["out_poisoned"] and not r["sum_equal"], r
     assert r["canary_untouched"] and r["words_released"], r
     print(f"released in {r['release_ms']:.2f} ms")
-
-
-@pytest.mark.parametrize("epoch_start", [0, 2**32 - 1])
-def test_a_failed_peers_release_poisons_the_waiting_call(epoch_start):
-    """A peer whose call fails before enqueueing anything (a copy graph that cannot be built, the
-    GEMM launch: failed_call.h, kWholeCall) writes what its partner waits for, and first that
-    partner's `abandoned` word: on one GPU (stuck_release_check, "failed_peer") the stuck
-    all-reduce call ends with its output all NaN in the same call (not a plausible sum of
-    undefined parts), nothing stored through the out table (the failed peer's output), exactly
-    the failed call's words at its epoch in the partner's flags, and the failed peer's own
-    `abandoned` and own-copies words set (its own band sums, after a copy-worker failure, read
-    them)."""
-    gpu_devices_or_skip(1)
-    r = fo_jax._cuda.module().stuck_release_check(epoch_start, "failed_peer")
-    assert r["error"] == "", r
-    assert r["stuck_before"] and r["released"], r
-    assert r["out_poisoned"] and not r["sum_equal"], r
-    assert r["canary_untouched"] and r["words_released"], r
 
 
 def test_release_check_control_stores_through_the_table():
