@@ -177,8 +177,15 @@ Status EnqueueLastRoundSums(CommState& s, cudaStream_t stream, const CopyEngineA
 // exchange. So every rank first learns every rank's outcome (AllGatherToHost of one word, which
 // needs no allocation of its own), and on any failure all of
 // them fail this call and keep failing later ones (copy_engine_failure: a rank that created its
-// state cannot undo it, so none retries out of step with the others).
+// state cannot undo it, so none retries out of step with the others). A failing rank records its
+// cause in the group before the gather, so that its partners in this process name it after the
+// gather: a JAX call over several local GPUs raises one GPU's error, not necessarily the failing
+// one's. Across processes only the failing rank's own error says why.
 Status AgreeOnCopyEngineSetup(CommState& s, const Status& created) {
+  auto could_not = [](int rank) {
+    return "rank " + std::to_string(rank) + " of the group could not create its copy-engine state";
+  };
+  if (!created.ok()) FailCommGroup(s, could_not(s.rank) + ": " + created.message());
   const int32_t mine = created.ok() ? 0 : 1;
   std::vector<int32_t> all(s.nranks, 0);
   FO_JAX_RETURN_IF_ERROR(
@@ -188,11 +195,14 @@ Status AgreeOnCopyEngineSetup(CommState& s, const Status& created) {
     if (all[q] != 0) failed = q;
   }
   if (failed < 0) return Status::Ok();
-  const Status problem =
-      failed == s.rank ? created
-                       : Status::Internal("rank " + std::to_string(failed) + " of the group "
-                                          "could not create its copy-engine state (its own "
-                                          "error says why); every rank fails this call");
+  Status problem = created;
+  if (failed != s.rank) {
+    const std::string recorded = CommGroupFailure(s);
+    const std::string cause = recorded.rfind(could_not(failed), 0) == 0
+                                  ? recorded
+                                  : could_not(failed) + " (its own error says why)";
+    problem = Status::Internal(cause + "; every rank fails this call");
+  }
   s.copy_engine_failure = problem.message();
   FailCommGroup(s, problem.message());
   return problem;
