@@ -38,6 +38,7 @@
 #include "comm/peer_memory_ipc.h"
 #include "comm/status.h"
 #include "comm/stuck_release_check.h"
+#include "comm/stuck_ring_release_check.h"
 #include "comm/test_failures.h"
 #include "ffi/registrations.h"
 #include "kernels/epoch_compare.h"
@@ -55,6 +56,15 @@ fo_jax::GemmDtype CheckDtype(const char* fn, const std::string& dtype) {
   if (dtype == "float8_e4m3fn") return fo_jax::GemmDtype::kE4M3;
   throw std::invalid_argument(std::string(fn) + ": dtype must be \"bfloat16\", \"float16\" or "
                               "\"float8_e4m3fn\", got \"" + dtype + "\"");
+}
+
+// A release of a stuck call by name, for the release checks; `fn` names the check in the error.
+fo_jax::ReleaseBy ReleaseByName(const char* fn, const std::string& release) {
+  if (release == "watchdog") return fo_jax::ReleaseBy::kWatchdog;
+  if (release == "failed_peer") return fo_jax::ReleaseBy::kFailedPeer;
+  if (release == "healthy_peer") return fo_jax::ReleaseBy::kHealthyPeer;
+  throw std::invalid_argument(std::string(fn) + ": release must be \"watchdog\", "
+                              "\"failed_peer\" or \"healthy_peer\", got \"" + release + "\"");
 }
 
 // The index of the GEMM config named `config`; -1 for "" (the check picks one).
@@ -455,13 +465,7 @@ NB_MODULE(_fo_jax_cuda, m) {
   m.def(
       "stuck_release_check",
       [](uint32_t epoch_start, const std::string& release, int elements, double timeout_s) {
-        const fo_jax::ReleaseBy by =
-            release == "watchdog" ? fo_jax::ReleaseBy::kWatchdog
-            : release == "failed_peer" ? fo_jax::ReleaseBy::kFailedPeer
-            : release == "healthy_peer"
-                ? fo_jax::ReleaseBy::kHealthyPeer
-                : throw std::invalid_argument("stuck_release_check: release must be watchdog, "
-                                              "failed_peer or healthy_peer");
+        const fo_jax::ReleaseBy by = ReleaseByName("stuck_release_check", release);
         fo_jax::StuckReleaseCheckResult r;
         {
           nb::gil_scoped_release unlocked;
@@ -480,6 +484,29 @@ NB_MODULE(_fo_jax_cuda, m) {
       },
       nb::arg("epoch_start") = 0, nb::arg("release") = "watchdog",
       nb::arg("elements") = 1 << 20, nb::arg("timeout_s") = 10.0);
+
+  // Tests (one GPU): the same releases of a stuck ring GEMM (comm/stuck_ring_release_check.h).
+  m.def(
+      "stuck_ring_release_check",
+      [](uint32_t epoch_start, const std::string& release, double timeout_s) {
+        const fo_jax::ReleaseBy by = ReleaseByName("stuck_ring_release_check", release);
+        fo_jax::StuckRingReleaseCheckResult r;
+        {
+          nb::gil_scoped_release unlocked;
+          r = fo_jax::RunStuckRingReleaseCheck(epoch_start, by, timeout_s);
+        }
+        nb::dict d;
+        d["stuck_before"] = r.stuck_before;
+        d["released"] = r.released;
+        d["release_ms"] = r.release_ms;
+        d["first_step_exact"] = r.first_step_exact;
+        d["sums_exact"] = r.sums_exact;
+        d["sums_poisoned"] = r.sums_poisoned;
+        d["words_released"] = r.words_released;
+        d["error"] = r.error;
+        return d;
+      },
+      nb::arg("epoch_start") = 0, nb::arg("release") = "watchdog", nb::arg("timeout_s") = 10.0);
 
   // What fo_jax holds outside XLA (fo_jax/info.py, device_resources): one row per communicator
   // (device, rank, ranks, group index, NCCL CTA bound, whether it has a copy-engine state and

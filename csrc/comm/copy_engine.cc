@@ -67,8 +67,8 @@ Status CreateCopyEngineState(CommState& s) {
 // For a ring call: sets the GEMM's addend to the receive slots (the partial sums of rank
 // r + 1's steps 0 .. P - 2, added from logical tile-row tiles_chunk on), its flags to
 // ring_arrived for the call that EnqueueCopyEngineCall enqueues next (the next epoch: this runs
-// right before that GEMM, under the state's lock), and its tail output (the own chunk, the
-// last) to args.out.
+// right before that GEMM, under the state's lock), its abandoned word to the rank's, and its
+// tail output (the own chunk, the last) to args.out.
 void SetGemmRing(CommState& s, const CopyEngineArgs& a, SignalingGemmArgs& gemm) {
   if (!a.ring) return;
   CopyEngineState& ce = *s.copy_engine;
@@ -79,6 +79,9 @@ void SetGemmRing(CommState& s, const CopyEngineArgs& a, SignalingGemmArgs& gemm)
   gemm.addend_first_tile_row = a.tiles_chunk;
   gemm.addend_flags = RingArrived(ce.buffers.flags);
   gemm.addend_flag_value = ce.epoch + 1;  // EnqueueCopyEngineCall's ++epoch
+  // A release of the call (the watchdog's, a failed sender's) marks it here before the flags:
+  // the tiles that add a slot then store NaNs (SignalingGemmArgs::addend_abandoned).
+  gemm.addend_abandoned = Abandoned(ce.buffers.flags);
   gemm.tail_out = a.out;
   gemm.tail_first_tile_row = (s.nranks - 1) * a.tiles_chunk;
 }

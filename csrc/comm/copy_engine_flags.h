@@ -39,7 +39,8 @@ struct CopyEngineFlags {
   // The latest epoch whose calls were released rather than completed on this rank: by its
   // progress watchdog (copy_engine_watchdog.h), which wrote the words above that the peers
   // owed, or by a peer whose call failed (failed_call.h). Band sums of those calls write NaNs and
-  // store nothing into the peers (the out table may be stale).
+  // store nothing into the peers (the out table may be stale); the ring's GEMM tiles that add a
+  // slot store NaNs (SignalingGemmArgs::addend_abandoned).
   uint32_t abandoned;
 };
 

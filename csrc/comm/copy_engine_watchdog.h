@@ -5,8 +5,10 @@
 // progress watchdog (comm_registry.h), once a call of the group has not completed for the
 // limit, fails the group and, on each local rank whose calls have not completed, writes into
 // that rank's own flags every word that its peers owe it, with the epoch of its latest enqueued
-// call: every wait of its pending calls is then satisfied, their outputs are undefined, and the
-// next call raises. Only the rank's own memory is written, so a release is the same whether the
+// call: every wait of its pending calls is then satisfied, and the next call raises. The
+// release writes `abandoned` first: the band sums and the ring GEMM's tiles that wait on the
+// released words write NaNs (band_sum.h, SignalingGemmArgs::addend_abandoned), so those outputs
+// read as failed; any other output of those calls is undefined. Only the rank's own memory is written, so a release is the same whether the
 // peers are in this process or another.
 //
 // An all-reduce's out table may then hold a peer's address from an earlier call, which its band

@@ -21,12 +21,14 @@
 // Before those words, the release writes e into the `abandoned` word of every peer it releases
 // (and, on the copy worker, its own): a band sum reads that word after its waits, so a sum
 // whose waits the release ended writes NaNs instead of a sum of undefined parts and stores
-// nothing into the peers (band_sum.h). So a failed call's direct reduce-scatter and all-reduce
-// outputs read as failed on every rank in the same call, also where the failure is the copy
-// worker's, which the failing rank only reports at its next call. Not covered: the ring's output
-// (summed in the GEMM's epilogue), the all-gather's, and the band that a rank whose band sums
-// failed to launch (kXlaStream) owed its all-reduce peers, whose own sums may have passed their
-// waits before its mark lands. A peer's `abandoned` is otherwise written only by its own
+// nothing into the peers (band_sum.h); the ring's GEMM reads it after each slot group's flag,
+// and its tiles that add that slot store NaNs (SignalingGemmArgs::addend_abandoned), which the
+// ring carries on to the next ranks' sums. So a failed call's reduce-scatter (every form) and
+// all-reduce outputs read as failed on every rank in the same call, also where the failure is
+// the copy worker's, which the failing rank only reports at its next call. Not covered: the
+// all-gather (its own transport, all_gather_copy_engine.h), and the band that a rank whose band
+// sums failed to launch (kXlaStream) owed its all-reduce peers, whose own sums may have passed
+// their waits before its mark lands. A peer's `abandoned` is otherwise written only by its own
 // progress watchdog, seconds later; the group is failed from the first failure on, so no later
 // call enqueues work that a lower mark could leave unmarked.
 #pragma once

@@ -1,7 +1,6 @@
 // See stuck_release_check.h.
 #include "comm/stuck_release_check.h"
 
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,43 +12,11 @@
 #include "comm/copy_engine_flags.h"
 #include "comm/copy_engine_watchdog.h"
 #include "comm/failed_call.h"
+#include "comm/gpu_check_resources.h"
 #include "comm/stream_wait.h"
 #include "kernels/band_sum.h"
 
 namespace fo_jax {
-namespace {
-
-// What one check holds, released at its end (the check owns the GPU).
-struct Resources {
-  std::vector<void*> memory;
-  cudaStream_t call = nullptr, release = nullptr;
-  cudaEvent_t done = nullptr;
-  ~Resources() {
-    (void)cudaDeviceSynchronize();
-    for (void* p : memory) (void)cudaFree(p);
-    for (cudaStream_t s : {call, release}) {
-      if (s) (void)cudaStreamDestroy(s);
-    }
-    if (done) (void)cudaEventDestroy(done);
-  }
-  template <class T>
-  cudaError_t Alloc(T** p, size_t bytes) {
-    void* v = nullptr;
-    cudaError_t e = cudaMalloc(&v, bytes);
-    if (e == cudaSuccess) memory.push_back(v);
-    *p = static_cast<T*>(v);
-    return e;
-  }
-};
-
-uint16_t Bf16Bits(float v) {
-  const __nv_bfloat16 b = __float2bfloat16(v);
-  uint16_t bits;
-  std::memcpy(&bits, &b, 2);
-  return bits;
-}
-
-}  // namespace
 
 StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, ReleaseBy release,
                                              int elements, double timeout_s) {
@@ -60,7 +27,7 @@ StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, ReleaseBy rel
   }
   const size_t n = static_cast<size_t>(elements), bytes = n * 2;
   const uint32_t e = epoch_start + 1;  // the stuck call's epoch (wraps from 2^32 - 1)
-  Resources res;
+  GpuCheckResources res;
   auto fail = [&](cudaError_t err, const char* what) {
     r.error = std::string(what) + ": " + cudaGetErrorString(err);
     return r;
@@ -116,11 +83,7 @@ StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, ReleaseBy rel
                         cudaMemcpyHostToDevice)) != cudaSuccess) {
     return fail(err, "setting the flags");
   }
-  if ((err = cudaStreamCreateWithFlags(&res.call, cudaStreamNonBlocking)) != cudaSuccess ||
-      (err = cudaStreamCreateWithFlags(&res.release, cudaStreamNonBlocking)) != cudaSuccess ||
-      (err = cudaEventCreateWithFlags(&res.done, cudaEventDisableTiming)) != cudaSuccess) {
-    return fail(err, "streams");
-  }
+  if ((err = res.CreateStreams()) != cudaSuccess) return fail(err, "streams");
 
   // Rank 0 of 2 in an all-reduce: its peer (rank 1) owes out_ready[1] (with the address),
   // arrived[0] and a piece of the last band, stored[1] and the acknowledgement recv_acked[1].
@@ -209,10 +172,7 @@ StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, ReleaseBy rel
     return fail(err, "download");
   }
   r.sum_equal = h_out == h_sum;
-  // bf16 NaN: exponent all ones, mantissa not zero.
-  r.out_poisoned = std::all_of(h_out.begin(), h_out.end(), [](uint16_t v) {
-    return (v & 0x7F80u) == 0x7F80u && (v & 0x007Fu) != 0;
-  });
+  r.out_poisoned = std::all_of(h_out.begin(), h_out.end(), Bf16IsNaN);
   r.canary_untouched = h_canary_after == h_canary;
   if (release == ReleaseBy::kHealthyPeer) return r;
   // Which words of rank 0's flags the release must have set to e; every other epoch word

@@ -300,6 +300,9 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
       return Fail(error, kBad, std::string("config ") + c.name + " has no kernel with an addend");
     }
   }
+  if (args.addend_abandoned != nullptr && args.addend == nullptr) {
+    return Fail(error, kBad, "addend_abandoned needs an addend (only tiles that add it read it)");
+  }
   if (args.tail_out != nullptr) {
     // The tail's stores use a second CUTLASS epilogue object per tile, which relies on the
     // ping-pong kernel ending every tile with store_tail (signaling_gemm_kernel.cuh).

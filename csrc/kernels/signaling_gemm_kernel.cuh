@@ -52,6 +52,9 @@ struct EpilogueParams {
   int addend_first = 0;
   uint32_t addend_flag_value = 0;
   const uint32_t* addend_flags = nullptr;
+  // SignalingGemmArgs' addend_abandoned (nullptr: none): read by the tiles that add the source,
+  // after their group's flag; once it has reached addend_flag_value they store NaNs.
+  const uint32_t* addend_abandoned = nullptr;
   // SignalingGemmArgs' tail output (kernels with a source only; nullptr: none): logical
   // tile-rows >= tail_first are stored into tail_out (tiles_m - tail_first tile-rows) instead
   // of D.
@@ -156,6 +159,10 @@ CUTLASS_DEVICE void StoreDirect(EpilogueParams const& p, int64_t dst_row0, int v
 // hold the tail's TMA store descriptor, made for each such tile: its only state across tiles,
 // the count of issued stores, starts at 0, as the kernel's own object's does after store_tail(),
 // which the ping-pong kernel calls after every tile (the launcher allows no other kernel).
+// With SignalingGemmArgs::addend_abandoned, the consumer threads of a tile that adds the addend
+// read that word after the group's flag and replace the accumulators by NaNs if the call was
+// released (addend_abandoned() below): the NaNs then reach D, the tail output and, through the
+// copies, the next GPU's sums.
 //
 // kScaled (the fp8 kernels): D = a_scale * b_scale * acc, the two scales device scalars read by
 // CUTLASS's scalar broadcast (which multiplies its inputs), so the host never reads them.
@@ -403,6 +410,16 @@ class SignalingTmaEpilogue
       const bool use_tma =
           kSource || ((dst_row0 % kTileM) == 0 && (valid_rows == kTileM || p.batch == 1));
       if (flush_pending) flush_signal(thread_idx);
+      if constexpr (kSource) {
+        if (p.addend_abandoned != nullptr && m_idx >= p.addend_first &&
+            addend_abandoned(group_of(m_idx - p.addend_first))) {
+          // The release's flags stand for rows that never came: the tile says so.
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < cute::size(accumulators); ++i) {
+            accumulators(i) = __int_as_float(0x7fc00000);  // a quiet NaN; NaN + C is NaN
+          }
+        }
+      }
       if (use_tma) {
         auto flat_shape = Flat(problem_shape);
         auto flat_coord = make_coord(int(dst_row0 / kTileM), n_idx, get<2>(tile_coord), 0);
@@ -483,6 +500,30 @@ class SignalingTmaEpilogue
     }
     asm volatile("fence.proxy.async.global;" ::: "memory");
     addend_seen_group_ = g;
+  }
+
+  // A consumer thread's check, before a tile that adds the addend rows of group g: whether the
+  // call was released (abandoned) rather than sent those rows. It waits for the group's flag
+  // itself (the producer's epilogue warp waits for the same flag before loading the rows, and
+  // the tile's store waits for those loads, so this adds no wait), then reads `abandoned`: a
+  // release writes it before the flags, with stream memory operations that are fenced in
+  // order, so once the flag's acquire has seen the release's value, the load sees its mark.
+  // Two loads of words in L2 per tile, nothing kept across tiles (a cache of the last group
+  // checked would hold registers through the mainloop, which the ping-pong kernel has none to
+  // spare for).
+  CUTLASS_DEVICE bool addend_abandoned(int g) const {
+    EpilogueParams const& p = *p_;
+    uint32_t seen;
+    while (true) {
+      asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(p.addend_flags + g)
+                   : "memory");
+      if (EpochReached(seen, p.addend_flag_value)) break;  // wrap-safe: epoch_compare.h
+      __nanosleep(256);
+    }
+    uint32_t mark;
+    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(mark) : "l"(p.addend_abandoned)
+                 : "memory");
+    return EpochReached(mark, p.addend_flag_value);
   }
 
   CUTLASS_DEVICE int group_of(int m_idx) const {
@@ -785,6 +826,7 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
     epi.addend_first = a.addend_first_tile_row;
     epi.addend_flag_value = a.addend_flag_value;
     epi.addend_flags = a.addend_flags;
+    epi.addend_abandoned = a.addend_abandoned;
     epi.tail_out = a.tail_out;
     epi.tail_first = a.tail_first_tile_row;
   }

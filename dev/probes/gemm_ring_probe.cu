@@ -1,5 +1,5 @@
 // One-GPU check and timing of the signaling GEMM as the copy-engine reduce-scatter's ring runs
-// it (SignalingGemmArgs' addend with per-group flags and tail output; comm/peer_transport.h),
+// it (SignalingGemmArgs' addend with per-group flags, abandoned word and tail output),
 // without peers: rank 0 of 4 at 8192x8192x2048, its visit order rotated by one band, the
 // partial sums "received" in a [3 bands, N] addend, the own band stored into a [band, N] output.
 //  1. correctness, against the plain kernel's output (same rotation and groups): the first band
@@ -50,6 +50,13 @@ static void Finish(cudaStream_t s, const char* what) {
   std::printf("done: %s\n", what);
 }
 
+static void CheckStatus(const fo_jax::Status& status, const char* what) {
+  if (!status.ok()) {
+    std::printf("%s: %s\n", what, status.message().c_str());
+    std::_Exit(2);
+  }
+}
+
 static float Bf16ToFloat(uint16_t v) {
   uint32_t u = uint32_t(v) << 16;
   float f;
@@ -70,11 +77,11 @@ int main() {
   }
   std::string err;
   CK(fo_jax::LoadAllGemmKernels(&err));
-  CK(fo_jax::PrepareStreamWait(&err));
+  CheckStatus(fo_jax::PrepareStreamWait(), "preparing the stream waits");
   const size_t band = size_t(M / P) * N;
   const size_t all = size_t(M) * N;
   uint16_t *a, *b, *d0, *d1, *c, *c_src, *out;
-  uint32_t *counters, *flags;
+  uint32_t *counters, *flags, *abandoned;
   CK(cudaMalloc(&a, size_t(M) * K * 2));
   CK(cudaMalloc(&b, size_t(K) * N * 2));
   CK(cudaMalloc(&d0, all * 2));
@@ -84,6 +91,8 @@ int main() {
   CK(cudaMalloc(&out, band * 2));
   CK(cudaMalloc(&counters, 64 * 4));
   CK(cudaMalloc(&flags, 64 * 4));
+  CK(cudaMalloc(&abandoned, 4));
+  CK(cudaMemset(abandoned, 0, 4));  // no call released: the tiles that add the addend sum it
   FillRandom<<<1024, 256>>>(a, size_t(M) * K, 1, 1);
   FillRandom<<<1024, 256>>>(b, size_t(K) * N, 2, 1);
   FillRandom<<<1024, 256>>>(c_src, 3 * band, 3, 1);
@@ -111,6 +120,7 @@ int main() {
   ring.addend = c;
   ring.addend_flags = flags;
   ring.addend_flag_value = 1;
+  ring.addend_abandoned = abandoned;  // as the ring call passes it: its cost is in the timing
   ring.tail_out = out;
   ring.tail_first_tile_row = (P - 1) * tiles_chunk;
   cudaStream_t s, s2;
@@ -223,7 +233,7 @@ int main() {
     if (bounds[g] >= 3 * tiles_chunk) break;
     const size_t at = bounds[g] * row_elems, count = (bounds[g + 1] - bounds[g]) * row_elems;
     CK(cudaMemcpyAsync(c + at, h_c + at, count * 2, cudaMemcpyHostToDevice, s2));
-    CK(fo_jax::EnqueueWriteValue(s2, flags + g, 1, &err));
+    CheckStatus(fo_jax::EnqueueWriteValue(s2, flags + g, 1), "a flag's write");
   }
   Finish(s2, "addend and flags written");
   Finish(s, "ring kernel waiting for the flags");

@@ -174,6 +174,11 @@ _STAGES = [("graph", "rs_direct"), ("graph", "rs_ring"), ("graph", "ar_two_round
            ("setup", "ag_copy_engine")]
 
 
+# The copy-engine forms whose released calls write NaNs (the band sums, the ring GEMM's tiles
+# that add a slot: failed_call.h); not the all-gather (its own transport) nor NCCL's.
+_MARKED_FORMS = ("rs_direct", "rs_ring", "ar_two_rounds")
+
+
 @pytest.mark.parametrize("stage,form", _STAGES)
 def test_failure_after_the_exchange_fails_every_rank(stage, form):
     """H1: the last rank fails at `stage` on every call (FO_JAX_TEST_FAIL=<stage>:<rank>) after
@@ -182,8 +187,8 @@ def test_failure_after_the_exchange_fails_every_rank(stage, form):
     ends within 30 s); the failed group makes every later call raise, with the cause; the process
     then exits cleanly. A graph or launch failure raises in the failing call itself; the copy
     thread's, which runs after the handler returned, by the next call at the latest, and a
-    direct reduce-scatter or all-reduce call that returns after it holds NaNs on every GPU (its
-    release marks the calls it ends abandoned: failed_call.h)."""
+    copy-engine reduce-scatter (direct or ring) or all-reduce call that returns after it holds
+    NaNs on every GPU (its release marks the calls it ends abandoned: failed_call.h)."""
     devs = gpu_devices_or_skip(2)
     n = min(4, len(devs))
     code, out = _worker("failure_stage_worker.py", n, timeout_s=240, args=(form,),
@@ -197,7 +202,7 @@ def test_failure_after_the_exchange_fails_every_rank(stage, form):
     assert first <= (1 if stage == "copy" else 0), out[-4000:]
     assert all(what == "RAISED" for what in outcomes[first:]), out[-4000:]
     assert f"injected by FO_JAX_TEST_FAIL={stage}" in out, out[-4000:]
-    if stage == "copy" and form in ("rs_direct", "ar_two_rounds") and first > 0:
+    if stage == "copy" and form in _MARKED_FORMS and first > 0:
         poisoned = re.search(r"^CALL 0 RETURNED \S+ nan_shards=(\d+)/(\d+)", out, re.M)
         assert poisoned and poisoned.group(1) == poisoned.group(2) != "0", out[-4000:]
 
@@ -287,6 +292,37 @@ def test_release_check_control_stores_through_the_table():
     assert not r["out_poisoned"] and not r["canary_untouched"], r
 
 
+@pytest.mark.parametrize("epoch_start", [0, 2**32 - 1])
+@pytest.mark.parametrize("release", ["watchdog", "failed_peer"])
+def test_a_release_ends_a_stuck_ring_gemm_with_poisoned_sums(release, epoch_start):
+    """The same releases of the ring reduce-scatter's GEMM on one GPU
+    (stuck_ring_release_check): rank 0 of 3, stuck in the epilogues that wait for its receive
+    slots' flags. "watchdog": the progress watchdog's release; "failed_peer": what its sender
+    writes when its call fails before enqueueing anything. Either ends the GEMM with every tile
+    that adds a slot all NaN: step 1's partial sum, which the ring sends on to the next rank,
+    and the call's output (a released ring call reads as failed, on this GPU and the ones its
+    partial sums reach); step 0's partial sum, which adds nothing, exact; the slot flags and
+    `abandoned` at the call's epoch (also where it wraps to 0)."""
+    gpu_devices_or_skip(1)
+    r = fo_jax._cuda.module().stuck_ring_release_check(epoch_start, release)
+    assert r["error"] == "", r
+    assert r["stuck_before"] and r["released"], r
+    assert r["first_step_exact"] and r["sums_poisoned"] and not r["sums_exact"], r
+    assert r["words_released"], r
+    print(f"released in {r['release_ms']:.2f} ms")
+
+
+def test_ring_release_check_control_sums_exactly():
+    """The control of the ring release checks: the slots' flags written as a healthy sender
+    writes them (no `abandoned`) end the GEMM with every sum exact (bit for bit: small
+    integers), so the NaNs above are the release's doing."""
+    gpu_devices_or_skip(1)
+    r = fo_jax._cuda.module().stuck_ring_release_check(0, "healthy_peer")
+    assert r["error"] == "", r
+    assert r["stuck_before"] and r["released"] and r["words_released"], r
+    assert r["first_step_exact"] and r["sums_exact"] and not r["sums_poisoned"], r
+
+
 _STUCK_EXIT = 70  # csrc/comm/copy_engine_watchdog.h, kStuckExitStatus
 
 
@@ -313,6 +349,11 @@ def test_a_rank_that_stops_calling_is_released_by_the_watchdog(form):
     outcomes = [what for _, what, _ in calls]
     assert outcomes[1:] == ["RAISED", "RAISED"], out[-4000:]
     assert "no progress for 5 s" in out or "did not reach all-gather call" in out, out[-4000:]
+    if outcomes[0] == "RETURNED" and form in _MARKED_FORMS:
+        # The released call's output reads as failed on every rank that waited: all but the
+        # stopped one, whose call enqueued nothing.
+        poisoned = re.search(r"^CALL 0 RETURNED \S+ nan_shards=(\d+)/(\d+)", out, re.M)
+        assert poisoned and int(poisoned.group(1)) >= int(poisoned.group(2)) - 1, out[-4000:]
 
 
 def test_a_killed_process_releases_its_copy_engine_peers(tmp_path):

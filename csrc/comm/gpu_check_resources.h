@@ -1,0 +1,58 @@
+// What a one-GPU check (stuck_release_check.h, stuck_ring_release_check.h) holds: device
+// memory, two streams (the stuck call's, the release's) and the call's completion event, all
+// released at its end, after the GPU has finished (the check owns the GPU while it runs).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace fo_jax {
+
+struct GpuCheckResources {
+  std::vector<void*> memory;
+  cudaStream_t call = nullptr, release = nullptr;
+  cudaEvent_t done = nullptr;
+  GpuCheckResources() = default;
+  GpuCheckResources(const GpuCheckResources&) = delete;
+  GpuCheckResources& operator=(const GpuCheckResources&) = delete;
+  ~GpuCheckResources() {
+    (void)cudaDeviceSynchronize();
+    for (void* p : memory) (void)cudaFree(p);
+    for (cudaStream_t s : {call, release}) {
+      if (s) (void)cudaStreamDestroy(s);
+    }
+    if (done) (void)cudaEventDestroy(done);
+  }
+  template <class T>
+  cudaError_t Alloc(T** p, size_t bytes) {
+    void* v = nullptr;
+    cudaError_t e = cudaMalloc(&v, bytes);
+    if (e == cudaSuccess) memory.push_back(v);
+    *p = static_cast<T*>(v);
+    return e;
+  }
+  // The two non-blocking streams and the event (no timing).
+  cudaError_t CreateStreams() {
+    cudaError_t e = cudaStreamCreateWithFlags(&call, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&release, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    return e;
+  }
+};
+
+// The bits of v rounded to bf16.
+inline uint16_t Bf16Bits(float v) {
+  const __nv_bfloat16 b = __float2bfloat16(v);
+  uint16_t bits;
+  std::memcpy(&bits, &b, 2);
+  return bits;
+}
+
+// Whether bf16 bits are a NaN: exponent all ones, mantissa not zero.
+inline bool Bf16IsNaN(uint16_t v) { return (v & 0x7F80u) == 0x7F80u && (v & 0x007Fu) != 0; }
+
+}  // namespace fo_jax
