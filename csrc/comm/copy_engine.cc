@@ -80,8 +80,9 @@ void SetGemmRing(CommState& s, const CopyEngineArgs& a, SignalingGemmArgs& gemm)
   gemm.addend_flags = RingArrived(ce.buffers.flags);
   gemm.addend_flag_value = ce.epoch + 1;  // EnqueueCopyEngineCall's ++epoch
   // A release of the call (the watchdog's, a failed sender's) marks it here before the flags:
-  // the tiles that add a slot then store NaNs (SignalingGemmArgs::addend_abandoned).
+  // the tiles that add a slot then add the NaN tile (SignalingGemmArgs::addend_abandoned).
   gemm.addend_abandoned = Abandoned(ce.buffers.flags);
+  gemm.addend_nan = ce.buffers.nan_tile;
   gemm.tail_out = a.out;
   gemm.tail_first_tile_row = (s.nranks - 1) * a.tiles_chunk;
 }

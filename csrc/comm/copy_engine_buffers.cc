@@ -40,7 +40,12 @@ Status CreateCopyEngineBuffers(CommState& s, CopyEngineBuffers& b) {
   cudaError_t e = cudaMemcpyAsync(b.flags, words.data(), sizeof(CopyEngineFlags),
                                   cudaMemcpyHostToDevice, s.stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s.stream);
-  return CudaStatus(e, "setting the copy-engine flags");
+  FO_JAX_RETURN_IF_ERROR(CudaStatus(e, "setting the copy-engine flags"));
+  FO_JAX_RETURN_IF_ERROR(DeviceAlloc(s.device, "copy-engine NaN tile", kNanTileBytes,
+                                     &b.nan_tile));
+  e = cudaMemsetAsync(b.nan_tile, 0xFF, kNanTileBytes, s.stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s.stream);
+  return CudaStatus(e, "filling the copy-engine NaN tile");
 }
 
 namespace {

@@ -1,4 +1,5 @@
-// The copy-engine transport's memory (copy_engine.h): this rank's flags and receive slots, and
+// The copy-engine transport's memory (copy_engine.h): this rank's flags, NaN tile and receive
+// slots, and
 // the peers' addresses of theirs, learnt by an all-gather over the group's NCCL communicator.
 // The memory is fo_jax's own, outside XLA's pool (device_memory.h counts it); the all-gathers go
 // through the communicator's scratch (AllGatherToHost). The flags live as long as the process; a
@@ -18,6 +19,10 @@ namespace fo_jax {
 
 struct CopyEngineBuffers {
   CopyEngineFlags* flags = nullptr;  // this rank's, device memory (every epoch word set once)
+  // kNanTileBytes of NaNs (every byte 0xFF: a NaN in bf16 and in fp16), never written again:
+  // what the ring GEMM's tiles add instead of a released call's slots
+  // (SignalingGemmArgs::addend_nan).
+  void* nan_tile = nullptr;
   void* recv = nullptr;              // receive slots: rounds * (P - 1) chunks
   size_t recv_bytes = 0;
   void* peer_recv[kMaxCopyEngineRanks] = {};
@@ -30,7 +35,11 @@ struct CopyEngineBuffers {
   uint32_t epoch_start = 0;
 };
 
-// Allocates the flags (every epoch word set to the epoch start, in `state`'s comm stream order).
+// The NaN tile's size: a tile of up to 256 x 256 two-byte elements (every GEMM config's).
+inline constexpr size_t kNanTileBytes = 256 * 256 * 2;
+
+// Allocates the flags (every epoch word set to the epoch start) and the NaN tile, both set in
+// `state`'s comm stream order.
 Status CreateCopyEngineBuffers(CommState& state, CopyEngineBuffers& buffers);
 
 // Before a call's GEMM: on first use, and when a larger call arrives, allocates a receive buffer

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/copy_engine_args.h"
+#include "comm/copy_engine_buffers.h"
 #include "comm/copy_engine_flags.h"
 #include "comm/copy_engine_watchdog.h"
 #include "comm/failed_call.h"
@@ -73,6 +74,7 @@ StuckRingReleaseCheckResult RunStuckRingReleaseCheck(uint32_t epoch_start, Relea
   CopyEngineFlags* flags[kRanks] = {};
   uint16_t *a = nullptr, *b = nullptr, *d = nullptr, *slots = nullptr, *out = nullptr;
   uint32_t* counters = nullptr;
+  void* nan_tile = nullptr;
   for (CopyEngineFlags*& f : flags) {
     if ((err = res.Alloc(&f, sizeof(CopyEngineFlags))) != cudaSuccess) return fail(err, "malloc");
   }
@@ -81,7 +83,8 @@ StuckRingReleaseCheckResult RunStuckRingReleaseCheck(uint32_t epoch_start, Relea
       (err = res.Alloc(&d, size_t(kM) * kN * 2)) != cudaSuccess ||
       (err = res.Alloc(&slots, 2 * chunk * 2)) != cudaSuccess ||
       (err = res.Alloc(&out, chunk * 2)) != cudaSuccess ||
-      (err = res.Alloc(&counters, kMaxGemmGroups * 4)) != cudaSuccess) {
+      (err = res.Alloc(&counters, kMaxGemmGroups * 4)) != cudaSuccess ||
+      (err = res.Alloc(&nan_tile, kNanTileBytes)) != cudaSuccess) {
     return fail(err, "cudaMalloc");
   }
   std::vector<uint16_t> h_a(size_t(kM) * kK), h_b(size_t(kK) * kN), h_slots(2 * chunk);
@@ -113,7 +116,8 @@ StuckRingReleaseCheckResult RunStuckRingReleaseCheck(uint32_t epoch_start, Relea
       (err = cudaMemcpy(d, poison.data(), size_t(kM) * kN * 2, cudaMemcpyHostToDevice)) !=
           cudaSuccess ||
       (err = cudaMemcpy(out, poison.data(), chunk * 2, cudaMemcpyHostToDevice)) != cudaSuccess ||
-      (err = cudaMemset(counters, 0, kMaxGemmGroups * 4)) != cudaSuccess) {
+      (err = cudaMemset(counters, 0, kMaxGemmGroups * 4)) != cudaSuccess ||
+      (err = cudaMemset(nan_tile, 0xFF, kNanTileBytes)) != cudaSuccess) {
     return fail(err, "uploads");
   }
   if ((err = res.CreateStreams()) != cudaSuccess) return fail(err, "streams");
@@ -135,6 +139,7 @@ StuckRingReleaseCheckResult RunStuckRingReleaseCheck(uint32_t epoch_start, Relea
   gemm.addend_flags = RingArrived(flags[0]);
   gemm.addend_flag_value = e;
   gemm.addend_abandoned = Abandoned(flags[0]);
+  gemm.addend_nan = nan_tile;  // as the transport's NaN tile (copy_engine_buffers.h)
   gemm.tail_out = out;
   gemm.tail_first_tile_row = (kRanks - 1) * tiles_chunk;
   std::string launch_error;

@@ -10,6 +10,7 @@
 //    enqueued (failed_call.h: EnqueueFailedCallWrites of FailedCallReleases, kWholeCall);
 //  * kHealthyPeer, the control: the partial sums' flags as a healthy sender writes them after
 //    its copies, without `abandoned`.
+// The GEMM marks a released call's tiles with the transport's NaN tile (a buffer of its own here).
 // A release must end the GEMM with every tile that adds a slot (step 1's partial sum, sent on to
 // the next rank, and the output) all NaN, step 0's partial sum exact (it adds nothing) and the
 // release's ring flags and `abandoned` at the call's epoch; the control must end it with every

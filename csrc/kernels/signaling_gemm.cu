@@ -300,8 +300,10 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
       return Fail(error, kBad, std::string("config ") + c.name + " has no kernel with an addend");
     }
   }
-  if (args.addend_abandoned != nullptr && args.addend == nullptr) {
-    return Fail(error, kBad, "addend_abandoned needs an addend (only tiles that add it read it)");
+  if (args.addend_abandoned != nullptr &&
+      (args.addend == nullptr || args.addend_nan == nullptr || !Aligned16(args.addend_nan))) {
+    return Fail(error, kBad,
+                "addend_abandoned needs an addend and addend_nan (16-byte aligned NaNs)");
   }
   if (args.tail_out != nullptr) {
     // The tail's stores use a second CUTLASS epilogue object per tile, which relies on the

@@ -136,12 +136,15 @@ struct SignalingGemmArgs {
   const uint32_t* addend_flags = nullptr;  // num_groups words of device memory
   uint32_t addend_flag_value = 0;
   // With an addend (nullptr: none): a word of device memory that whoever releases a call that
-  // never completes writes (comm/copy_engine_flags.h, `abandoned`) before the flags it releases.
-  // Each tile that adds the addend reads it once its addend group's flag has reached
-  // addend_flag_value, and stores NaNs instead of its sum if it too has reached that value (the
-  // addend rows were never sent): a released ring call's partial sums and output read as failed
-  // on every GPU they reach, in the same call.
+  // never completes writes (comm/copy_engine_flags.h, `abandoned`) before the flags it releases,
+  // and addend_nan, device memory holding at least tile_m * tile_n NaNs of the GEMM's dtype
+  // (the config's tile; 16-byte aligned; never written while a kernel may read it). Once a
+  // group's flag has reached addend_flag_value, the epilogue warp reads the word; if it too has
+  // reached that value (the rows were never sent), the group's tiles add NaNs instead of their
+  // addend rows: a released ring call's partial sums and output read as failed on every GPU they
+  // reach, in the same call.
   const uint32_t* addend_abandoned = nullptr;
+  const void* addend_nan = nullptr;
   // Tail output (with an addend, ping-pong configs only; nullptr: none): the tiles of logical
   // tile-rows t >= tail_first_tile_row are stored at rows (t - tail_first_tile_row) * tile_m of
   // tail_out (a row-major [(tiles_m - tail_first_tile_row) * tile_m, n] matrix, 16-byte aligned)

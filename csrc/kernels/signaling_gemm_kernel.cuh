@@ -52,9 +52,11 @@ struct EpilogueParams {
   int addend_first = 0;
   uint32_t addend_flag_value = 0;
   const uint32_t* addend_flags = nullptr;
-  // SignalingGemmArgs' addend_abandoned (nullptr: none): read by the tiles that add the source,
-  // after their group's flag; once it has reached addend_flag_value they store NaNs.
+  // SignalingGemmArgs' addend_abandoned (nullptr: none): read by the epilogue warp after each
+  // group's flag; once it has reached addend_flag_value, the group's tiles add a tile of
+  // addend_nan (the epilogue's second source descriptor) instead of their rows.
   const uint32_t* addend_abandoned = nullptr;
+  const void* addend_nan = nullptr;
   // SignalingGemmArgs' tail output (kernels with a source only; nullptr: none): logical
   // tile-rows >= tail_first are stored into tail_out (tiles_m - tail_first tile-rows) instead
   // of D.
@@ -159,10 +161,12 @@ CUTLASS_DEVICE void StoreDirect(EpilogueParams const& p, int64_t dst_row0, int v
 // hold the tail's TMA store descriptor, made for each such tile: its only state across tiles,
 // the count of issued stores, starts at 0, as the kernel's own object's does after store_tail(),
 // which the ping-pong kernel calls after every tile (the launcher allows no other kernel).
-// With SignalingGemmArgs::addend_abandoned, the consumer threads of a tile that adds the addend
-// read that word after the group's flag and replace the accumulators by NaNs if the call was
-// released (addend_abandoned() below): the NaNs then reach D, the tail output and, through the
-// copies, the next GPU's sums.
+// With SignalingGemmArgs::addend_abandoned, the epilogue warp reads that word once it has seen a
+// group's flag; if the call was released rather than sent the group's rows, it loads the
+// group's tiles' source from addend_nan, one tile of NaNs, through a third descriptor (a third
+// epilogue object, as the tail's stores use a second): D = acc + NaN, so those tiles' partial
+// sums, and through the copies the next GPU's sums, read as failed. The consumer warps do
+// nothing new, so the healthy path costs one more load per group and CTA on the epilogue warp.
 //
 // kScaled (the fp8 kernels): D = a_scale * b_scale * acc, the two scales device scalars read by
 // CUTLASS's scalar broadcast (which multiplies its inputs), so the host never reads them.
@@ -262,8 +266,13 @@ class SignalingTmaEpilogue
     EpilogueParams signal;
   };
   struct NoTail {};
-  // kSource with a tail output: the tail's TMA store descriptor (as a second epilogue's params).
-  using TailParams = std::conditional_t<kSource, typename Inner::Params, NoTail>;
+  // kSource: the tail output's TMA store descriptor and the NaN tile's load descriptor, each as
+  // the params of another epilogue object (unused ones stay default).
+  struct SourceParams {
+    typename Inner::Params tail;
+    typename Inner::Params nan;
+  };
+  using TailParams = std::conditional_t<kSource, SourceParams, NoTail>;
   struct Params {
     typename Inner::Params inner;
     EpilogueParams signal;
@@ -275,6 +284,11 @@ class SignalingTmaEpilogue
   static constexpr int kTileN = cute::size<1>(TileShape{});
   static constexpr int kTileThreads = kPingpong ? 128 : 256;
   static constexpr int kFirstBarrier = 8;  // cutlass::arch::ReservedNamedBarriers::FirstUserBarrier
+
+  // The NaN tile's problem shape (SignalingGemmArgs::addend_nan): one tile.
+  CUTLASS_HOST_DEVICE static auto NanShape(int k) {
+    return cute::make_shape(int(kTileM), int(kTileN), k, 1);
+  }
 
   // D as one matrix of batch * m rows (L = 1).
   template <class ProblemShape>
@@ -300,7 +314,14 @@ class SignalingTmaEpilogue
         tail_args.ptr_D = static_cast<Element*>(sig.tail_out);
         auto tail_shape = cute::make_shape((sig.tiles_m - sig.tail_first) * kTileM,
                                            int(cute::get<1>(ps)), int(cute::get<2>(ps)), 1);
-        p.tail = Inner::to_underlying_arguments(tail_shape, tail_args, workspace);
+        p.tail.tail = Inner::to_underlying_arguments(tail_shape, tail_args, workspace);
+      }
+      if (sig.addend_abandoned != nullptr) {  // the NaN tile as C: [tile_m, tile_n]
+        typename Inner::Arguments nan_args = args.inner;
+        nan_args.ptr_C = static_cast<Element const*>(sig.addend_nan);
+        nan_args.dC = cute::make_stride(int64_t(kTileN), cute::Int<1>{}, int64_t(kTileM) * kTileN);
+        p.tail.nan = Inner::to_underlying_arguments(NanShape(int(cute::get<2>(ps))), nan_args,
+                                                    workspace);
       }
     }
     p.signal = args.signal;
@@ -369,6 +390,14 @@ class SignalingTmaEpilogue
     if (m_idx >= p.addend_first) {  // (no padding tiles: the launcher requires whole clusters)
       source_row = m_idx - p.addend_first;
       wait_for_addend(group_of(source_row));
+      if constexpr (kSource) {
+        if (addend_abandoned_) {  // the call was released: NaNs instead of rows that never came
+          Inner nan(tail_params_->nan, InnerStorage(shared));
+          return nan.load(load_pipeline, load_state, NanShape(int(get<2>(problem_shape))),
+                          tile_shape, make_coord(0, 0, get<2>(tile_coord), 0), tiled_mma,
+                          thread_idx, InnerStorage(shared), subtile_idx);
+        }
+      }
     }
     auto source_coord = make_coord(source_row, get<1>(tile_coord), get<2>(tile_coord), 0);
     auto source_shape = make_shape(addend_tiles * kTileM, int(get<1>(problem_shape)),
@@ -410,23 +439,13 @@ class SignalingTmaEpilogue
       const bool use_tma =
           kSource || ((dst_row0 % kTileM) == 0 && (valid_rows == kTileM || p.batch == 1));
       if (flush_pending) flush_signal(thread_idx);
-      if constexpr (kSource) {
-        if (p.addend_abandoned != nullptr && m_idx >= p.addend_first &&
-            addend_abandoned(group_of(m_idx - p.addend_first))) {
-          // The release's flags stand for rows that never came: the tile says so.
-          CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < cute::size(accumulators); ++i) {
-            accumulators(i) = __int_as_float(0x7fc00000);  // a quiet NaN; NaN + C is NaN
-          }
-        }
-      }
       if (use_tma) {
         auto flat_shape = Flat(problem_shape);
         auto flat_coord = make_coord(int(dst_row0 / kTileM), n_idx, get<2>(tile_coord), 0);
         Inner* target = this;
         if constexpr (kSource) {
           // One inlined store either way: the tail tile only swaps the object, shape and row.
-          Inner tail(*tail_params_, InnerStorage(shared));
+          Inner tail(tail_params_->tail, InnerStorage(shared));
           if (p.tail_out != nullptr && m_idx >= p.tail_first) {
             target = &tail;
             get<0>(flat_shape) = (p.tiles_m - p.tail_first) * kTileM;
@@ -498,32 +517,16 @@ class SignalingTmaEpilogue
       if (EpochReached(seen, p.addend_flag_value)) break;  // wrap-safe: epoch_compare.h
       __nanosleep(256);
     }
+    if (p.addend_abandoned != nullptr) {
+      // A release writes `abandoned` before the flags it releases (stream memory operations,
+      // fenced in order): after the flag's acquire, this load sees a release's mark.
+      uint32_t mark;
+      asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(mark) : "l"(p.addend_abandoned)
+                   : "memory");
+      addend_abandoned_ = EpochReached(mark, p.addend_flag_value);
+    }
     asm volatile("fence.proxy.async.global;" ::: "memory");
     addend_seen_group_ = g;
-  }
-
-  // A consumer thread's check, before a tile that adds the addend rows of group g: whether the
-  // call was released (abandoned) rather than sent those rows. It waits for the group's flag
-  // itself (the producer's epilogue warp waits for the same flag before loading the rows, and
-  // the tile's store waits for those loads, so this adds no wait), then reads `abandoned`: a
-  // release writes it before the flags, with stream memory operations that are fenced in
-  // order, so once the flag's acquire has seen the release's value, the load sees its mark.
-  // Two loads of words in L2 per tile, nothing kept across tiles (a cache of the last group
-  // checked would hold registers through the mainloop, which the ping-pong kernel has none to
-  // spare for).
-  CUTLASS_DEVICE bool addend_abandoned(int g) const {
-    EpilogueParams const& p = *p_;
-    uint32_t seen;
-    while (true) {
-      asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(p.addend_flags + g)
-                   : "memory");
-      if (EpochReached(seen, p.addend_flag_value)) break;  // wrap-safe: epoch_compare.h
-      __nanosleep(256);
-    }
-    uint32_t mark;
-    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(mark) : "l"(p.addend_abandoned)
-                 : "memory");
-    return EpochReached(mark, p.addend_flag_value);
   }
 
   CUTLASS_DEVICE int group_of(int m_idx) const {
@@ -631,6 +634,7 @@ class SignalingTmaEpilogue
   uint32_t pending_count_ = 0;
   bool pending_direct_ = false;  // some pending tile was stored by the direct path
   int addend_seen_group_ = -1;   // the addend group whose flag the epilogue warp saw set last
+  bool addend_abandoned_ = false;  // ... and whether its call was released (abandoned) then
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -827,6 +831,7 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
     epi.addend_flag_value = a.addend_flag_value;
     epi.addend_flags = a.addend_flags;
     epi.addend_abandoned = a.addend_abandoned;
+    epi.addend_nan = a.addend_nan;
     epi.tail_out = a.tail_out;
     epi.tail_first = a.tail_first_tile_row;
   }

@@ -1,5 +1,5 @@
 // One-GPU check and timing of the signaling GEMM as the copy-engine reduce-scatter's ring runs
-// it (SignalingGemmArgs' addend with per-group flags, abandoned word and tail output),
+// it (SignalingGemmArgs' addend with per-group flags, abandoned word, NaN tile and tail output),
 // without peers: rank 0 of 4 at 8192x8192x2048, its visit order rotated by one band, the
 // partial sums "received" in a [3 bands, N] addend, the own band stored into a [band, N] output.
 //  1. correctness, against the plain kernel's output (same rotation and groups): the first band
@@ -93,6 +93,9 @@ int main() {
   CK(cudaMalloc(&flags, 64 * 4));
   CK(cudaMalloc(&abandoned, 4));
   CK(cudaMemset(abandoned, 0, 4));  // no call released: the tiles that add the addend sum it
+  void* nan_tile;
+  CK(cudaMalloc(&nan_tile, 256 * 256 * 2));
+  CK(cudaMemset(nan_tile, 0xFF, 256 * 256 * 2));
   FillRandom<<<1024, 256>>>(a, size_t(M) * K, 1, 1);
   FillRandom<<<1024, 256>>>(b, size_t(K) * N, 2, 1);
   FillRandom<<<1024, 256>>>(c_src, 3 * band, 3, 1);
@@ -120,7 +123,8 @@ int main() {
   ring.addend = c;
   ring.addend_flags = flags;
   ring.addend_flag_value = 1;
-  ring.addend_abandoned = abandoned;  // as the ring call passes it: its cost is in the timing
+  ring.addend_abandoned = abandoned;  // as the ring call passes them: their cost is timed
+  ring.addend_nan = nan_tile;
   ring.tail_out = out;
   ring.tail_first_tile_row = (P - 1) * tiles_chunk;
   cudaStream_t s, s2;
