@@ -2,9 +2,9 @@
 # Runs on a lent GPU machine: bench_overlap.py for two builds of fo_jax on the same machine in
 # one call, alternating A B A B, so a change can be compared against the code before it when
 # the two cannot be switched inside one process. B is this tree (with the carried
-# .devbuild/libfo_jax_cuda.a); A is an older tree carried in .devbuild/old (made here with
+# .devbuild/libfo_jax_kernels.a); A is an older tree carried in .devbuild/old (made here with
 #   git archive <commit> fo_jax csrc CMakeLists.txt pyproject.toml README.md | tar -x -C .devbuild/old
-# and its own library built into .devbuild/old/libfo_jax_cuda.a). Knobs: FO_JAX_COMMIT (this
+# and its own library built into .devbuild/old/libfo_jax_kernels.a). Knobs: FO_JAX_COMMIT (this
 # tree), OLD_COMMIT, SHAPES, COLLS, ROUNDS (pairs, default 2). Results under $OUT/ab_*.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -18,8 +18,8 @@ install() {  # $1: source tree, $2: its library, $3: target
     -C cmake.define.FO_JAX_PREBUILT_CUDA_LIB="$2" "$1" > "/tmp/install_$(basename "$3").log" 2>&1 \
     || { tail -30 "/tmp/install_$(basename "$3").log"; exit 1; }
 }
-install "$R" "$R/.devbuild/libfo_jax_cuda.a" /tmp/site_b
-install "$R/.devbuild/old" "$R/.devbuild/old/libfo_jax_cuda.a" /tmp/site_a
+install "$R" "$R/.devbuild/libfo_jax_kernels.a" /tmp/site_b
+install "$R/.devbuild/old" "$R/.devbuild/old/libfo_jax_kernels.a" /tmp/site_a
 cd /tmp
 for i in $(seq "${ROUNDS:-2}"); do
   for side in a b; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on a lent GPU machine (device tool), from the repo root: installs fo_jax against the
-# carried .devbuild/libfo_jax_cuda.a (built here by dev/lease/build_cuda_lib.sh), then the named
+# carried .devbuild/libfo_jax_kernels.a (built here by dev/lease/build_cuda_lib.sh), then the named
 # steps. Logs and result files go to $OUT. NVLink multicast stays off.
 # Steps: info smoke test-gemm test-overlap test-autodiff train bench-gemm bench-overlap
 #        bench-overlap-quick bench-overlap-sweep bench-cli tune diag-overlap selftest probe ce-probe
@@ -23,7 +23,7 @@ stamp install
 # replace a package already there (it warns and skips): start empty, or the old build runs.
 rm -rf /tmp/site
 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/site \
-  -C cmake.define.FO_JAX_PREBUILT_CUDA_LIB="$PWD/.devbuild/libfo_jax_cuda.a" . \
+  -C cmake.define.FO_JAX_PREBUILT_CUDA_LIB="$PWD/.devbuild/libfo_jax_kernels.a" . \
   > /tmp/install.log 2>&1 || { tail -40 /tmp/install.log; exit 1; }
 export PYTHONPATH=/tmp/site
 if [[ -f .carry/tuning.json ]]; then  # a tuning cache from an earlier call (python -m fo_jax.tune)
@@ -38,7 +38,7 @@ build_probe() {
   local nccl
   nccl=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])")
   nvcc -std=c++17 -arch=sm_90a -I"$R/csrc" -I"$nccl/include" "$R/dev/probes/$1.cu" \
-    "$R/.devbuild/libfo_jax_cuda.a" -L"$nccl/lib" -l:libnccl.so.2 -Xlinker -rpath,"$nccl/lib" \
+    "$R/.devbuild/libfo_jax_kernels.a" -L"$nccl/lib" -l:libnccl.so.2 -Xlinker -rpath,"$nccl/lib" \
     -o "/tmp/$1" 2>&1 | grep -v -i deprecat || true
 }
 for step in "$@"; do
