@@ -54,7 +54,7 @@ struct EpilogueParams {
   const uint32_t* addend_flags = nullptr;
   // SignalingGemmArgs' addend_abandoned (nullptr: none): read by the epilogue warp after each
   // group's flag; once it has reached addend_flag_value, the group's tiles add a tile of
-  // addend_nan (the epilogue's second source descriptor) instead of their rows.
+  // addend_nan (a descriptor of its own, SourceParams::nan) instead of their rows.
   const uint32_t* addend_abandoned = nullptr;
   const void* addend_nan = nullptr;
   // SignalingGemmArgs' tail output (kernels with a source only; nullptr: none): logical
@@ -265,19 +265,19 @@ class SignalingTmaEpilogue
     typename Inner::Arguments inner;
     EpilogueParams signal;
   };
-  struct NoTail {};
+  struct NoExtras {};
   // kSource: the tail output's TMA store descriptor and the NaN tile's load descriptor, each as
   // the params of another epilogue object (unused ones stay default).
   struct SourceParams {
     typename Inner::Params tail;
     typename Inner::Params nan;
   };
-  using TailParams = std::conditional_t<kSource, SourceParams, NoTail>;
+  using ExtraParams = std::conditional_t<kSource, SourceParams, NoExtras>;
   struct Params {
     typename Inner::Params inner;
     EpilogueParams signal;
     uint32_t tma_transaction_bytes = 0;  // read by the kernel (epilogue load pipeline)
-    TailParams tail;
+    ExtraParams extra;
   };
 
   static constexpr int kTileM = cute::size<0>(TileShape{});
@@ -314,13 +314,13 @@ class SignalingTmaEpilogue
         tail_args.ptr_D = static_cast<Element*>(sig.tail_out);
         auto tail_shape = cute::make_shape((sig.tiles_m - sig.tail_first) * kTileM,
                                            int(cute::get<1>(ps)), int(cute::get<2>(ps)), 1);
-        p.tail.tail = Inner::to_underlying_arguments(tail_shape, tail_args, workspace);
+        p.extra.tail = Inner::to_underlying_arguments(tail_shape, tail_args, workspace);
       }
       if (sig.addend_abandoned != nullptr) {  // the NaN tile as C: [tile_m, tile_n]
         typename Inner::Arguments nan_args = args.inner;
         nan_args.ptr_C = static_cast<Element const*>(sig.addend_nan);
         nan_args.dC = cute::make_stride(int64_t(kTileN), cute::Int<1>{}, int64_t(kTileM) * kTileN);
-        p.tail.nan = Inner::to_underlying_arguments(NanShape(int(cute::get<2>(ps))), nan_args,
+        p.extra.nan = Inner::to_underlying_arguments(NanShape(int(cute::get<2>(ps))), nan_args,
                                                     workspace);
       }
     }
@@ -348,7 +348,7 @@ class SignalingTmaEpilogue
 
   CUTLASS_HOST_DEVICE SignalingTmaEpilogue(Params const& params, TensorStorage& shared)
       : Inner(params.inner, InnerStorage(shared)), p_(&params.signal),
-        tail_params_(&params.tail), handoff_(HandoffOf(shared)) {}
+        extra_params_(&params.extra), handoff_(HandoffOf(shared)) {}
 
   // The cooperative kernel asks this once, in every thread, before it initializes its pipelines
   // and synchronizes the cluster (the ping-pong kernel asks twice, never from thread 0 again);
@@ -392,7 +392,7 @@ class SignalingTmaEpilogue
       wait_for_addend(group_of(source_row));
       if constexpr (kSource) {
         if (addend_abandoned_) {  // the call was released: NaNs instead of rows that never came
-          Inner nan(tail_params_->nan, InnerStorage(shared));
+          Inner nan(extra_params_->nan, InnerStorage(shared));
           return nan.load(load_pipeline, load_state, NanShape(int(get<2>(problem_shape))),
                           tile_shape, make_coord(0, 0, get<2>(tile_coord), 0), tiled_mma,
                           thread_idx, InnerStorage(shared), subtile_idx);
@@ -445,7 +445,7 @@ class SignalingTmaEpilogue
         Inner* target = this;
         if constexpr (kSource) {
           // One inlined store either way: the tail tile only swaps the object, shape and row.
-          Inner tail(tail_params_->tail, InnerStorage(shared));
+          Inner tail(extra_params_->tail, InnerStorage(shared));
           if (p.tail_out != nullptr && m_idx >= p.tail_first) {
             target = &tail;
             get<0>(flat_shape) = (p.tiles_m - p.tail_first) * kTileM;
@@ -626,7 +626,7 @@ class SignalingTmaEpilogue
   }
 
   EpilogueParams const* p_;
-  TailParams const* tail_params_;
+  ExtraParams const* extra_params_;
   SignalHandoff* handoff_;       // kSignalWarp: in shared memory
   uint32_t handoffs_ = 0;        // thread 0 of the consumers: handoffs made
   bool saw_tile_ = false;        // the signal warp: this CTA's consumers store tiles
