@@ -143,8 +143,9 @@ int main(int argc, char** argv) {
         for (int d = 0; d < P; ++d) {
           CK(cudaSetDevice(d));
           std::string err;
-          CK(fo_jax::EnqueueWaitGeq(dev[d].comm_s, dev[d].ctr + g,
-                                    uint32_t(fo_jax::ExpectedGroupCount(args[d], g)), false, &err));
+          CK(ProbeStatus(fo_jax::EnqueueWaitGeq(dev[d].comm_s, dev[d].ctr + g,
+                                                uint32_t(fo_jax::ExpectedGroupCount(args[d], g))),
+                         &err));
           if (tl && d == 0) tl->Mark("ready" + std::to_string(g), dev[0].comm_s);
         }
         NK(ncclGroupStart());

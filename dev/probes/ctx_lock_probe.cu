@@ -49,6 +49,7 @@
 #include <cuda.h>
 
 #include "comm/stream_wait.h"
+#include "probe_status.cuh"
 #include "tool_common.cuh"
 
 namespace {
@@ -244,7 +245,7 @@ int Order() {
   CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   const CopyGraph copy = MakeCopyGraph(dst, src, 4);
   std::string err;
-  if (fo_jax::PrepareStreamWait(&err) != cudaSuccess) return 2;
+  if (ProbeStatus(fo_jax::PrepareStreamWait(), &err) != cudaSuccess) return 2;
   std::vector<uint32_t> host(kWords);
   for (bool graph : {false, true}) {
     const char* name = graph ? "graph" : "cudaMemcpyAsync";
@@ -253,7 +254,7 @@ int Order() {
     CK(cudaSetDevice(1));
     CK(cudaMemset(gate, 0, 4));
     CK(cudaDeviceSynchronize());
-    if (fo_jax::EnqueueWaitGeq(s, gate, 1, false, &err) != cudaSuccess) return 2;
+    if (ProbeStatus(fo_jax::EnqueueWaitGeq(s, gate, 1), &err) != cudaSuccess) return 2;
     for (int i = 0; i < kCopies; ++i) {
       // Copy i: source chunk (i * 7) % 16 into destination chunk i.
       const int from = (i * 7) % kCopies;
@@ -274,7 +275,7 @@ int Order() {
     std::printf("%-16s (A) words copied before the wait was satisfied: %zu of %zu%s\n", name,
                 early, kWords, early ? "  <-- ORDER BROKEN" : "");
     CK(cudaSetDevice(1));
-    if (fo_jax::EnqueueWriteValue(side, gate, 1, &err) != cudaSuccess) return 2;
+    if (ProbeStatus(fo_jax::EnqueueWriteValue(side, gate, 1), &err) != cudaSuccess) return 2;
     CK(cudaStreamSynchronize(s));
     CK(cudaSetDevice(0));
     CK(cudaMemcpy(host.data(), dst, kCopies * kBytes, cudaMemcpyDeviceToHost));
@@ -378,7 +379,7 @@ int main(int argc, char** argv) {
   const CopyGraph copy = MakeCopyGraph(dst0, src1, kBytes);
   CK(cudaGraphLaunch(copy.exec, s1));  // uploaded and run once
   std::string err;
-  if (fo_jax::PrepareStreamWait(&err) != cudaSuccess) {
+  if (ProbeStatus(fo_jax::PrepareStreamWait(), &err) != cudaSuccess) {
     std::printf("stream memory operations: %s\n", err.c_str());
     return 2;
   }
@@ -422,7 +423,7 @@ int main(int argc, char** argv) {
       CK(cudaDeviceSynchronize());
     } else if (blocker == "queue_full") {
       std::string e2;
-      if (fo_jax::EnqueueWaitGeq(s0b, flag, 1, false, &e2) != cudaSuccess) std::_Exit(2);
+      if (ProbeStatus(fo_jax::EnqueueWaitGeq(s0b, flag, 1), &e2) != cudaSuccess) std::_Exit(2);
       int i = 0;
       for (auto t = std::chrono::steady_clock::now(); i < 100000; ++i) {
         Noop<<<1, 1, 0, s0b>>>();
@@ -514,7 +515,7 @@ int main(int argc, char** argv) {
       CK(cudaGetLastError());
     } else {
       Step("peer: cuStreamWriteValue32 to GPU 0's flag ...");
-      if (fo_jax::EnqueueWriteValue(s1, flag, 1, &err) != cudaSuccess) {
+      if (ProbeStatus(fo_jax::EnqueueWriteValue(s1, flag, 1), &err) != cudaSuccess) {
         std::printf("write value: %s\n", err.c_str());
         std::_Exit(2);
       }

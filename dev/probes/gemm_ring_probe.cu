@@ -27,6 +27,7 @@
 
 #include "comm/stream_wait.h"
 #include "kernels/signaling_gemm.h"
+#include "probe_status.cuh"
 #include "tool_common.cuh"
 
 using fo_jax::SignalingGemmArgs;
@@ -50,13 +51,6 @@ static void Finish(cudaStream_t s, const char* what) {
   std::printf("done: %s\n", what);
 }
 
-static void CheckStatus(const fo_jax::Status& status, const char* what) {
-  if (!status.ok()) {
-    std::printf("%s: %s\n", what, status.message().c_str());
-    std::_Exit(2);
-  }
-}
-
 static float Bf16ToFloat(uint16_t v) {
   uint32_t u = uint32_t(v) << 16;
   float f;
@@ -77,7 +71,7 @@ int main() {
   }
   std::string err;
   CK(fo_jax::LoadAllGemmKernels(&err));
-  CheckStatus(fo_jax::PrepareStreamWait(), "preparing the stream waits");
+  CK(ProbeStatus(fo_jax::PrepareStreamWait(), &err));
   const size_t band = size_t(M / P) * N;
   const size_t all = size_t(M) * N;
   uint16_t *a, *b, *d0, *d1, *c, *c_src, *out;
@@ -237,7 +231,7 @@ int main() {
     if (bounds[g] >= 3 * tiles_chunk) break;
     const size_t at = bounds[g] * row_elems, count = (bounds[g + 1] - bounds[g]) * row_elems;
     CK(cudaMemcpyAsync(c + at, h_c + at, count * 2, cudaMemcpyHostToDevice, s2));
-    CheckStatus(fo_jax::EnqueueWriteValue(s2, flags + g, 1), "a flag's write");
+    CK(ProbeStatus(fo_jax::EnqueueWriteValue(s2, flags + g, 1), &err));
   }
   Finish(s2, "addend and flags written");
   Finish(s, "ring kernel waiting for the flags");

@@ -37,7 +37,7 @@ constexpr int kMaxGroups = 16;
 // The library's stream memory operations (comm/stream_wait.h), exiting on failure.
 void WriteFlag(cudaStream_t s, uint32_t* addr, uint32_t value) {
   std::string err;
-  if (fo_jax::EnqueueWriteValue(s, addr, value, &err) != cudaSuccess) {
+  if (ProbeStatus(fo_jax::EnqueueWriteValue(s, addr, value), &err) != cudaSuccess) {
     std::printf("write: %s\n", err.c_str());
     std::exit(2);
   }
@@ -45,7 +45,7 @@ void WriteFlag(cudaStream_t s, uint32_t* addr, uint32_t value) {
 
 void WaitGeq(cudaStream_t s, const uint32_t* addr, uint32_t value) {
   std::string err;
-  if (fo_jax::EnqueueWaitGeq(s, addr, value, false, &err) != cudaSuccess) {
+  if (ProbeStatus(fo_jax::EnqueueWaitGeq(s, addr, value), &err) != cudaSuccess) {
     std::printf("wait: %s\n", err.c_str());
     std::exit(2);
   }

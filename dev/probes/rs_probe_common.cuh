@@ -22,6 +22,7 @@
 #include "comm/stream_wait.h"
 #include "kernels/band_sum.h"
 #include "kernels/signaling_gemm.h"
+#include "probe_status.cuh"
 #include "tool_common.cuh"
 
 #define NK(x)                                                                           \
@@ -130,7 +131,7 @@ inline void BandSumOrExit(cudaStream_t s, const std::vector<const void*>& parts,
 inline void PrepareGpuOrExit(int d, int M, int N, int K, Bf16** a, Bf16** b) {
   std::string err;
   if (fo_jax::LoadAllGemmKernels(&err) != cudaSuccess ||
-      fo_jax::PrepareStreamWait(&err) != cudaSuccess ||
+      ProbeStatus(fo_jax::PrepareStreamWait(), &err) != cudaSuccess ||
       fo_jax::LoadBandSumKernels(&err) != cudaSuccess) {
     std::printf("load: %s\n", err.c_str());
     std::exit(2);
