@@ -488,12 +488,14 @@ NB_MODULE(_fo_jax_cuda, m) {
   // Tests (one GPU): the same releases of a stuck ring GEMM (comm/stuck_ring_release_check.h).
   m.def(
       "stuck_ring_release_check",
-      [](uint32_t epoch_start, const std::string& release, double timeout_s) {
+      [](uint32_t epoch_start, const std::string& release, const std::string& dtype,
+         double timeout_s) {
         const fo_jax::ReleaseBy by = ReleaseByName("stuck_ring_release_check", release);
+        const fo_jax::GemmDtype gemm_dtype = CheckDtype("stuck_ring_release_check", dtype);
         fo_jax::StuckRingReleaseCheckResult r;
         {
           nb::gil_scoped_release unlocked;
-          r = fo_jax::RunStuckRingReleaseCheck(epoch_start, by, timeout_s);
+          r = fo_jax::RunStuckRingReleaseCheck(epoch_start, by, gemm_dtype, timeout_s);
         }
         nb::dict d;
         d["stuck_before"] = r.stuck_before;
@@ -506,7 +508,8 @@ NB_MODULE(_fo_jax_cuda, m) {
         d["error"] = r.error;
         return d;
       },
-      nb::arg("epoch_start") = 0, nb::arg("release") = "watchdog", nb::arg("timeout_s") = 10.0);
+      nb::arg("epoch_start") = 0, nb::arg("release") = "watchdog",
+      nb::arg("dtype") = "bfloat16", nb::arg("timeout_s") = 10.0);
 
   // What fo_jax holds outside XLA (fo_jax/info.py, device_resources): one row per communicator
   // (device, rank, ranks, group index, NCCL CTA bound, whether it has a copy-engine state and

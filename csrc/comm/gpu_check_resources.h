@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -54,5 +55,14 @@ inline uint16_t Bf16Bits(float v) {
 
 // Whether bf16 bits are a NaN: exponent all ones, mantissa not zero.
 inline bool Bf16IsNaN(uint16_t v) { return (v & 0x7F80u) == 0x7F80u && (v & 0x007Fu) != 0; }
+
+// The bits of v rounded to fp16, and whether fp16 bits are a NaN.
+inline uint16_t F16Bits(float v) {
+  const __half h = __float2half(v);
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+inline bool F16IsNaN(uint16_t v) { return (v & 0x7C00u) == 0x7C00u && (v & 0x03FFu) != 0; }
 
 }  // namespace fo_jax

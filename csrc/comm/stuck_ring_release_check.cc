@@ -30,7 +30,7 @@ constexpr int kRanks = 3, kChunkRows = 512, kN = 384, kK = 128, kGroupsPerChunk 
 constexpr int kM = kRanks * kChunkRows;
 
 // Small integers: A and B in {-1, 0, 1} (|A B| <= K = 128), the slots in [-2, 2], so every sum
-// is an integer of at most 130 in magnitude: exact in bf16 (8 significant bits).
+// is an integer of at most 130 in magnitude: exact in bf16 (8 significant bits) and fp16 (11).
 int AValue(size_t i) { return int((i * 7 + 3) % 3) - 1; }
 int BValue(size_t i) { return int((i * 5 + 1) % 3) - 1; }
 int SlotValue(size_t i) { return int((i * 11 + 2) % 5) - 2; }
@@ -38,8 +38,14 @@ int SlotValue(size_t i) { return int((i * 11 + 2) % 5) - 2; }
 }  // namespace
 
 StuckRingReleaseCheckResult RunStuckRingReleaseCheck(uint32_t epoch_start, ReleaseBy release,
-                                                     double timeout_s) {
+                                                     GemmDtype dtype, double timeout_s) {
   StuckRingReleaseCheckResult r;
+  if (dtype != GemmDtype::kBF16 && dtype != GemmDtype::kF16) {
+    r.error = "the ring's dtypes are bfloat16 and float16";
+    return r;
+  }
+  const bool bf16 = dtype == GemmDtype::kBF16;
+  auto bits = [bf16](int v) { return bf16 ? Bf16Bits(float(v)) : F16Bits(float(v)); };
   const uint32_t e = epoch_start + 1;  // the stuck call's epoch (wraps from 2^32 - 1)
   GpuCheckResources res;
   auto fail = [&](cudaError_t err, const std::string& what) {
@@ -55,13 +61,13 @@ StuckRingReleaseCheckResult RunStuckRingReleaseCheck(uint32_t epoch_start, Relea
   }
   int cfg = -1;
   for (int i = 0; i < NumGemmConfigs() && cfg < 0; ++i) {
-    if (GemmConfigTakesAddends(i) && GemmConfigSupportsDtype(i, GemmDtype::kBF16) &&
+    if (GemmConfigTakesAddends(i) && GemmConfigSupportsDtype(i, dtype) &&
         GetGemmConfig(i).tile_m == 128) {
       cfg = i;
     }
   }
   if (cfg < 0) {
-    r.error = "no bf16 GEMM config with 128-row tiles takes an addend";
+    r.error = "no GEMM config of this dtype with 128-row tiles takes an addend";
     return r;
   }
   const int tile_m = GetGemmConfig(cfg).tile_m;
@@ -88,9 +94,9 @@ StuckRingReleaseCheckResult RunStuckRingReleaseCheck(uint32_t epoch_start, Relea
     return fail(err, "cudaMalloc");
   }
   std::vector<uint16_t> h_a(size_t(kM) * kK), h_b(size_t(kK) * kN), h_slots(2 * chunk);
-  for (size_t i = 0; i < h_a.size(); ++i) h_a[i] = Bf16Bits(float(AValue(i)));
-  for (size_t i = 0; i < h_b.size(); ++i) h_b[i] = Bf16Bits(float(BValue(i)));
-  for (size_t i = 0; i < h_slots.size(); ++i) h_slots[i] = Bf16Bits(float(SlotValue(i)));
+  for (size_t i = 0; i < h_a.size(); ++i) h_a[i] = bits(AValue(i));
+  for (size_t i = 0; i < h_b.size(); ++i) h_b[i] = bits(BValue(i));
+  for (size_t i = 0; i < h_slots.size(); ++i) h_slots[i] = bits(SlotValue(i));
   // The expected D (steps 0 and 1) and output (step 2): the product plus the slot it adds.
   std::vector<uint16_t> want(size_t(kM) * kN);
   for (int i = 0; i < kM; ++i) {
@@ -98,7 +104,7 @@ StuckRingReleaseCheckResult RunStuckRingReleaseCheck(uint32_t epoch_start, Relea
       int sum = 0;
       for (int k = 0; k < kK; ++k) sum += AValue(size_t(i) * kK + k) * BValue(size_t(k) * kN + j);
       if (i >= kChunkRows) sum += SlotValue(size_t(i - kChunkRows) * kN + j);
-      want[size_t(i) * kN + j] = Bf16Bits(float(sum));
+      want[size_t(i) * kN + j] = bits(sum);
     }
   }
   const std::vector<uint32_t> words(sizeof(CopyEngineFlags) / 4, epoch_start);
@@ -124,6 +130,7 @@ StuckRingReleaseCheckResult RunStuckRingReleaseCheck(uint32_t epoch_start, Relea
 
   // The ring's GEMM as SetGemmRing (copy_engine.cc) sets it up for epoch e.
   SignalingGemmArgs gemm;
+  gemm.dtype = dtype;
   gemm.m = kM;
   gemm.n = kN;
   gemm.k = kK;
@@ -211,7 +218,7 @@ StuckRingReleaseCheckResult RunStuckRingReleaseCheck(uint32_t epoch_start, Relea
   std::vector<uint16_t> sums(h_d.begin() + chunk, h_d.begin() + 2 * chunk);
   sums.insert(sums.end(), h_out.begin(), h_out.end());
   r.sums_exact = std::equal(sums.begin(), sums.end(), want.begin() + chunk);
-  r.sums_poisoned = std::all_of(sums.begin(), sums.end(), Bf16IsNaN);
+  r.sums_poisoned = std::all_of(sums.begin(), sums.end(), bf16 ? Bf16IsNaN : F16IsNaN);
   auto word = [&](const uint32_t* p) {
     return after[(reinterpret_cast<const char*>(p) - reinterpret_cast<const char*>(flags[0])) / 4];
   };

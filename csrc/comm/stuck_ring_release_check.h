@@ -14,13 +14,15 @@
 // A release must end the GEMM with every tile that adds a slot (step 1's partial sum, sent on to
 // the next rank, and the output) all NaN, step 0's partial sum exact (it adds nothing) and the
 // release's ring flags and `abandoned` at the call's epoch; the control must end it with every
-// sum exact. Inputs are small integers, so every sum is exact in bf16 and compared bit for bit.
+// sum exact. Inputs are small integers, so every sum is exact in bf16 and fp16 and compared bit
+// for bit.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "comm/stuck_release_check.h"
+#include "kernels/signaling_gemm.h"
 
 namespace fo_jax {
 
@@ -35,8 +37,9 @@ struct StuckRingReleaseCheckResult {
   std::string error;            // "" when the check ran
 };
 
-// `epoch_start`: the flags' "no call yet" (e.g. 2^32 - 1, so that the call's epoch wraps to 0).
+// `epoch_start`: the flags' "no call yet" (e.g. 2^32 - 1, so that the call's epoch wraps to 0);
+// `dtype`: kBF16 or kF16 (the ring's two dtypes).
 StuckRingReleaseCheckResult RunStuckRingReleaseCheck(uint32_t epoch_start, ReleaseBy release,
-                                                     double timeout_s);
+                                                     GemmDtype dtype, double timeout_s);
 
 }  // namespace fo_jax

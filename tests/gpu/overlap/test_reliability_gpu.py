@@ -292,9 +292,10 @@ def test_release_check_control_stores_through_the_table():
     assert not r["out_poisoned"] and not r["canary_untouched"], r
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("epoch_start", [0, 2**32 - 1])
 @pytest.mark.parametrize("release", ["watchdog", "failed_peer"])
-def test_a_release_ends_a_stuck_ring_gemm_with_poisoned_sums(release, epoch_start):
+def test_a_release_ends_a_stuck_ring_gemm_with_poisoned_sums(release, epoch_start, dtype):
     """The same releases of the ring reduce-scatter's GEMM on one GPU
     (stuck_ring_release_check): rank 0 of 3, stuck in the epilogues that wait for its receive
     slots' flags. "watchdog": the progress watchdog's release; "failed_peer": what its sender
@@ -302,9 +303,9 @@ def test_a_release_ends_a_stuck_ring_gemm_with_poisoned_sums(release, epoch_star
     that adds a slot all NaN: step 1's partial sum, which the ring sends on to the next rank,
     and the call's output (a released ring call reads as failed, on this GPU and the ones its
     partial sums reach); step 0's partial sum, which adds nothing, exact; the slot flags and
-    `abandoned` at the call's epoch (also where it wraps to 0)."""
+    `abandoned` at the call's epoch (also where it wraps to 0); in both of the ring's dtypes."""
     gpu_devices_or_skip(1)
-    r = fo_jax._cuda.module().stuck_ring_release_check(epoch_start, release)
+    r = fo_jax._cuda.module().stuck_ring_release_check(epoch_start, release, dtype)
     assert r["error"] == "", r
     assert r["stuck_before"] and r["released"], r
     assert r["first_step_exact"] and r["sums_poisoned"] and not r["sums_exact"], r
@@ -312,12 +313,13 @@ def test_a_release_ends_a_stuck_ring_gemm_with_poisoned_sums(release, epoch_star
     print(f"released in {r['release_ms']:.2f} ms")
 
 
-def test_ring_release_check_control_sums_exactly():
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_ring_release_check_control_sums_exactly(dtype):
     """The control of the ring release checks: the slots' flags written as a healthy sender
     writes them (no `abandoned`) end the GEMM with every sum exact (bit for bit: small
     integers), so the NaNs above are the release's doing."""
     gpu_devices_or_skip(1)
-    r = fo_jax._cuda.module().stuck_ring_release_check(0, "healthy_peer")
+    r = fo_jax._cuda.module().stuck_ring_release_check(0, "healthy_peer", dtype)
     assert r["error"] == "", r
     assert r["stuck_before"] and r["released"] and r["words_released"], r
     assert r["first_step_exact"] and r["sums_exact"] and not r["sums_poisoned"], r
