@@ -67,6 +67,17 @@ fo_jax::ReleaseBy ReleaseByName(const char* fn, const std::string& release) {
                               "\"failed_peer\" or \"healthy_peer\", got \"" + release + "\"");
 }
 
+// The fields every release check reports, as the start of its result dict.
+nb::dict OutcomeDict(const fo_jax::StuckCheckOutcome& r) {
+  nb::dict d;
+  d["stuck_before"] = r.stuck_before;
+  d["released"] = r.released;
+  d["release_ms"] = r.release_ms;
+  d["words_released"] = r.words_released;
+  d["error"] = r.error;
+  return d;
+}
+
 // The index of the GEMM config named `config`; -1 for "" (the check picks one).
 int ConfigIndexByName(const char* fn, const std::string& config) {
   if (config.empty()) return -1;
@@ -471,15 +482,10 @@ NB_MODULE(_fo_jax_cuda, m) {
           nb::gil_scoped_release unlocked;
           r = fo_jax::RunStuckReleaseCheck(epoch_start, by, elements, timeout_s);
         }
-        nb::dict d;
-        d["stuck_before"] = r.stuck_before;
-        d["released"] = r.released;
-        d["release_ms"] = r.release_ms;
+        nb::dict d = OutcomeDict(r);
         d["sum_equal"] = r.sum_equal;
         d["out_poisoned"] = r.out_poisoned;
         d["canary_untouched"] = r.canary_untouched;
-        d["words_released"] = r.words_released;
-        d["error"] = r.error;
         return d;
       },
       nb::arg("epoch_start") = 0, nb::arg("release") = "watchdog",
@@ -497,15 +503,10 @@ NB_MODULE(_fo_jax_cuda, m) {
           nb::gil_scoped_release unlocked;
           r = fo_jax::RunStuckRingReleaseCheck(epoch_start, by, gemm_dtype, timeout_s);
         }
-        nb::dict d;
-        d["stuck_before"] = r.stuck_before;
-        d["released"] = r.released;
-        d["release_ms"] = r.release_ms;
+        nb::dict d = OutcomeDict(r);
         d["first_step_exact"] = r.first_step_exact;
         d["sums_exact"] = r.sums_exact;
         d["sums_poisoned"] = r.sums_poisoned;
-        d["words_released"] = r.words_released;
-        d["error"] = r.error;
         return d;
       },
       nb::arg("epoch_start") = 0, nb::arg("release") = "watchdog",

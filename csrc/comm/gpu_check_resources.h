@@ -7,8 +7,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 namespace fo_jax {
@@ -35,6 +37,26 @@ struct GpuCheckResources {
     if (e == cudaSuccess) memory.push_back(v);
     *p = static_cast<T*>(v);
     return e;
+  }
+  // Whether the call (everything before `done` on `call`) is still running `ms` after now: a
+  // stuck call's check starts from that.
+  bool StillRunningAfter(int ms) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    const bool running = cudaEventQuery(done) == cudaErrorNotReady;
+    (void)cudaGetLastError();
+    return running;
+  }
+  // After a release enqueued at t0: waits up to timeout_s for the call to complete; returns
+  // cudaEventQuery's answer then (cudaErrorNotReady: still stuck), the time since t0 in *ms.
+  cudaError_t AwaitDone(std::chrono::steady_clock::time_point t0, double timeout_s, double* ms) {
+    const auto deadline = t0 + std::chrono::duration<double>(timeout_s);
+    while (cudaEventQuery(done) == cudaErrorNotReady &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    const cudaError_t err = cudaEventQuery(done);
+    *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return err;
   }
   // The two non-blocking streams and the event (no timing).
   cudaError_t CreateStreams() {

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "comm/copy_engine_flags.h"
@@ -109,9 +108,7 @@ StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, ReleaseBy rel
   }
   if ((err = cudaEventRecord(res.done, res.call)) != cudaSuccess) return fail(err, "record");
 
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  r.stuck_before = cudaEventQuery(res.done) == cudaErrorNotReady;
-  (void)cudaGetLastError();
+  r.stuck_before = res.StillRunningAfter(300);
 
   // The words this call waits for, as its peer (rank 1) writes them.
   uint32_t* const awaited[] = {OutReady(flags) + 1, Arrived(flags), LastPieces(flags),
@@ -145,15 +142,8 @@ StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, ReleaseBy rel
     r.error = wrote.message();
     return r;
   }
-  const auto deadline = t0 + std::chrono::duration<double>(timeout_s);
-  while (cudaEventQuery(res.done) == cudaErrorNotReady &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  err = cudaEventQuery(res.done);
+  err = res.AwaitDone(t0, timeout_s, &r.release_ms);
   r.released = err == cudaSuccess;
-  r.release_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!r.released) {
     if (err != cudaErrorNotReady) return fail(err, "the stuck call");
     // Still stuck: end the waits so that the check can free its memory.

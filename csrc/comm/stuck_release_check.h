@@ -19,19 +19,22 @@
 
 namespace fo_jax {
 
-struct StuckReleaseCheckResult {
+enum class ReleaseBy { kWatchdog, kFailedPeer, kHealthyPeer };
+
+// What every release check reports (this one, stuck_ring_release_check.h).
+struct StuckCheckOutcome {
   bool stuck_before = false;    // the call had not completed before the release
   bool released = false;        // it completed after the release (within the timeout)
   double release_ms = 0;        // from enqueueing the release to the call's completion
-  bool sum_equal = false;       // the local output is the sum of the parts, bit for bit
-  bool out_poisoned = false;    // every element of the local output is a NaN
-  bool canary_untouched = false;  // nothing was stored through the stale address
-  bool words_released = false;  // exactly the release's words read the epoch (not the
-                                // control)
+  bool words_released = false;  // exactly the release's words read the epoch
   std::string error;            // "" when the check ran
 };
 
-enum class ReleaseBy { kWatchdog, kFailedPeer, kHealthyPeer };
+struct StuckReleaseCheckResult : StuckCheckOutcome {
+  bool sum_equal = false;       // the local output is the sum of the parts, bit for bit
+  bool out_poisoned = false;    // every element of the local output is a NaN
+  bool canary_untouched = false;  // nothing was stored through the stale address
+};
 
 // `epoch_start`: the flags' "no call yet" (e.g. 2^32 - 1, so that the call's epoch wraps to 0).
 StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, ReleaseBy release,

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "comm/copy_engine_args.h"
@@ -158,9 +157,7 @@ StuckRingReleaseCheckResult RunStuckRingReleaseCheck(uint32_t epoch_start, Relea
   }
   if ((err = cudaEventRecord(res.done, res.call)) != cudaSuccess) return fail(err, "record");
 
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  r.stuck_before = cudaEventQuery(res.done) == cudaErrorNotReady;
-  (void)cudaGetLastError();
+  r.stuck_before = res.StillRunningAfter(300);
 
   // The slots' flags: ring_arrived of the groups of slot rows (the sender's steps 0 and 1).
   const int slot_groups = 2 * kGroupsPerChunk;
@@ -169,7 +166,6 @@ StuckRingReleaseCheckResult RunStuckRingReleaseCheck(uint32_t epoch_start, Relea
   sender.ring = true;
   sender.num_groups = gemm.num_groups;
   for (int c = 0; c <= kRanks; ++c) sender.chunk_first_group[c] = c * kGroupsPerChunk;
-  sender.tiles_chunk = tiles_chunk;
   const std::vector<FlagRelease> sender_releases =
       FailedCallReleases(sender, kRanks, 1, FailedPart::kWholeCall);
   const auto t0 = std::chrono::steady_clock::now();
@@ -188,15 +184,8 @@ StuckRingReleaseCheckResult RunStuckRingReleaseCheck(uint32_t epoch_start, Relea
     r.error = wrote.message();
     return r;
   }
-  const auto deadline = t0 + std::chrono::duration<double>(timeout_s);
-  while (cudaEventQuery(res.done) == cudaErrorNotReady &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  err = cudaEventQuery(res.done);
+  err = res.AwaitDone(t0, timeout_s, &r.release_ms);
   r.released = err == cudaSuccess;
-  r.release_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!r.released) {
     if (err != cudaErrorNotReady) return fail(err, "the stuck GEMM");
     // Still stuck: end its waits so that the check can free its memory.

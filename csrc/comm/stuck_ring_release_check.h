@@ -26,15 +26,11 @@
 
 namespace fo_jax {
 
-struct StuckRingReleaseCheckResult {
-  bool stuck_before = false;    // the GEMM had not completed before the release
-  bool released = false;        // it completed after the release (within the timeout)
-  double release_ms = 0;        // from enqueueing the release to the GEMM's completion
+// The outcome's "call" is the GEMM; its words are the slots' ring flags and `abandoned`.
+struct StuckRingReleaseCheckResult : StuckCheckOutcome {
   bool first_step_exact = false;  // step 0's partial sum (no slot added) is the product
   bool sums_exact = false;      // step 1's partial sum and the output: product + slot, exactly
   bool sums_poisoned = false;   // ... every element of both a NaN
-  bool words_released = false;  // the slots' ring flags and `abandoned` read the epoch
-  std::string error;            // "" when the check ran
 };
 
 // `epoch_start`: the flags' "no call yet" (e.g. 2^32 - 1, so that the call's epoch wraps to 0);
