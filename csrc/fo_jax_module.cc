@@ -223,7 +223,7 @@ NB_MODULE(_fo_jax_cuda, m) {
       "all_gather_copy_check",
       [](int ranks, int rank, int rows, int n, int k, int bands_per_rank,
          const std::string& dtype, const std::string& config, int sm_budget, int calls,
-         int delay_us, uint64_t seed, double timeout_s) {
+         int delay_us, uint64_t seed, double timeout_s, int released_sender) {
         fo_jax::AllGatherCheckOptions o;
         o.dtype = CheckDtype("all_gather_copy_check", dtype);
         o.config = ConfigIndexByName("all_gather_copy_check", config);
@@ -238,6 +238,7 @@ NB_MODULE(_fo_jax_cuda, m) {
         o.delay_us = delay_us;
         o.seed = seed;
         o.timeout_s = timeout_s;
+        o.released_sender = released_sender;
         fo_jax::AllGatherCheckResult r;
         {
           nb::gil_scoped_release release;
@@ -247,6 +248,8 @@ NB_MODULE(_fo_jax_cuda, m) {
         d["gathered_equal"] = r.gathered_equal;
         d["product_equal"] = r.product_equal;
         d["mismatches"] = r.mismatches;
+        d["released_gathered_nan"] = r.released_gathered_nan;
+        d["released_product_nan"] = r.released_product_nan;
         d["timed_out"] = r.timed_out;
         d["config"] = r.config >= 0 ? std::string(fo_jax::GetGemmConfig(r.config).name) : "";
         d["error"] = r.error;
@@ -255,7 +258,7 @@ NB_MODULE(_fo_jax_cuda, m) {
       nb::arg("ranks"), nb::arg("rank"), nb::arg("rows"), nb::arg("n"), nb::arg("k"),
       nb::arg("bands_per_rank") = 1, nb::arg("dtype") = "bfloat16", nb::arg("config") = "",
       nb::arg("sm_budget") = 0, nb::arg("calls") = 3, nb::arg("delay_us") = 200,
-      nb::arg("seed") = 0, nb::arg("timeout_s") = 60.0);
+      nb::arg("seed") = 0, nb::arg("timeout_s") = 60.0, nb::arg("released_sender") = -1);
 
   // Tests: the consumer GEMM's band visit order on rank `rank` of an all-gather over axis_size
   // ranks whose rows are sent in bands_per_rank bands (OverlapGemmArgs, comm/overlap_plan.h).

@@ -12,6 +12,8 @@
 #include "comm/all_gather_copy_engine.h"
 #include "comm/copy_engine_graphs.h"
 #include "comm/gemm_plan.h"
+#include "comm/gpu_check_resources.h"
+#include "comm/nan_fill.h"
 #include "comm/overlap_plan.h"
 #include "comm/stream_wait.h"
 
@@ -68,14 +70,35 @@ std::string Error(cudaError_t e, const char* what) {
   return std::string(what) + ": " + cudaGetErrorString(e);
 }
 
+// Whether every element of `count` at `p` (the dtype's bytes) is a NaN.
+bool AllNaN(const uint8_t* p, size_t count, GemmDtype dtype) {
+  for (size_t i = 0; i < count; ++i) {
+    if (dtype == GemmDtype::kE4M3) {
+      if ((p[i] & 0x7F) != 0x7F) return false;  // e4m3fn: only S.1111.111 is a NaN
+      continue;
+    }
+    uint16_t v;
+    std::memcpy(&v, p + 2 * i, 2);
+    if (!(dtype == GemmDtype::kF16 ? F16IsNaN(v) : Bf16IsNaN(v))) return false;
+  }
+  return true;
+}
+
+// A finite byte pattern in bf16, fp16 and e4m3: the gathered rows and the product hold it
+// before each call, as stale memory would; a band that never came then reads as wrong numbers,
+// and NaNs can only come from a release.
+constexpr int kStaleByte = 0x3C;
+
 }  // namespace
 
 AllGatherCheckResult RunAllGatherCheck(const AllGatherCheckOptions& o) {
   AllGatherCheckResult result;
   const int P = o.ranks;
   if (P < 1 || o.rank < 0 || o.rank >= P || o.rows <= 0 || o.n <= 0 || o.k <= 0 ||
-      o.bands_per_rank < 1 || o.rows % o.bands_per_rank || o.calls < 1) {
-    result.error = "bad options (ranks, rank, rows, n, k, bands_per_rank, calls)";
+      o.bands_per_rank < 1 || o.rows % o.bands_per_rank || o.calls < 1 ||
+      o.released_sender < -1 || o.released_sender >= P || o.released_sender == o.rank) {
+    result.error = "bad options (ranks, rank, rows, n, k, bands_per_rank, calls, "
+                   "released_sender)";
     return result;
   }
   int device = 0, sms = 0;
@@ -86,13 +109,18 @@ AllGatherCheckResult RunAllGatherCheck(const AllGatherCheckOptions& o) {
     return result;
   }
   const int sm_budget = o.sm_budget > 0 ? o.sm_budget : sms - 16;
-  if (sm_budget <= 0 || sm_budget >= sms) {
-    result.error = "sm_budget must be between 1 and " + std::to_string(sms - 1) +
-                   " (a same-GPU copy may need an SM)";
+  // Without a push (two ranks, the sender released) the GEMM may hold every SM: the release's
+  // fill must not need one.
+  const bool no_push = P == 2 && o.released_sender >= 0;
+  const int max_budget = no_push ? sms : sms - 1;
+  if (sm_budget <= 0 || sm_budget > max_budget) {
+    result.error = "sm_budget must be between 1 and " + std::to_string(max_budget) +
+                   (no_push ? "" : " (a same-GPU copy may need an SM)");
     return result;
   }
   Status s = LoadGemmKernelsOnce(device);
   if (s.ok()) s = PrepareStreamWait();
+  if (s.ok()) s = PrepareNanFill();
   if (!s.ok()) {
     result.error = s.message();
     return result;
@@ -198,13 +226,15 @@ AllGatherCheckResult RunAllGatherCheck(const AllGatherCheckOptions& o) {
   consumer.d = d;
   consumer.wait_flags = flags;
   result.gathered_equal = true;
+  bool released_gathered_nan = true, released_product_nan = true;
   std::vector<uint16_t> got(size_t(M) * o.n), want(size_t(M) * o.n);
   std::vector<uint8_t> g_host(xs_host.size());
   for (int call = 0; call < o.calls; ++call) {
-    // The receiver's stream, as EnqueueAllGatherCopyEngine: poison (a check of its own), the
-    // flags zeroed, the own rows and their flags, "call started", the consumer.
-    if ((e = cudaMemsetAsync(gathered, 0xFF, size_t(M) * o.k * elem, r.gemm)) != cudaSuccess ||
-        (e = cudaMemsetAsync(d, 0xFF, size_t(M) * o.n * out_elem, r.gemm)) != cudaSuccess ||
+    // The receiver's stream, as EnqueueAllGatherCopyEngine: stale values (a step of its own),
+    // the flags zeroed, the own rows and their flags, "call started", the consumer.
+    if ((e = cudaMemsetAsync(gathered, kStaleByte, size_t(M) * o.k * elem, r.gemm)) !=
+            cudaSuccess ||
+        (e = cudaMemsetAsync(d, kStaleByte, size_t(M) * o.n * out_elem, r.gemm)) != cudaSuccess ||
         (e = cudaMemsetAsync(flags, 0, bands.count * sizeof(uint32_t), r.gemm)) != cudaSuccess ||
         (e = cudaMemcpyAsync(gathered_bytes + o.rank * rank_bytes, xs_bytes + o.rank * rank_bytes,
                              rank_bytes, cudaMemcpyDeviceToDevice, r.gemm)) != cudaSuccess) {
@@ -227,7 +257,10 @@ AllGatherCheckResult RunAllGatherCheck(const AllGatherCheckOptions& o) {
                                           reinterpret_cast<void*>(intptr_t(o.delay_us))),
                        "delay");
       }
-      if (s.ok()) {
+      if (s.ok() && q == o.released_sender) {  // as the copy thread without q's entry
+        s = EnqueueBandRelease(r.copy, gathered_bytes, flags, q * bands.per_rank,
+                               bands.per_rank, band_bytes);
+      } else if (s.ok()) {
         s = EnqueueBandPushes(graphs, q, r.copy, xs_bytes + q * rank_bytes, gathered_bytes,
                               flags, q * bands.per_rank, bands.per_rank, band_bytes);
       }
@@ -242,8 +275,10 @@ AllGatherCheckResult RunAllGatherCheck(const AllGatherCheckOptions& o) {
                           std::chrono::milliseconds(int64_t(o.timeout_s * 1000));
     while ((e = cudaStreamQuery(r.gemm)) == cudaErrorNotReady) {
       if (std::chrono::steady_clock::now() > deadline) {
-        result.timed_out = true;  // release every flag so that the GEMM ends
-        (void)cudaMemsetAsync(flags, 0x01, bands.count * sizeof(uint32_t), r.release);
+        result.timed_out = true;  // release every flag so that the GEMM ends (stream writes:
+        for (int b = 0; b < bands.count; ++b) {  // no SM, which the GEMM may all hold)
+          (void)EnqueueWriteValue(r.release, flags + b, 1);
+        }
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -257,16 +292,39 @@ AllGatherCheckResult RunAllGatherCheck(const AllGatherCheckOptions& o) {
       return result;
     }
     if (result.timed_out) break;
-    const bool same = std::memcmp(g_host.data(), xs_host.data(), g_host.size()) == 0;
+    bool same = true, nan = true;
+    for (int q = 0; q < P; ++q) {
+      const size_t at = q * rank_bytes;
+      if (q == o.released_sender) {
+        nan = nan && AllNaN(g_host.data() + at, rank_bytes / elem, o.dtype);
+      } else {
+        same = same && std::memcmp(g_host.data() + at, xs_host.data() + at, rank_bytes) == 0;
+      }
+    }
     result.gathered_equal = result.gathered_equal && same;
+    released_gathered_nan = released_gathered_nan && nan;
+    if (o.released_sender >= 0) {  // the product's rows from the released bands, every call
+      const size_t row0 = size_t(o.released_sender) * o.rows;
+      released_product_nan =
+          released_product_nan &&
+          AllNaN(reinterpret_cast<const uint8_t*>(got.data() + row0 * o.n), size_t(o.rows) * o.n,
+                 o.dtype == GemmDtype::kF16 ? GemmDtype::kF16 : GemmDtype::kBF16);
+    }
   }
   if ((e = cudaMemcpy(want.data(), d_ref, want.size() * out_elem, cudaMemcpyDeviceToHost)) !=
       cudaSuccess) {
     result.error = Error(e, "reading the plain GEMM");
     return result;
   }
-  for (size_t i = 0; i < got.size(); ++i) result.mismatches += got[i] != want[i];
+  for (size_t i = 0; i < got.size(); ++i) {
+    const bool released_row = int64_t(i / o.n) / o.rows == o.released_sender;
+    result.mismatches += !released_row && got[i] != want[i];
+  }
   result.product_equal = !result.timed_out && result.mismatches == 0;
+  result.released_gathered_nan = o.released_sender >= 0 && !result.timed_out &&
+                                 released_gathered_nan;
+  result.released_product_nan = o.released_sender >= 0 && !result.timed_out &&
+                                released_product_nan;
   return result;
 }
 

@@ -13,6 +13,7 @@
 #include "comm/copy_engine_graphs.h"
 #include "comm/device_memory.h"
 #include "comm/host_worker.h"
+#include "comm/nan_fill.h"
 #include "comm/stream_wait.h"
 #include "comm/test_failures.h"
 
@@ -95,6 +96,8 @@ Status CreateAgState(CommState& state, cudaStream_t xla_stream, AgState& s) {
     err = cudaEventCreateWithFlags(&s.started[i], cudaEventDisableTiming);
   }
   FO_JAX_RETURN_IF_ERROR(CudaStatus(err, "creating the copy-engine all-gather's state"));
+  // Now, not at a failure: releases fill the bands that will not come with NaNs from it.
+  FO_JAX_RETURN_IF_ERROR(PrepareNanFill());
   FO_JAX_RETURN_IF_ERROR(DeviceAlloc(state.device, "copy-engine all-gather word",
                                      sizeof(uint32_t), reinterpret_cast<void**>(&s.copies_done)));
   // Zero in XLA's stream order, before the first call's "call started", which the copy stream
@@ -177,6 +180,7 @@ struct Job {
   int P = 0, me = 0;
   uint32_t epoch = 0;
   const char* x = nullptr;
+  char* own_gathered = nullptr;   // this call's gathered output (this rank's GEMM reads it)
   uint32_t* own_flags = nullptr;  // this call's band flags (this rank's GEMM waits for them)
   cudaEvent_t own_started = nullptr;
   AllGatherBands bands;
@@ -185,9 +189,10 @@ struct Job {
 
 // The copy thread's part of call job.epoch: a wait for this rank's own "call started" (x is
 // ready), then per step s rank me + s's entry, a wait for its "call started", then this rank's
-// bands into its gathered rows, each followed by its flag. After a failure it still writes the
-// flags of every peer whose entry it gets (that peer's GEMM waits for them; its output is then
-// undefined) and the copies_done word (XLA's stream waits for it).
+// bands into its gathered rows, each followed by its flag. After a failure it still releases
+// every peer whose entry it gets (EnqueueBandRelease: that peer's GEMM waits for the flags, and
+// its rows from this rank read as NaNs) and writes the copies_done word (XLA's stream waits for
+// it).
 void RunJob(AgState& ag, const Job& job) {
   Exchange& ex = *ag.exchange;
   Status status = CudaStatus(cudaStreamWaitEvent(ag.copy_stream, job.own_started, 0),
@@ -211,11 +216,10 @@ void RunJob(AgState& ag, const Job& job) {
     if (!got.ok()) {
       if (status.ok()) status = got;
       // Without its entry the peer has not launched its GEMM for this call and may never send
-      // its bands: this rank's GEMM waits for their flags, set here (after the zeroing: the
-      // copy stream waited on own_started).
-      for (int c = 0; c < job.bands.per_rank; ++c) {
-        (void)EnqueueWriteValue(ag.copy_stream, job.own_flags + q * job.bands.per_rank + c, 1);
-      }
+      // its bands: this rank's GEMM waits for their flags, released here (after the zeroing:
+      // the copy stream waited on own_started), their rows NaNs.
+      (void)EnqueueBandRelease(ag.copy_stream, job.own_gathered, job.own_flags,
+                               q * job.bands.per_rank, job.bands.per_rank, job.band_bytes);
       continue;
     }
     if (PeerGaveUp(ex, q, job.me, job.epoch)) continue;  // its call may be over: nothing into it
@@ -226,10 +230,9 @@ void RunJob(AgState& ag, const Job& job) {
                    "waiting for rank " + std::to_string(q) + "'s call to start");
     if (status.ok()) status = started;
     note_waited(q);
-    if (!status.ok()) {  // no copies, only the flags that release the peer's GEMM
-      for (int c = 0; c < job.bands.per_rank; ++c) {
-        (void)EnqueueWriteValue(ag.copy_stream, peer.flags + job.me * job.bands.per_rank + c, 1);
-      }
+    if (!status.ok()) {  // no copies: the peer's GEMM released, its rows from here NaNs
+      (void)EnqueueBandRelease(ag.copy_stream, static_cast<char*>(peer.gathered), peer.flags,
+                               job.me * job.bands.per_rank, job.bands.per_rank, job.band_bytes);
       continue;
     }
     status = EnqueueBandPushes(ag.graphs, q, ag.copy_stream, job.x,
@@ -309,6 +312,23 @@ Status PreparePeers(AgState& ag, int device, int P, int me, uint32_t e,
   return Status::Ok();
 }
 
+// Rank `me`, giving up on every peer for this call: releases on XLA's stream (before the GEMM)
+// the bands of every other rank (EnqueueBandRelease: their rows NaNs); its own are there. A peer
+// that took this call's entry before may still push its rows over the NaNs, so each element of
+// the call's results is then either right or NaN.
+Status ReleaseOtherRanks(cudaStream_t xla_stream, const AllGatherBuffers& buffers,
+                         const AllGatherBands& bands, int P, int me, size_t band_bytes) {
+  Status first = Status::Ok();
+  for (int q = 0; q < P; ++q) {
+    if (q == me) continue;
+    const Status released =
+        EnqueueBandRelease(xla_stream, static_cast<char*>(buffers.gathered), buffers.flags,
+                           q * bands.per_rank, bands.per_rank, band_bytes);
+    if (first.ok()) first = released;
+  }
+  return first;
+}
+
 }  // namespace
 
 Status EnqueueBandPushes(CopyGraphs& graphs, int peer, cudaStream_t stream, const char* src,
@@ -321,10 +341,25 @@ Status EnqueueBandPushes(CopyGraphs& graphs, int peer, cudaStream_t stream, cons
       status = LaunchCopyGraph(graphs, peer, c, gathered + band * band_bytes,
                                src + c * band_bytes, band_bytes, stream);
     }
-    const Status flagged = EnqueueWriteValue(stream, flags + band, 1);
-    if (status.ok()) status = flagged;
+    if (!status.ok()) {  // this band's copy is not enqueued: its rows read as failed
+      (void)EnqueueBandRelease(stream, gathered, flags, band, 1, band_bytes);
+      continue;
+    }
+    status = EnqueueWriteValue(stream, flags + band, 1);
+    if (!status.ok()) (void)EnqueueBandRelease(stream, gathered, flags, band, 1, band_bytes);
   }
   return status;
+}
+
+Status EnqueueBandRelease(cudaStream_t stream, char* gathered, uint32_t* flags, int first_band,
+                          int count, size_t band_bytes) {
+  Status first = Status::Ok();
+  for (int band = first_band; band < first_band + count; ++band) {
+    const Status filled = EnqueueNanFill(stream, gathered + band * band_bytes, band_bytes);
+    const Status flagged = EnqueueWriteValue(stream, flags + band, 1);
+    if (first.ok()) first = filled.ok() ? flagged : filled;
+  }
+  return first.Within("releasing all-gather bands");
 }
 
 Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
@@ -366,11 +401,9 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   ex.cv.notify_all();
   if (!failed.empty()) {
     // A peer's copy thread may have given up on this call before it was published: nothing
-    // might write these flags, so they are released here and the GEMM's result is undefined.
+    // might write these flags, so they are released here.
     ReleaseAllPeers(ex, P, me, e);
-    for (int b = 0; b < bands.count; ++b) {
-      FO_JAX_RETURN_IF_ERROR(EnqueueWriteValue(xla_stream, buffers.flags + b, 1));
-    }
+    FO_JAX_RETURN_IF_ERROR(ReleaseOtherRanks(xla_stream, buffers, bands, P, me, band_bytes));
   }
 
   // First use of a peer: peer access towards its GPU (the stream writes of its flags need it).
@@ -381,9 +414,7 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   if (!prepared.ok()) {
     Fail(*ag, prepared);
     ReleaseAllPeers(ex, P, me, e);
-    for (int b = 0; b < bands.count; ++b) {
-      FO_JAX_RETURN_IF_ERROR(EnqueueWriteValue(xla_stream, buffers.flags + b, 1));
-    }
+    FO_JAX_RETURN_IF_ERROR(ReleaseOtherRanks(xla_stream, buffers, bands, P, me, band_bytes));
   }
 
   Job job;
@@ -391,6 +422,7 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   job.me = me;
   job.epoch = e;
   job.x = static_cast<const char*>(buffers.x);
+  job.own_gathered = static_cast<char*>(buffers.gathered);
   job.own_flags = buffers.flags;
   job.own_started = ag->started[slot];
   job.bands = bands;

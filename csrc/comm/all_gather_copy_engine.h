@@ -35,11 +35,22 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
 // The copies of one sender's rows into one receiver, on `stream`: for each of its per_rank bands
 // c, a launch of copy graph (peer, c) from src + c * band_bytes to band first_band + c of
 // `gathered`, then that band's flag in `flags` set to 1 (a stream write, which fences the copy).
-// Every flag is written even after a failed copy (the receiver's GEMM waits for them); the first
-// failure is returned. The transport's copy thread and the one-GPU check
-// (comm/all_gather_check.h) both push this way.
+// A band whose copy cannot be enqueued (this one's or an earlier one's launch failed) is
+// released instead (EnqueueBandRelease): the receiver's GEMM waits for every flag, and its rows
+// then read as failed. Returns the first failure. The transport's copy thread and the one-GPU
+// check (comm/all_gather_check.h) both push this way.
 Status EnqueueBandPushes(CopyGraphs& graphs, int peer, cudaStream_t stream, const char* src,
                          char* gathered, uint32_t* flags, int first_band, int per_rank,
                          size_t band_bytes);
+
+// The release of `count` bands, from first_band on, whose rows will not come (their sender never
+// reached the call, or could not enqueue its copies): on `stream`, each band's rows of `gathered`
+// set to NaNs (EnqueueNanFill: copy-engine writes, which need no SM of the GEMM that waits), then
+// its flag in `flags` set to 1. The consumer GEMM then reads NaN rows, so the call's product rows
+// from those bands (NaN times anything is NaN) and its gathered rows read as failed instead of
+// holding whatever the memory held. `gathered` and `flags` may be a peer's. Every flag is
+// written even after a failed fill; returns the first failure.
+Status EnqueueBandRelease(cudaStream_t stream, char* gathered, uint32_t* flags, int first_band,
+                          int count, size_t band_bytes);
 
 }  // namespace fo_jax

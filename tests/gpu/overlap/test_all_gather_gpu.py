@@ -3,14 +3,15 @@
 One GPU: the copy-engine transport's data path with the GPU playing the receiving rank of 2 to 8
 (the senders' rows in its memory, pushed by the transport's own copy-graph launches and flag writes,
 in its arrival order, each sender late), against the plain GEMM bit for bit (bf16, fp16 and fp8,
-whose bands move as bytes); and the whole call (the FFI handler, the own rows copied into the
-gathered output, the band flags zeroed and set in stream order, the consumer GEMM waiting on them)
-over a 1-rank group, against fo_jax's plain GEMM of the same tile configuration: bit-identical, call
-after call. 2 or 4 GPUs: both transports (NCCL, and the copy engine where the GPUs have peer access)
-against XLA's all_gather followed by fo_jax's plain GEMM of the same configuration (bit-identical:
-the consumer changes only the tile visit order), bf16/fp16, shapes with several bands per rank and
-odd N and K, 1000 back-to-back calls, XLA's own collectives in the same jit, and gradients through
-the paired VJPs against the reference's."""
+whose bands move as bytes), and with one sender released instead (its rows and the product's rows
+from them all NaN, the rest exact); and the whole call (the FFI handler, the own rows copied into
+the gathered output, the band flags zeroed and set in stream order, the consumer GEMM waiting on
+them) over a 1-rank group, against fo_jax's plain GEMM of the same tile configuration:
+bit-identical, call after call. 2 or 4 GPUs: both transports (NCCL, and the copy engine where the
+GPUs have peer access) against XLA's all_gather followed by fo_jax's plain GEMM of the same
+configuration (bit-identical: the consumer changes only the tile visit order), bf16/fp16, shapes
+with several bands per rank and odd N and K, 1000 back-to-back calls, XLA's own collectives in the
+same jit, and gradients through the paired VJPs against the reference's."""
 
 import functools
 
@@ -90,6 +91,39 @@ def test_copy_engine_data_path_on_one_gpu(ranks, rank, rows, n, k, bands, config
         ranks=ranks, rank=rank, rows=rows, n=n, k=k, bands_per_rank=bands, dtype=dtype,
         config=config, calls=5, delay_us=300, seed=ranks * 100 + rank)
     assert got["error"] == "" and not got["timed_out"], got
+    assert got["gathered_equal"], got
+    assert got["product_equal"] and got["mismatches"] == 0, got
+
+
+# sm_budget 0: the check's default (all SMs but 16, for the other senders' same-GPU copies);
+# "all": two ranks and the sender released, so nothing pushes and the GEMM holds every SM while
+# it waits: the release's fill must need none.
+@pytest.mark.parametrize("dtype,ranks,rank,released,rows,n,k,bands,config,sm_budget", [
+    ("bfloat16", 2, 0, 1, 512, 768, 1024, 1, "", "all"),
+    ("float16", 2, 1, 0, 1024, 4096, 2048, 2, "pp_128x192x64_c2", "all"),
+    ("float16", 4, 1, 3, 1024, 392, 136, 4, "", 0),
+    ("bfloat16", 4, 3, 0, 512, 4096, 2048, 2, "pp_128x192x64_c2", 0),
+    ("bfloat16", 8, 5, 2, 256, 1024, 512, 1, "pp_128x128x64_c1", 0),
+    ("float8_e4m3fn", 2, 1, 0, 512, 768, 1024, 1, "", "all"),
+    ("float8_e4m3fn", 4, 0, 2, 512, 4096, 2048, 2, "fp8_coop_128x192x128_c2", 0),
+    ("float8_e4m3fn", 4, 2, 1, 1024, 392, 144, 4, "fp8_coop_128x128x128_c1", 0),
+])
+def test_a_released_sender_reads_as_nan_rows_on_one_gpu(dtype, ranks, rank, released, rows, n,
+                                                       k, bands, config, sm_budget):
+    """Reliability: a sender whose bands will not come (it never reached the call, or could not
+    enqueue its copies) is released by the transport's EnqueueBandRelease, over gathered rows
+    holding finite stale values: its gathered rows and the product's rows from them are all NaN
+    in every call, every other row exactly as without the release."""
+    from fo_jax import _cuda
+
+    devs = gpu_devices_or_skip(1)
+    budget = devs[0].core_count if sm_budget == "all" else sm_budget
+    got = _cuda.module().all_gather_copy_check(
+        ranks=ranks, rank=rank, rows=rows, n=n, k=k, bands_per_rank=bands, dtype=dtype,
+        config=config, sm_budget=budget, calls=3, delay_us=300, seed=ranks * 10 + released,
+        released_sender=released)
+    assert got["error"] == "" and not got["timed_out"], got
+    assert got["released_gathered_nan"] and got["released_product_nan"], got
     assert got["gathered_equal"], got
     assert got["product_equal"] and got["mismatches"] == 0, got
 

@@ -174,8 +174,9 @@ _STAGES = [("graph", "rs_direct"), ("graph", "rs_ring"), ("graph", "ar_two_round
            ("setup", "ag_copy_engine")]
 
 
-# The copy-engine forms whose released calls write NaNs (the band sums, the ring GEMM's tiles
-# that add a slot: failed_call.h); not the all-gather (its own transport) nor NCCL's.
+# The copy-engine forms whose released calls write NaNs on every GPU (the band sums, the ring
+# GEMM's tiles that add a slot: failed_call.h); the all-gather's releases write NaN rows on the
+# GPUs that waited for the failed rank's (all_gather_copy_engine.h); NCCL's write none.
 _MARKED_FORMS = ("rs_direct", "rs_ring", "ar_two_rounds")
 
 
@@ -188,7 +189,9 @@ def test_failure_after_the_exchange_fails_every_rank(stage, form):
     then exits cleanly. A graph or launch failure raises in the failing call itself; the copy
     thread's, which runs after the handler returned, by the next call at the latest, and a
     copy-engine reduce-scatter (direct or ring) or all-reduce call that returns after it holds
-    NaNs on every GPU (its release marks the calls it ends abandoned: failed_call.h)."""
+    NaNs on every GPU (its release marks the calls it ends abandoned: failed_call.h); a
+    copy-engine all-gather call that returns after it holds NaN rows where the failed rank's rows
+    go, in both results of every other GPU (its release fills them: EnqueueBandRelease)."""
     devs = gpu_devices_or_skip(2)
     n = min(4, len(devs))
     code, out = _worker("failure_stage_worker.py", n, timeout_s=240, args=(form,),
@@ -205,6 +208,9 @@ def test_failure_after_the_exchange_fails_every_rank(stage, form):
     if stage == "copy" and form in _MARKED_FORMS and first > 0:
         poisoned = re.search(r"^CALL 0 RETURNED \S+ nan_shards=(\d+)/(\d+)", out, re.M)
         assert poisoned and poisoned.group(1) == poisoned.group(2) != "0", out[-4000:]
+    if stage == "copy" and form == "ag_copy_engine" and first > 0:
+        poisoned = re.search(r"^CALL 0 RETURNED \S+ nan_shards=(\d+)/(\d+)", out, re.M)
+        assert poisoned and int(poisoned.group(1)) >= 2 * (n - 1), out[-4000:]
 
 
 def test_known_failure_in_another_process_ends_the_wait_without_a_timeout():
