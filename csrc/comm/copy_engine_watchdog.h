@@ -8,8 +8,9 @@
 // call: every wait of its pending calls is then satisfied, and the next call raises. The
 // release writes `abandoned` first: the band sums and the ring GEMM's tiles that wait on the
 // released words write NaNs (band_sum.h, SignalingGemmArgs::addend_abandoned), so those outputs
-// read as failed; any other output of those calls is undefined. Only the rank's own memory is written, so a release is the same whether the
-// peers are in this process or another.
+// read as failed. (The all-gather's copy threads release a peer that never came themselves, with
+// NaN rows: all_gather_copy_engine.h.) Only the rank's own memory is written, so a release is the
+// same whether the peers are in this process or another.
 //
 // An all-reduce's out table may then hold a peer's address from an earlier call, which its band
 // sums must not store through: the release writes `abandoned` first, and a band sum whose epoch

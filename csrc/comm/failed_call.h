@@ -25,8 +25,9 @@
 // and its tiles that add that slot store NaNs (SignalingGemmArgs::addend_abandoned), which the
 // ring carries on to the next ranks' sums. So a failed call's reduce-scatter (every form) and
 // all-reduce outputs read as failed on every rank in the same call, also where the failure is
-// the copy worker's, which the failing rank only reports at its next call. Not covered: the
-// all-gather (its own transport, all_gather_copy_engine.h), and the band that a rank whose band
+// the copy worker's, which the failing rank only reports at its next call. The all-gather, its
+// own transport, fills the rows that do not come with NaNs instead (all_gather_copy_engine.h,
+// EnqueueBandRelease). Not covered: the band that a rank whose band
 // sums failed to launch (kXlaStream) owed its all-reduce peers, whose own sums may have passed
 // their waits before its mark lands. A peer's `abandoned` is otherwise written only by its own
 // progress watchdog, seconds later; the group is failed from the first failure on, so no later
