@@ -9,10 +9,11 @@ stores into the peers' outputs) writes into each peer's per-call XLA output buff
 address means nothing in another process (XLA does not export its allocations over IPC), so it
 keeps NCCL there. CUDA IPC reaches only GPUs of one host: every process must be on this host.
 
-Opt-in until verified: the path has not yet run on a multi-GPU machine, so with several
-processes it is taken only with OverlapConfig(copy_engine_multiprocess=True). The rule gives the
-same answer in every process (it reads only the config, the collective and the hosts that every
-process publishes), and plan agreement (fo_jax/_bootstrap.py) checks that the plans agree.
+Opt-in until timed: the path has passed its tests on 2 GPUs but has not been timed, so with
+several processes it is taken only with OverlapConfig(copy_engine_multiprocess=True). The rule
+gives the same answer in every process (it reads only the config, the collective and the hosts
+that every process publishes), and plan agreement (fo_jax/_bootstrap.py) checks that the plans
+agree.
 """
 
 from __future__ import annotations
