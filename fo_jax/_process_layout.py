@@ -88,6 +88,6 @@ def multiprocess_problem(collective: str, process_count: int, config: Optional[O
                 "processes")
     if config is None or not config.copy_engine_multiprocess:
         return (f"with {process_count} processes the copy engine (CUDA IPC between the "
-                "processes) is opt-in until it has been verified on a multi-GPU machine: pass "
-                "OverlapConfig(copy_engine_multiprocess=True) to use it")
+                "processes) is opt-in until it has been timed on several GPUs (its tests passed on "
+                "2): pass OverlapConfig(copy_engine_multiprocess=True) to use it")
     return hosts_problem(hosts())
