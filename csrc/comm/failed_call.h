@@ -27,9 +27,10 @@
 // all-reduce outputs read as failed on every rank in the same call, also where the failure is
 // the copy worker's, which the failing rank only reports at its next call. The all-gather, its
 // own transport, fills the rows that do not come with NaNs instead (all_gather_copy_engine.h,
-// EnqueueBandRelease). Not covered: the band that a rank whose band
-// sums failed to launch (kXlaStream) owed its all-reduce peers, whose own sums may have passed
-// their waits before its mark lands. A peer's `abandoned` is otherwise written only by its own
+// EnqueueBandRelease). Not covered: the band that a rank whose band sums failed to launch
+// (kXlaStream) owed its all-reduce peers, whose own sums may have passed their waits before its
+// mark lands. That failure is the handler's, and the copy-engine all-reduce keeps its ranks in
+// one process, one JAX call, which then fails as a whole: nobody reads those bands. A peer's `abandoned` is otherwise written only by its own
 // progress watchdog, seconds later; the group is failed from the first failure on, so no later
 // call enqueues work that a lower mark could leave unmarked.
 #pragma once
