@@ -35,10 +35,11 @@ def operands(m: int, n: int, k_rank: int, nproc: int, seed: int):
     return x, w, np.asarray(x, np.float64) @ np.asarray(w, np.float64)
 
 
-def sharded_reduce_scatter(nproc: int):
+def sharded_reduce_scatter(nproc: int, transport: str = "copy_engine"):
     """(f, (x, w)) for the failure workers, after jax.distributed.initialize: the copy-engine
-    reduce-scatter across processes (direct form) over a mesh of every process's GPU, on the
-    operands of 4096 x 1024 with 512 columns of K per rank (seed 5), sharded for it."""
+    reduce-scatter across processes (direct form; transport "nccl": the NCCL transport's) over a
+    mesh of every process's GPU, on the operands of 4096 x 1024 with 512 columns of K per rank
+    (seed 5), sharded for it."""
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -48,8 +49,10 @@ def sharded_reduce_scatter(nproc: int):
                                       lambda i: x[i])
     wg = jax.make_array_from_callback(w.shape, NamedSharding(mesh, P("tp", None)),
                                       lambda i: w[i])
+    cfg = (config(False, multiprocess=True) if transport == "copy_engine" else
+           fo_jax.OverlapConfig(allow_fallback=False, transport=transport))
     f = jax.jit(jax.shard_map(
         lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective="reduce_scatter",
-                                              config=config(False, multiprocess=True)),
+                                              config=cfg),
         mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
     return f, (xg, wg)

@@ -1,11 +1,11 @@
-"""One JAX process per GPU with the copy engine across processes (launched by
-tests/gpu/overlap/test_reliability_gpu.py with FO_JAX_TEST_FAIL=<stage>:<last rank>): the last
-rank fails at that stage on every call, after its peers in the other processes may wait for it.
-It releases their flags and fails its group; the other processes learn the failure through JAX's
-key-value store (fo_jax/_failure_watch.py) and their later calls raise. Prints "CALL <i>
-RAISED|RETURNED <seconds> <first line>" per call and "WORKER OK process <p>", then lingers
-before leaving without jax.distributed.shutdown (a process that leaves first would end the
-others through the coordination service before they could raise)."""
+"""One JAX process per GPU with the copy engine across processes, or with the NCCL transport if
+FAILURE_WORKER_TRANSPORT=nccl (launched by tests/gpu/overlap/test_reliability_gpu.py with
+FO_JAX_TEST_FAIL=<stage>:<last rank>): the last rank fails at that stage on every call, after its
+peers in the other processes may wait for it. It releases what they wait for and fails its group;
+the other processes learn the failure through JAX's key-value store (fo_jax/_failure_watch.py) and
+their later calls raise. Prints "CALL <i> RAISED|RETURNED <seconds> <first line>" per call and
+"WORKER OK process <p>", then lingers before leaving without jax.distributed.shutdown (a process
+that leaves first would end the others through the coordination service before they could raise)."""
 
 import os
 import sys
@@ -20,7 +20,8 @@ from call_report import report_calls  # noqa: E402
 from ipc_cases import sharded_reduce_scatter  # noqa: E402
 
 CALLS = 6
-f, (xg, wg) = sharded_reduce_scatter(nproc)
+f, (xg, wg) = sharded_reduce_scatter(nproc, os.environ.get("FAILURE_WORKER_TRANSPORT",
+                                                          "copy_engine"))
 report_calls(f, (xg, wg), CALLS, pause_s=1.5)  # the failure watch polls once a second
 print(f"WORKER OK process {proc}", flush=True)
 time.sleep(10)

@@ -4,7 +4,8 @@ copy-engine state per group whatever the shapes' NCCL settings, with the receive
 superseded allocations freed; a receive-buffer allocation failing on one rank fails the call on
 every rank instead of hanging; the capture guard; plan agreement between processes on GPUs; the
 progress watchdog's release of a stuck copy-engine GPU (one GPU), of a rank that stops calling
-and of the peers of a killed process."""
+and of the peers of a killed process; NaN sums in every process when one process's NCCL-transport
+GEMM launch fails."""
 
 import os
 import re
@@ -263,6 +264,35 @@ def test_failure_in_one_process_fails_the_copy_engine_group_everywhere(stage):
         assert all(what == "RAISED" for what in outcomes[outcomes.index("RAISED"):]), out[-4000:]
         if i != nproc - 1:
             assert f"process {nproc - 1} of the group failed" in out, out[-4000:]
+
+
+def test_a_failed_nccl_launch_in_one_process_gives_nan_sums_everywhere():
+    """The NCCL transport with one process per GPU: the last process's GEMM launch fails on every
+    call (FO_JAX_TEST_FAIL=launch:<last rank>). Its call still runs the collectives, on its GEMM
+    output filled with NaNs (failed_nccl_call.h), and raises; so each call of the other processes
+    that returns (before they learn of the failure through the key-value store) holds NaN sums
+    on its shard instead of undefined ones, and their later calls raise, naming the process."""
+    from test_overlap_gpu import _ntp, _one_process_per_gpu
+
+    nproc = _ntp()
+    outs = _one_process_per_gpu("ipc_failure_worker.py", "a process hung after another failed",
+                                FO_JAX_TEST_FAIL=f"launch:{nproc - 1}",
+                                FAILURE_WORKER_TRANSPORT="nccl")
+    for i, (code, out) in enumerate(outs):
+        assert code == 0 and f"WORKER OK process {i}" in out, out[-4000:]
+        calls = re.findall(r"^CALL (\d+) (RAISED|RETURNED) (\S+)(?: nan_shards=(\d+)/(\d+))?",
+                           out, re.M)
+        assert len(calls) == 6 and all(float(s) < 30 for _, _, s, _, _ in calls), out[-4000:]
+        outcomes = [what for _, what, _, _, _ in calls]
+        if i == nproc - 1:
+            assert outcomes == ["RAISED"] * 6, out[-4000:]
+            continue
+        assert "RAISED" in outcomes, out[-4000:]
+        first = outcomes.index("RAISED")
+        assert all(what == "RAISED" for what in outcomes[first:]), out[-4000:]
+        assert f"process {nproc - 1} of the group failed" in out, out[-4000:]
+        for _, _, _, bad, shards in calls[:first]:
+            assert bad == shards != "0", out[-4000:]  # every returned call: NaN sums
 
 
 @pytest.mark.parametrize("epoch_start", [0, 2**32 - 1])
