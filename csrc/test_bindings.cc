@@ -22,6 +22,7 @@
 #include "comm/copy_engine.h"
 #include "comm/copy_engine_buffers.h"
 #include "comm/failed_call.h"
+#include "comm/failed_nccl_call_check.h"
 #include "comm/host_worker.h"
 #include "comm/overlap_plan.h"
 #include "comm/peer_memory_ipc.h"
@@ -353,6 +354,28 @@ void BindTestBindings(nb::module_& m) {
       },
       nb::arg("epoch_start") = 0, nb::arg("release") = "watchdog",
       nb::arg("dtype") = "bfloat16", nb::arg("timeout_s") = 10.0);
+
+  // Tests (one GPU): the NCCL transport's call whose GEMM launch failed, on a one-rank
+  // communicator of its own (comm/failed_nccl_call_check.h). collective: "reduce_scatter" or
+  // "all_reduce"; dtype: the output's, "bfloat16" or "float16".
+  m.def(
+      "failed_nccl_call_check",
+      [](fo_jax::Collective collective, const std::string& dtype) {
+        const fo_jax::GemmDtype out_dtype = CheckDtype("failed_nccl_call_check", dtype);
+        fo_jax::FailedNcclCallCheckResult r;
+        {
+          nb::gil_scoped_release unlocked;
+          r = fo_jax::RunFailedNcclCallCheck(collective, out_dtype);
+        }
+        nb::dict d;
+        d["out_all_nan"] = r.out_all_nan;
+        d["guard_intact"] = r.guard_intact;
+        d["counters_set"] = r.counters_set;
+        d["message"] = r.message;
+        d["error"] = r.error;
+        return d;
+      },
+      nb::arg("collective"), nb::arg("dtype") = "bfloat16");
 
   // Tests and benchmarks: the consumer GEMM on one GPU with A's bands arriving while it runs,
   // against the plain GEMM (comm/consumer_gemm_check.h says what each option and result means).

@@ -266,6 +266,23 @@ def test_failure_in_one_process_fails_the_copy_engine_group_everywhere(stage):
             assert f"process {nproc - 1} of the group failed" in out, out[-4000:]
 
 
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_failed_nccl_launch_sends_nans_on_one_gpu(collective, dtype):
+    """One GPU, a one-rank NCCL communicator of the check's own: the NCCL transport's call whose
+    GEMM launch failed (failed_nccl_call.h) fills the GEMM's output with NaNs (not a byte past
+    it), sets the counters and runs the call's collectives, so its output, which held finite
+    stale values, is all NaN; its error says so."""
+    from fo_jax import _cuda
+
+    gpu_devices_or_skip(1)
+    mod = _cuda.module()
+    r = mod.failed_nccl_call_check(getattr(mod.Collective, collective), dtype)
+    assert r["error"] == "", r
+    assert r["out_all_nan"] and r["guard_intact"] and r["counters_set"], r
+    assert "holds NaNs" in r["message"], r
+
+
 def test_a_failed_nccl_launch_in_one_process_gives_nan_sums_everywhere():
     """The NCCL transport with one process per GPU: the last process's GEMM launch fails on every
     call (FO_JAX_TEST_FAIL=launch:<last rank>). Its call still runs the collectives, on its GEMM
