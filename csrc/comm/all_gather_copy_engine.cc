@@ -195,8 +195,9 @@ struct Job {
 // it).
 void RunJob(AgState& ag, const Job& job) {
   Exchange& ex = *ag.exchange;
-  Status status = CudaStatus(cudaStreamWaitEvent(ag.copy_stream, job.own_started, 0),
-                             "waiting for this rank's inputs");
+  const Status own_ready = CudaStatus(cudaStreamWaitEvent(ag.copy_stream, job.own_started, 0),
+                                      "waiting for this rank's inputs");
+  Status status = own_ready;
   if (status.ok() && TestFailureAt(FailStage::kCopy, job.me)) {
     status = Status::Internal("enqueueing the copies failed " +
                               InjectedFailureMessage(FailStage::kCopy));
@@ -208,6 +209,19 @@ void RunJob(AgState& ag, const Job& job) {
     }
     ex.cv.notify_all();
   };
+  // A release (EnqueueBandRelease) fills rows with NaNs only where the copy stream is ordered
+  // after that call's start: before it, XLA may still use the memory for earlier work. Its flags
+  // are written either way (the GEMM waits for them).
+  auto release = [&](char* gathered, uint32_t* flags, int first_band, bool ordered) {
+    if (ordered) {
+      (void)EnqueueBandRelease(ag.copy_stream, gathered, flags, first_band, job.bands.per_rank,
+                               job.band_bytes);
+      return;
+    }
+    for (int c = 0; c < job.bands.per_rank; ++c) {
+      (void)EnqueueWriteValue(ag.copy_stream, flags + first_band + c, 1);
+    }
+  };
   note_waited(job.me);
   for (int s = 1; s < job.P; ++s) {
     const int q = (job.me + s) % job.P;
@@ -218,8 +232,7 @@ void RunJob(AgState& ag, const Job& job) {
       // Without its entry the peer has not launched its GEMM for this call and may never send
       // its bands: this rank's GEMM waits for their flags, released here (after the zeroing:
       // the copy stream waited on own_started), their rows NaNs.
-      (void)EnqueueBandRelease(ag.copy_stream, job.own_gathered, job.own_flags,
-                               q * job.bands.per_rank, job.bands.per_rank, job.band_bytes);
+      release(job.own_gathered, job.own_flags, q * job.bands.per_rank, own_ready.ok());
       continue;
     }
     if (PeerGaveUp(ex, q, job.me, job.epoch)) continue;  // its call may be over: nothing into it
@@ -231,8 +244,8 @@ void RunJob(AgState& ag, const Job& job) {
     if (status.ok()) status = started;
     note_waited(q);
     if (!status.ok()) {  // no copies: the peer's GEMM released, its rows from here NaNs
-      (void)EnqueueBandRelease(ag.copy_stream, static_cast<char*>(peer.gathered), peer.flags,
-                               job.me * job.bands.per_rank, job.bands.per_rank, job.band_bytes);
+      release(static_cast<char*>(peer.gathered), peer.flags, job.me * job.bands.per_rank,
+              started.ok());
       continue;
     }
     status = EnqueueBandPushes(ag.graphs, q, ag.copy_stream, job.x,
