@@ -320,12 +320,34 @@ def test_no_warning_without_gpus(missing_cuda_module, monkeypatch):
         assert _cuda.module_available() is False
 
 
+def _cmake_versions() -> list:
+    """(major, minor) of each CMake that scikit-build-core would find: the `cmake` package's (a
+    real one: the repo's own cmake/ folder imports as a namespace package) and the one on PATH."""
+    paths = [shutil.which("cmake")]
+    try:
+        import cmake
+
+        if getattr(cmake, "CMAKE_BIN_DIR", None):
+            paths.append(os.path.join(cmake.CMAKE_BIN_DIR, "cmake"))
+    except ImportError:
+        pass
+    versions = []
+    for path in filter(None, paths):
+        out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+        found = re.search(r"version (\d+)\.(\d+)", out)
+        if found:
+            versions.append((int(found.group(1)), int(found.group(2))))
+    return versions
+
+
 def _build_tools_missing() -> str:
-    for mod in ("scikit_build_core", "nanobind", "cmake"):
+    for mod in ("scikit_build_core", "nanobind"):
         try:
             __import__(mod)
         except ImportError:
             return f"building a wheel here needs {mod} (pip install {mod.replace('_', '-')})"
+    if not any(v >= (3, 27) for v in _cmake_versions()):  # pyproject.toml's cmake.version
+        return "building a wheel here needs CMake >= 3.27 (pip install cmake)"
     return ""
 
 
