@@ -1,7 +1,6 @@
 // See test_bindings.h.
 #include "test_bindings.h"
 
-#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -10,7 +9,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>

@@ -84,11 +84,6 @@ bool AllNaN(const uint8_t* p, size_t count, GemmDtype dtype) {
   return true;
 }
 
-// A finite byte pattern in bf16, fp16 and e4m3: the gathered rows and the product hold it
-// before each call, as stale memory would; a band that never came then reads as wrong numbers,
-// and NaNs can only come from a release.
-constexpr int kStaleByte = 0x3C;
-
 }  // namespace
 
 AllGatherCheckResult RunAllGatherCheck(const AllGatherCheckOptions& o) {

@@ -359,7 +359,6 @@ Status EnqueueBandPushes(CopyGraphs& graphs, int peer, cudaStream_t stream, cons
       continue;
     }
     status = EnqueueWriteValue(stream, flags + band, 1);
-    if (!status.ok()) (void)EnqueueBandRelease(stream, gathered, flags, band, 1, band_bytes);
   }
   return status;
 }

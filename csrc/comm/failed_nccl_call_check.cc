@@ -21,8 +21,6 @@ namespace {
 
 constexpr int kM = 512, kN = 256, kGroups = 2;
 constexpr size_t kGuardBytes = 4096;
-// Finite in bf16 and fp16 (0x3C3C): what the buffers hold before the call, as stale memory would.
-constexpr int kStaleByte = 0x3C;
 
 }  // namespace
 

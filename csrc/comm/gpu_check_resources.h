@@ -67,6 +67,11 @@ struct GpuCheckResources {
   }
 };
 
+// A finite byte pattern in bf16, fp16 and e4m3 (0x3C3C, 0x3C3C, 0x3C): what a check's buffers
+// hold before the call under test, as stale memory would, so that a NaN there can only come from
+// the release or failure under test.
+inline constexpr int kStaleByte = 0x3C;
+
 // The bits of v rounded to bf16.
 inline uint16_t Bf16Bits(float v) {
   const __nv_bfloat16 b = __float2bfloat16(v);
