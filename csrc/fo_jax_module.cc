@@ -80,6 +80,7 @@ NB_MODULE(_fo_jax_cuda, m) {
       d["cluster_n"] = c.cluster_n;
       d["pingpong"] = c.pingpong;
       d["fast_accum"] = c.fast_accum;
+      d["promotion_k_tiles"] = c.promotion_k_tiles;
       d["takes_addends"] = fo_jax::GemmConfigTakesAddends(i);
       nb::list dtypes;  // operand dtypes with kernels (fp8 rows: float8_e4m3fn only)
       for (auto [name, dtype] : {std::pair{"bfloat16", fo_jax::GemmDtype::kBF16},

@@ -36,6 +36,7 @@ struct GemmTileConfig {
   int cluster_m, cluster_n;
   bool pingpong;  // false: cooperative (two consumer warpgroups share one tile)
   bool fast_accum;  // fp8 rows: the whole K sum in the tensor cores' accumulator (no fp32 promotion)
+  int promotion_k_tiles;  // accurate fp8 rows: k-tiles summed in the tensor cores per promotion
 };
 
 int NumGemmConfigs();

@@ -647,10 +647,13 @@ class SignalingTmaEpilogue
 // registers every few k-blocks: the FP8FastAccum schedules keep the whole K sum in the tensor
 // cores' accumulator, whose fp8 additions keep fewer mantissa bits, so a long K loses accuracy.
 // kFastAccum (fp8 only, opt-in): those schedules, with one accumulator per output element.
+// kPromotionKTiles (accurate fp8 only): k-tiles of partial sums in the tensor cores' accumulator
+// per addition into the fp32 one. CUTLASS's mainloop waits for every MMA in flight before each
+// addition, so fewer additions stall the tensor cores less, at the cost of longer partial sums.
 // ---------------------------------------------------------------------------------------------
 template <class Element_, int kTM, int kTN, int kTK, int kCM, int kCN, bool kPingpong,
           bool kSource = false, bool kConsumer = false, class ElementOut_ = Element_,
-          bool kFastAccum = false>
+          bool kFastAccum = false, int kPromotionKTiles = 1>
 struct GemmKernelConfig {
   static_assert(kCN == 1, "clusters along N are not supported by the group scheduler");
   static_assert(!(kSource && kConsumer), "no kernel both adds a source and waits for bands");
@@ -670,6 +673,10 @@ struct GemmKernelConfig {
   static constexpr bool kHasSource = kSource;
   static constexpr bool kIsConsumer = kConsumer;
   static_assert(!kFastAccum || kFp8, "fast accumulation is an fp8 schedule");
+  static_assert(kPromotionKTiles >= 1 && (kPromotionKTiles == 1 || (kFp8 && !kFastAccum)),
+                "the promotion interval is the accurate fp8 mainloop's");
+  static constexpr bool kPromotes = kFp8 && !kFastAccum;
+  static constexpr int kPromotionKTilesValue = kPromotionKTiles;
   using PreciseSchedule =
       std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                          cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
@@ -689,7 +696,7 @@ struct GemmKernelConfig {
   using Table = std::conditional_t<kConsumer, OrderedGroupTable, GroupTable>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop,
                                                       Epilogue, SchedulerTag>;
-  static constexpr int kTileM = kTM, kTileN = kTN, kClusterM = kCM;
+  static constexpr int kTileM = kTM, kTileN = kTN, kTileK = kTK, kClusterM = kCM;
 };
 
 // Per (config, device) one-time state: attribute set and the co-resident cluster limit.
@@ -859,6 +866,11 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
     args.mainloop.dB = cute::make_stride(int64_t(a.k), cute::Int<1>{}, cute::Int<0>{});
   } else {
     args.mainloop.dB = cute::make_stride(cute::Int<1>{}, int64_t(a.n), cute::Int<0>{});
+  }
+  if constexpr (Cfg::kPromotes) {
+    // In MMA instructions (CUTLASS's unit): a k-tile of tile_k takes tile_k / 32 fp8 wgmmas.
+    args.mainloop.mma_promotion_interval =
+        uint32_t(Cfg::kPromotionKTilesValue * (Cfg::kTileK / 32));
   }
   if constexpr (Cfg::kIsConsumer) {
     args.mainloop.band_flags = a.wait_flags;

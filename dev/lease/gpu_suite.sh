@@ -11,6 +11,7 @@
 #   fp8-bench       benchmarks/bench_fp8.py ($FP8_ARGS)
 #   sweep           benchmarks/bench_gemm_sweep.py ($SWEEP_ARGS)
 #   signal-bench    benchmarks/bench_signal_overhead.py (the producer's counters, bf16 and fp8)
+#   py-probe        dev/probes_py/$PROBE (its arguments: $PROBE_ARGS; $OUT is exported)
 # SKIP_BUILD=1 reuses the previous call's install on a machine still warm. Logs and results go to
 # $OUT; FO_JAX_COMMIT names the commit (the copied tree has no .git).
 # The environment, $OUT, $R, stamp, and the install (or SKIP_BUILD=1: the previous one).
@@ -32,6 +33,8 @@ for step in ${STEPS:-tests}; do
                       ${CONSUMER_ARGS:-} 2>&1 | tail -20;;
     sweep) timeout ${SWEEP_TIMEOUT:-560} python3 "$R/benchmarks/bench_gemm_sweep.py" ${SWEEP_ARGS:-} --out "$OUT" 2>&1 | tail -30;;
     signal-bench) timeout ${SIGNAL_TIMEOUT:-300} python3 "$R/benchmarks/bench_signal_overhead.py" --out "$OUT" ${SIGNAL_ARGS:-} 2>&1 | tail -40;;
+    py-probe) OUT="$OUT" timeout ${PROBE_TIMEOUT:-300} python3 "$R/dev/probes_py/${PROBE:?}" ${PROBE_ARGS:-} 2>&1 \
+                | tee "$OUT/${PROBE%.py}.log" | tail -60;;
     info) python3 -m fo_jax.info 2>&1 | tee "$OUT/info.log";;
     bench-overlap) timeout ${BENCH_TIMEOUT:-300} python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" \
                      ${BENCH_ARGS:-} 2>&1 | tail -30;;
