@@ -94,8 +94,8 @@ class OverlapConfig:
         whose additions keep fewer mantissa bits than float32 (what XLA's fp8 dot does at
         default precision, and TransformerEngine's forward GEMM). Faster (1.1-1.5x fo_jax's
         default fp8 GEMM on one H100, docs/performance.md "fp8"), less accurate as K grows.
-        False (the default): partial sums are added into float32 every 128 of K. The
-        reference path always accumulates in float32.
+        False (the default): partial sums of 256 products (every 256 of K) are added into
+        float32. The reference path always accumulates in float32.
       copy_engine_multiprocess: with one JAX process per GPU (jax.distributed), let the
         copy-engine transport take reduce-scatter calls, its peer memory shared through CUDA IPC
         (every process on one host). Off by default until timed on several GPUs (its tests

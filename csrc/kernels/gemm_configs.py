@@ -23,7 +23,7 @@ class GemmConfig(NamedTuple):
     pingpong: bool
     fast_accum: bool = False  # fp8 only: the FP8FastAccum schedules (see FP8_FAST_CONFIGS)
     # Accurate fp8 rows only: k-tiles whose partial sums stay in the tensor cores' accumulator
-    # before they are added into the fp32 one (see FP8_PROMOTION_CONFIGS).
+    # before they are added into the fp32 one (see FP8_CONFIGS).
     promotion_k_tiles: int = 1
 
 
@@ -62,18 +62,21 @@ CONFIGS: list[GemmConfig] = [
 # rows so that their indices stay put. tile_k 128 (128 bytes of K per row, the 128-byte swizzle,
 # as CUTLASS's fp8 examples use). Only these rows have fp8 kernels and they have no 16-bit ones;
 # no source form (the planner never picks the copy-engine ring for fp8); the cooperative rows have
-# the consumer form (CONSUMER_CONFIGS), for the fp8 all-gather. The mainloop is CUTLASS's accurate fp8 one (signaling_gemm_kernel.cuh), which
-# holds two fp32 accumulators per output element (the tensor cores' partial sum and the running
-# total): a warp group's share of the tile must stay at <= 96 x 128 / 128 threads, or the kernel
-# spills (nvcc -Xptxas=-warn-spills: ping-pong 128x128 and cooperative 128x256 spill ~1 KB per
-# thread). So: cooperative 128x192 with a 2x1 cluster (bf16's large-tile winner, split over both
-# warp groups), cooperative 128x128 (few tiles) and ping-pong 64x192 with a 2x1 cluster (small M:
-# the 64-row quantum). Not measured yet: fo_jax's measured choice decides once fp8 is in the
-# table (benchmarks/bench_fp8.py).
+# the consumer form (CONSUMER_CONFIGS), for the fp8 all-gather. The mainloop is CUTLASS's
+# accurate fp8 one (signaling_gemm_kernel.cuh), which holds two fp32 accumulators per output
+# element (the tensor cores' partial sum and the running total): a warp group's share of the tile
+# must stay at <= 96 x 128 / 128 threads, or the kernel spills (nvcc -Xptxas=-warn-spills:
+# ping-pong 128x128 and cooperative 128x256 spill ~1 KB per thread). So: cooperative 128x192
+# with a 2x1 cluster (bf16's large-tile winner, split over both warp groups), cooperative 128x128
+# (few tiles) and ping-pong 64x192 with a 2x1 cluster (small M: the 64-row quantum); the wave
+# model in SelectGemmConfig picks among them (benchmarks/bench_fp8.py --configs all).
+# Promotion every 2 k-tiles (256 of K): CUTLASS's mainloop waits for every MMA in flight before
+# each promotion, and halving those stalls made the kernels 3-8% faster on one H100, while the
+# partial sums' error stayed far below the operands' own fp8 rounding (docs/performance.md, "fp8").
 FP8_CONFIGS: list[GemmConfig] = [
-    GemmConfig("fp8_coop_128x128x128_c1", 128, 128, 128, 1, 1, False),
-    GemmConfig("fp8_coop_128x192x128_c2", 128, 192, 128, 2, 1, False),
-    GemmConfig("fp8_pp_64x192x128_c2", 64, 192, 128, 2, 1, True),
+    GemmConfig("fp8_coop_128x128x128_c1", 128, 128, 128, 1, 1, False, promotion_k_tiles=2),
+    GemmConfig("fp8_coop_128x192x128_c2", 128, 192, 128, 2, 1, False, promotion_k_tiles=2),
+    GemmConfig("fp8_pp_64x192x128_c2", 64, 192, 128, 2, 1, True, promotion_k_tiles=2),
 ]
 
 # fp8 rows with fast accumulation (opt-in: OverlapConfig.fp8_fast_accumulation): CUTLASS's
@@ -90,14 +93,13 @@ FP8_FAST_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8fast_pp_128x128x128_c1", 128, 128, 128, 1, 1, True, True),
 ]
 
-# Accurate fp8 rows that promote less often: CUTLASS's fp8 mainloop drains the tensor cores'
-# pipeline (wgmma wait 0) before each promotion, so promoting every k-tile stalls the MMAs once
-# per k-tile. Every 2 k-tiles (256 of K) halves the stalls; each partial sum then covers 256
-# products instead of 128. Appended last so that the other rows' indices stay put.
+# The large accurate fp8 tile promoting every k-tile (128 of K, CUTLASS's default): never picked,
+# kept so that the promotion interval's speed and error can be measured side by side
+# (benchmarks/bench_fp8.py --configs, dev/probes_py/fp8_accumulation_error.py) and for a user who
+# wants the shortest partial sums (OverlapConfig(gemm_config=...)). Appended last so that the
+# other rows' indices stay put.
 FP8_PROMOTION_CONFIGS: list[GemmConfig] = [
-    GemmConfig("fp8_coop_128x192x128_c2_p2", 128, 192, 128, 2, 1, False, False, 2),
-    GemmConfig("fp8_coop_128x192x128_c2_p4", 128, 192, 128, 2, 1, False, False, 4),
-    GemmConfig("fp8_coop_128x128x128_c1_p2", 128, 128, 128, 1, 1, False, False, 2),
+    GemmConfig("fp8_coop_128x192x128_c2_p1", 128, 192, 128, 2, 1, False),
 ]
 FP8_NAMES = {cfg.name for cfg in FP8_CONFIGS + FP8_FAST_CONFIGS + FP8_PROMOTION_CONFIGS}
 TABLE: list[GemmConfig] = CONFIGS + FP8_CONFIGS + FP8_FAST_CONFIGS + FP8_PROMOTION_CONFIGS

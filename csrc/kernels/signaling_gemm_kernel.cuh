@@ -644,7 +644,7 @@ class SignalingTmaEpilogue
 // K-major ([n, k] row-major; fp8 wgmma takes both operands K-major from shared memory), and the
 // epilogue scales by a_scale * b_scale. The builder then picks CUTLASS's fp8 mainloop
 // (MainloopSm90TmaGmmaWarpSpecializedFP8), which adds the tensor cores' partial sums into fp32
-// registers every few k-blocks: the FP8FastAccum schedules keep the whole K sum in the tensor
+// registers every kPromotionKTiles k-tiles: the FP8FastAccum schedules keep the whole K sum in the tensor
 // cores' accumulator, whose fp8 additions keep fewer mantissa bits, so a long K loses accuracy.
 // kFastAccum (fp8 only, opt-in): those schedules, with one accumulator per output element.
 // kPromotionKTiles (accurate fp8 only): k-tiles of partial sums in the tensor cores' accumulator
