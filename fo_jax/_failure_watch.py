@@ -12,8 +12,13 @@ copy-engine group is failed, not aborted: its calls keep running in step, as in 
 (csrc/comm/comm_registry.h, AbortGroupForKnownFailure). A rank that merely pauses publishes
 nothing and is waited for, as XLA's own collectives wait.
 
-A daemon thread polls once a second; `poll_once` is the pass, pure of threads and clocks for the
-tests (a stand-in module and store)."""
+A daemon thread polls once a second, only the groups whose client is still JAX's distributed
+client (after `jax.distributed.shutdown()` there is no store to ask); `poll_once` is the pass, pure
+of threads and clocks for the tests (a stand-in module and store). At interpreter exit the thread
+is stopped and joined before finalization: a poll's key-value requests run in jaxlib with the GIL
+released, and a daemon thread that comes back from one while the interpreter finalizes is ended
+by Python (pthread_exit) inside jaxlib's C++ frames, which aborts the process with "FATAL:
+exception not rethrown" after a run whose results were all right."""
 
 from __future__ import annotations
 
@@ -22,6 +27,9 @@ import threading
 from typing import Optional
 
 PERIOD_S = 1.0
+# At exit: a poll's key-value requests return within milliseconds, or fail within about 0.1 s once
+# the coordination service is gone; a join that times out leaves the exit as it was before.
+JOIN_TIMEOUT_S = 10.0
 PREFIX = "fo_jax/failed"
 
 _lock = threading.Lock()
@@ -70,6 +78,22 @@ def poll_once(module, watched: dict, handled: set) -> list:
     return aborted
 
 
+def _is_current(client) -> bool:
+    """Whether `client` is JAX's distributed client now (not one that was shut down)."""
+    from jax._src import distributed  # noqa: PLC0415
+
+    return distributed.global_state.client is client
+
+
+def _stop_and_join() -> None:
+    """Registered with atexit when the thread starts, so it runs before the exit hooks registered
+    earlier (jax's among them): ends the thread's poll before the interpreter finalizes."""
+    _stop.set()
+    thread = _thread
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(JOIN_TIMEOUT_S)
+
+
 def _run() -> None:
     from fo_jax import _cuda  # noqa: PLC0415 (the module is loaded by the lowering that watches)
 
@@ -77,7 +101,9 @@ def _run() -> None:
         if not _cuda.module_available(warn=False):
             continue
         with _lock:
-            watched = dict(_watched)
+            watched = {uid: entry for uid, entry in _watched.items() if _is_current(entry[0])}
+        if not watched:
+            continue
         try:
             poll_once(_cuda.module(), watched, _handled)
         except Exception:  # noqa: BLE001 (never take the process down from a daemon thread)
@@ -93,4 +119,4 @@ def watch(client, unique_id: bytes, process_index: int) -> None:
         if _thread is None:
             _thread = threading.Thread(target=_run, name="fo_jax-failure-watch", daemon=True)
             _thread.start()
-            atexit.register(_stop.set)
+            atexit.register(_stop_and_join)

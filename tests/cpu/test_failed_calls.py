@@ -2,9 +2,13 @@
 copy-engine call that fails on one rank still writes in its peers' flags (the module's own pure
 function, against the protocol's table in docs/design.md, "Flag memory layout"), the failure
 stages of the test hook, the opt-in progress timeout, and the cross-process failure watch (a
-stand-in module and key-value store)."""
+stand-in module and key-value store; its exit in a real one-process run)."""
 
 import collections
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -182,6 +186,29 @@ def test_failure_watch_survives_a_store_that_is_gone():
 
     uid = b"\x03" * 128
     assert _failure_watch.poll_once(_Module(), {uid: (Gone(), 0)}, set()) == []
+
+
+@pytest.mark.parametrize("shutdown", [False, True], ids=["exit", "shutdown_then_exit"])
+def test_failure_watch_never_aborts_the_exit(shutdown):
+    """A process whose watch is inside a call into jaxlib (a poll's key-value request, the GIL
+    released) when the interpreter exits ends normally, with or without
+    jax.distributed.shutdown() first: the exit hook joins the thread before finalization, where
+    Python would end it inside jaxlib's C++ frames and abort the process (tests/workers/
+    watch_exit_worker.py)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = os.path.join(os.path.dirname(os.path.dirname(__file__)), "workers",
+                          "watch_exit_worker.py")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))  # this fo_jax
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("XLA_FLAGS", None)
+    args = [sys.executable, worker, str(port)] + (["shutdown"] if shutdown else [])
+    run = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    out = run.stdout + run.stderr
+    assert "WORKER EXITING" in out, out[-3000:]
+    assert run.returncode == 0, f"exit status {run.returncode}:\n{out[-3000:]}"
 
 
 def test_every_multi_process_group_is_watched(monkeypatch):
