@@ -78,11 +78,13 @@ def poll_once(module, watched: dict, handled: set) -> list:
     return aborted
 
 
-def _is_current(client) -> bool:
-    """Whether `client` is JAX's distributed client now (not one that was shut down)."""
+def current_clients_only(watched: dict) -> dict:
+    """The watched groups whose client is JAX's distributed client now: after
+    `jax.distributed.shutdown()` (or a new `initialize`) the old client's store is gone."""
     from jax._src import distributed  # noqa: PLC0415
 
-    return distributed.global_state.client is client
+    client = distributed.global_state.client
+    return {uid: entry for uid, entry in watched.items() if entry[0] is client}
 
 
 def _stop_and_join() -> None:
@@ -101,7 +103,7 @@ def _run() -> None:
         if not _cuda.module_available(warn=False):
             continue
         with _lock:
-            watched = {uid: entry for uid, entry in _watched.items() if _is_current(entry[0])}
+            watched = current_clients_only(_watched)
         if not watched:
             continue
         try:

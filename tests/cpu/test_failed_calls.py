@@ -188,6 +188,19 @@ def test_failure_watch_survives_a_store_that_is_gone():
     assert _failure_watch.poll_once(_Module(), {uid: (Gone(), 0)}, set()) == []
 
 
+def test_failure_watch_polls_only_the_current_client(monkeypatch):
+    """Groups watched through a client that was shut down (or replaced by a new initialize) are
+    not polled: their store is gone."""
+    from jax._src import distributed
+
+    old, new = _Store(), _Store()
+    watched = {b"\x04" * 128: (old, 0), b"\x05" * 128: (new, 1)}
+    monkeypatch.setattr(distributed.global_state, "client", new)
+    assert _failure_watch.current_clients_only(watched) == {b"\x05" * 128: (new, 1)}
+    monkeypatch.setattr(distributed.global_state, "client", None)
+    assert _failure_watch.current_clients_only(watched) == {}
+
+
 @pytest.mark.parametrize("shutdown", [False, True], ids=["exit", "shutdown_then_exit"])
 def test_failure_watch_never_aborts_the_exit(shutdown):
     """A process whose watch is inside a call into jaxlib (a poll's key-value request, the GIL
