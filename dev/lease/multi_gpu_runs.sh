@@ -15,6 +15,8 @@
 #                  flags (TRAIN_REQUIRE= drops --require-gpu: a dry run of the plumbing on CPUs);
 #                  $PROFILE_CHECK_ARGS adds the check's (e.g. --gemm-regex NAME)
 #   reliability    tests/gpu/overlap/test_reliability_gpu.py and test_copy_engine_processes_gpu.py
+#                  ($RELIABILITY_K, like $OVERLAP_TESTS_K for the overlap tests: a pytest -k
+#                  expression, e.g. the tests a cut-off run did not reach)
 #   multiprocess   benchmarks/bench_overlap_multiprocess.py --processes <GPU count>
 #   fp8-bench      benchmarks/bench_fp8_overlap.py, all three collectives (the all-gather opted in)
 #   cpu-tests      tests/cpu (the rest of the suite), FO_JAX_REQUIRE_GPU=1
@@ -65,7 +67,7 @@ for step in ${STEPS:-overlap-tests bench train reliability multiprocess fp8-benc
     overlap-tests)
       run "$step" "${OVERLAP_TESTS_TIMEOUT:-420}" "tests_overlap_$NAME.log" "${pytest_files[@]}" \
         "$O/test_overlap_gpu.py" "$O/test_all_gather_gpu.py" "$O/test_autodiff_gpu.py" \
-        "$O/test_fp8_overlap_gpu.py"
+        "$O/test_fp8_overlap_gpu.py" ${OVERLAP_TESTS_K:+-k "$OVERLAP_TESTS_K"}
       tail -5 "$OUT/tests_overlap_$NAME.log"; tail -1 "$OUT/tests_overlap_$NAME.log" \
         | sed 's/^/overlap-tests: /' >> "$SUMMARY";;
     bench)
@@ -99,7 +101,8 @@ for step in ${STEPS:-overlap-tests bench train reliability multiprocess fp8-benc
       rm -rf "$OUT/profile.tmp";;
     reliability)
       run "$step" "${RELIABILITY_TIMEOUT:-480}" "tests_reliability_$NAME.log" "${pytest_files[@]}" \
-        "$O/test_reliability_gpu.py" "$O/test_copy_engine_processes_gpu.py"
+        "$O/test_reliability_gpu.py" "$O/test_copy_engine_processes_gpu.py" \
+        ${RELIABILITY_K:+-k "$RELIABILITY_K"}
       tail -5 "$OUT/tests_reliability_$NAME.log"; tail -1 "$OUT/tests_reliability_$NAME.log" \
         | sed 's/^/reliability: /' >> "$SUMMARY";;
     multiprocess)
