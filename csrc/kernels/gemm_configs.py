@@ -71,8 +71,9 @@ CONFIGS: list[GemmConfig] = [
 # (few tiles) and ping-pong 64x192 with a 2x1 cluster (small M: the 64-row quantum); the wave
 # model in SelectGemmConfig picks among them (benchmarks/bench_fp8.py --configs all).
 # Promotion every 2 k-tiles (256 of K): CUTLASS's mainloop waits for every MMA in flight before
-# each promotion, and halving those stalls made the kernels 3-8% faster on one H100, while the
-# partial sums' error stayed far below the operands' own fp8 rounding (docs/performance.md, "fp8").
+# each promotion, and halving those stalls makes the kernels faster, while the partial sums' error
+# stays far below the operands' own fp8 rounding (docs/performance.md, "fp8", "Promotion
+# interval": what was measured, and what still needs a committed result).
 FP8_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8_coop_128x128x128_c1", 128, 128, 128, 1, 1, False, promotion_k_tiles=2),
     GemmConfig("fp8_coop_128x192x128_c2", 128, 192, 128, 2, 1, False, promotion_k_tiles=2),
