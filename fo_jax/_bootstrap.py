@@ -76,10 +76,16 @@ def _owner_process(group: Sequence) -> int:
     return int(group[0].process_index)
 
 
-def _distributed_client():
+def current_distributed_client():
+    """JAX's distributed client now: None before `jax.distributed.initialize()` and after
+    `jax.distributed.shutdown()`."""
     from jax._src import distributed  # noqa: PLC0415
 
-    client = distributed.global_state.client
+    return distributed.global_state.client
+
+
+def _distributed_client():
+    client = current_distributed_client()
     if client is None:
         raise RuntimeError("fo_jax: several JAX processes but no distributed client; call "
                            "jax.distributed.initialize() first")

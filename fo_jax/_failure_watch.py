@@ -78,12 +78,9 @@ def poll_once(module, watched: dict, handled: set) -> list:
     return aborted
 
 
-def current_clients_only(watched: dict) -> dict:
-    """The watched groups whose client is JAX's distributed client now: after
-    `jax.distributed.shutdown()` (or a new `initialize`) the old client's store is gone."""
-    from jax._src import distributed  # noqa: PLC0415
-
-    client = distributed.global_state.client
+def current_clients_only(watched: dict, client) -> dict:
+    """The watched groups whose client is `client`, JAX's distributed client now: after
+    `jax.distributed.shutdown()` (or a new `initialize`) an old client's store is gone."""
     return {uid: entry for uid, entry in watched.items() if entry[0] is client}
 
 
@@ -91,19 +88,18 @@ def _stop_and_join() -> None:
     """Registered with atexit when the thread starts, so it runs before the exit hooks registered
     earlier (jax's among them): ends the thread's poll before the interpreter finalizes."""
     _stop.set()
-    thread = _thread
-    if thread is not None and thread is not threading.current_thread():
-        thread.join(JOIN_TIMEOUT_S)
+    _thread.join(JOIN_TIMEOUT_S)
 
 
 def _run() -> None:
     from fo_jax import _cuda  # noqa: PLC0415 (the module is loaded by the lowering that watches)
+    from fo_jax._bootstrap import current_distributed_client  # noqa: PLC0415 (imports this)
 
     while not _stop.wait(PERIOD_S):
         if not _cuda.module_available(warn=False):
             continue
         with _lock:
-            watched = current_clients_only(_watched)
+            watched = current_clients_only(_watched, current_distributed_client())
         if not watched:
             continue
         try:

@@ -6,6 +6,7 @@ into a failure (for runs on GPU machines).
 """
 
 import os
+import socket
 
 _flag = "--xla_force_host_platform_device_count=8"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
@@ -37,6 +38,23 @@ def cpu_devices(n: int):
 def cpu_mesh(shape, names) -> Mesh:
     n = int(np.prod(shape))
     return Mesh(np.array(cpu_devices(n)).reshape(shape), names)
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for a worker's jax.distributed coordinator."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_worker_env(**extra) -> dict:
+    """The environment of a worker process on CPU: one CPU device (no XLA_FLAGS) and the fo_jax
+    this process imported (not another one installed)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
+    env.pop("XLA_FLAGS", None)
+    return env
 
 
 def gpus() -> list:

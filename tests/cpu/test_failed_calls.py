@@ -6,13 +6,13 @@ stand-in module and key-value store; its exit in a real one-process run)."""
 
 import collections
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 import fo_jax
+from conftest import cpu_worker_env, free_port
 from fo_jax import _env, _failure_watch
 
 needs_module = pytest.mark.skipif(not fo_jax.cuda_module_available(),
@@ -188,17 +188,13 @@ def test_failure_watch_survives_a_store_that_is_gone():
     assert _failure_watch.poll_once(_Module(), {uid: (Gone(), 0)}, set()) == []
 
 
-def test_failure_watch_polls_only_the_current_client(monkeypatch):
+def test_failure_watch_polls_only_the_current_client():
     """Groups watched through a client that was shut down (or replaced by a new initialize) are
     not polled: their store is gone."""
-    from jax._src import distributed
-
     old, new = _Store(), _Store()
     watched = {b"\x04" * 128: (old, 0), b"\x05" * 128: (new, 1)}
-    monkeypatch.setattr(distributed.global_state, "client", new)
-    assert _failure_watch.current_clients_only(watched) == {b"\x05" * 128: (new, 1)}
-    monkeypatch.setattr(distributed.global_state, "client", None)
-    assert _failure_watch.current_clients_only(watched) == {}
+    assert _failure_watch.current_clients_only(watched, new) == {b"\x05" * 128: (new, 1)}
+    assert _failure_watch.current_clients_only(watched, None) == {}
 
 
 @pytest.mark.parametrize("shutdown", [False, True], ids=["exit", "shutdown_then_exit"])
@@ -208,17 +204,11 @@ def test_failure_watch_never_aborts_the_exit(shutdown):
     jax.distributed.shutdown() first: the exit hook joins the thread before finalization, where
     Python would end it inside jaxlib's C++ frames and abort the process (tests/workers/
     watch_exit_worker.py)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     worker = os.path.join(os.path.dirname(os.path.dirname(__file__)), "workers",
                           "watch_exit_worker.py")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))  # this fo_jax
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("XLA_FLAGS", None)
-    args = [sys.executable, worker, str(port)] + (["shutdown"] if shutdown else [])
-    run = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    args = [sys.executable, worker, str(free_port())] + (["shutdown"] if shutdown else [])
+    run = subprocess.run(args, env=cpu_worker_env(), capture_output=True, text=True,
+                         timeout=120)
     out = run.stdout + run.stderr
     assert "WORKER EXITING" in out, out[-3000:]
     assert run.returncode == 0, f"exit status {run.returncode}:\n{out[-3000:]}"

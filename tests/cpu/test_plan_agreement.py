@@ -7,13 +7,13 @@ alike on every process, not by how many calls a process lowered. When one proces
 shared call differently (another tuning-cache entry) both raise, naming the differing field."""
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 import fo_jax
+from conftest import cpu_worker_env, free_port
 
 pytestmark = pytest.mark.skipif(not fo_jax.cuda_module_available(),
                                 reason="CUDA module not built here (no nvcc at install time)")
@@ -26,13 +26,8 @@ PLAN_TIMEOUT_S = 30
 
 
 def _run(groups_by_process, scenarios=None, timeout_s=120):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))  # this fo_jax
-    env = dict(os.environ, JAX_PLATFORMS="cpu", FO_JAX_PLAN_TIMEOUT_S=str(PLAN_TIMEOUT_S),
-               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("XLA_FLAGS", None)  # one CPU device per process
+    port = free_port()
+    env = cpu_worker_env(FO_JAX_PLAN_TIMEOUT_S=str(PLAN_TIMEOUT_S))
     n = len(groups_by_process)
     scenarios = scenarios or ["plain"] * n
     procs = [subprocess.Popen([sys.executable, WORKER, str(i), str(n), str(port), "cpu",
