@@ -4,12 +4,10 @@ FO_JAX_TEST_FAIL=<stage>:<last rank>): the last rank fails at that stage on ever
 peers in the other processes may wait for it. It releases what they wait for and fails its group;
 the other processes learn the failure through JAX's key-value store (fo_jax/_failure_watch.py) and
 their later calls raise. Prints "CALL <i> RAISED|RETURNED <seconds> <first line>" per call and
-"WORKER OK process <p>", then lingers before leaving without jax.distributed.shutdown (a process
-that leaves first would end the others through the coordination service before they could raise)."""
+"WORKER OK process <p>", then leaves with the others (leave_together.py)."""
 
 import os
 import sys
-import time
 
 import jax
 
@@ -18,11 +16,11 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=
                            local_device_ids=[proc])
 from call_report import report_calls  # noqa: E402
 from ipc_cases import sharded_reduce_scatter  # noqa: E402
+from leave_together import leave_together  # noqa: E402
 
 CALLS = 6
 f, (xg, wg) = sharded_reduce_scatter(nproc, os.environ.get("FAILURE_WORKER_TRANSPORT",
                                                           "copy_engine"))
 report_calls(f, (xg, wg), CALLS, pause_s=1.5)  # the failure watch polls once a second
 print(f"WORKER OK process {proc}", flush=True)
-time.sleep(10)
-os._exit(0)
+leave_together()

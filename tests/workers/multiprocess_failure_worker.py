@@ -5,11 +5,9 @@ before its second call, so it aborts it and raises; the other processes' second 
 for it inside NCCL until they abort their communicators, on the failure it publishes
 (fo_jax/_failure_watch.py) or by their progress watchdog (FO_JAX_COMM_TIMEOUT_S, when a test sets
 it), and their next call raises. Every process prints RAISED and the
-exception, then leaves without jax.distributed.shutdown (the failed rank never reaches it)."""
+exception, then leaves with the others (leave_together.py)."""
 
-import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +19,7 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=
                            local_device_ids=[proc])
 import fo_jax  # noqa: E402
 from fo_jax import _cuda  # noqa: E402
+from leave_together import leave_together  # noqa: E402
 
 mesh = Mesh(np.array(jax.devices()), ("tp",))
 cfg = fo_jax.OverlapConfig(allow_fallback=False)
@@ -45,9 +44,4 @@ try:
     print(f"process {proc}: NO EXCEPTION", flush=True)
 except Exception as e:  # noqa: BLE001 - the point is that it arrives as an exception
     print(f"process {proc}: RAISED {e}", flush=True)
-# Linger before leaving: JAX's coordination service terminates every process once one has left,
-# and the others raise only when their watchdog fires (~5 s after the failure). Without this the
-# failed process left first and a healthy one was terminated before it could raise (seen once at
-# TP=4, 2026-11-22).
-time.sleep(20 if proc == nproc - 1 else 3)
-os._exit(0)
+leave_together()  # the others raise only when their watchdog fires (~5 s after the failure)
