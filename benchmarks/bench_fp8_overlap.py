@@ -32,6 +32,7 @@ Usage: python3 benchmarks/bench_fp8_overlap.py [--tp 4] [--shapes MxNxK ...]
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 
@@ -40,7 +41,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# An installed fo_jax (the one with the compiled CUDA module) comes first; this checkout only where
+# none is installed (its source tree has no CUDA module: every fo_jax method would time the
+# reference path, which main() refuses).
+if importlib.util.find_spec("fo_jax") is None:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fo_jax  # noqa: E402
 from fo_jax.bench import core  # noqa: E402
 
@@ -122,6 +127,12 @@ def main() -> None:
     tp = args.tp or min(len(devs), 8)
     if tp < 2 or len(devs) < tp:
         sys.exit(f"bench_fp8_overlap: needs at least 2 GPUs (tp {tp}, found {len(devs)})")
+    if not fo_jax.cuda_module_available():
+        from fo_jax import _cuda  # noqa: PLC0415
+
+        sys.exit(f"bench_fp8_overlap: fo_jax from {os.path.dirname(fo_jax.__file__)} has no CUDA "
+                 f"module ({_cuda.unavailable_reason()}): its methods would time the reference "
+                 "path")
     mesh = Mesh(np.array(devs[:tp]), ("tp",))
     base = core.device_info(devs[:tp]) | {"suite": "fp8_overlap", "tp": tp}
     res = core.Results(base)

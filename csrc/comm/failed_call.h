@@ -25,7 +25,10 @@
 // and its tiles that add that slot store NaNs (SignalingGemmArgs::addend_abandoned), which the
 // ring carries on to the next ranks' sums. So a failed call's reduce-scatter (every form) and
 // all-reduce outputs read as failed on every rank in the same call, also where the failure is
-// the copy worker's, which the failing rank only reports at its next call. The all-gather, its
+// the copy worker's, which the failing rank only reports at its next call (one exception, never
+// a wrong value: on the ring, the copy worker's failure leaves the failing rank's own band NaN or
+// its right sum, since none of that band's partial sums pass through this rank's sends and its
+// GEMM does not wait for this rank's copy worker). The all-gather, its
 // own transport, fills the rows that do not come with NaNs instead (all_gather_copy_engine.h,
 // EnqueueBandRelease). Not covered: the band that a rank whose band sums failed to launch
 // (kXlaStream) owed its all-reduce peers, whose own sums may have passed their waits before its

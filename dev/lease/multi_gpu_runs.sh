@@ -46,6 +46,12 @@ run() {
   (cd /tmp && timeout -k 20 "$limit" "$@") > "$log" 2>&1; local rc=$?
   echo "$step: rc $rc in $(( $(date +%s) - s ))s (limit ${limit}s), log $(basename "$log")" \
     | tee -a "$SUMMARY"
+  # A script that imported another fo_jax than the install (e.g. this tree's source, which has no
+  # CUDA module) timed or tested the reference path: its results must not be used.
+  if grep -q "CUDA GPUs are present but the CUDA module" "$log"; then
+    echo "FAIL $step: ran without fo_jax's CUDA module (see $(basename "$log")): discard it" \
+      | tee -a "$SUMMARY"
+  fi
   return $rc
 }
 # pytest over tree paths (the tree's conftest and pyproject), as a command `timeout` can run.

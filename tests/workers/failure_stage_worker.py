@@ -10,10 +10,10 @@ CUDA torn down as usual)."""
 import sys
 
 from call_report import report_calls
-from overlap_forms import form_call
+from overlap_forms import form_call, form_reference
 
 CALLS = 3
 
 f, args = form_call(sys.argv[1])
-report_calls(f, args, CALLS)
+report_calls(f, args, CALLS, expected=form_reference(sys.argv[1], args))
 print("WORKER OK", flush=True)

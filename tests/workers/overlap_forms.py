@@ -46,3 +46,13 @@ def form_call(form: str):
         mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)),
         out_specs=P("tp", None) if collective == "reduce_scatter" else P()))
     return f, (x, w)
+
+
+def form_reference(form: str, args: tuple):
+    """The correct result of form_call(form)'s call on `args` in float64 (x @ w: the
+    reduce-scatter's rows, the all-reduce's replicated sum), or None for the all-gather (two
+    results)."""
+    if FORMS[form][0] == "all_gather":
+        return None
+    x, w = (np.asarray(a, dtype=np.float64) for a in args)
+    return x @ w

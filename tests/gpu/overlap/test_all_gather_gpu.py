@@ -22,7 +22,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import fo_jax
-from conftest import gpu_devices_or_skip, gpus
+from conftest import gpu_devices_or_skip, tp_or_skip
 from numerics import assert_close, random_operands
 
 pytestmark = pytest.mark.gpu
@@ -32,11 +32,6 @@ def _mesh(n):
     devs = gpu_devices_or_skip(n)
     assert fo_jax.cuda_module_available(), "GPU present but the CUDA module is not built"
     return Mesh(np.array(devs), ("tp",))
-
-
-def _ntp():
-    gpu_devices_or_skip(2)
-    return 4 if len(gpus()) >= 4 else 2
 
 
 def _config(bands=None, **extra):
@@ -178,7 +173,7 @@ SHAPES = [  # rows per rank, N per rank, K, bands per rank
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("rows,n,k,bands", SHAPES)
 def test_all_gather_is_bit_identical(rows, n, k, bands, dtype, transport):
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     config = _transport_config(bands, transport, tp)
     plan = _plan(tp, rows, n, k, dtype, config, transport)
@@ -192,7 +187,7 @@ def test_all_gather_is_bit_identical(rows, n, k, bands, dtype, transport):
 
 
 def test_describe_on_gpus():
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     seen = {}
 
@@ -215,7 +210,7 @@ def test_thousand_calls_with_xla_collectives_in_one_jit(transport):
     """1000 calls in a row, each jit also running XLA's own psum and all_gather around the
     overlapped call (shared NCCL resources, XLA's buffers reused across calls; on the copy
     engine more calls than its ring of "call started" events)."""
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     config = _transport_config(2, transport, tp)
     rows, n, k = 512, 512, 1024
@@ -249,7 +244,7 @@ def test_grads_through_the_paired_vjps(dtype, transport):
     """all_gather_matmul's VJP (dx through GEMM + reduce-scatter) and the reduce-scatter's (dx
     through the opted-in all-gather + GEMM) against the reference ops' gradients on the same
     GPUs."""
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     config = _transport_config(None, transport, tp)
     rows, n, k = 1024, 1024, 2048

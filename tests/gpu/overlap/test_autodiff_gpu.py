@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import fo_jax
-from conftest import gpu_devices_or_skip
+from conftest import gpu_devices_or_skip, tp_or_skip
 from numerics import assert_close, random_operands
 
 pytestmark = pytest.mark.gpu
@@ -16,10 +16,10 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
 def test_grads_through_cuda_path_match_reference(collective):
-    devs = gpu_devices_or_skip(2)
+    tp = tp_or_skip()
+    devs = gpu_devices_or_skip(tp)
     assert fo_jax.cuda_module_available(), "GPU present but the CUDA module is not built"
-    tp = 4 if len(devs) >= 4 else 2
-    mesh = Mesh(np.array(devs[:tp]), ("tp",))
+    mesh = Mesh(np.array(devs), ("tp",))
     m, n, k = 1024, 512, 1024
     rng = np.random.default_rng(8)
     x, w, _, _ = random_operands(rng, m, k, n, jnp.bfloat16)

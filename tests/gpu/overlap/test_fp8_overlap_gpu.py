@@ -23,17 +23,11 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import fo_jax
-from conftest import gpu_devices_or_skip, gpus
+from conftest import gpu_devices_or_skip, tp_or_skip
 
 pytestmark = pytest.mark.gpu
 
 E4M3 = jnp.dtype(jnp.float8_e4m3fn)
-
-
-def _tp() -> int:
-    """4 where there are 4 GPUs, else 2 (or skip)."""
-    gpu_devices_or_skip(2)
-    return 4 if len(gpus()) >= 4 else 2
 
 
 def _mesh(tp):
@@ -107,7 +101,7 @@ SHAPES = [(2048, 1024, 1024), (4096, 768, 512)]  # M, N, K per rank
 @pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
 def test_fp8_overlap_matches_fp8_gemm_then_xla_collective(collective, transport, shape):
-    tp = _tp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     m, n, kl = shape
     config = _config(collective, tp, transport, m, n, kl)
@@ -144,7 +138,7 @@ def test_fp8_overlap_grad_and_vmap(collective):
     """jax.grad through the overlapped fp8 call equals the baseline's gradient up to one e4m3
     step (the same float32 rule on both sides; the forward's sum order does not enter it), and a
     vmapped x (rows folded into one overlapped call) equals the baseline per element."""
-    tp = _tp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     m, n, kl = SHAPES[0]
     config = _config(collective, tp, "nccl", m, n, kl)
@@ -200,7 +194,7 @@ def test_fp8_all_gather_matches_fp8_gemm_per_device_rows(shared, overlap):
     device's rows alone (the same kernel, tile configuration and rounding). overlap: opted in
     (OverlapConfig(all_gather="overlap")), the shared scale takes the overlapped all-gather with
     the fp8 consumer GEMM."""
-    tp = _tp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     m, k, n = 1024, 2048, 1024 * tp
     kx, kw = jax.random.split(jax.random.key(60))

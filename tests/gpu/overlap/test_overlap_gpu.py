@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import fo_jax
-from conftest import gpu_devices_or_skip, gpus
+from conftest import gpu_devices_or_skip, tp_or_skip
 from numerics import REL_TOL, assert_close, explain_mismatch, random_operands, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -59,10 +59,8 @@ def _tp_fn(mesh, collective, data_axis=None, config=NO_FALLBACK, use_reference=F
 
 
 def _ntp():
-    """The tensor-parallel size of the tests: 4 where there are 4 GPUs, else 2 (or skip).
-    (gpu_devices_or_skip(2) returns the first two devices only: it does not count them.)"""
-    gpu_devices_or_skip(2)
-    return 4 if len(gpus()) >= 4 else 2
+    """The tensor-parallel size of the tests (conftest.tp_or_skip)."""
+    return tp_or_skip()
 
 
 SHAPES = [  # global (M, N, K_total); per rank K = K_total / tp
