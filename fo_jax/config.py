@@ -48,7 +48,9 @@ class OverlapConfig:
         from overlap (estimated GEMM time under 250 us with the NCCL transport, 100 us with the
         copy engine, on H100/H200-class GPUs), and let a plain GEMM (`matmul`, an overlapped call
         over one device) run as XLA's dot where the measured table says it is faster (unless
-        `gemm_config` is set); False always runs the CUDA pipeline on CUDA.
+        `gemm_config` is set); False runs the CUDA pipeline on CUDA devices whatever the size.
+        A call the CUDA kernels cannot take at all (its dtype or shape, or no CUDA module, which
+        warns once) still runs on the reference path either way; `describe()` says which.
       transport: how the collective's bytes move: "copy_engine" (copy-engine writes into the
         other GPUs' memory, plus, for an all-reduce, SM stores of the summed bands into the
         peers' outputs; every rank in one process, or one host with `copy_engine_multiprocess`;
