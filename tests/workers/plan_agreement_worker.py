@@ -10,7 +10,6 @@ first lowers another overlapped call (other rows) that the other processes never
 "CHECKS <agreement checks> IN <seconds>" and "PLAN AGREED <process>", or "RAISED <process>
 <type>: <message>"."""
 
-import os
 import sys
 import time
 
@@ -30,6 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import fo_jax  # noqa: E402
 from fo_jax import _bootstrap, _plan  # noqa: E402
+from leave_together import leave_together  # noqa: E402
 
 
 def tuned(collective, m, n, k, dtype, tp):
@@ -89,9 +89,6 @@ try:
     print(f"PLAN AGREED {proc}", flush=True)
 except Exception as e:  # noqa: BLE001 (reported for the test to check)
     print(f"RAISED {proc} {type(e).__name__}: {e}", flush=True)
-    # Process 0 serves the key-value store: give the others time to finish their last request
-    # (the agreement's acknowledgement) before it goes; then leave without the distributed
-    # shutdown, whose barrier a process that raised elsewhere may never reach.
-    time.sleep(3)
-    os._exit(0)
-jax.distributed.shutdown()
+# Every process leaves with the others, process 0 (which serves the key-value store) last, and
+# without the distributed shutdown, whose barrier a process that raised may never reach.
+leave_together()
