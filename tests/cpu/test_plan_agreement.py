@@ -41,7 +41,10 @@ def _run(groups_by_process, scenarios=None, timeout_s=120):
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            pytest.fail(f"a plan-agreement process hung (killed after {timeout_s} s)")
+            texts = outs + [q.communicate()[0] or "" for q in procs[len(outs):]]
+            report = "\n".join(f"--- process {i} (exit {q.returncode}):\n{text[-2000:]}"
+                               for i, (q, text) in enumerate(zip(procs, texts)))
+            pytest.fail(f"a plan-agreement process hung (killed after {timeout_s} s):\n{report}")
         outs.append(out)
     return outs
 
