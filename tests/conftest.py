@@ -85,13 +85,13 @@ def gpu_devices_or_skip(n: int = 1):
     return devs[:n]
 
 
-
 def tp_or_skip() -> int:
     """The tensor-parallel size of the multi-GPU tests: 4 where there are 4 or more GPUs, else 2;
     skips (or fails: FO_JAX_REQUIRE_GPU=1) as gpu_devices_or_skip(2) with fewer. (That returns
     the first two devices only: it does not count them.)"""
     gpu_devices_or_skip(2)
     return 4 if len(gpus()) >= 4 else 2
+
 
 # Diagnostics for hangs on the device machine (tools/hang_probe.sh): with FO_JAX_TEST_STALL_S set,
 # a test running longer than that prints fo_jax's per-GPU protocol state and every Python

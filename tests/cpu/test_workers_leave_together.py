@@ -17,7 +17,7 @@ def test_every_process_leaves_cleanly_when_process_0_finishes_first():
     worker = os.path.join(os.path.dirname(os.path.dirname(__file__)), "workers",
                           "leave_order_worker.py")
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, worker, str(i), str(NPROC), port, "together"],
+    procs = [subprocess.Popen([sys.executable, worker, str(i), str(NPROC), port],
                               env=cpu_worker_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for i in range(NPROC)]
     try:

@@ -16,9 +16,9 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import fo_jax
-from conftest import gpu_devices_or_skip
+from conftest import gpu_devices_or_skip, tp_or_skip
 from numerics import assert_close
-from test_overlap_gpu import _ntp, _one_process_per_gpu
+from test_overlap_gpu import _one_process_per_gpu
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
                                 "workers"))
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_reduce_scatter_across_processes_matches_one_process(tmp_path):
-    tp = _ntp()
+    tp = tp_or_skip()
     outs = _one_process_per_gpu("ipc_worker.py",
                                 "the copy engine across processes hung",
                                 FO_JAX_IPC_OUT=str(tmp_path))

@@ -58,11 +58,6 @@ def _tp_fn(mesh, collective, data_axis=None, config=NO_FALLBACK, use_reference=F
                                  out_specs=out))
 
 
-def _ntp():
-    """The tensor-parallel size of the tests (conftest.tp_or_skip)."""
-    return tp_or_skip()
-
-
 SHAPES = [  # global (M, N, K_total); per rank K = K_total / tp
     (1024, 1024, 2048),
     (4096, 512, 1024),
@@ -75,7 +70,7 @@ SHAPES = [  # global (M, N, K_total); per rank K = K_total / tp
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
 def test_overlap_matches_reference(collective, shape, dtype):
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     m, n, k = shape
     rng = np.random.default_rng(hash((collective, shape)) % 2**32)
@@ -90,7 +85,7 @@ def test_overlap_matches_reference(collective, shape, dtype):
 
 
 def test_explicit_partition_and_options():
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     m, n, k = 2048, 1024, 1024
     rng = np.random.default_rng(2)
@@ -129,7 +124,7 @@ def _assert_all_calls_close(outs, x64, w64, tp, collective, dtype=jnp.bfloat16):
 def test_transports_agree(collective, dtype):
     """Copy-engine and NCCL transports against the float64 product and each other (every GPU's
     copy of an all-reduce); the copy engine is the default where it can run."""
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     m, n, k = 512 * tp, 1024, 2048
     rng = np.random.default_rng(7)
@@ -164,7 +159,7 @@ def test_copy_engine_all_reduce_rounds(rounds):
     """The copy-engine all-reduce in 1, 2 and 4 rounds (rounds before the last summed and
     gathered next to the GEMM on the SMs it leaves free) against the float64 product, on every
     GPU's copy, back to back."""
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     rng = np.random.default_rng(10 + rounds)
     x, w, x64, w64 = random_operands(rng, 1024 * tp, 1024, 1536, jnp.bfloat16)
@@ -189,7 +184,7 @@ def test_copy_engine_group_partitions(collective, parts, sum_split, ring):
     the all-reduce in 2 rounds."""
     from fo_jax import _plan
 
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     rounds = 2 if collective == "all_reduce" else None
     rng = np.random.default_rng(20 + parts)
@@ -221,7 +216,7 @@ def test_benchmark_scale_reduce_scatter(m, ring):
     pieces) are not the small test shapes'."""
     from fo_jax import _plan
 
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     n, k = 8192, 2048
     rng = np.random.default_rng(m + tp)
@@ -243,7 +238,7 @@ def test_copy_engine_shapes_change_between_calls():
     smaller calls reuse them; calls of different sizes and both collectives interleave, back to
     back, without a hang (reduce-scatter calls in between must not confuse the all-reduce's
     publish handshake)."""
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     cfg = fo_jax.OverlapConfig(transport="copy_engine", allow_fallback=False)
     fns = [_tp_fn(mesh, c, config=cfg) for c in ("reduce_scatter", "all_reduce")]
@@ -270,7 +265,7 @@ def test_copy_engine_reuses_its_copy_graphs():
     no more graphs (an update that fails would build a new graph per copy)."""
     from fo_jax import _cuda
 
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     cfg = fo_jax.OverlapConfig(transport="copy_engine", allow_fallback=False)
     rng = np.random.default_rng(12)
@@ -293,7 +288,7 @@ def test_copy_engine_reuses_its_copy_graphs():
 
 
 def test_copy_engine_refusals_at_trace_time():
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     rng = np.random.default_rng(9)
     cfg = fo_jax.OverlapConfig(transport="copy_engine", allow_fallback=False)
@@ -312,7 +307,7 @@ def test_copy_engine_refusals_at_trace_time():
 # Placed first, so that it runs where the stall happened.
 @pytest.mark.parametrize("inputs", ["placed", "resharded"])
 def test_thousand_back_to_back_calls(inputs):
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     m, n, k = 1024, 1024, 1024
     rng = np.random.default_rng(3)
@@ -340,7 +335,7 @@ def test_async_nccl_error_becomes_an_exception(transport, collective, one_rank):
     the error is gone; then calls work again."""
     from fo_jax import _cuda
 
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     rng = np.random.default_rng(30)
     x, w, x64, w64 = random_operands(rng, 512 * tp, 1024, 1024, jnp.bfloat16)
@@ -366,7 +361,7 @@ def test_async_nccl_error_becomes_an_exception(transport, collective, one_rank):
 
 
 def test_with_xla_collectives_in_the_same_jit():
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     m, n, k = 1024, 512, 1024
     rng = np.random.default_rng(4)
@@ -407,9 +402,9 @@ def test_2x2_mesh_two_communicators(collective):
 
 
 def _one_process_per_gpu(worker: str, hang: str, **env_extra) -> list:
-    """Runs tests/<worker> in one process per GPU (_ntp() of them) and returns their outputs;
+    """Runs tests/<worker> in one process per GPU (tp_or_skip() of them) and returns their outputs;
     fails with `hang` if any runs past 240 s."""
-    nproc = _ntp()
+    nproc = tp_or_skip()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -468,7 +463,7 @@ def test_unusable_communicator_aborts_the_group():
     own), so the other tests' are not aborted."""
     from fo_jax import _bootstrap, _cuda
 
-    tp = _ntp()
+    tp = tp_or_skip()
     mesh = _mesh(tp)
     rng = np.random.default_rng(31)
     x, w, x64, w64 = random_operands(rng, 512 * tp, 1024, 1024, jnp.bfloat16)

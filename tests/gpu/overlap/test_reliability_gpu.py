@@ -143,8 +143,8 @@ def test_receive_allocation_failure_fails_every_rank():
 def test_plan_agreement_across_gpu_processes():
     """H3 on GPUs: one process per GPU, the last with another num_groups (as another tuning-cache
     entry would give): every process raises 'plan mismatch' at lowering, none hangs."""
-    devs = gpu_devices_or_skip(2)
-    nproc = min(2, len(devs))
+    gpu_devices_or_skip(2)
+    nproc = 2
     port = _free_port()
     env = _process_env(FO_JAX_PLAN_TIMEOUT_S="60")
     procs = [subprocess.Popen([sys.executable, os.path.join(WORKERS, "plan_agreement_worker.py"),
@@ -228,8 +228,8 @@ def test_known_failure_in_another_process_ends_the_wait_without_a_timeout():
     failure through JAX's key-value store and the other processes, waiting for it inside NCCL,
     abort their communicators of the group on seeing it; their next call raises naming the
     failed process. No process hangs."""
-    devs = gpu_devices_or_skip(2)
-    nproc = min(2, len(devs))
+    gpu_devices_or_skip(2)
+    nproc = 2
     port = _free_port()
     env = _process_env()
     env.pop("FO_JAX_COMM_TIMEOUT_S", None)
@@ -258,9 +258,9 @@ def test_failure_in_one_process_fails_the_copy_engine_group_everywhere(stage):
     It releases the flags its peers in the other processes wait for (no call hangs, each ends
     within 30 s) and fails its group; the other processes learn it through the key-value store
     and raise from a later call on, naming the failed process."""
-    from test_overlap_gpu import _ntp, _one_process_per_gpu
+    from test_overlap_gpu import _one_process_per_gpu
 
-    nproc = _ntp()
+    nproc = tp_or_skip()
     outs = _one_process_per_gpu("ipc_failure_worker.py", "a process hung after another failed",
                                 FO_JAX_TEST_FAIL=f"{stage}:{nproc - 1}")
     for i, (code, out) in enumerate(outs):
@@ -297,9 +297,9 @@ def test_a_failed_nccl_launch_in_one_process_gives_nan_sums_everywhere():
     output filled with NaNs (failed_nccl_call.h), and raises; so each call of the other processes
     that returns (before they learn of the failure through the key-value store) holds NaN sums
     on its shard instead of undefined ones, and their later calls raise, naming the process."""
-    from test_overlap_gpu import _ntp, _one_process_per_gpu
+    from test_overlap_gpu import _one_process_per_gpu
 
-    nproc = _ntp()
+    nproc = tp_or_skip()
     outs = _one_process_per_gpu("ipc_failure_worker.py", "a process hung after another failed",
                                 FO_JAX_TEST_FAIL=f"launch:{nproc - 1}",
                                 FAILURE_WORKER_TRANSPORT="nccl")
