@@ -292,20 +292,24 @@ def _validate_overlapped(x, w, axis_name, collective, config) -> tuple:
 
 
 def describe(x, w, *, axis_name: str, collective: str = "reduce_scatter",
-             config: Optional[OverlapConfig] = None) -> PathChoice:
+             config: Optional[OverlapConfig] = None, w_transposed: bool = False) -> PathChoice:
     """Says which path `overlapped_matmul` takes for these arguments on the platform it runs on,
     and why (call it where you would call `overlapped_matmul`, i.e. inside shard_map; it
     validates the same way, but takes no fp8 scales: float8_e4m3fn operands describe the fp8
     path, "cuda" with a transport where it overlaps, "cuda" without one where fo_jax's fp8 GEMM
-    is followed by XLA's collective). The DEBUG log of the call says the same."""
+    is followed by XLA's collective; `w_transposed` as in `overlapped_matmul`). The DEBUG log
+    of the call says the same."""
     if fp8.is_fp8(x.dtype) or fp8.is_fp8(w.dtype):
         fn = "fo_jax.describe"
         scale = jnp.float32(1)
-        _check_fp8_call(fn, x, w, scale, scale, None, False,
+        _check_fp8_call(fn, x, w, scale, scale, None, w_transposed,
                         min_x_rank=1 if collective == "all_reduce" else 2)
         size = _validate_fp8_overlapped(fn, x, axis_name, collective, config)
-        return _choose_fp8_overlapped(config, _rows(x), w.shape[1], w.shape[0],
-                                      _checks.trace_platform(), collective, size)
+        k, n = (w.shape[1], w.shape[0]) if w_transposed else w.shape
+        return _choose_fp8_overlapped(config, _rows(x), n, k, _checks.trace_platform(),
+                                      collective, size)
+    if w_transposed:
+        raise TypeError("fo_jax.describe: w_transposed applies to float8_e4m3fn operands only")
     dtype, size = _validate_overlapped(x, w, axis_name, collective, config)
     return _choose_overlapped(dtype, config, _rows(x), w.shape[1], w.shape[0],
                               _checks.trace_platform(), collective, size)
@@ -320,13 +324,18 @@ def _validate_fp8_overlapped(fn, x, axis_name, collective, config) -> int:
     return size
 
 
-def _fp8_overlapped(x, w, axis_name, collective, config, x_scale, w_scale, out_dtype):
+def _fp8_overlapped(x, w, axis_name, collective, config, x_scale, w_scale, out_dtype,
+                    w_transposed):
     """overlapped_matmul on float8_e4m3fn operands: the fp8 GEMM and the collective on its
     bfloat16 output, overlapped on CUDA devices where _choose_fp8_overlapped says so."""
     fn = "fo_jax.overlapped_matmul"
-    _, out = _check_fp8_call(fn, x, w, x_scale, w_scale, out_dtype, False,
+    _, out = _check_fp8_call(fn, x, w, x_scale, w_scale, out_dtype, w_transposed,
                              min_x_rank=1 if collective == "all_reduce" else 2)
     size = _validate_fp8_overlapped(fn, x, axis_name, collective, config)
+    if w_transposed:
+        # The paths below take w[K, N] and hand the kernels w.T: XLA folds the two transposes,
+        # so the kernel reads the caller's [N, K] weight as it is.
+        w = w.T
     k, n = w.shape
     rows = _rows(x)
     _log(fn, x, w, lambda platform: _choose_fp8_overlapped(config, rows, n, k, platform,
@@ -516,7 +525,7 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
                       collective: str = "reduce_scatter",
                       config: Optional[OverlapConfig] = None,
                       x_scale: Optional[jax.Array] = None, w_scale: Optional[jax.Array] = None,
-                      out_dtype=None) -> jax.Array:
+                      out_dtype=None, w_transposed: bool = False) -> jax.Array:
     """GEMM and a collective over `axis_name`, for use inside `jax.shard_map`.
 
     Args:
@@ -535,11 +544,15 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
       x_scale, w_scale, out_dtype: for float8_e4m3fn operands, as in `fo_jax.matmul`: on CUDA
         devices fo_jax's fp8 GEMM overlapped with the collective of its bfloat16 output (either
         transport; the copy-engine reduce-scatter in its direct form, never the ring), as for
-        16-bit operands. "all_gather" gathers the fp8 x with XLA's all-gather, then runs fo_jax's
-        fp8 GEMM, not overlapped: one GEMM where x_scale is provably the same on every device
-        (`fo_jax.quantize_fp8(x, axis_name=...)` under check_vma=True), else one per device's
-        rows, each with its own gathered scale (fo_jax/_fp8_all_gather.py). Their backward is the
-        fp8 GEMM's float32 rule (fo_jax/fp8.py) with XLA's collectives.
+        16-bit operands. "all_gather" gathers the fp8 x: where x_scale is provably the same on
+        every device (`fo_jax.quantize_fp8(x, axis_name=...)` under check_vma=True) one fp8 GEMM
+        takes every gathered row, overlapped with the gather under the all-gather's opt-in
+        (`OverlapConfig(all_gather="overlap")`), else after XLA's all-gather; otherwise one GEMM
+        per device's rows, each with its own gathered scale (fo_jax/_fp8_all_gather.py). Their
+        backward is the fp8 GEMM's float32 rule (fo_jax/fp8.py) with XLA's collectives.
+      w_transposed: float8_e4m3fn operands only: w is given as [N, K], the layout the fp8
+        kernel reads, which saves each call's transpose of a [K, N] weight (as in
+        `fo_jax.matmul`).
 
     Returns:
       The result in x's dtype (bfloat16 for fp8 operands), accumulated in float32.
@@ -554,7 +567,11 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
     """
     if hasattr(x, "dtype") and hasattr(w, "dtype") and (fp8.is_fp8(x.dtype) or
                                                         fp8.is_fp8(w.dtype)):
-        return _fp8_overlapped(x, w, axis_name, collective, config, x_scale, w_scale, out_dtype)
+        return _fp8_overlapped(x, w, axis_name, collective, config, x_scale, w_scale, out_dtype,
+                               w_transposed)
+    if w_transposed:
+        raise TypeError("fo_jax.overlapped_matmul: w_transposed applies to float8_e4m3fn "
+                        "operands only")
     if x_scale is not None or w_scale is not None or out_dtype is not None:
         fp8.check_fp8_args("fo_jax.overlapped_matmul", getattr(x, "dtype", jnp.float32),
                            x_scale, w_scale, out_dtype)

@@ -102,6 +102,65 @@ def test_vmap_scan_checkpoint_vs_float64(size, collective):
         _within_bf16_roundings(y, parts)
 
 
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce", "all_gather"])
+def test_weight_given_transposed(collective):
+    """w_transposed=True with the weight stored [N, K] gives the [K, N] call's result exactly,
+    forward and gradients (the cotangent of the [N, K] weight is the [K, N] one's transpose), and
+    describe() reads N and K the same way."""
+    size = 2
+    mesh = cpu_mesh((size,), ("tp",))
+    ag = collective == "all_gather"
+    m, k, n = 8 * size, 32 * size, 8 * size
+    xq, xs, wq, ws = _operands((m,), k, n, seed=41)
+    x_spec, w_spec = (P("tp", None), P(None, "tp")) if ag else (P(None, "tp"), P("tp", None))
+    w_nk_spec = P(w_spec[1], w_spec[0])
+    out = {"reduce_scatter": P("tp", None), "all_gather": P(None, "tp")}.get(collective, P())
+
+    def build(transposed):
+        def body(x, w, a, b):
+            y = fo_jax.overlapped_matmul(x, w, axis_name="tp", collective=collective, x_scale=a,
+                                         w_scale=b, w_transposed=transposed)
+            return y, jax.lax.psum(jnp.sum(y.astype(jnp.float32)), "tp")
+        return jax.jit(jax.shard_map(body, mesh=mesh, out_specs=(out, P()), check_vma=False,
+                                     in_specs=(x_spec, w_nk_spec if transposed else w_spec,
+                                               P(), P())))
+
+    y_kn, _ = build(False)(xq, wq, xs, ws)
+    y_nk, _ = build(True)(xq, wq.T, xs, ws)
+    np.testing.assert_array_equal(np.asarray(y_nk, np.float32), np.asarray(y_kn, np.float32))
+    g_kn = jax.grad(lambda w, a: build(False)(xq, w, xs, a)[1], argnums=(0, 1),
+                    allow_int=True)(wq, ws)
+    g_nk = jax.grad(lambda w, a: build(True)(xq, w, xs, a)[1], argnums=(0, 1),
+                    allow_int=True)(wq.T, ws)
+    np.testing.assert_array_equal(np.asarray(g_nk[0], np.float32).T,
+                                  np.asarray(g_kn[0], np.float32))
+    np.testing.assert_array_equal(np.asarray(g_nk[1]), np.asarray(g_kn[1]))
+
+    def describe(x, w, transposed):
+        return fo_jax.describe(x, w, axis_name="tp", collective=collective,
+                               w_transposed=transposed)
+
+    seen = {}
+    for transposed, w in ((False, wq), (True, wq.T)):
+        def probe(x, w, t=transposed):
+            seen[t] = describe(x, w, t)
+            return x
+        jax.shard_map(probe, mesh=mesh, in_specs=(x_spec, w_nk_spec if transposed else w_spec),
+                      out_specs=x_spec, check_vma=False)(xq, w)
+    assert seen[True] == seen[False]
+
+
+def test_weight_given_transposed_needs_fp8():
+    mesh = cpu_mesh((2,), ("tp",))
+    x, w = jnp.ones((8, 16), jnp.bfloat16), jnp.ones((16, 8), jnp.bfloat16)
+    for op in (fo_jax.overlapped_matmul, fo_jax.describe):
+        call = jax.shard_map(lambda x, w, op=op: op(x, w, axis_name="tp", w_transposed=True),
+                             mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)),
+                             out_specs=P(), check_vma=False)
+        with pytest.raises(TypeError, match="w_transposed applies to float8_e4m3fn operands only"):
+            call(x, w)
+
+
 # --- reference path: gradients ------------------------------------------------------------------
 def _bf16_exact(key, shape):
     return jax.random.normal(key, shape, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32)
@@ -447,6 +506,25 @@ def test_fp8_overlap_lowers_for_cuda(collective, transport):
     assert plan.transport == transport and not plan.ring
     assert f"config = {plan.gemm.config_index} : i32" in call
     assert f"axis_size = {size} : i32" in call and "ring = false" in call
+
+
+@needs_fp8_module
+def test_fp8_overlap_lowers_a_transposed_weight_for_cuda():
+    """A weight given [N, K] (w_transposed=True) reaches the custom call as the same K-major
+    operand; the two transposes around it are XLA's to fold (on GPUs the compiled program holds
+    no transpose: dev/probes_py/fp8_transposed_weight_hlo.py)."""
+    size, m, kl, n = 2, 1024, 512, 256
+    config = fo_jax.OverlapConfig(allow_fallback=False, transport="nccl")
+    mesh = cpu_mesh((size,), ("tp",))
+    f = jax.jit(jax.shard_map(
+        lambda x, w, a, b: fo_jax.overlapped_matmul(x, w, axis_name="tp", config=config,
+                                                    x_scale=a, w_scale=b, w_transposed=True),
+        mesh=mesh, in_specs=(P(None, "tp"), P(None, "tp"), P(), P()), out_specs=P("tp", None)))
+    xq, xs, wq, ws = _operands((m,), kl * size, n)
+    text = f.trace(xq, wq.T, xs, ws).lower(lowering_platforms=("cuda",)).as_text()
+    call, = [line for line in text.splitlines() if "@fo_jax_overlapped_matmul_fp8_v1(" in line]
+    assert f"(tensor<{m}x{kl}xf8E4M3FN>, tensor<{n}x{kl}xf8E4M3FN>, tensor<f32>, tensor<f32>)" \
+        in call
 
 
 @needs_fp8_module
