@@ -12,9 +12,8 @@ keeps NCCL there. CUDA IPC reaches only GPUs of one host: every process must be 
 Opt-in: the choice is made at lowering, before any process has tried to map its peers' memory,
 and a pair that cannot (no peer access; perhaps a GPU hidden by CUDA_VISIBLE_DEVICES, untested)
 fails the call on every rank rather than falling back to NCCL; so with several processes the
-path is taken only with OverlapConfig(copy_engine_multiprocess=True). Its tests passed on 2 and 4 GPUs, and on 4
-H100s it runs within 1.4% of the one-process copy engine (docs/performance.md). The rule
-gives the same answer in every process (it reads only the config, the collective and the hosts
+path is taken only with OverlapConfig(copy_engine_multiprocess=True). The rule gives the same
+answer in every process (it reads only the config, the collective and the hosts
 that every process publishes), and plan agreement (fo_jax/_bootstrap.py) checks that the plans
 agree.
 """

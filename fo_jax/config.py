@@ -89,9 +89,8 @@ class OverlapConfig:
         the gathered rows as they arrive, on the copy engine or NCCL by `transport`'s rule;
         docs/design.md, "The all-gather"), "xla" (and
         None, today's default) XLA's all_gather then its dot. Opt-in until the overlapped
-        all-gather has been timed on 4 GPUs (its tests passed on 2 and 4; on 2 H200s it ran
-        1.15-1.23x of XLA's all-gather + dot). With "overlap", `num_groups` is the bands each
-        rank's rows are sent in (default 1).
+        all-gather has been timed on 4 GPUs (docs/performance.md). With "overlap",
+        `num_groups` is the bands each rank's rows are sent in (default 1).
       fp8_fast_accumulation: float8_e4m3fn operands only (ignored for 16-bit ones): run the
         fp8 GEMMs with fast accumulation, the whole K sum kept in the tensor cores' accumulator,
         whose additions keep fewer mantissa bits than float32 (what XLA's fp8 dot does at
@@ -104,10 +103,8 @@ class OverlapConfig:
         (every process on one host). Off by default: the choice is made before any process
         can try the peers' memory, and a GPU pair that cannot map the other's (no peer access;
         perhaps a GPU hidden by CUDA_VISIBLE_DEVICES, untested) fails the call instead of
-        falling back to NCCL. On 4 H100s it ran within
-        1.4% of the one-process copy engine (tests passed on 2 and 4 GPUs). The all-reduce
-        keeps NCCL with several processes whatever this says (docs/design.md, "Copy engine
-        across processes").
+        falling back to NCCL. The all-reduce keeps NCCL with several processes whatever this
+        says (docs/design.md, "Copy engine across processes").
     """
 
     gemm_config: Optional[str] = None

@@ -147,10 +147,15 @@ def _gemm_bwd(config, res, dy):
 _gemm.defvjp(_gemm_fwd, _gemm_bwd)
 
 
+def _weight_kn(w, w_transposed: bool) -> tuple:
+    """(K, N) of a weight given [K, N], or [N, K] with w_transposed."""
+    return (w.shape[1], w.shape[0]) if w_transposed else tuple(w.shape)
+
+
 def _fp8_matmul(fn, x, w, config, x_scale, w_scale, out_dtype, w_transposed):
     """fo_jax.matmul on float8_e4m3fn operands (fo_jax/fp8.py)."""
     _checks.check_config(fn, config)
-    k, n = (w.shape[1], w.shape[0]) if w_transposed else w.shape
+    k, n = _weight_kn(w, w_transposed)
     rows = _rows(x)
     _log(fn, x, w, lambda platform: choose_fp8("matmul", config, rows, n, k, platform))
     y = fp8.fp8_gemm(x.reshape(rows, k), w, x_scale, w_scale, out_dtype, w_transposed, config)
@@ -299,17 +304,15 @@ def describe(x, w, *, axis_name: str, collective: str = "reduce_scatter",
     path, "cuda" with a transport where it overlaps, "cuda" without one where fo_jax's fp8 GEMM
     is followed by XLA's collective; `w_transposed` as in `overlapped_matmul`). The DEBUG log
     of the call says the same."""
-    if fp8.is_fp8(x.dtype) or fp8.is_fp8(w.dtype):
-        fn = "fo_jax.describe"
-        scale = jnp.float32(1)
-        _check_fp8_call(fn, x, w, scale, scale, None, w_transposed,
-                        min_x_rank=1 if collective == "all_reduce" else 2)
+    fn = "fo_jax.describe"
+    scale = jnp.float32(1) if fp8.is_fp8(x.dtype) or fp8.is_fp8(w.dtype) else None
+    is_fp8, _ = _check_fp8_call(fn, x, w, scale, scale, None, w_transposed,
+                                min_x_rank=1 if collective == "all_reduce" else 2)
+    if is_fp8:
         size = _validate_fp8_overlapped(fn, x, axis_name, collective, config)
-        k, n = (w.shape[1], w.shape[0]) if w_transposed else w.shape
+        k, n = _weight_kn(w, w_transposed)
         return _choose_fp8_overlapped(config, _rows(x), n, k, _checks.trace_platform(),
                                       collective, size)
-    if w_transposed:
-        raise TypeError("fo_jax.describe: w_transposed applies to float8_e4m3fn operands only")
     dtype, size = _validate_overlapped(x, w, axis_name, collective, config)
     return _choose_overlapped(dtype, config, _rows(x), w.shape[1], w.shape[0],
                               _checks.trace_platform(), collective, size)
@@ -569,12 +572,9 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
                                                         fp8.is_fp8(w.dtype)):
         return _fp8_overlapped(x, w, axis_name, collective, config, x_scale, w_scale, out_dtype,
                                w_transposed)
-    if w_transposed:
-        raise TypeError("fo_jax.overlapped_matmul: w_transposed applies to float8_e4m3fn "
-                        "operands only")
-    if x_scale is not None or w_scale is not None or out_dtype is not None:
-        fp8.check_fp8_args("fo_jax.overlapped_matmul", getattr(x, "dtype", jnp.float32),
-                           x_scale, w_scale, out_dtype)
+    if w_transposed or x_scale is not None or w_scale is not None or out_dtype is not None:
+        _check_fp8_call("fo_jax.overlapped_matmul", x, w, x_scale, w_scale, out_dtype,
+                        w_transposed)  # fp8-only arguments on 16-bit operands: raises
     if collective == "all_gather":
         return all_gather_matmul(x, w, axis_name=axis_name, config=config)[0]
     fn = "fo_jax.overlapped_matmul"

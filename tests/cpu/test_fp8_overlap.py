@@ -136,14 +136,11 @@ def test_weight_given_transposed(collective):
                                   np.asarray(g_kn[0], np.float32))
     np.testing.assert_array_equal(np.asarray(g_nk[1]), np.asarray(g_kn[1]))
 
-    def describe(x, w, transposed):
-        return fo_jax.describe(x, w, axis_name="tp", collective=collective,
-                               w_transposed=transposed)
-
     seen = {}
     for transposed, w in ((False, wq), (True, wq.T)):
         def probe(x, w, t=transposed):
-            seen[t] = describe(x, w, t)
+            seen[t] = fo_jax.describe(x, w, axis_name="tp", collective=collective,
+                                      w_transposed=t)
             return x
         jax.shard_map(probe, mesh=mesh, in_specs=(x_spec, w_nk_spec if transposed else w_spec),
                       out_specs=x_spec, check_vma=False)(xq, w)
