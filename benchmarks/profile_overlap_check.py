@@ -8,7 +8,8 @@ GPU stream by name:
   GEMM           cuBLAS / cuBLASLt (nvjet), CUTLASS, fo_jax's GEMM kernels
 and groups the communication events by the XLA op that launched them (the event's hlo_op, else
 its name): one group is one collective (an fo_jax custom call, or one XLA all-gather /
-reduce-scatter). A group overlapped when at least --min-fraction of its communication time
+reduce-scatter). The copy engine's peer copies carry no op (fo_jax's copy thread issues them,
+not XLA): each belongs to the last fo_jax custom call on its GPU that started before it. A group overlapped when at least --min-fraction of its communication time
 (the union of its events' intervals) runs while a GEMM kernel runs on the same GPU.
 
 PASS when every GPU has at least --expect overlapped groups (train_tp_transformer's four
@@ -160,12 +161,34 @@ def _intersection(a: Sequence, b: Sequence) -> int:
     return total
 
 
+def attribute_peer_copies(events: Sequence[Event]) -> list:
+    """The events, each communication event without an op given the op of the last fo_jax
+    custom call (an op named fo_jax*) on its GPU that started before it: the call whose copy
+    thread issued it (a call's copies start after its first kernel or memset and may end after
+    its GEMM). Copies before any such call keep no op."""
+    starts: dict = {}  # gpu -> {op: first start}
+    for e in events:
+        if e.op.startswith("fo_jax"):
+            mine = starts.setdefault(e.gpu, {})
+            mine[e.op] = min(mine.get(e.op, e.start_ns), e.start_ns)
+    calls = {gpu: sorted((s, op) for op, s in ops.items()) for gpu, ops in starts.items()}
+    out = []
+    for e in events:
+        if not e.op and kind(e.name) == "comm":
+            before = [op for s, op in calls.get(e.gpu, ()) if s <= e.start_ns]
+            if before:
+                e = dataclasses.replace(e, op=before[-1])
+        out.append(e)
+    return out
+
+
 def analyse(events: Sequence[Event], min_fraction: float = 0.5, extra_comm=None,
             extra_gemm=None) -> dict:
     """{gpu: {"collectives": [{op, events, comm_us, overlapped_us, fraction, overlapped}],
     "events": [{name, op, start_us, dur_us, overlap_us}], "gemm_us", "other": [(us, name)]}}
     ("other": the unclassified kernels taking most time, to spot a name this script misses)."""
     out = {}
+    events = attribute_peer_copies(events)
     for gpu in sorted({e.gpu for e in events}):
         mine = [e for e in events if e.gpu == gpu]
         kinds = [kind(e.name, extra_comm, extra_gemm) for e in mine]

@@ -296,7 +296,9 @@ def main(argv=None) -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(LOSS_RTOL),
                     help="compute dtype")
     ap.add_argument("--param-dtype", default="bfloat16", choices=sorted(LOSS_RTOL))
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=1e-4,
+                    help="Adam's learning rate. At 1e-3 the GPU-sized model diverges from its "
+                    "first step, and the two methods' losses then part by rounding alone")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tp", type=int, default=None,
                     help=f"devices (default: every local GPU; {CPU_TP} host CPU devices)")

@@ -197,8 +197,8 @@ def _choose_fp8_all_gather(config, c: PathChoice, m: int, n: int, k: int, platfo
         f"GEMM fo_jax's fp8 kernel; otherwise {plain}"))
 
 
-_OVERLAPPED_ALL_GATHER = ("fo_jax's overlapped all-gather (opted in: tested on 2 and 4 GPUs, "
-                          "timed on 2)")
+_OVERLAPPED_ALL_GATHER = ("fo_jax's overlapped all-gather (opted in: tested and timed on 2 "
+                          "and 4 GPUs)")
 
 
 def _all_gather_overlap(dtype, config, m: int, n: int, k: int, size: int) -> tuple:
@@ -206,8 +206,9 @@ def _all_gather_overlap(dtype, config, m: int, n: int, k: int, size: int) -> tup
     ranks, or None; its transport and how it was chosen): it needs the opt-in, bands that fit a
     consumer config, and a GEMM long enough to gain."""
     if config is None or config.all_gather != "overlap":
-        return ("the overlapped all-gather is opt-in until it has been timed on 4 GPUs "
-                "(OverlapConfig(all_gather='overlap'))", None, None)
+        return ("the overlapped all-gather is opt-in (OverlapConfig(all_gather='overlap')): "
+                "faster than this on the copy-engine transport, slower on the NCCL transport",
+                None, None)
     problem = _plan.all_gather_problem(dtype, m, n, k, size, config)
     if problem is not None:
         return problem, None, None

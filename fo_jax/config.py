@@ -88,8 +88,9 @@ class OverlapConfig:
         backward) on CUDA devices: "overlap" runs the overlapped pipeline (the GEMM consumes
         the gathered rows as they arrive, on the copy engine or NCCL by `transport`'s rule;
         docs/design.md, "The all-gather"), "xla" (and
-        None, today's default) XLA's all_gather then its dot. Opt-in until the overlapped
-        all-gather has been timed on 4 GPUs (docs/performance.md). With "overlap",
+        None, today's default) XLA's all_gather then its dot. Opt-in: on the copy-engine
+        transport the overlap is faster than XLA's all_gather + dot, on the NCCL transport
+        slower (docs/performance.md, "Latest results"). With "overlap",
         `num_groups` is the bands each rank's rows are sent in (default 1).
       fp8_fast_accumulation: float8_e4m3fn operands only (ignored for 16-bit ones): run the
         fp8 GEMMs with fast accumulation, the whole K sum kept in the tensor cores' accumulator,

@@ -95,6 +95,28 @@ def test_events_without_an_op_group_by_name():
     assert c["events"] == 2 and c["comm_us"] == 0.02 and c["overlapped_us"] == 0.01
 
 
+def test_peer_copies_belong_to_the_call_that_issued_them():
+    """The copy engine's copies carry no op in a real trace: each joins the last fo_jax custom
+    call started before it on its GPU (its tail may run past the call's GEMM); copies before any
+    call, and the other GPU's, are not moved."""
+    call_1, call_2 = "fo_jax_overlapped_matmul.216", "fo_jax_overlapped_matmul.217"
+    evs = [poc.Event(0, "MemcpyP2P", 0, 5),  # before any fo_jax call
+           poc.Event(0, "Memset 3", 10, 11, call_1),
+           poc.Event(0, GEMM, 12, 40, call_1),
+           poc.Event(0, "MemcpyP2P", 20, 30),
+           poc.Event(0, "MemcpyP2P", 35, 45),  # the tail, past the GEMM
+           poc.Event(0, GEMM, 50, 80, call_2),
+           poc.Event(0, "MemcpyP2P", 60, 70),
+           poc.Event(0, "ncclDevKernel_ReduceScatter", 85, 90, "reduce_scatter.28.2"),
+           poc.Event(1, "MemcpyP2P", 20, 30)]  # GPU 1 ran no fo_jax call
+    ops = [e.op for e in poc.attribute_peer_copies(evs)]
+    assert ops == ["", call_1, call_1, call_1, call_1, call_2, call_2, "reduce_scatter.28.2", ""]
+    c0 = {c["op"]: c for c in poc.analyse(evs)[0]["collectives"]}
+    assert set(c0) == {"MemcpyP2P", call_1, call_2, "reduce_scatter.28.2"}
+    assert c0[call_1]["events"] == 2 and c0[call_1]["comm_us"] == 0.02
+    assert c0[call_1]["overlapped_us"] == 0.015 and c0[call_2]["fraction"] == 1.0
+
+
 def test_kind_of_kernel_names():
     assert poc.kind("ncclDevKernel_AllGather_RING_LL") == "comm"
     assert poc.kind("Memcpy PtoP (Device -> Device)") == "comm"
