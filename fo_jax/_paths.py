@@ -207,7 +207,7 @@ def _all_gather_overlap(dtype, config, m: int, n: int, k: int, size: int) -> tup
     consumer config, and a GEMM long enough to gain."""
     if config is None or config.all_gather != "overlap":
         return ("the overlapped all-gather is opt-in (OverlapConfig(all_gather='overlap')): "
-                "faster than this on the copy-engine transport, slower on the NCCL transport",
+                "faster than this on the copy-engine transport, not on the NCCL transport",
                 None, None)
     problem = _plan.all_gather_problem(dtype, m, n, k, size, config)
     if problem is not None:
