@@ -90,7 +90,7 @@ class OverlapConfig:
         docs/design.md, "The all-gather"), "xla" (and
         None, today's default) XLA's all_gather then its dot. Opt-in: on the copy-engine
         transport the overlap is faster than XLA's all_gather + dot, on the NCCL transport
-        not (docs/performance.md, "Latest results"). With "overlap",
+        not (docs/performance.md, "Overlapped calls"). With "overlap",
         `num_groups` is the bands each rank's rows are sent in (default 1).
       fp8_fast_accumulation: float8_e4m3fn operands only (ignored for 16-bit ones): run the
         fp8 GEMMs with fast accumulation, the whole K sum kept in the tensor cores' accumulator,
