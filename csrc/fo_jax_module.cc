@@ -24,6 +24,7 @@
 #include "comm/copy_engine_debug.h"
 #include "comm/device_memory.h"
 #include "comm/group_ids.h"
+#include "comm/ipc_probe.h"
 #include "comm/overlap_plan.h"
 #include "comm/peer_memory_ipc.h"
 #include "comm/status.h"
@@ -268,6 +269,31 @@ NB_MODULE(_fo_jax_cuda, m) {
 
   // This host's identity as the copy engine's address exchange carries it.
   m.def("copy_engine_host_identity", []() { return fo_jax::HostIdentity(); });
+
+  // The lowering's CUDA IPC probe between processes (comm/ipc_probe.h, used by
+  // fo_jax/_process_layout.py): export this process's probe buffer of a GPU as (handle bytes,
+  // problem), try another process's handle from a GPU ("" or why not), free the buffers.
+  m.def(
+      "ipc_probe_export",
+      [](int device) {
+        fo_jax::IpcProbeExport r;
+        {
+          nb::gil_scoped_release release;
+          r = fo_jax::ExportIpcProbe(device);
+        }
+        return std::make_pair(nb::bytes(r.handle.data(), r.handle.size()), r.problem);
+      },
+      nb::arg("device"));
+  m.def(
+      "ipc_probe_try",
+      [](int device, const nb::bytes& handle, int slot, uint32_t word) {
+        const std::string h(handle.c_str(), handle.size());
+        nb::gil_scoped_release release;
+        return fo_jax::TryIpcProbe(device, h, slot, word);
+      },
+      nb::arg("device"), nb::arg("handle"), nb::arg("slot"), nb::arg("word"));
+  m.def("ipc_probe_release", []() { fo_jax::ReleaseIpcProbes(); },
+        nb::call_guard<nb::gil_scoped_release>());
 
   fo_jax::BindTestBindings(m);
 }

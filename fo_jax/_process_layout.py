@@ -9,19 +9,23 @@ stores into the peers' outputs) writes into each peer's per-call XLA output buff
 address means nothing in another process (XLA does not export its allocations over IPC), so it
 keeps NCCL there. CUDA IPC reaches only GPUs of one host: every process must be on this host.
 
-Opt-in: the choice is made at lowering, before any process has tried to map its peers' memory,
-and a pair that cannot (no peer access; perhaps a GPU hidden by CUDA_VISIBLE_DEVICES, untested)
-fails the call on every rank rather than falling back to NCCL; so with several processes the
-path is taken only with OverlapConfig(copy_engine_multiprocess=True). The rule gives the same
-answer in every process (it reads only the config, the collective and the hosts
-that every process publishes), and plan agreement (fo_jax/_bootstrap.py) checks that the plans
-agree.
+The choice is made at lowering, before any call has mapped its peers' memory, so the first
+opted-in lowering of a process probes CUDA IPC between all processes (ipc_probe: each exports a
+small buffer of its GPU, every other one maps it, writes a word into it and reads it back): if
+any pair cannot (no peer access, a GPU hidden by CUDA_VISIBLE_DEVICES, IPC refused), every
+process chooses NCCL, instead of failing the call at its first run. With several processes the
+path is still taken only with OverlapConfig(copy_engine_multiprocess=True), until the probe has
+run on several GPUs. The rule gives the same answer in every process (it reads only the config,
+the collective, the hosts and the probe's verdicts that every process publishes), and plan
+agreement (fo_jax/_bootstrap.py) checks that the plans agree.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
+import warnings
 from typing import Callable, Optional, Sequence
 
 import jax
@@ -34,6 +38,7 @@ IPC_COLLECTIVES = ("reduce_scatter",)
 
 _lock = threading.Lock()
 _hosts: Optional[tuple] = None  # every process's host name, by process index (published once)
+_ipc: Optional[str] = None  # the CUDA IPC probe's verdict, "" when every pair passed (run once)
 
 
 def _client():
@@ -66,6 +71,84 @@ def process_hosts() -> tuple:
         return _hosts
 
 
+def _probe_word(process_index: int, device_index: int) -> int:
+    """The word a process writes from its device_index-th GPU: distinct per writer, never 0
+    (the probe buffer starts zeroed)."""
+    return 0xF0000000 | (process_index & 0xFFFF) << 8 | (device_index & 0xFF)
+
+
+def ipc_probe(process_index: int, process_count: int, client, devices: Sequence[int], module,
+              timeout_s: Optional[float] = None) -> str:
+    """Whether every process's GPUs can write into every other process's GPU memory through CUDA
+    IPC: "" when they can, else the first problem in process order (the same text in every
+    process). Each process exports a probe buffer per local GPU (`devices`, CUDA ordinals) and
+    publishes the handles in JAX's key-value store; then maps every other process's buffers from
+    each of its GPUs, writes a word into its own slot (its process index) and reads it back, and
+    publishes its verdict; once it has read every verdict (no peer uses its buffers any more)
+    it frees its buffers. `module`: the CUDA module (ipc_probe_export, ipc_probe_try,
+    ipc_probe_release). Every process publishes both keys whatever happens, so none waits for a
+    process that failed; a process that never publishes times out (FO_JAX_PLAN_TIMEOUT_S)."""
+    timeout_ms = int(1000 * (timeout_s if timeout_s is not None else _env.plan_timeout_s()))
+    handles, problem = [], ""
+    if not devices:
+        problem = f"process {process_index} has no CUDA GPU"
+    for d in devices:
+        if problem:
+            break
+        try:
+            handle, why = module.ipc_probe_export(d)
+        except Exception as e:  # noqa: BLE001 - becomes this process's verdict, peers must hear
+            handle, why = b"", f"{type(e).__name__}: {e}"
+        if why:
+            problem = f"process {process_index} could not export GPU {d}'s memory: {why}"
+        handles.append(bytes(handle).hex())
+    client.key_value_set(f"fo_jax/ipc_probe/export/{process_index}",
+                         json.dumps({"handles": handles, "problem": problem}))
+    verdict = problem
+    for q in range(process_count):
+        if q == process_index:
+            continue
+        peer = json.loads(str(client.blocking_key_value_get(f"fo_jax/ipc_probe/export/{q}",
+                                                            timeout_ms)))
+        if verdict or peer["problem"]:
+            continue  # the peer's own verdict names its export problem
+        for i, d in enumerate(devices):
+            for handle in peer["handles"]:
+                try:
+                    why = module.ipc_probe_try(d, bytes.fromhex(handle), process_index,
+                                               _probe_word(process_index, i))
+                except Exception as e:  # noqa: BLE001 - as above
+                    why = f"{type(e).__name__}: {e}"
+                if why and not verdict:
+                    verdict = (f"GPU {d} of process {process_index} cannot write into the GPU "
+                               f"memory of process {q} through CUDA IPC: {why}")
+    client.key_value_set(f"fo_jax/ipc_probe/verdict/{process_index}", verdict or "ok")
+    verdicts = [(verdict or "ok") if q == process_index else
+                str(client.blocking_key_value_get(f"fo_jax/ipc_probe/verdict/{q}", timeout_ms))
+                for q in range(process_count)]
+    if devices:
+        module.ipc_probe_release()
+    return next((v for v in verdicts if v != "ok"), "")
+
+
+def process_ipc_problem() -> Optional[str]:
+    """ipc_probe for this program's processes, once per process: None when every pair passed,
+    else the problem (warned once: an opted-in program then runs on NCCL)."""
+    global _ipc
+    with _lock:
+        if _ipc is None:
+            from fo_jax import _cuda  # noqa: PLC0415 - the CUDA module only when probing
+
+            devices = sorted(d.local_hardware_id for d in jax.local_devices()
+                             if d.platform == "gpu")
+            _ipc = ipc_probe(jax.process_index(), jax.process_count(), _client(), devices,
+                             _cuda.module())
+            if _ipc:
+                warnings.warn(f"fo_jax: OverlapConfig(copy_engine_multiprocess=True): {_ipc}; "
+                              "the calls take the NCCL transport", stacklevel=2)
+        return _ipc or None
+
+
 def hosts_problem(hosts: Sequence[str]) -> Optional[str]:
     """Why processes on these hosts cannot share GPU memory, or None (one host)."""
     names = sorted(set(hosts))
@@ -77,7 +160,9 @@ def hosts_problem(hosts: Sequence[str]) -> Optional[str]:
 
 
 def multiprocess_problem(collective: str, process_count: int, config: Optional[OverlapConfig],
-                         hosts: Callable[[], Sequence[str]] = process_hosts) -> Optional[str]:
+                         hosts: Callable[[], Sequence[str]] = process_hosts,
+                         ipc: Callable[[], Optional[str]] = process_ipc_problem
+                         ) -> Optional[str]:
     """Why the copy-engine transport cannot take a `collective` call of a program running
     `process_count` JAX processes, or None. One process: None (nothing to check here)."""
     if process_count == 1:
@@ -90,7 +175,12 @@ def multiprocess_problem(collective: str, process_count: int, config: Optional[O
                 "processes")
     if config is None or not config.copy_engine_multiprocess:
         return (f"with {process_count} processes the copy engine (CUDA IPC between the "
-                "processes) is opt-in, since a GPU pair that cannot map the other's memory then "
-                "fails the call instead of falling back to NCCL: pass "
-                "OverlapConfig(copy_engine_multiprocess=True) to use it")
-    return hosts_problem(hosts())
+                "processes) is opt-in until its lowering-time probe has run on several GPUs: "
+                "pass OverlapConfig(copy_engine_multiprocess=True) to use it")
+    problem = hosts_problem(hosts())
+    if problem is not None:
+        return problem
+    problem = ipc()
+    if problem is not None:
+        return f"the CUDA IPC probe between the processes failed: {problem}"
+    return None

@@ -101,11 +101,11 @@ class OverlapConfig:
         float32. The reference path always accumulates in float32.
       copy_engine_multiprocess: with one JAX process per GPU (jax.distributed), let the
         copy-engine transport take reduce-scatter calls, its peer memory shared through CUDA IPC
-        (every process on one host). Off by default: the choice is made before any process
-        can try the peers' memory, and a GPU pair that cannot map the other's (no peer access;
-        perhaps a GPU hidden by CUDA_VISIBLE_DEVICES, untested) fails the call instead of
-        falling back to NCCL. The all-reduce keeps NCCL with several processes whatever this
-        says (docs/design.md, "Copy engine across processes").
+        (every process on one host). The first such lowering probes CUDA IPC between all the
+        processes (each maps the others' memory and writes into it); where any pair cannot,
+        every process takes NCCL instead (warned once; `describe()` says why). Off by default
+        until the probe has run on several GPUs. The all-reduce keeps NCCL with several
+        processes whatever this says (docs/design.md, "Copy engine across processes").
     """
 
     gemm_config: Optional[str] = None

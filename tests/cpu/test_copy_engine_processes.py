@@ -1,6 +1,7 @@
 """The copy-engine transport with one JAX process per GPU, without a GPU (docs/design.md, "Copy
-engine across processes"): the transport choice for process layouts (mocked process counts and
-hosts), the host exchange through a stand-in for JAX's key-value store, the address exchange's
+engine across processes"): the transport choice for process layouts (mocked process counts,
+hosts and IPC probe verdicts), the host exchange and the lowering-time CUDA IPC probe through a
+stand-in for JAX's key-value store (the probe's CUDA side mocked), the address exchange's
 PeerInfo as it travels (fake IPC handles) and the route decision per peer (the module's own
 functions), and the lowering of an opted-in reduce-scatter."""
 
@@ -30,6 +31,7 @@ def processes(monkeypatch):
         monkeypatch.setattr(jax, "process_count", lambda: count)
         hosts = tuple(hosts or ["node-a"] * count)
         monkeypatch.setattr(_process_layout, "_hosts", hosts)
+        monkeypatch.setattr(_process_layout, "_ipc", "")  # the IPC probe passed
 
     return set_layout
 
@@ -102,8 +104,19 @@ def test_multiprocess_problem_rule():
     assert "XLA output buffers" in rule("all_gather", 2, OPT_IN, one_host)
     assert "opt-in" in rule("reduce_scatter", 2, None, one_host)
     assert "opt-in" in rule("reduce_scatter", 2, fo_jax.OverlapConfig(), one_host)
-    assert rule("reduce_scatter", 2, OPT_IN, one_host) is None
-    assert "span 2 hosts" in rule("reduce_scatter", 2, OPT_IN, two_hosts)
+    passed = lambda: None  # noqa: E731 - the IPC probe's verdicts
+    failed = lambda: "GPU 1 of process 1 cannot write into ..."  # noqa: E731
+
+    def not_probed():
+        raise AssertionError("the IPC probe ran")
+
+    assert rule("reduce_scatter", 2, OPT_IN, one_host, passed) is None
+    why = rule("reduce_scatter", 2, OPT_IN, one_host, failed)
+    assert why.startswith("the CUDA IPC probe between the processes failed: GPU 1 of process 1")
+    # The probe runs last: only where the hosts allow CUDA IPC, and only when opted in.
+    assert "span 2 hosts" in rule("reduce_scatter", 2, OPT_IN, two_hosts, not_probed)
+    assert "opt-in" in rule("reduce_scatter", 2, None, one_host, not_probed)
+    assert "XLA output buffers" in rule("all_reduce", 2, OPT_IN, one_host, not_probed)
 
 
 def test_the_hosts_are_not_asked_for_without_the_opt_in():
@@ -156,6 +169,116 @@ def test_hosts_are_exchanged_through_the_store():
 def test_a_missing_process_times_out_instead_of_hanging():
     with pytest.raises(TimeoutError, match="fo_jax/host/1"):
         _process_layout.exchange_hosts(0, 2, _Store(), lambda: "h", timeout_s=0.2)
+
+
+class _FakeIpc:
+    """The CUDA module's ipc_probe_* for one stand-in process: a handle names its (process,
+    device); a write from process w into process o's memory fails with refuse(w, o) ("" passes);
+    export_problem fails the export."""
+
+    def __init__(self, proc, refuse=lambda w, o: "", export_problem=""):
+        self.proc, self.refuse, self.export_problem = proc, refuse, export_problem
+        self.tries, self.released = [], False
+
+    def ipc_probe_export(self, device):
+        if self.export_problem:
+            return b"", self.export_problem
+        return f"p{self.proc}d{device}".encode().ljust(64, b"\0"), ""
+
+    def ipc_probe_try(self, device, handle, slot, word):
+        owner = int(handle.rstrip(b"\0").decode()[1:].split("d")[0])
+        self.tries.append((device, handle.rstrip(b"\0").decode(), slot, word))
+        return self.refuse(self.proc, owner)
+
+    def ipc_probe_release(self):
+        self.released = True
+
+
+def _probe(fakes, devices=None, timeout_s=5):
+    """ipc_probe in one thread per fake process over one store: {process: verdict}."""
+    store, got = _Store(), {}
+
+    def run(p):
+        got[p] = _process_layout.ipc_probe(p, len(fakes), store,
+                                           (0, 1) if devices is None else devices[p], fakes[p],
+                                           timeout_s=timeout_s)
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in range(len(fakes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got
+
+
+def test_ipc_probe_passes_when_every_pair_writes():
+    fakes = [_FakeIpc(p) for p in range(3)]
+    assert _probe(fakes) == {0: "", 1: "", 2: ""}
+    for p, fake in enumerate(fakes):
+        # Every other process's buffer of each GPU, from each of this process's GPUs, into
+        # this process's own slot, with a nonzero word distinct per (process, GPU).
+        assert sorted((d, h) for d, h, _, _ in fake.tries) == sorted(
+            (d, f"p{q}d{e}") for d in (0, 1) for q in range(3) if q != p for e in (0, 1))
+        assert {slot for _, _, slot, _ in fake.tries} == {p}
+        assert fake.released
+    words = {(p, d): w for p, f in enumerate(fakes) for d, _, _, w in f.tries}
+    assert len(set(words.values())) == 6 and 0 not in words.values()
+
+
+def test_ipc_probe_verdict_is_the_same_everywhere():
+    """One pair that cannot write (process 1 into process 2): every process returns that pair's
+    problem, so every process lowers the same transport."""
+    refuse = lambda w, o: "cudaErrorPeerAccessUnsupported" if (w, o) == (1, 2) else ""  # noqa
+    got = _probe([_FakeIpc(p, refuse) for p in range(3)])
+    assert len(set(got.values())) == 1
+    assert got[0] == ("GPU 0 of process 1 cannot write into the GPU memory of process 2 through "
+                      "CUDA IPC: cudaErrorPeerAccessUnsupported")
+
+
+def test_ipc_probe_export_failure_and_no_gpu():
+    fakes = [_FakeIpc(0), _FakeIpc(1, export_problem="cudaErrorMemoryAllocation")]
+    got = _probe(fakes)
+    assert got[0] == got[1] == ("process 1 could not export GPU 0's memory: "
+                                "cudaErrorMemoryAllocation")
+    assert not fakes[0].tries  # nothing to try against a process that exported nothing
+    got = _probe([_FakeIpc(0), _FakeIpc(1)], devices=[(), (0,)])
+    assert got[0] == got[1] == "process 0 has no CUDA GPU"
+
+
+def test_ipc_probe_missing_process_times_out():
+    with pytest.raises(TimeoutError, match="fo_jax/ipc_probe/export/1"):
+        _process_layout.ipc_probe(0, 2, _Store(), (0,), _FakeIpc(0), timeout_s=0.2)
+
+
+def test_ipc_probe_runs_once_and_warns_when_it_fails(monkeypatch):
+    """process_ipc_problem probes once per process; a failed probe warns once (an opted-in
+    program then runs on NCCL) and is the rule's answer from then on."""
+    calls = []
+
+    def probe(*args):
+        calls.append(args)
+        return "GPU 0 of process 0 cannot write ..."
+
+    monkeypatch.setattr(_process_layout, "_ipc", None)
+    monkeypatch.setattr(_process_layout, "ipc_probe", probe)
+    monkeypatch.setattr(_process_layout, "_client", lambda: _Store())
+    monkeypatch.setattr(fo_jax._cuda, "module", lambda: object())
+    with pytest.warns(UserWarning, match="copy_engine_multiprocess=True.*NCCL transport"):
+        assert _process_layout.process_ipc_problem().startswith("GPU 0 of process 0")
+    assert _process_layout.process_ipc_problem().startswith("GPU 0 of process 0")
+    assert len(calls) == 1
+
+
+@needs_module
+def test_ipc_probe_functions_of_the_module():
+    """The module's probe functions answer without raising: a handle of the wrong size is
+    refused before any CUDA call; the export gives a 64-byte handle where a GPU is present, else
+    the reason (no CUDA driver here)."""
+    mod = _module_with_ipc()
+    assert "3 bytes (expected 64)" in mod.ipc_probe_try(0, b"abc", 0, 1)
+    handle, why = mod.ipc_probe_export(0)
+    assert (len(handle) == 64 and why == "") or (handle == b"" and why), (handle, why)
+    mod.ipc_probe_release()
 
 
 def test_config_field_is_checked():

@@ -4,10 +4,13 @@ processes"): tests/workers/ipc_worker.py runs the cases of tests/workers/ipc_cas
 process per GPU, and each process's shard must equal, bit for bit, what the single-process copy
 engine computes here from the same operands with the same plan (the ring and the direct form,
 before and after the receive buffers grow). The worker also checks that an opted-in all-reduce
-stays on NCCL."""
+stays on NCCL. tests/workers/ipc_probe_worker.py runs the lowering-time CUDA IPC probe, with every
+GPU visible to every process and with each process seeing only its own."""
 
 import os
+import re
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -52,3 +55,24 @@ def test_reduce_scatter_across_processes_matches_one_process(tmp_path):
             assert np.array_equal(theirs, mine), (
                 f"{name}: process {proc}'s band differs from the single-process copy engine in "
                 f"{int((theirs != mine).sum())} of {mine.size} elements")
+
+
+@pytest.mark.parametrize("hide", [False, True], ids=["all_gpus_visible", "own_gpu_only"])
+def test_the_ipc_probe_chooses_one_transport_for_every_process(hide):
+    """Every process lowers the opted-in reduce-scatter to the same transport, from the same
+    probe verdict, and computes it right. With every GPU visible (peer access on these machines)
+    the probe passes and the copy engine runs; with each process seeing only its own GPU
+    (CUDA_VISIBLE_DEVICES) either outcome is allowed, and the test reports which."""
+    tp_or_skip()
+    env = {"FO_JAX_HIDE_OTHER_GPUS": "1"} if hide else {}
+    outs = _one_process_per_gpu("ipc_probe_worker.py", "the CUDA IPC probe hung", **env)
+    lines = []
+    for i, (returncode, out) in enumerate(outs):
+        assert returncode == 0, f"process {i} failed:\n{out[-3000:]}"
+        assert "WORKER OK" in out, out[-3000:]
+        lines.append(re.search(r"PROBE (.*)", out).group(1))
+    assert len(set(lines)) == 1, lines
+    if hide:
+        warnings.warn(f"CUDA IPC probe with each process seeing only its GPU: {lines[0]}")
+    else:
+        assert lines[0] == "transport copy_engine, verdict ''", lines[0]

@@ -1,0 +1,48 @@
+"""One JAX process per GPU (launched by tests/gpu/overlap/test_copy_engine_processes_gpu.py): the
+lowering-time CUDA IPC probe of an opted-in reduce-scatter across processes
+(OverlapConfig.copy_engine_multiprocess), each process seeing every GPU or, with
+FO_JAX_HIDE_OTHER_GPUS=1, only its own (CUDA_VISIBLE_DEVICES). Prints the probe's verdict and the
+transport the call lowered to (a "PROBE" line, which must be the same in every process); the
+result must match the float64 reference on whichever transport the probe chose."""
+
+import os
+import re
+import sys
+
+proc, nproc, port = (int(a) for a in sys.argv[1:4])
+hide = os.environ.get("FO_JAX_HIDE_OTHER_GPUS") == "1"
+if hide:
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(proc)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=proc,
+                           local_device_ids=[0 if hide else proc])
+import fo_jax  # noqa: E402
+from fo_jax import _process_layout  # noqa: E402
+from ipc_cases import operands  # noqa: E402
+
+mesh = Mesh(np.array(jax.devices()), ("tp",))
+x, w, ref = operands(4096, 1024, 512, nproc, 7)
+xg = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P(None, "tp")), lambda i: x[i])
+wg = jax.make_array_from_callback(w.shape, NamedSharding(mesh, P("tp", None)), lambda i: w[i])
+cfg = fo_jax.OverlapConfig(allow_fallback=False, copy_engine_multiprocess=True)
+f = jax.jit(jax.shard_map(
+    lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective="reduce_scatter",
+                                          config=cfg),
+    mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
+found = re.search(r"transport = (\d+) : i32", f.lower(xg, wg).as_text())
+assert found, "no fo_jax call in the lowered program"
+copy_engine = int(found.group(1)) == fo_jax._cuda.module().Transport["copy_engine"].value
+print(f"PROBE transport {'copy_engine' if copy_engine else 'nccl'}, verdict "
+      f"{_process_layout._ipc!r}", flush=True)
+(shard,) = f(xg, wg).addressable_shards
+got = np.asarray(shard.data.astype(jnp.float32), np.float64)
+want = ref[shard.index]
+err = np.linalg.norm(got - want) / np.linalg.norm(want)
+assert err < 1.5e-2, err
+print(f"WORKER OK process {proc}/{nproc}", flush=True)
+jax.distributed.shutdown()
