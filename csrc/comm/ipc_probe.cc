@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "comm/status.h"
 
@@ -15,25 +16,24 @@ namespace {
 std::mutex g_mu;
 std::map<int, void*> g_buffers;  // device -> this process's exported probe buffer
 
-// Makes `device` current for its lifetime and restores the previous device after.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
+// Runs f() on a new thread with `device` current there, and returns its result: the caller's
+// thread keeps its own current device (restoring it afterwards could create a context on a GPU
+// this process never used, since cudaSetDevice initializes the device's primary context).
+template <class F>
+std::string OnDevice(int device, F f) {
+  std::string result;
+  std::thread worker([&] {
+    const cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) {
       (void)cudaGetLastError();
-      previous_ = -1;
+      result = CudaStatus(e, "selecting GPU " + std::to_string(device)).message();
+      return;
     }
-    error_ = cudaSetDevice(device);
-  }
-  ~DeviceScope() {
-    if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
-  }
-  cudaError_t error() const { return error_; }
-
- private:
-  int previous_ = -1;
-  cudaError_t error_ = cudaSuccess;
-};
+    result = f();
+  });
+  worker.join();
+  return result;
+}
 
 std::string Problem(cudaError_t e, const std::string& what) {
   (void)cudaGetLastError();
@@ -45,30 +45,27 @@ std::string Problem(cudaError_t e, const std::string& what) {
 IpcProbeExport ExportIpcProbe(int device) {
   IpcProbeExport out;
   std::lock_guard<std::mutex> lock(g_mu);
-  DeviceScope scope(device);
-  if (scope.error() != cudaSuccess) {
-    out.problem = Problem(scope.error(), "selecting GPU " + std::to_string(device));
-    return out;
-  }
-  void*& buffer = g_buffers[device];
-  cudaError_t e = cudaSuccess;
-  if (buffer == nullptr) {
-    e = cudaMalloc(&buffer, kIpcProbeBytes);
-    if (e == cudaSuccess) e = cudaMemset(buffer, 0, kIpcProbeBytes);
-    if (e != cudaSuccess) {
-      out.problem = Problem(e, "allocating the CUDA IPC probe buffer");
-      if (buffer != nullptr && cudaFree(buffer) != cudaSuccess) (void)cudaGetLastError();
-      g_buffers.erase(device);
-      return out;
+  out.problem = OnDevice(device, [&]() -> std::string {
+    void*& buffer = g_buffers[device];
+    if (buffer == nullptr) {
+      cudaError_t e = cudaMalloc(&buffer, kIpcProbeBytes);
+      if (e == cudaSuccess) e = cudaMemset(buffer, 0, kIpcProbeBytes);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(0);  // zeroed before a peer writes
+      if (e != cudaSuccess) {
+        if (buffer != nullptr && cudaFree(buffer) != cudaSuccess) (void)cudaGetLastError();
+        g_buffers.erase(device);
+        return Problem(e, "allocating the CUDA IPC probe buffer");
+      }
     }
-  }
-  cudaIpcMemHandle_t handle;
-  e = cudaIpcGetMemHandle(&handle, buffer);
-  if (e != cudaSuccess) {
-    out.problem = Problem(e, "exporting the CUDA IPC probe buffer (cudaIpcGetMemHandle)");
-    return out;
-  }
-  out.handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+    cudaIpcMemHandle_t handle;
+    const cudaError_t e = cudaIpcGetMemHandle(&handle, buffer);
+    if (e != cudaSuccess) {
+      return Problem(e, "exporting the CUDA IPC probe buffer (cudaIpcGetMemHandle)");
+    }
+    out.handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+    return "";
+  });
+  if (!out.problem.empty()) out.handle.clear();
   return out;
 }
 
@@ -80,38 +77,39 @@ std::string TryIpcProbe(int device, const std::string& handle, int slot, uint32_
   if (slot < 0 || slot >= kIpcProbeBytes / static_cast<int>(sizeof(uint32_t))) {
     return "probe slot " + std::to_string(slot) + " is outside the probe buffer";
   }
-  DeviceScope scope(device);
-  if (scope.error() != cudaSuccess) {
-    return Problem(scope.error(), "selecting GPU " + std::to_string(device));
-  }
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle.data(), sizeof(h));
-  void* peer = nullptr;
-  cudaError_t e = cudaIpcOpenMemHandle(&peer, h, cudaIpcMemLazyEnablePeerAccess);
-  if (e != cudaSuccess) return Problem(e, "mapping the peer's memory (cudaIpcOpenMemHandle)");
-  void* local = nullptr;
-  uint32_t back = ~word;
-  uint32_t* target = static_cast<uint32_t*>(peer) + slot;
-  std::string problem;
-  e = cudaMalloc(&local, sizeof(word));
-  if (e == cudaSuccess) e = cudaMemcpy(local, &word, sizeof(word), cudaMemcpyHostToDevice);
-  if (e == cudaSuccess) e = cudaMemcpy(target, local, sizeof(word), cudaMemcpyDeviceToDevice);
-  if (e == cudaSuccess) e = cudaMemcpy(&back, target, sizeof(word), cudaMemcpyDeviceToHost);
-  if (e != cudaSuccess) {
-    problem = Problem(e, "writing into the peer's mapped memory");
-  } else if (back != word) {
-    problem = "a word written into the peer's mapped memory read back changed";
-  }
-  if (local != nullptr && cudaFree(local) != cudaSuccess) (void)cudaGetLastError();
-  if (cudaIpcCloseMemHandle(peer) != cudaSuccess) (void)cudaGetLastError();
-  return problem;
+  return OnDevice(device, [&]() -> std::string {
+    void* peer = nullptr;
+    cudaError_t e = cudaIpcOpenMemHandle(&peer, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) return Problem(e, "mapping the peer's memory (cudaIpcOpenMemHandle)");
+    void* local = nullptr;
+    uint32_t back = ~word;
+    uint32_t* target = static_cast<uint32_t*>(peer) + slot;
+    std::string problem;
+    e = cudaMalloc(&local, sizeof(word));
+    if (e == cudaSuccess) e = cudaMemcpy(local, &word, sizeof(word), cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(target, local, sizeof(word), cudaMemcpyDeviceToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(&back, target, sizeof(word), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+      problem = Problem(e, "writing into the peer's mapped memory");
+    } else if (back != word) {
+      problem = "a word written into the peer's mapped memory read back changed";
+    }
+    if (local != nullptr && cudaFree(local) != cudaSuccess) (void)cudaGetLastError();
+    if (cudaIpcCloseMemHandle(peer) != cudaSuccess) (void)cudaGetLastError();
+    return problem;
+  });
 }
 
 void ReleaseIpcProbes() {
   std::lock_guard<std::mutex> lock(g_mu);
   for (auto& [device, buffer] : g_buffers) {
-    DeviceScope scope(device);
-    if (scope.error() == cudaSuccess && cudaFree(buffer) != cudaSuccess) (void)cudaGetLastError();
+    void* b = buffer;
+    (void)OnDevice(device, [b]() -> std::string {
+      if (cudaFree(b) != cudaSuccess) (void)cudaGetLastError();
+      return "";
+    });
   }
   g_buffers.clear();
 }

@@ -20,13 +20,16 @@ struct IpcProbeExport {
   std::string problem;  // why the export failed, else ""
 };
 
+// Each function works on a thread of its own, with `device` current there: the caller's current
+// device is left as it was.
+
 // Allocates this process's probe buffer on `device` (one per device, kept until
-// ReleaseIpcProbes) and exports it. The calling thread's current device is restored.
+// ReleaseIpcProbes) and exports it.
 IpcProbeExport ExportIpcProbe(int device);
 
 // From `device`: maps `handle` (another process's ExportIpcProbe), copies `word` into its 32-bit
 // slot `slot` from this GPU's memory, reads the slot back and unmaps the buffer. "" when the word
-// came back, else why not. The calling thread's current device is restored.
+// came back, else why not.
 std::string TryIpcProbe(int device, const std::string& handle, int slot, uint32_t word);
 
 // Frees this process's probe buffers (once every peer has tried them).
