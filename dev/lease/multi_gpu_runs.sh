@@ -97,16 +97,16 @@ for step in ${STEPS:-overlap-tests bench train reliability multiprocess fp8-benc
         [[ $m == fo_jax ]] && expect=$((4 * L)) || expect=0
         run "profile-check $m" 300 "profile_check_${m}_$NAME.log" python3 \
           "$R/benchmarks/profile_overlap_check.py" "$OUT/profile.tmp/$m" --expect "$expect" \
-          --json "$OUT/profile_check_${m}_$NAME.json" ${PROFILE_CHECK_ARGS:-}
+          --json "$OUT/profile.tmp/profile_check_$m.json" ${PROFILE_CHECK_ARGS:-}
         grep -E "^GPU |^(PASS|FAIL)" "$OUT/profile_check_${m}_$NAME.log" | sed "s/^/$m: /" \
           | tee -a "$SUMMARY"
-        # The trace itself comes back only if it is small (the device returns files within
-        # limits); the check's JSON holds every communication event either way.
-        tar -C "$OUT/profile.tmp" -czf "$OUT/profile_${m}_$NAME.tar.gz" "$m" 2>/dev/null
       done
+      # One archive for both traces and the checks' JSON (every communication event): the device
+      # returns at most 8 files a call, and the log and the rows must come back.
+      tar -C "$OUT" -czf "$OUT/train_profiles_$NAME.tar.gz" profile.tmp 2>/dev/null
       rm -rf "$OUT/profile.tmp";;
     reliability)
-      run "$step" "${RELIABILITY_TIMEOUT:-480}" "tests_reliability_$NAME.log" "${pytest_files[@]}" \
+      run "$step" "${RELIABILITY_TIMEOUT:-560}" "tests_reliability_$NAME.log" "${pytest_files[@]}" \
         "$O/test_reliability_gpu.py" "$O/test_copy_engine_processes_gpu.py" \
         ${RELIABILITY_K:+-k "$RELIABILITY_K"}
       tail -5 "$OUT/tests_reliability_$NAME.log"; tail -1 "$OUT/tests_reliability_$NAME.log" \
