@@ -9,8 +9,9 @@ GPU stream by name:
 and groups the communication events by the XLA op that launched them (the event's hlo_op, else
 its name): one group is one collective (an fo_jax custom call, or one XLA all-gather /
 reduce-scatter). The copy engine's peer copies carry no op (fo_jax's copy thread issues them,
-not XLA): each belongs to the last fo_jax custom call on its GPU that started before it. A group overlapped when at least --min-fraction of its communication time
-(the union of its events' intervals) runs while a GEMM kernel runs on the same GPU.
+not XLA): each belongs to the last fo_jax custom call on its GPU that started before it. A group
+overlapped when at least --min-fraction of its communication time (the union of its events'
+intervals) runs while a GEMM kernel runs on the same GPU.
 
 PASS when every GPU has at least --expect overlapped groups (train_tp_transformer's four
 collectives per layer: --expect 4 x layers); the exit status is 1 on FAIL, 2 when the trace
@@ -23,6 +24,7 @@ Usage: python benchmarks/profile_overlap_check.py TRACE_DIR_OR_FILE [--expect N]
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import glob
 import gzip
@@ -171,13 +173,15 @@ def attribute_peer_copies(events: Sequence[Event]) -> list:
         if e.op.startswith("fo_jax"):
             mine = starts.setdefault(e.gpu, {})
             mine[e.op] = min(mine.get(e.op, e.start_ns), e.start_ns)
-    calls = {gpu: sorted((s, op) for op, s in ops.items()) for gpu, ops in starts.items()}
+    calls = {gpu: tuple(zip(*sorted((s, op) for op, s in ops.items())))
+             for gpu, ops in starts.items()}  # gpu -> (call starts, their ops), by start
     out = []
     for e in events:
-        if not e.op and kind(e.name) == "comm":
-            before = [op for s, op in calls.get(e.gpu, ()) if s <= e.start_ns]
-            if before:
-                e = dataclasses.replace(e, op=before[-1])
+        if not e.op and kind(e.name) == "comm" and e.gpu in calls:
+            call_starts, ops = calls[e.gpu]
+            i = bisect.bisect_right(call_starts, e.start_ns)  # calls started by e's start
+            if i:
+                e = dataclasses.replace(e, op=ops[i - 1])
         out.append(e)
     return out
 

@@ -97,7 +97,7 @@ def ipc_probe(process_index: int, process_count: int, client, devices: Sequence[
             break
         try:
             handle, why = module.ipc_probe_export(d)
-        except Exception as e:  # noqa: BLE001 - becomes this process's verdict, peers must hear
+        except Exception as e:  # noqa: BLE001 - becomes this process's verdict
             handle, why = b"", f"{type(e).__name__}: {e}"
         if why:
             problem = f"process {process_index} could not export GPU {d}'s memory: {why}"
@@ -110,18 +110,8 @@ def ipc_probe(process_index: int, process_count: int, client, devices: Sequence[
             continue
         peer = json.loads(str(client.blocking_key_value_get(f"fo_jax/ipc_probe/export/{q}",
                                                             timeout_ms)))
-        if verdict or peer["problem"]:
-            continue  # the peer's own verdict names its export problem
-        for i, d in enumerate(devices):
-            for handle in peer["handles"]:
-                try:
-                    why = module.ipc_probe_try(d, bytes.fromhex(handle), process_index,
-                                               _probe_word(process_index, i))
-                except Exception as e:  # noqa: BLE001 - as above
-                    why = f"{type(e).__name__}: {e}"
-                if why and not verdict:
-                    verdict = (f"GPU {d} of process {process_index} cannot write into the GPU "
-                               f"memory of process {q} through CUDA IPC: {why}")
+        if not (verdict or peer["problem"]):  # a peer's export problem is in its own verdict
+            verdict = _write_into(process_index, q, devices, peer["handles"], module)
     client.key_value_set(f"fo_jax/ipc_probe/verdict/{process_index}", verdict or "ok")
     verdicts = [(verdict or "ok") if q == process_index else
                 str(client.blocking_key_value_get(f"fo_jax/ipc_probe/verdict/{q}", timeout_ms))
@@ -131,18 +121,34 @@ def ipc_probe(process_index: int, process_count: int, client, devices: Sequence[
     return next((v for v in verdicts if v != "ok"), "")
 
 
+def _write_into(process_index: int, peer: int, devices: Sequence[int], handles: Sequence[str],
+                module) -> str:
+    """ipc_probe's writes from each of this process's GPUs into each of a peer's probe buffers
+    (handles in hex): "" when every word came back, else the first problem."""
+    for i, d in enumerate(devices):
+        for handle in handles:
+            try:
+                why = module.ipc_probe_try(d, bytes.fromhex(handle), process_index,
+                                           _probe_word(process_index, i))
+            except Exception as e:  # noqa: BLE001 - becomes this process's verdict
+                why = f"{type(e).__name__}: {e}"
+            if why:
+                return (f"GPU {d} of process {process_index} cannot write into the GPU memory "
+                        f"of process {peer} through CUDA IPC: {why}")
+    return ""
+
+
 def process_ipc_problem() -> Optional[str]:
     """ipc_probe for this program's processes, once per process: None when every pair passed,
     else the problem (warned once: an opted-in program then runs on NCCL)."""
     global _ipc
     with _lock:
         if _ipc is None:
-            from fo_jax import _cuda  # noqa: PLC0415 - the CUDA module only when probing
+            # Only when probing (and _transport imports this module).
+            from fo_jax import _cuda, _transport  # noqa: PLC0415
 
-            devices = sorted(d.local_hardware_id for d in jax.local_devices()
-                             if d.platform == "gpu")
-            _ipc = ipc_probe(jax.process_index(), jax.process_count(), _client(), devices,
-                             _cuda.module())
+            _ipc = ipc_probe(jax.process_index(), jax.process_count(), _client(),
+                             _transport._local_gpu_ordinals(), _cuda.module())
             if _ipc:
                 warnings.warn(f"fo_jax: OverlapConfig(copy_engine_multiprocess=True): {_ipc}; "
                               "the calls take the NCCL transport", stacklevel=2)

@@ -16,6 +16,11 @@ namespace {
 std::mutex g_mu;
 std::map<int, void*> g_buffers;  // device -> this process's exported probe buffer
 
+std::string Problem(cudaError_t e, const std::string& what) {
+  (void)cudaGetLastError();
+  return CudaStatus(e, what).message();
+}
+
 // Runs f() on a new thread with `device` current there, and returns its result: the caller's
 // thread keeps its own current device (restoring it afterwards could create a context on a GPU
 // this process never used, since cudaSetDevice initializes the device's primary context).
@@ -24,20 +29,10 @@ std::string OnDevice(int device, F f) {
   std::string result;
   std::thread worker([&] {
     const cudaError_t e = cudaSetDevice(device);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      result = CudaStatus(e, "selecting GPU " + std::to_string(device)).message();
-      return;
-    }
-    result = f();
+    result = e == cudaSuccess ? f() : Problem(e, "selecting GPU " + std::to_string(device));
   });
   worker.join();
   return result;
-}
-
-std::string Problem(cudaError_t e, const std::string& what) {
-  (void)cudaGetLastError();
-  return CudaStatus(e, what).message();
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Whether this process's GPU can write into another process's GPU memory through CUDA IPC, asked
 // once at lowering before a call of several processes is given the copy-engine transport
-// (fo_jax/_process_layout.py, ipc_problem): each process exports a small buffer of its own GPU,
+// (fo_jax/_process_layout.py, ipc_probe): each process exports a small buffer of its own GPU,
 // every other process maps it, writes a word into its slot with a device-to-device copy (the
 // copy engine's path: peer writes over NVLink) and reads the word back. A pair that cannot (no
 // peer access, a GPU hidden by CUDA_VISIBLE_DEVICES, IPC refused between the processes) then

@@ -25,6 +25,16 @@ def config(ring: bool, multiprocess: bool) -> "fo_jax.OverlapConfig":
                                 copy_engine_ring=ring, copy_engine_multiprocess=multiprocess)
 
 
+def lowered_transport(f, *args) -> int:
+    """The transport (the CUDA module's Transport value) of the fo_jax call in f lowered on
+    args."""
+    import re
+
+    found = re.search(r"transport = (\d+) : i32", f.lower(*args).as_text())
+    assert found, "no fo_jax call in the lowered program"
+    return int(found.group(1))
+
+
 def operands(m: int, n: int, k_rank: int, nproc: int, seed: int):
     """Global x[m, k_rank * nproc] and w[k_rank * nproc, n] as bf16 NumPy arrays, and their float64
     product (the reference)."""

@@ -6,7 +6,6 @@ transport the call lowered to (a "PROBE" line, which must be the same in every p
 result must match the float64 reference on whichever transport the probe chose."""
 
 import os
-import re
 import sys
 
 proc, nproc, port = (int(a) for a in sys.argv[1:4])
@@ -23,7 +22,7 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=
                            local_device_ids=[0 if hide else proc])
 import fo_jax  # noqa: E402
 from fo_jax import _process_layout  # noqa: E402
-from ipc_cases import operands  # noqa: E402
+from ipc_cases import lowered_transport, operands  # noqa: E402
 
 mesh = Mesh(np.array(jax.devices()), ("tp",))
 x, w, ref = operands(4096, 1024, 512, nproc, 7)
@@ -34,9 +33,8 @@ f = jax.jit(jax.shard_map(
     lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective="reduce_scatter",
                                           config=cfg),
     mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
-found = re.search(r"transport = (\d+) : i32", f.lower(xg, wg).as_text())
-assert found, "no fo_jax call in the lowered program"
-copy_engine = int(found.group(1)) == fo_jax._cuda.module().Transport["copy_engine"].value
+copy_engine = (lowered_transport(f, xg, wg)
+               == fo_jax._cuda.module().Transport["copy_engine"].value)
 print(f"PROBE transport {'copy_engine' if copy_engine else 'nccl'}, verdict "
       f"{_process_layout._ipc!r}", flush=True)
 (shard,) = f(xg, wg).addressable_shards

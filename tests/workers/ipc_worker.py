@@ -7,7 +7,6 @@ to the NCCL transport (its copy-engine form writes into the peers' XLA outputs) 
 float64 reference."""
 
 import os
-import re
 import sys
 
 import jax
@@ -19,18 +18,11 @@ proc, nproc, port = (int(a) for a in sys.argv[1:4])
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=proc,
                            local_device_ids=[proc])
 import fo_jax  # noqa: E402
-from ipc_cases import CALLS, CASES, config, operands  # noqa: E402
+from ipc_cases import CALLS, CASES, config, lowered_transport, operands  # noqa: E402
 
 out_dir = os.environ["FO_JAX_IPC_OUT"]
 mesh = Mesh(np.array(jax.devices()), ("tp",))
 transports = fo_jax._cuda.module().Transport
-
-
-def lowered_transport(f, *args) -> int:
-    text = f.lower(*args).as_text()
-    found = re.search(r"transport = (\d+) : i32", text)
-    assert found, "no fo_jax call in the lowered program"
-    return int(found.group(1))
 
 
 def global_array(a, spec):
