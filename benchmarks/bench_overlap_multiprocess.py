@@ -4,8 +4,9 @@ plain JAX: the rows of bench_overlap.py for that launch mode, each with "process
 Starts N processes (one GPU each, local_device_ids=[i]) that build a TP=N mesh over all of them
 and time, per shape (bf16; per-GPU x[M, K] @ w[K, N], K sharded over "tp"):
   fo_jax             overlapped_matmul on the copy-engine transport across processes (CUDA IPC;
-                     OverlapConfig(transport="copy_engine", copy_engine_multiprocess=True): a
-                     call it cannot take fails its row instead of running on NCCL)
+                     OverlapConfig(transport="copy_engine"): a call it cannot take fails its row
+                     instead of running on NCCL; unrequested, the reduce-scatter takes it wherever
+                     the lowering-time CUDA IPC probe passes)
   fo_jax.nccl        the same on the NCCL transport
   jax.baseline       XLA dot + psum_scatter inside shard_map
 Each method is checked against jax.baseline first; times are the median of 5 x 20 back-to-back
@@ -89,7 +90,7 @@ def work(args, proc: int) -> None:
     base = {**core.device_info(devices), "dtype": "bfloat16", "tp": tp,
             "processes": args.processes, "platform": devices[0].platform}
     res = core.Results(base, echo=proc == 0)
-    copy_engine = fo_jax.OverlapConfig(transport="copy_engine", copy_engine_multiprocess=True)
+    copy_engine = fo_jax.OverlapConfig(transport="copy_engine")  # raises where it cannot run
     configs = {"fo_jax": copy_engine, "fo_jax.nccl": fo_jax.OverlapConfig(transport="nccl")}
 
     def operand(shape, spec, seed):

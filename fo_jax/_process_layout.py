@@ -10,14 +10,15 @@ address means nothing in another process (XLA does not export its allocations ov
 keeps NCCL there. CUDA IPC reaches only GPUs of one host: every process must be on this host.
 
 The choice is made at lowering, before any call has mapped its peers' memory, so the first
-opted-in lowering of a process probes CUDA IPC between all processes (ipc_probe: each exports a
-small buffer of its GPU, every other one maps it, writes a word into it and reads it back): if
-any pair cannot (no peer access, a GPU hidden by CUDA_VISIBLE_DEVICES, IPC refused), every
-process chooses NCCL, instead of failing the call at its first run. With several processes the
-path is still taken only with OverlapConfig(copy_engine_multiprocess=True), until the probe has
-run on several GPUs. The rule gives the same answer in every process (it reads only the config,
-the collective, the hosts and the probe's verdicts that every process publishes), and plan
-agreement (fo_jax/_bootstrap.py) checks that the plans agree.
+reduce-scatter lowering of a process probes CUDA IPC between all processes (ipc_probe: each
+exports a small buffer of its GPU, every other one maps it, writes a word into it and reads it
+back): if any pair cannot (no peer access, IPC refused), every process chooses NCCL, instead of
+failing the call at its first run. A process that sees only its own GPU (CUDA_VISIBLE_DEVICES)
+passes the probe where the driver allows IPC across the visibility split, as on the 4-GPU H200
+machines the tests ran on. OverlapConfig(copy_engine_multiprocess=False) keeps NCCL with
+several processes (and skips the probe). The rule gives the same answer in every process (it
+reads only the config, the collective, the hosts and the probe's verdicts that every process
+publishes), and plan agreement (fo_jax/_bootstrap.py) checks that the plans agree.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def _write_into(process_index: int, peer: int, devices: Sequence[int], handles: 
 
 def process_ipc_problem() -> Optional[str]:
     """ipc_probe for this program's processes, once per process: None when every pair passed,
-    else the problem (warned once: an opted-in program then runs on NCCL)."""
+    else the problem (warned once: the program then runs on NCCL)."""
     global _ipc
     with _lock:
         if _ipc is None:
@@ -150,8 +151,9 @@ def process_ipc_problem() -> Optional[str]:
             _ipc = ipc_probe(jax.process_index(), jax.process_count(), _client(),
                              _transport._local_gpu_ordinals(), _cuda.module())
             if _ipc:
-                warnings.warn(f"fo_jax: OverlapConfig(copy_engine_multiprocess=True): {_ipc}; "
-                              "the calls take the NCCL transport", stacklevel=2)
+                warnings.warn(f"fo_jax: the copy engine across processes: {_ipc}; the calls "
+                              "take the NCCL transport (OverlapConfig(copy_engine_multiprocess="
+                              "False) skips this probe)", stacklevel=2)
         return _ipc or None
 
 
@@ -179,10 +181,9 @@ def multiprocess_problem(collective: str, process_count: int, config: Optional[O
                 "process (XLA does not export its allocations over CUDA IPC); only the "
                 "reduce-scatter, which writes into fo_jax's own IPC-exported buffers, can cross "
                 "processes")
-    if config is None or not config.copy_engine_multiprocess:
+    if config is not None and not config.copy_engine_multiprocess:
         return (f"with {process_count} processes the copy engine (CUDA IPC between the "
-                "processes) is opt-in until its lowering-time probe has run on several GPUs: "
-                "pass OverlapConfig(copy_engine_multiprocess=True) to use it")
+                "processes) was turned off: OverlapConfig(copy_engine_multiprocess=False)")
     problem = hosts_problem(hosts())
     if problem is not None:
         return problem

@@ -6,8 +6,8 @@ The copy-engine transport lets the GEMM keep every SM and, with the GEMM visitin
 destination band (own band last), leaves only the band sums after the GEMM; an all-reduce
 adds an all-gather of the summed bands (SM stores into the peers' outputs), overlapped with the
 GEMM by visiting the output in rounds (`copy_engine_rounds`). It needs: every rank of the
-axis in this process (JAX's one-process-per-host mode; a reduce-scatter opted in may span the
-processes of one host: fo_jax/_process_layout.py); peer access between every pair of this
+axis in this process (JAX's one-process-per-host mode; a reduce-scatter may span the processes
+of one host: fo_jax/_process_layout.py); peer access between every pair of this
 process's GPUs (NVLink / NVSwitch machines); 2 to 16 ranks; rows of the output band of each rank
 (M / P) a multiple of the GEMM tile's rows times its cluster; fo_jax's own group partition (no
 user partition: fo_jax/_ce_model.py chooses how many groups each band is).

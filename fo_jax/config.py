@@ -103,8 +103,9 @@ class OverlapConfig:
         copy-engine transport take reduce-scatter calls, its peer memory shared through CUDA IPC
         (every process on one host). The first such lowering probes CUDA IPC between all the
         processes (each maps the others' memory and writes into it); where any pair cannot,
-        every process takes NCCL instead (warned once; `describe()` says why). Off by default
-        until the probe has run on several GPUs. The all-reduce keeps NCCL with several
+        every process takes NCCL instead (warned once; `describe()` says why). True (the
+        default): the copy engine wherever the probe passes; False: NCCL whenever the program
+        runs several processes. The all-reduce and the all-gather keep NCCL with several
         processes whatever this says (docs/design.md, "Copy engine across processes").
     """
 
@@ -123,7 +124,7 @@ class OverlapConfig:
     copy_engine_sum_split: Optional[str] = None
     copy_engine_sum_sms: Optional[int] = None
     all_gather: Optional[str] = None
-    copy_engine_multiprocess: bool = False
+    copy_engine_multiprocess: bool = True
     fp8_fast_accumulation: bool = False
 
     def __post_init__(self):

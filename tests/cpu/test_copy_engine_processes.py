@@ -3,7 +3,8 @@ engine across processes"): the transport choice for process layouts (mocked proc
 hosts and IPC probe verdicts), the host exchange and the lowering-time CUDA IPC probe through a
 stand-in for JAX's key-value store (the probe's CUDA side mocked), the address exchange's
 PeerInfo as it travels (fake IPC handles) and the route decision per peer (the module's own
-functions), and the lowering of an opted-in reduce-scatter."""
+functions), and the lowering of a reduce-scatter with and without the copy engine across
+processes."""
 
 import re
 import threading
@@ -20,7 +21,8 @@ needs_module = pytest.mark.skipif(not fo_jax.cuda_module_available(),
 BF16 = jnp.dtype(jnp.bfloat16)
 # 4 ranks, 8192 x 8192 x 2048 per the design shapes: the copy engine takes it in one process.
 SHAPE = dict(m=8192, n=8192, k=2048, size=4)
-OPT_IN = fo_jax.OverlapConfig(copy_engine_multiprocess=True)
+DEFAULT = fo_jax.OverlapConfig()
+OPT_OUT = fo_jax.OverlapConfig(copy_engine_multiprocess=False)
 
 
 @pytest.fixture
@@ -52,45 +54,46 @@ def test_one_process_keeps_the_copy_engine(processes):
 
 
 @needs_module
-def test_several_processes_default_to_nccl_until_opted_in(processes):
+def test_several_processes_keep_nccl_when_opted_out(processes):
     processes(4)
-    transport, why = _choose("reduce_scatter", None)
+    transport, why = _choose("reduce_scatter", OPT_OUT)
     assert transport == "nccl"
-    assert "opt-in" in why and "copy_engine_multiprocess=True" in why, why
+    assert "turned off" in why and "copy_engine_multiprocess=False" in why, why
     with pytest.raises(ValueError, match=r"transport='copy_engine'.*copy_engine_multiprocess"):
-        _choose("reduce_scatter", fo_jax.OverlapConfig(transport="copy_engine"))
+        _choose("reduce_scatter", fo_jax.OverlapConfig(transport="copy_engine",
+                                                       copy_engine_multiprocess=False))
 
 
 @needs_module
-def test_opted_in_reduce_scatter_on_one_host_takes_the_copy_engine(processes):
+def test_reduce_scatter_on_one_host_takes_the_copy_engine_by_default(processes):
     processes(4)
-    transport, why = _choose("reduce_scatter", OPT_IN)
-    assert transport == "copy_engine" and "no collective tail" in why, why
-    choice = _choose("reduce_scatter", OPT_IN, transport_only=False)
-    assert choice.path == "cuda" and choice.transport == "copy_engine", choice
+    for config in (None, DEFAULT):
+        transport, why = _choose("reduce_scatter", config)
+        assert transport == "copy_engine" and "no collective tail" in why, why
+        choice = _choose("reduce_scatter", config, transport_only=False)
+        assert choice.path == "cuda" and choice.transport == "copy_engine", choice
     # Both forms cross processes: the ring and the direct form (its band sums read local memory).
     for ring in (True, False):
-        config = fo_jax.OverlapConfig(copy_engine_multiprocess=True, copy_engine_ring=ring)
+        config = fo_jax.OverlapConfig(copy_engine_ring=ring)
         assert _choose("reduce_scatter", config)[0] == "copy_engine", ring
 
 
 @needs_module
 def test_all_reduce_keeps_nccl_with_several_processes(processes):
     processes(4)
-    for config in (None, OPT_IN):
+    for config in (None, DEFAULT):
         choice = _choose("all_reduce", config, transport_only=False)
         assert choice.transport == "nccl", choice
         assert "per-call XLA output buffers" in choice.reason, choice.reason
         assert "another process" in choice.reason, choice.reason
     with pytest.raises(ValueError, match="XLA output buffers"):
-        _choose("all_reduce", fo_jax.OverlapConfig(transport="copy_engine",
-                                                   copy_engine_multiprocess=True))
+        _choose("all_reduce", fo_jax.OverlapConfig(transport="copy_engine"))
 
 
 @needs_module
 def test_a_mesh_spanning_hosts_keeps_nccl(processes):
     processes(4, ["node-a", "node-a", "node-b", "node-b"])
-    transport, why = _choose("reduce_scatter", OPT_IN)
+    transport, why = _choose("reduce_scatter", None)
     assert transport == "nccl" and "span 2 hosts (node-a, node-b)" in why, why
 
 
@@ -100,34 +103,35 @@ def test_multiprocess_problem_rule():
     two_hosts = lambda: ("h", "g")  # noqa: E731
     rule = _process_layout.multiprocess_problem
     assert rule("all_reduce", 1, None, two_hosts) is None  # one process: not this rule's case
-    assert "XLA output buffers" in rule("all_reduce", 2, OPT_IN, one_host)
-    assert "XLA output buffers" in rule("all_gather", 2, OPT_IN, one_host)
-    assert "opt-in" in rule("reduce_scatter", 2, None, one_host)
-    assert "opt-in" in rule("reduce_scatter", 2, fo_jax.OverlapConfig(), one_host)
+    assert "XLA output buffers" in rule("all_reduce", 2, DEFAULT, one_host)
+    assert "XLA output buffers" in rule("all_gather", 2, DEFAULT, one_host)
+    assert "turned off" in rule("reduce_scatter", 2, OPT_OUT, one_host)
     passed = lambda: None  # noqa: E731 - the IPC probe's verdicts
     failed = lambda: "GPU 1 of process 1 cannot write into ..."  # noqa: E731
 
     def not_probed():
         raise AssertionError("the IPC probe ran")
 
-    assert rule("reduce_scatter", 2, OPT_IN, one_host, passed) is None
-    why = rule("reduce_scatter", 2, OPT_IN, one_host, failed)
+    for config in (None, DEFAULT):
+        assert rule("reduce_scatter", 2, config, one_host, passed) is None
+    why = rule("reduce_scatter", 2, None, one_host, failed)
     assert why.startswith("the CUDA IPC probe between the processes failed: GPU 1 of process 1")
-    # The probe runs last: only where the hosts allow CUDA IPC, and only when opted in.
-    assert "span 2 hosts" in rule("reduce_scatter", 2, OPT_IN, two_hosts, not_probed)
-    assert "opt-in" in rule("reduce_scatter", 2, None, one_host, not_probed)
-    assert "XLA output buffers" in rule("all_reduce", 2, OPT_IN, one_host, not_probed)
+    # The probe runs last: only where the hosts allow CUDA IPC, and not when turned off.
+    assert "span 2 hosts" in rule("reduce_scatter", 2, None, two_hosts, not_probed)
+    assert "turned off" in rule("reduce_scatter", 2, OPT_OUT, one_host, not_probed)
+    assert "XLA output buffers" in rule("all_reduce", 2, None, one_host, not_probed)
 
 
-def test_the_hosts_are_not_asked_for_without_the_opt_in():
-    """Without the opt-in the rule never touches the key-value store (a program that does not
-    opt in keeps exactly its previous behaviour)."""
+def test_the_hosts_are_not_asked_for_when_turned_off():
+    """Turned off (or for a collective that cannot cross processes) the rule never touches the
+    key-value store: such a program exchanges nothing more than NCCL's unique ids."""
 
     def no_store():
         raise AssertionError("the key-value store was asked")
 
-    assert "opt-in" in _process_layout.multiprocess_problem("reduce_scatter", 4, None, no_store)
-    assert "XLA" in _process_layout.multiprocess_problem("all_reduce", 4, OPT_IN, no_store)
+    assert "turned off" in _process_layout.multiprocess_problem("reduce_scatter", 4, OPT_OUT,
+                                                               no_store)
+    assert "XLA" in _process_layout.multiprocess_problem("all_reduce", 4, None, no_store)
 
 
 class _Store:
@@ -251,8 +255,8 @@ def test_ipc_probe_missing_process_times_out():
 
 
 def test_ipc_probe_runs_once_and_warns_when_it_fails(monkeypatch):
-    """process_ipc_problem probes once per process; a failed probe warns once (an opted-in
-    program then runs on NCCL) and is the rule's answer from then on."""
+    """process_ipc_problem probes once per process; a failed probe warns once (the program then
+    runs on NCCL) and is the rule's answer from then on."""
     calls = []
 
     def probe(*args):
@@ -263,7 +267,7 @@ def test_ipc_probe_runs_once_and_warns_when_it_fails(monkeypatch):
     monkeypatch.setattr(_process_layout, "ipc_probe", probe)
     monkeypatch.setattr(_process_layout, "_client", lambda: _Store())
     monkeypatch.setattr(fo_jax._cuda, "module", lambda: object())
-    with pytest.warns(UserWarning, match="copy_engine_multiprocess=True.*NCCL transport"):
+    with pytest.warns(UserWarning, match="copy engine across processes.*NCCL transport"):
         assert _process_layout.process_ipc_problem().startswith("GPU 0 of process 0")
     assert _process_layout.process_ipc_problem().startswith("GPU 0 of process 0")
     assert len(calls) == 1
@@ -282,7 +286,7 @@ def test_ipc_probe_functions_of_the_module():
 
 
 def test_config_field_is_checked():
-    assert fo_jax.OverlapConfig().copy_engine_multiprocess is False
+    assert fo_jax.OverlapConfig().copy_engine_multiprocess is True
     with pytest.raises(ValueError, match="copy_engine_multiprocess must be True or False"):
         fo_jax.OverlapConfig(copy_engine_multiprocess=1)
 
@@ -352,7 +356,7 @@ def test_host_identity_is_stable():
     assert mod.copy_engine_host_identity() == mod.copy_engine_host_identity() != 0
 
 
-# --- lowering: what the opt-in changes in the custom call ---
+# --- lowering: what the setting changes in the custom call ---
 
 
 def _lowered_transport(config):
@@ -376,10 +380,10 @@ def _lowered_transport(config):
 
 
 @needs_module
-def test_lowering_of_the_opt_in(processes, monkeypatch):
+def test_lowering_with_several_processes(processes, monkeypatch):
     """With 4 processes (mocked; every device still of process 0, so plan agreement has no peer
-    to ask) the lowered reduce-scatter runs on NCCL by default and on the copy engine once
-    opted in; the unique id goes through the (stand-in) key-value store as with any
+    to ask) the lowered reduce-scatter runs on the copy engine by default and on NCCL when
+    turned off; the unique id goes through the (stand-in) key-value store as with any
     multi-process program."""
     from fo_jax import _bootstrap
 
@@ -389,8 +393,8 @@ def test_lowering_of_the_opt_in(processes, monkeypatch):
     monkeypatch.setattr(_bootstrap, "_unique_ids", {})
     processes(4)
     assert _lowered_transport(fo_jax.OverlapConfig(allow_fallback=False)) == \
-        mod.Transport["nccl"].value
-    assert _lowered_transport(fo_jax.OverlapConfig(allow_fallback=False,
-                                                   copy_engine_multiprocess=True)) == \
         mod.Transport["copy_engine"].value
+    assert _lowered_transport(fo_jax.OverlapConfig(allow_fallback=False,
+                                                   copy_engine_multiprocess=False)) == \
+        mod.Transport["nccl"].value
     assert any(key.startswith("fo_jax/nccl_unique_id/") for key in store.values)

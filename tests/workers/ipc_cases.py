@@ -19,10 +19,10 @@ CASES = (
 CALLS = 10  # back-to-back calls per case (every one must give the same bits)
 
 
-def config(ring: bool, multiprocess: bool) -> "fo_jax.OverlapConfig":
+def config(ring: bool) -> "fo_jax.OverlapConfig":
     """The copy engine requested (a call it cannot take raises instead of running on NCCL)."""
     return fo_jax.OverlapConfig(allow_fallback=False, transport="copy_engine",
-                                copy_engine_ring=ring, copy_engine_multiprocess=multiprocess)
+                                copy_engine_ring=ring)
 
 
 def lowered_transport(f, *args) -> int:
@@ -59,7 +59,7 @@ def sharded_reduce_scatter(nproc: int, transport: str = "copy_engine"):
                                       lambda i: x[i])
     wg = jax.make_array_from_callback(w.shape, NamedSharding(mesh, P("tp", None)),
                                       lambda i: w[i])
-    cfg = (config(False, multiprocess=True) if transport == "copy_engine" else
+    cfg = (config(False) if transport == "copy_engine" else
            fo_jax.OverlapConfig(allow_fallback=False, transport=transport))
     f = jax.jit(jax.shard_map(
         lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective="reduce_scatter",

@@ -1,9 +1,10 @@
 """One JAX process per GPU (launched by tests/gpu/overlap/test_copy_engine_processes_gpu.py): the
-lowering-time CUDA IPC probe of an opted-in reduce-scatter across processes
-(OverlapConfig.copy_engine_multiprocess), each process seeing every GPU or, with
-FO_JAX_HIDE_OTHER_GPUS=1, only its own (CUDA_VISIBLE_DEVICES). Prints the probe's verdict and the
-transport the call lowered to (a "PROBE" line, which must be the same in every process); the
-result must match the float64 reference on whichever transport the probe chose."""
+lowering-time CUDA IPC probe of a reduce-scatter across processes with the default config, each
+process seeing every GPU or, with FO_JAX_HIDE_OTHER_GPUS=1, only its own (CUDA_VISIBLE_DEVICES).
+Prints the probe's verdict and the transport the call lowered to (a "PROBE" line, which must be
+the same in every process); the result must match the float64 reference on whichever transport
+the probe chose. The same call with OverlapConfig(copy_engine_multiprocess=False) must lower to
+NCCL."""
 
 import os
 import sys
@@ -28,13 +29,20 @@ mesh = Mesh(np.array(jax.devices()), ("tp",))
 x, w, ref = operands(4096, 1024, 512, nproc, 7)
 xg = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P(None, "tp")), lambda i: x[i])
 wg = jax.make_array_from_callback(w.shape, NamedSharding(mesh, P("tp", None)), lambda i: w[i])
-cfg = fo_jax.OverlapConfig(allow_fallback=False, copy_engine_multiprocess=True)
-f = jax.jit(jax.shard_map(
-    lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective="reduce_scatter",
-                                          config=cfg),
-    mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
-copy_engine = (lowered_transport(f, xg, wg)
-               == fo_jax._cuda.module().Transport["copy_engine"].value)
+
+
+def reduce_scatter(cfg):
+    return jax.jit(jax.shard_map(
+        lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective="reduce_scatter",
+                                              config=cfg),
+        mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
+
+
+transports = fo_jax._cuda.module().Transport
+f = reduce_scatter(fo_jax.OverlapConfig(allow_fallback=False))
+copy_engine = lowered_transport(f, xg, wg) == transports["copy_engine"].value
+off = reduce_scatter(fo_jax.OverlapConfig(allow_fallback=False, copy_engine_multiprocess=False))
+assert lowered_transport(off, xg, wg) == transports["nccl"].value
 print(f"PROBE transport {'copy_engine' if copy_engine else 'nccl'}, verdict "
       f"{_process_layout._ipc!r}", flush=True)
 (shard,) = f(xg, wg).addressable_shards

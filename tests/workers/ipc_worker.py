@@ -1,10 +1,10 @@
 """One JAX process per GPU with the copy engine across processes (launched by
 tests/gpu/overlap/test_copy_engine_processes_gpu.py): the reduce-scatter cases of ipc_cases.py,
-opted in (OverlapConfig.copy_engine_multiprocess), each CALLS times; every call must give the
-same bits, and each process saves its shard (bf16 bits) under $FO_JAX_IPC_OUT for the test to
-compare with the single-process copy engine. Then an opted-in all-reduce, which must still lower
-to the NCCL transport (its copy-engine form writes into the peers' XLA outputs) and match the
-float64 reference."""
+the copy engine requested, each CALLS times; every call must give the same bits, and each
+process saves its shard (bf16 bits) under $FO_JAX_IPC_OUT for the test to compare with the
+single-process copy engine. Then an all-reduce with the default config, which must lower to the
+NCCL transport (its copy-engine form writes into the peers' XLA outputs) and match the float64
+reference."""
 
 import os
 import sys
@@ -40,7 +40,7 @@ def tp_fn(collective, cfg):
 for seed, (name, m, n, k_rank, ring) in enumerate(CASES):
     x, w, ref = operands(m, n, k_rank, nproc, seed)
     xg, wg = global_array(x, P(None, "tp")), global_array(w, P("tp", None))
-    f = tp_fn("reduce_scatter", config(ring, multiprocess=True))
+    f = tp_fn("reduce_scatter", config(ring))
     assert lowered_transport(f, xg, wg) == transports["copy_engine"].value, name
     first = None
     for call in range(CALLS):
@@ -58,7 +58,7 @@ for seed, (name, m, n, k_rank, ring) in enumerate(CASES):
 
 x, w, ref = operands(4096, 1024, 512, nproc, 99)
 xg, wg = global_array(x, P(None, "tp")), global_array(w, P("tp", None))
-f = tp_fn("all_reduce", fo_jax.OverlapConfig(allow_fallback=False, copy_engine_multiprocess=True))
+f = tp_fn("all_reduce", fo_jax.OverlapConfig(allow_fallback=False))
 assert lowered_transport(f, xg, wg) == transports["nccl"].value
 (shard,) = f(xg, wg).addressable_shards
 got = np.asarray(shard.data.astype(jnp.float32), np.float64)

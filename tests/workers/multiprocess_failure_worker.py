@@ -22,7 +22,9 @@ from fo_jax import _cuda  # noqa: E402
 from leave_together import leave_together  # noqa: E402
 
 mesh = Mesh(np.array(jax.devices()), ("tp",))
-cfg = fo_jax.OverlapConfig(allow_fallback=False)
+# NCCL requested: the injected error breaks an NCCL communicator (the copy engine, which a
+# reduce-scatter across the processes of one host takes by default, has its own failure tests).
+cfg = fo_jax.OverlapConfig(allow_fallback=False, transport="nccl")
 m, n, k = 1024, 512, 256 * nproc
 rng = np.random.default_rng(0)
 x = jnp.asarray(rng.standard_normal((m, k)) / np.sqrt(k), jnp.bfloat16)

@@ -1,5 +1,7 @@
 """One JAX process per GPU (launched by test_overlap_gpu.test_one_process_per_gpu): initialize
-jax.distributed, run both overlapped collectives on a global mesh, check against float64."""
+jax.distributed, run both overlapped collectives on a global mesh, check against float64: the
+reduce-scatter with the default transport (the copy engine across processes where the CUDA IPC
+probe passes) and with NCCL requested; the all-reduce (NCCL with several processes)."""
 
 import sys
 
@@ -15,6 +17,7 @@ import fo_jax  # noqa: E402
 
 mesh = Mesh(np.array(jax.devices()), ("tp",))
 NO_FALLBACK = fo_jax.OverlapConfig(allow_fallback=False)  # small test shape: keep the CUDA path
+NCCL = fo_jax.OverlapConfig(allow_fallback=False, transport="nccl")
 m, n, k = 1024, 512, 256 * nproc
 rng = np.random.default_rng(0)  # same data in every process
 x = (rng.standard_normal((m, k)) / np.sqrt(k)).astype(np.float32)
@@ -30,10 +33,12 @@ def global_array(a, spec):
 
 
 xg, wg = global_array(x, P(None, "tp")), global_array(w, P("tp", None))
-for collective, out_spec in (("reduce_scatter", P("tp", None)), ("all_reduce", P())):
+for collective, out_spec, cfg in (("reduce_scatter", P("tp", None), NO_FALLBACK),
+                                 ("reduce_scatter", P("tp", None), NCCL),
+                                 ("all_reduce", P(), NO_FALLBACK)):
     f = jax.jit(jax.shard_map(
-        lambda a, b, c=collective: fo_jax.overlapped_matmul(
-            a, b, axis_name="tp", collective=c, config=NO_FALLBACK),
+        lambda a, b, c=collective, cfg=cfg: fo_jax.overlapped_matmul(
+            a, b, axis_name="tp", collective=c, config=cfg),
         mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=out_spec))
     assert "fo_jax_overlapped_matmul_v2" in f.lower(xg, wg).as_text()
     for _ in range(5):
@@ -42,6 +47,6 @@ for collective, out_spec in (("reduce_scatter", P("tp", None)), ("all_reduce", P
         got = np.asarray(shard.data.astype(jnp.float32), np.float64)
         want = ref[shard.index]
         err = np.linalg.norm(got - want) / np.linalg.norm(want)
-        assert err < 1.5e-2, (collective, err)
+        assert err < 1.5e-2, (collective, cfg.transport, err)
 print(f"WORKER OK process {proc}/{nproc}", flush=True)
 jax.distributed.shutdown()

@@ -1,10 +1,10 @@
 """The copy-engine reduce-scatter with one JAX process per GPU (CUDA IPC between the processes,
-opted in with OverlapConfig.copy_engine_multiprocess; docs/design.md, "Copy engine across
-processes"): tests/workers/ipc_worker.py runs the cases of tests/workers/ipc_cases.py in one
+the default on one host, OverlapConfig.copy_engine_multiprocess; docs/design.md, "Copy engine
+across processes"): tests/workers/ipc_worker.py runs the cases of tests/workers/ipc_cases.py in one
 process per GPU, and each process's shard must equal, bit for bit, what the single-process copy
 engine computes here from the same operands with the same plan (the ring and the direct form,
-before and after the receive buffers grow). The worker also checks that an opted-in all-reduce
-stays on NCCL. tests/workers/ipc_probe_worker.py runs the lowering-time CUDA IPC probe, with every
+before and after the receive buffers grow). The worker also checks that an all-reduce stays on
+NCCL. tests/workers/ipc_probe_worker.py runs the lowering-time CUDA IPC probe, with every
 GPU visible to every process and with each process seeing only its own."""
 
 import os
@@ -43,7 +43,7 @@ def test_reduce_scatter_across_processes_matches_one_process(tmp_path):
         x, w, ref = operands(m, n, k_rank, tp, seed)
         f = jax.jit(jax.shard_map(
             lambda a, b, r=ring: fo_jax.overlapped_matmul(
-                a, b, axis_name="tp", config=config(r, multiprocess=False)),
+                a, b, axis_name="tp", config=config(r)),
             mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
         out = f(jnp.asarray(x), jnp.asarray(w))
         assert_close(out, ref, jnp.bfloat16)
@@ -59,10 +59,11 @@ def test_reduce_scatter_across_processes_matches_one_process(tmp_path):
 
 @pytest.mark.parametrize("hide", [False, True], ids=["all_gpus_visible", "own_gpu_only"])
 def test_the_ipc_probe_chooses_one_transport_for_every_process(hide):
-    """Every process lowers the opted-in reduce-scatter to the same transport, from the same
-    probe verdict, and computes it right. With every GPU visible (peer access on these machines)
-    the probe passes and the copy engine runs; with each process seeing only its own GPU
-    (CUDA_VISIBLE_DEVICES) either outcome is allowed, and the test reports which."""
+    """Every process lowers the reduce-scatter (default config) to the same transport, from the
+    same probe verdict, and computes it right; turned off, it lowers to NCCL. With every GPU
+    visible (peer access on these machines) the probe passes and the copy engine runs; with
+    each process seeing only its own GPU (CUDA_VISIBLE_DEVICES) either outcome is allowed, and
+    the test reports which."""
     tp_or_skip()
     env = {"FO_JAX_HIDE_OTHER_GPUS": "1"} if hide else {}
     outs = _one_process_per_gpu("ipc_probe_worker.py", "the CUDA IPC probe hung", **env)
