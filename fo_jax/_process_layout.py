@@ -23,6 +23,8 @@ publishes), and plan agreement (fo_jax/_bootstrap.py) checks that the plans agre
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import socket
 import threading
@@ -38,6 +40,8 @@ from fo_jax.config import OverlapConfig
 IPC_COLLECTIVES = ("reduce_scatter",)
 
 _lock = threading.Lock()
+# Set by without_exchanges(): the rule answers from what this process already knows.
+_no_exchange = contextvars.ContextVar("fo_jax_no_exchange", default=False)
 _hosts: Optional[tuple] = None  # every process's host name, by process index (published once)
 _ipc: Optional[str] = None  # the CUDA IPC probe's verdict, "" when every pair passed (run once)
 
@@ -157,6 +161,29 @@ def process_ipc_problem() -> Optional[str]:
         return _ipc or None
 
 
+@contextlib.contextmanager
+def without_exchanges():
+    """Within it multiprocess_problem exchanges nothing with the other processes and answers from
+    what this process already knows (for describe(), which a program may call in one process
+    only, where an exchange would wait for processes that never join it): before the first
+    lowering has exchanged the hosts and probed CUDA IPC it assumes both allow the copy engine,
+    and pending_note() says so."""
+    token = _no_exchange.set(True)
+    try:
+        yield
+    finally:
+        _no_exchange.reset(token)
+
+
+def pending_note(process_count: int) -> str:
+    """What a copy-engine answer given without_exchanges() still depends on, or ""."""
+    if process_count == 1 or (_hosts is not None and _ipc is not None):
+        return ""
+    return (f"; with {process_count} processes it holds if the first lowering finds them all on "
+            "this host and its CUDA IPC probe passes (else NCCL, with a warning); not yet "
+            "checked in this process")
+
+
 def hosts_problem(hosts: Sequence[str]) -> Optional[str]:
     """Why processes on these hosts cannot share GPU memory, or None (one host)."""
     names = sorted(set(hosts))
@@ -184,10 +211,15 @@ def multiprocess_problem(collective: str, process_count: int, config: Optional[O
     if config is not None and not config.copy_engine_multiprocess:
         return (f"with {process_count} processes the copy engine (CUDA IPC between the "
                 "processes) was turned off: OverlapConfig(copy_engine_multiprocess=False)")
-    problem = hosts_problem(hosts())
+    known = _no_exchange.get()
+    if known and _hosts is None:
+        return None  # pending_note() says what the answer assumes
+    problem = hosts_problem(_hosts if known else hosts())
     if problem is not None:
         return problem
-    problem = ipc()
+    if known and _ipc is None:
+        return None
+    problem = (_ipc or None) if known else ipc()
     if problem is not None:
         return f"the CUDA IPC probe between the processes failed: {problem}"
     return None

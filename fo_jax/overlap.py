@@ -30,6 +30,7 @@ paired backward rules in fo_jax/autodiff.py, the lowering in fo_jax/_cuda_ops.py
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -39,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
-from fo_jax import (_checks, _fp8_all_gather, _plan, _vma, autodiff, fp8,
+from fo_jax import (_checks, _fp8_all_gather, _plan, _process_layout, _vma, autodiff, fp8,
                     reference)
 # The path choices live in fo_jax/_paths.py; PathChoice is public (fo_jax.PathChoice) and the
 # choosers are imported here under their names, where the ops call them.
@@ -303,19 +304,31 @@ def describe(x, w, *, axis_name: str, collective: str = "reduce_scatter",
     validates the same way, but takes no fp8 scales: float8_e4m3fn operands describe the fp8
     path, "cuda" with a transport where it overlaps, "cuda" without one where fo_jax's fp8 GEMM
     is followed by XLA's collective; `w_transposed` as in `overlapped_matmul`). The DEBUG log
-    of the call says the same."""
+    of the call says the same. With several JAX processes it exchanges nothing with the other
+    processes (it may be called in one of them only): a reduce-scatter's copy-engine answer
+    given before the first lowering has checked the hosts and probed CUDA IPC says so in its
+    reason; that lowering decides (docs/design.md, "Copy engine across processes")."""
     fn = "fo_jax.describe"
     scale = jnp.float32(1) if fp8.is_fp8(x.dtype) or fp8.is_fp8(w.dtype) else None
     is_fp8, _ = _check_fp8_call(fn, x, w, scale, scale, None, w_transposed,
                                 min_x_rank=1 if collective == "all_reduce" else 2)
-    if is_fp8:
-        size = _validate_fp8_overlapped(fn, x, axis_name, collective, config)
-        k, n = _weight_kn(w, w_transposed)
-        return _choose_fp8_overlapped(config, _rows(x), n, k, _checks.trace_platform(),
-                                      collective, size)
-    dtype, size = _validate_overlapped(x, w, axis_name, collective, config)
-    return _choose_overlapped(dtype, config, _rows(x), w.shape[1], w.shape[0],
-                              _checks.trace_platform(), collective, size)
+    # With several processes, describe() exchanges nothing with the others (a program may call
+    # it in one process only); the lowering's exchanges decide, and the reason says so.
+    with _process_layout.without_exchanges():
+        if is_fp8:
+            size = _validate_fp8_overlapped(fn, x, axis_name, collective, config)
+            k, n = _weight_kn(w, w_transposed)
+            choice = _choose_fp8_overlapped(config, _rows(x), n, k, _checks.trace_platform(),
+                                            collective, size)
+        else:
+            dtype, size = _validate_overlapped(x, w, axis_name, collective, config)
+            choice = _choose_overlapped(dtype, config, _rows(x), w.shape[1], w.shape[0],
+                                        _checks.trace_platform(), collective, size)
+    if choice.transport == "copy_engine" and collective == "reduce_scatter":
+        note = _process_layout.pending_note(jax.process_count())
+        if note:
+            choice = dataclasses.replace(choice, reason=choice.reason + note)
+    return choice
 
 
 def _validate_fp8_overlapped(fn, x, axis_name, collective, config) -> int:

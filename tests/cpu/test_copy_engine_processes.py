@@ -398,3 +398,69 @@ def test_lowering_with_several_processes(processes, monkeypatch):
                                                    copy_engine_multiprocess=False)) == \
         mod.Transport["nccl"].value
     assert any(key.startswith("fo_jax/nccl_unique_id/") for key in store.values)
+
+
+# --- describe(): no exchange with the other processes ---
+
+
+def _describe_on_4_processes(config=None, collective="reduce_scatter"):
+    """fo_jax.describe of the design shape, traced on 4 CPU devices as if on CUDA devices of 4
+    processes (the layout mocked by the caller)."""
+    from jax.sharding import PartitionSpec as P
+
+    from conftest import cpu_mesh
+
+    mesh, seen = cpu_mesh((4,), ("tp",)), {}
+
+    def body(x, w):
+        seen["choice"] = fo_jax.describe(x, w, axis_name="tp", collective=collective,
+                                         config=config)
+        return x
+
+    x = jax.ShapeDtypeStruct((SHAPE["m"], SHAPE["k"] * 4), BF16)
+    w = jax.ShapeDtypeStruct((SHAPE["k"] * 4, SHAPE["n"]), BF16)
+    jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)),
+                          out_specs=P(None, "tp"))).trace(x, w)
+    return seen["choice"]
+
+
+@needs_module
+def test_describe_exchanges_nothing_with_the_other_processes(processes, monkeypatch):
+    """A program may call describe() in one process only: before the first lowering has
+    exchanged the hosts and probed CUDA IPC, describe() asks no other process (it would wait for
+    processes that never join) and says what its copy-engine answer assumes; once they are
+    known it answers from them."""
+    from fo_jax import _checks
+
+    monkeypatch.setattr(_checks, "trace_platform", lambda: "cuda")
+    processes(4)
+    monkeypatch.setattr(_process_layout, "_hosts", None)
+    monkeypatch.setattr(_process_layout, "_ipc", None)
+
+    def no_store():
+        raise AssertionError("describe() asked the key-value store")
+
+    monkeypatch.setattr(_process_layout, "_client", no_store)
+    c = _describe_on_4_processes()
+    assert (c.path, c.transport) == ("cuda", "copy_engine"), c
+    assert "with 4 processes it holds if the first lowering" in c.reason, c.reason
+    assert "not yet checked in this process" in c.reason, c.reason
+    # Nothing was cached by the answer: the lowering still exchanges and probes.
+    assert _process_layout._hosts is None and _process_layout._ipc is None
+    # Turned off, or an all-reduce: NCCL, nothing assumed.
+    c = _describe_on_4_processes(OPT_OUT)
+    assert c.transport == "nccl" and "turned off" in c.reason, c.reason
+    c = _describe_on_4_processes(collective="all_reduce")
+    assert c.transport == "nccl" and "not yet checked" not in c.reason, c.reason
+    # After the lowering's exchanges: their answers, without the note.
+    monkeypatch.setattr(_process_layout, "_hosts", ("node-a",) * 4)
+    monkeypatch.setattr(_process_layout, "_ipc", "")
+    c = _describe_on_4_processes()
+    assert c.transport == "copy_engine" and "not yet checked" not in c.reason, c.reason
+    monkeypatch.setattr(_process_layout, "_ipc", "GPU 0 of process 2 cannot write ...")
+    c = _describe_on_4_processes()
+    assert c.transport == "nccl" and "CUDA IPC probe between the processes failed" in c.reason
+    monkeypatch.setattr(_process_layout, "_hosts", ("node-a", "node-a", "node-b", "node-b"))
+    monkeypatch.setattr(_process_layout, "_ipc", None)
+    c = _describe_on_4_processes()
+    assert c.transport == "nccl" and "span 2 hosts" in c.reason, c.reason
