@@ -57,6 +57,20 @@ def _rows(x) -> int:
     return math.prod(x.shape[:-1])
 
 
+def _known_choice(choose, *args) -> PathChoice:
+    """choose(*args) from what this process already knows, with no exchange with the other
+    processes (describe(), which a program may call in one process only;
+    fo_jax/_process_layout.py): a reduce-scatter's copy-engine answer that still depends on the
+    host exchange and CUDA IPC probe of the first call traced in every process says so."""
+    with _process_layout.without_exchanges():
+        choice = choose(*args)
+    if choice.transport == "copy_engine" and choice.collective == "reduce_scatter":
+        note = _process_layout.pending_note(jax.process_count())
+        if note:
+            choice = dataclasses.replace(choice, reason=choice.reason + note)
+    return choice
+
+
 def _log(fn: str, x, w, choose, what: str = "") -> None:
     """Logs `choose(platform)` for the platform the call runs on (what `describe` returns), and
     ends with the path CUDA devices take (the branch the program carries for them)."""
@@ -312,23 +326,14 @@ def describe(x, w, *, axis_name: str, collective: str = "reduce_scatter",
     scale = jnp.float32(1) if fp8.is_fp8(x.dtype) or fp8.is_fp8(w.dtype) else None
     is_fp8, _ = _check_fp8_call(fn, x, w, scale, scale, None, w_transposed,
                                 min_x_rank=1 if collective == "all_reduce" else 2)
-    # With several processes, describe() exchanges nothing with the others (a program may call
-    # it in one process only); the lowering's exchanges decide, and the reason says so.
-    with _process_layout.without_exchanges():
-        if is_fp8:
-            size = _validate_fp8_overlapped(fn, x, axis_name, collective, config)
-            k, n = _weight_kn(w, w_transposed)
-            choice = _choose_fp8_overlapped(config, _rows(x), n, k, _checks.trace_platform(),
-                                            collective, size)
-        else:
-            dtype, size = _validate_overlapped(x, w, axis_name, collective, config)
-            choice = _choose_overlapped(dtype, config, _rows(x), w.shape[1], w.shape[0],
-                                        _checks.trace_platform(), collective, size)
-    if choice.transport == "copy_engine" and collective == "reduce_scatter":
-        note = _process_layout.pending_note(jax.process_count())
-        if note:
-            choice = dataclasses.replace(choice, reason=choice.reason + note)
-    return choice
+    if is_fp8:
+        size = _validate_fp8_overlapped(fn, x, axis_name, collective, config)
+        k, n = _weight_kn(w, w_transposed)
+        return _known_choice(_choose_fp8_overlapped, config, _rows(x), n, k,
+                             _checks.trace_platform(), collective, size)
+    dtype, size = _validate_overlapped(x, w, axis_name, collective, config)
+    return _known_choice(_choose_overlapped, dtype, config, _rows(x), w.shape[1], w.shape[0],
+                         _checks.trace_platform(), collective, size)
 
 
 def _validate_fp8_overlapped(fn, x, axis_name, collective, config) -> int:

@@ -464,3 +464,4 @@ def test_describe_exchanges_nothing_with_the_other_processes(processes, monkeypa
     monkeypatch.setattr(_process_layout, "_ipc", None)
     c = _describe_on_4_processes()
     assert c.transport == "nccl" and "span 2 hosts" in c.reason, c.reason
+
