@@ -5,7 +5,8 @@ process per GPU, and each process's shard must equal, bit for bit, what the sing
 engine computes here from the same operands with the same plan (the ring and the direct form,
 before and after the receive buffers grow). The worker also checks that an all-reduce stays on
 NCCL. tests/workers/ipc_probe_worker.py runs the lowering-time CUDA IPC probe, with every
-GPU visible to every process and with each process seeing only its own."""
+GPU visible to every process and with each process seeing only its own;
+tests/workers/describe_one_process_worker.py calls describe() in one process only."""
 
 import os
 import re
@@ -77,3 +78,18 @@ def test_the_ipc_probe_chooses_one_transport_for_every_process(hide):
         warnings.warn(f"CUDA IPC probe with each process seeing only its GPU: {lines[0]}")
     else:
         assert lines[0] == "transport copy_engine, verdict ''", lines[0]
+
+
+def test_describe_in_one_process_asks_the_others_nothing():
+    """Process 0 alone calls describe() before any overlapped call is traced, while the others
+    wait for it (describe_one_process_worker.py): it answers without an exchange (which would
+    wait for keys the others publish only afterwards, up to FO_JAX_PLAN_TIMEOUT_S=20 here, and
+    then fail), and the call that follows takes the copy engine in every process."""
+    tp_or_skip()
+    outs = _one_process_per_gpu("describe_one_process_worker.py",
+                                "describe() in one process waited for the others",
+                                FO_JAX_PLAN_TIMEOUT_S="20")
+    for i, (returncode, out) in enumerate(outs):
+        assert returncode == 0, f"process {i} failed:\n{out[-3000:]}"
+        assert "WORKER OK" in out, out[-3000:]
+    assert "DESCRIBE answered" in outs[0][1], outs[0][1][-3000:]
