@@ -67,11 +67,12 @@ def exchange_hosts(process_index: int, process_count: int, client,
                  for p in range(process_count))
 
 
-def process_hosts() -> tuple:
-    """exchange_hosts for this program, once per process."""
+def process_hosts() -> Optional[tuple]:
+    """exchange_hosts for this program, once per process; within without_exchanges() only what
+    an earlier exchange found (None before it)."""
     global _hosts
     with _lock:
-        if _hosts is None:
+        if _hosts is None and not _no_exchange.get():
             _hosts = exchange_hosts(jax.process_index(), jax.process_count(), _client())
         return _hosts
 
@@ -145,10 +146,11 @@ def _write_into(process_index: int, peer: int, devices: Sequence[int], handles: 
 
 def process_ipc_problem() -> Optional[str]:
     """ipc_probe for this program's processes, once per process: None when every pair passed,
-    else the problem (warned once: the program then runs on NCCL)."""
+    else the problem (warned once: the program then runs on NCCL). Within without_exchanges()
+    only what an earlier probe found (None before it: pending_note() says so)."""
     global _ipc
     with _lock:
-        if _ipc is None:
+        if _ipc is None and not _no_exchange.get():
             # Only when probing (and _transport imports this module).
             from fo_jax import _cuda, _transport  # noqa: PLC0415
 
@@ -163,11 +165,11 @@ def process_ipc_problem() -> Optional[str]:
 
 @contextlib.contextmanager
 def without_exchanges():
-    """Within it multiprocess_problem exchanges nothing with the other processes and answers from
-    what this process already knows (for describe(), which a program may call in one process
-    only, where an exchange would wait for processes that never join it): before the first
-    lowering has exchanged the hosts and probed CUDA IPC it assumes both allow the copy engine,
-    and pending_note() says so."""
+    """Within it process_hosts and process_ipc_problem exchange nothing with the other
+    processes and answer from what this process already knows (for describe(), which a program
+    may call in one process only, where an exchange would wait for processes that never join
+    it): before the first lowering has exchanged the hosts and probed CUDA IPC,
+    multiprocess_problem assumes both allow the copy engine, and pending_note() says so."""
     token = _no_exchange.set(True)
     try:
         yield
@@ -195,7 +197,7 @@ def hosts_problem(hosts: Sequence[str]) -> Optional[str]:
 
 
 def multiprocess_problem(collective: str, process_count: int, config: Optional[OverlapConfig],
-                         hosts: Callable[[], Sequence[str]] = process_hosts,
+                         hosts: Callable[[], Optional[Sequence[str]]] = process_hosts,
                          ipc: Callable[[], Optional[str]] = process_ipc_problem
                          ) -> Optional[str]:
     """Why the copy-engine transport cannot take a `collective` call of a program running
@@ -211,15 +213,13 @@ def multiprocess_problem(collective: str, process_count: int, config: Optional[O
     if config is not None and not config.copy_engine_multiprocess:
         return (f"with {process_count} processes the copy engine (CUDA IPC between the "
                 "processes) was turned off: OverlapConfig(copy_engine_multiprocess=False)")
-    known = _no_exchange.get()
-    if known and _hosts is None:
-        return None  # pending_note() says what the answer assumes
-    problem = hosts_problem(_hosts if known else hosts())
+    known_hosts = hosts()
+    if known_hosts is None:  # not exchanged yet (without_exchanges): pending_note() says so
+        return None
+    problem = hosts_problem(known_hosts)
     if problem is not None:
         return problem
-    if known and _ipc is None:
-        return None
-    problem = (_ipc or None) if known else ipc()
+    problem = ipc()
     if problem is not None:
         return f"the CUDA IPC probe between the processes failed: {problem}"
     return None

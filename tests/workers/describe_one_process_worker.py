@@ -12,22 +12,19 @@ import time
 proc, nproc, port = (int(a) for a in sys.argv[1:4])
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=proc,
                            local_device_ids=[proc])
 import fo_jax  # noqa: E402
 from fo_jax import _process_layout  # noqa: E402
-from ipc_cases import lowered_transport, operands  # noqa: E402
+from ipc_cases import (check_shard, lowered_transport, operands, shard_operands,  # noqa: E402
+                       tp_fn, tp_mesh)
 
-mesh = Mesh(np.array(jax.devices()), ("tp",))
+mesh = tp_mesh()
 x, w, ref = operands(4096, 1024, 512, nproc, 11)
-xg = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P(None, "tp")), lambda i: x[i])
-wg = jax.make_array_from_callback(w.shape, NamedSharding(mesh, P("tp", None)), lambda i: w[i])
+xg, wg = shard_operands(mesh, x, w)
 cfg = fo_jax.OverlapConfig(allow_fallback=False)
-specs = dict(mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)))
 store = _process_layout._client()
 if proc == 0:
     seen = {}
@@ -37,7 +34,8 @@ if proc == 0:
         return a
 
     start = time.monotonic()
-    jax.jit(jax.shard_map(body, out_specs=P(None, "tp"), **specs)).trace(xg, wg)
+    jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)),
+                          out_specs=P(None, "tp"))).trace(xg, wg)
     took = time.monotonic() - start
     choice = seen["choice"]
     assert choice.transport == "copy_engine", choice
@@ -46,15 +44,8 @@ if proc == 0:
     store.key_value_set("fo_jax_test/described", "1")
 else:
     store.blocking_key_value_get("fo_jax_test/described", 120_000)
-f = jax.jit(jax.shard_map(
-    lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective="reduce_scatter",
-                                          config=cfg),
-    out_specs=P("tp", None), **specs))
+f = tp_fn(mesh, cfg)
 assert lowered_transport(f, xg, wg) == fo_jax._cuda.module().Transport["copy_engine"].value
-(shard,) = f(xg, wg).addressable_shards
-got = np.asarray(shard.data.astype(jnp.float32), np.float64)
-want = ref[shard.index]
-err = np.linalg.norm(got - want) / np.linalg.norm(want)
-assert err < 1.5e-2, err
+check_shard(f(xg, wg), ref, "reduce_scatter")
 print(f"WORKER OK process {proc}/{nproc}", flush=True)
 jax.distributed.shutdown()

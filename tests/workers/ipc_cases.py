@@ -1,6 +1,8 @@
 """The calls that tests/workers/ipc_worker.py runs in one process per GPU and that
 tests/gpu/overlap/test_copy_engine_processes_gpu.py repeats in one process, so that both compute
-from the same operands with the same plan (bit-for-bit comparable)."""
+from the same operands with the same plan (bit-for-bit comparable); and what the
+one-process-per-GPU workers share: the mesh of every process's GPU, the operands sharded over
+it, the overlapped call on it and the check of a process's shard against float64."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -45,24 +47,56 @@ def operands(m: int, n: int, k_rank: int, nproc: int, seed: int):
     return x, w, np.asarray(x, np.float64) @ np.asarray(w, np.float64)
 
 
+def tp_mesh():
+    """The "tp" mesh of every process's GPU (after jax.distributed.initialize)."""
+    import jax
+    from jax.sharding import Mesh
+
+    return Mesh(np.array(jax.devices()), ("tp",))
+
+
+def shard_operands(mesh, x, w):
+    """Global x (K sharded over "tp") and w (rows sharded) from NumPy arrays every process
+    holds whole."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    return (jax.make_array_from_callback(x.shape, NamedSharding(mesh, P(None, "tp")),
+                                         lambda i: x[i]),
+            jax.make_array_from_callback(w.shape, NamedSharding(mesh, P("tp", None)),
+                                         lambda i: w[i]))
+
+
+def tp_fn(mesh, cfg, collective: str = "reduce_scatter"):
+    """overlapped_matmul over "tp" on operands sharded by shard_operands, jitted."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    out_spec = P("tp", None) if collective == "reduce_scatter" else P()
+    return jax.jit(jax.shard_map(
+        lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective=collective,
+                                              config=cfg),
+        mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=out_spec))
+
+
+def check_shard(out, ref, what: str) -> float:
+    """This process's (only) shard of `out` against the float64 `ref` at its index: asserts a
+    relative error under 1.5e-2 (bf16) and returns it."""
+    (shard,) = out.addressable_shards
+    got = np.asarray(shard.data.astype(jnp.float32), np.float64)
+    want = ref[shard.index]
+    err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    assert err < 1.5e-2, (what, err)
+    return err
+
+
 def sharded_reduce_scatter(nproc: int, transport: str = "copy_engine"):
     """(f, (x, w)) for the failure workers, after jax.distributed.initialize: the copy-engine
     reduce-scatter across processes (direct form; transport "nccl": the NCCL transport's) over a
     mesh of every process's GPU, on the operands of 4096 x 1024 with 512 columns of K per rank
     (seed 5), sharded for it."""
-    import jax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
-    mesh = Mesh(np.array(jax.devices()), ("tp",))
+    mesh = tp_mesh()
     x, w, _ = operands(4096, 1024, 512, nproc, 5)
-    xg = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P(None, "tp")),
-                                      lambda i: x[i])
-    wg = jax.make_array_from_callback(w.shape, NamedSharding(mesh, P("tp", None)),
-                                      lambda i: w[i])
     cfg = (config(False) if transport == "copy_engine" else
            fo_jax.OverlapConfig(allow_fallback=False, transport=transport))
-    f = jax.jit(jax.shard_map(
-        lambda a, b: fo_jax.overlapped_matmul(a, b, axis_name="tp", collective="reduce_scatter",
-                                              config=cfg),
-        mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
-    return f, (xg, wg)
+    return tp_fn(mesh, cfg), shard_operands(mesh, x, w)
