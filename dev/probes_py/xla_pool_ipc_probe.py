@@ -17,6 +17,7 @@ import argparse
 import ctypes
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,16 +27,19 @@ MODES = {
     "preallocated": {},
     "no_preallocation": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
     "platform_allocator": {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"},
+    # Both processes see both GPUs (each preallocating on both: 40% each), owner on 0, peer on 1.
+    "all_visible": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.4"},
 }
 N = 1 << 20  # float32 elements of the buffer the peer reads and writes
 HANDLE_BYTES = 64
+DEV = int(os.environ.get("PROBE_DEVICE", "0"))  # this process's device (ordinal it sees)
 
 
 def _cuda():
     cu = ctypes.CDLL("libcuda.so.1")
     check(cu.cuInit(0), "cuInit")
     ctx = ctypes.c_void_p()
-    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "cuDevicePrimaryCtxRetain")
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), DEV), "cuDevicePrimaryCtxRetain")
     check(cu.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
     return cu
 
@@ -56,9 +60,10 @@ def owner(d):
     import jax.numpy as jnp
     import numpy as np
 
-    x = jnp.arange(N, dtype=jnp.float32)
-    big = jnp.ones((256, 1 << 20), jnp.float32)  # 1 GiB, allocated after x
-    y = jnp.arange(N, dtype=jnp.float32) * 2
+    dev = jax.devices()[DEV]
+    x = jax.device_put(jnp.arange(N, dtype=jnp.float32), dev)
+    big = jax.device_put(jnp.ones((256, 1 << 20), jnp.float32), dev)  # 1 GiB, after x
+    y = jax.device_put(jnp.arange(N, dtype=jnp.float32) * 2, dev)
     jax.block_until_ready((x, big, y))
     cu = _cuda()
     row = {"device": jax.devices()[0].device_kind}
@@ -78,12 +83,42 @@ def owner(d):
     handle = (ctypes.c_char * HANDLE_BYTES)()
     rc = cu.cuIpcGetMemHandle(ctypes.byref(handle), ctypes.c_uint64(base))
     row["export"] = "ok" if rc == 0 else f"CUresult {rc}"
-    with open(os.path.join(d, "handle.json"), "w") as f:
-        json.dump({"rc": rc, "handle": bytes(handle).hex(), "offset": off}, f)
+    # The virtual-memory route: the physical allocation behind x (cuMemRetainAllocationHandle),
+    # exported as a POSIX file descriptor that travels over a Unix socket (SCM_RIGHTS).
+    p = x.unsafe_buffer_pointer()
+    map_base, map_size = _attr(cu, 19, p), _attr(cu, 18, p)  # MAPPING_BASE_ADDR, MAPPING_SIZE
+    row["vmm_mapping"] = {n: {"base": hex(_attr(cu, 19, a.unsafe_buffer_pointer())),
+                              "GiB": round(_attr(cu, 18, a.unsafe_buffer_pointer()) / 2**30, 3)}
+                          for n, a in (("x", x), ("big", big), ("y", y))}
+    fd, vmm_rc = -1, "no mapping attributes"
+    if isinstance(map_base, int) and isinstance(map_size, int):
+        alloc = ctypes.c_uint64()
+        vmm_rc = cu.cuMemRetainAllocationHandle(ctypes.byref(alloc), ctypes.c_uint64(p))
+        if vmm_rc == 0:
+            cfd = ctypes.c_int(-1)
+            vmm_rc = cu.cuMemExportToShareableHandle(ctypes.byref(cfd), alloc, 1,
+                                                     ctypes.c_uint64(0))
+            fd = cfd.value
+            cu.cuMemRelease(alloc)
+    row["vmm_export"] = "ok" if vmm_rc == 0 else f"CUresult {vmm_rc}"
+    sock_path = os.path.join(d, "fd.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(sock_path)
+    srv.listen(1)
+    with open(os.path.join(d, "handle.json.tmp"), "w") as f:
+        json.dump({"rc": rc, "handle": bytes(handle).hex(), "offset": off,
+                   "vmm_ok": vmm_rc == 0 and fd >= 0,
+                   "vmm_size": map_size, "vmm_offset": p - map_base if vmm_rc == 0 else 0}, f)
+    os.rename(os.path.join(d, "handle.json.tmp"), os.path.join(d, "handle.json"))
+    srv.settimeout(120)
+    conn, _ = srv.accept()
+    socket.send_fds(conn, [b"f"], [fd] if fd >= 0 else [])
+    conn.close()
     deadline = time.time() + 120
     while not os.path.exists(os.path.join(d, "peer.json")) and time.time() < deadline:
         time.sleep(0.05)
-    peer = json.load(open(os.path.join(d, "peer.json")))
+    path = os.path.join(d, "peer.json")
+    peer = json.load(open(path)) if os.path.exists(path) else {"error": "no answer"}
     row["peer"] = peer
     if peer.get("wrote"):
         got = np.asarray(x[:8])  # the first read of x from the device: after the peer's write
@@ -98,23 +133,54 @@ def peer(d):
     import jax.numpy as jnp
     import numpy as np
 
-    jax.block_until_ready(jnp.zeros(1))  # the peer's own JAX context and pool
+    jax.block_until_ready(jax.device_put(jnp.zeros(1), jax.devices()[DEV]))  # its own context
     cu = _cuda()
     deadline = time.time() + 120
     path = os.path.join(d, "handle.json")
     while not os.path.exists(path) and time.time() < deadline:
         time.sleep(0.05)
-    time.sleep(0.2)
     h = json.load(open(path))
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(os.path.join(d, "fd.sock"))
+    _, fds, _, _ = socket.recv_fds(conn, 16, 1)
+    conn.close()
     out = {"wrote": False}
+    addr = None
     if h["rc"] == 0:
         handle = (ctypes.c_char * HANDLE_BYTES).from_buffer_copy(bytes.fromhex(h["handle"]))
         dptr = ctypes.c_uint64()
         rc = cu.cuIpcOpenMemHandle_v2(ctypes.byref(dptr), handle, 1)  # lazy peer access
         out["open"] = "ok" if rc == 0 else f"CUresult {rc}"
         if rc == 0:
-            host = np.empty(N, np.float32)
             addr = dptr.value + h["offset"]
+    elif h["vmm_ok"] and fds:
+        out["route"] = "vmm"
+        alloc = ctypes.c_uint64()
+        rc = cu.cuMemImportFromShareableHandle(ctypes.byref(alloc), ctypes.c_void_p(fds[0]), 1)
+        out["import"] = "ok" if rc == 0 else f"CUresult {rc}"
+        if rc == 0:
+            va, size = ctypes.c_uint64(), ctypes.c_size_t(h["vmm_size"])
+            t = time.perf_counter()
+            steps = [("reserve", lambda: cu.cuMemAddressReserve(ctypes.byref(va), size,
+                                                                ctypes.c_size_t(0),
+                                                                ctypes.c_uint64(0),
+                                                                ctypes.c_uint64(0))),
+                     ("map", lambda: cu.cuMemMap(va, size, ctypes.c_size_t(0), alloc,
+                                                 ctypes.c_uint64(0))),
+                     ("access", lambda: cu.cuMemSetAccess(
+                         va, size, ctypes.byref((ctypes.c_int * 3)(1, DEV, 3)),
+                         ctypes.c_size_t(1)))]  # this GPU, read-write
+            for name, step in steps:
+                rc = step()
+                out[name] = "ok" if rc == 0 else f"CUresult {rc}"
+                if rc:
+                    break
+            out["map_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+            if rc == 0:
+                addr = va.value + h["vmm_offset"]
+    if addr is not None:
+        try:
+            host = np.empty(N, np.float32)
             check(cu.cuMemcpyDtoH_v2(host.ctypes.data_as(ctypes.c_void_p), ctypes.c_uint64(addr),
                                      ctypes.c_size_t(host.nbytes)), "cuMemcpyDtoH")
             out["read_ok"] = bool((host == np.arange(N, dtype=np.float32)).all())
@@ -123,6 +189,8 @@ def peer(d):
                                      ctypes.c_size_t(minus.nbytes)), "cuMemcpyHtoD")
             check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
             out["wrote"] = True
+        except RuntimeError as e:
+            out["error"] = str(e)
     with open(os.path.join(d, "peer.json.tmp"), "w") as f:
         json.dump(out, f)
     os.rename(os.path.join(d, "peer.json.tmp"), os.path.join(d, "peer.json"))
@@ -145,7 +213,11 @@ def main():
         with tempfile.TemporaryDirectory() as d:
             procs = []
             for gpu, role in ((0, "owner"), (1, "peer")):
-                env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu), JAX_PLATFORMS="cuda", **extra)
+                env = dict(os.environ, JAX_PLATFORMS="cuda", **extra)
+                if mode == "all_visible":
+                    env.update(CUDA_VISIBLE_DEVICES="0,1", PROBE_DEVICE=str(gpu))
+                else:
+                    env.update(CUDA_VISIBLE_DEVICES=str(gpu), PROBE_DEVICE="0")
                 procs.append(subprocess.Popen(
                     [sys.executable, __file__, "--role", role, "--dir", d], env=env,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
