@@ -107,7 +107,7 @@ def owner(d):
     srv.listen(1)
     with open(os.path.join(d, "handle.json.tmp"), "w") as f:
         json.dump({"rc": rc, "handle": bytes(handle).hex(), "offset": off,
-                   "vmm_ok": vmm_rc == 0 and fd >= 0,
+                   "vmm_ok": vmm_rc == 0 and fd >= 0, "pid": os.getpid(), "fd": fd,
                    "vmm_size": map_size, "vmm_offset": p - map_base if vmm_rc == 0 else 0}, f)
     os.rename(os.path.join(d, "handle.json.tmp"), os.path.join(d, "handle.json"))
     srv.settimeout(120)
@@ -128,6 +128,27 @@ def owner(d):
     open(os.path.join(d, "owner.done"), "w").close()
 
 
+def _pidfd_getfd(cu, h):
+    """The other way for the descriptor to travel: taken from the owner by pid (pidfd_getfd, Linux
+    5.6+, allowed where this process may ptrace the owner), then imported."""
+    if not h.get("vmm_ok"):
+        return "no export"
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = libc.syscall(434, h["pid"], 0)  # pidfd_open
+    if pidfd < 0:
+        return f"pidfd_open errno {ctypes.get_errno()}"
+    fd = libc.syscall(438, pidfd, h["fd"], 0)  # pidfd_getfd
+    if fd < 0:
+        return f"pidfd_getfd errno {ctypes.get_errno()}"
+    alloc = ctypes.c_uint64()
+    rc = cu.cuMemImportFromShareableHandle(ctypes.byref(alloc), ctypes.c_void_p(fd), 1)
+    if rc == 0:
+        cu.cuMemRelease(alloc)
+    os.close(fd)
+    os.close(pidfd)
+    return "ok" if rc == 0 else f"import CUresult {rc}"
+
+
 def peer(d):
     import jax
     import jax.numpy as jnp
@@ -144,7 +165,7 @@ def peer(d):
     conn.connect(os.path.join(d, "fd.sock"))
     _, fds, _, _ = socket.recv_fds(conn, 16, 1)
     conn.close()
-    out = {"wrote": False}
+    out = {"wrote": False, "pidfd_getfd": _pidfd_getfd(cu, h)}
     addr = None
     if h["rc"] == 0:
         handle = (ctypes.c_char * HANDLE_BYTES).from_buffer_copy(bytes.fromhex(h["handle"]))
