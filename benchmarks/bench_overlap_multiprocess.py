@@ -1,4 +1,4 @@
-"""Overlapped reduce-scatter with one JAX process per GPU (jax.distributed on one host), against
+"""Overlapped reduce-scatter and all-reduce with one JAX process per GPU (jax.distributed on one host), against
 plain JAX: the rows of bench_overlap.py for that launch mode, each with "processes": N.
 
 Starts N processes (one GPU each, local_device_ids=[i]) that build a TP=N mesh over all of them
@@ -12,12 +12,12 @@ and time, per shape (bf16; per-GPU x[M, K] @ w[K, N], K sharded over "tp"):
 Each method is checked against jax.baseline first; times are the median of 5 x 20 back-to-back
 calls, trials interleaved (fo_jax/bench/core.py), the same method as bench_overlap.py, so a row
 compares with the single-process rows of the same shape (docs/design.md, "Copy engine across
-processes"). With --collectives all_reduce the fo_jax row shows the refusal: the copy-engine
-all-reduce cannot cross processes. Process 0 writes JSON Lines + a markdown table
+processes"). The processes run with JAX's preallocated pool (one allocation per GPU, which the
+copy-engine all-reduce maps in its peers), each a share of its GPU. Process 0 writes JSON Lines + a markdown table
 (overlap_tp{N}_processes{N}_{date}{tag}.*).
 
 Usage: python benchmarks/bench_overlap_multiprocess.py [--processes N] [--shapes MxNxK ...]
-       [--collectives reduce_scatter] [--out benchmarks/results] [--tag TAG]
+       [--collectives reduce_scatter all_reduce] [--out benchmarks/results] [--tag TAG]
 """
 
 from __future__ import annotations
@@ -52,7 +52,11 @@ def launch(args) -> int:
     worker = [sys.executable, os.path.abspath(__file__), "--worker"]
     passed = ["--shapes", *args.shapes, "--collectives", *args.collectives, "--out", args.out,
               "--tag", args.tag, "--processes", str(n), "--port", str(port)]
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    # JAX's preallocated pool (the copy-engine all-reduce maps each peer's), a part of each GPU
+    # small enough for every process even if each claimed every GPU it sees.
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="true",
+               XLA_PYTHON_CLIENT_MEM_FRACTION=str(round(0.8 / n, 3)))
+    env.pop("XLA_CLIENT_MEM_FRACTION", None)
     procs = [subprocess.Popen([*worker, str(i), *passed], env=env, text=True,
                               stdout=None if i == 0 else subprocess.PIPE,
                               stderr=None if i == 0 else subprocess.STDOUT)

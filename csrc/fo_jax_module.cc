@@ -27,6 +27,7 @@
 #include "comm/ipc_probe.h"
 #include "comm/overlap_plan.h"
 #include "comm/peer_memory_ipc.h"
+#include "comm/xla_pool_ipc.h"
 #include "comm/status.h"
 #include "ffi/registrations.h"
 #include "kernels/signaling_gemm.h"
@@ -294,6 +295,29 @@ NB_MODULE(_fo_jax_cuda, m) {
       nb::arg("device"), nb::arg("handle"), nb::arg("slot"), nb::arg("word"));
   m.def("ipc_probe_release", []() { fo_jax::ReleaseIpcProbes(); },
         nb::call_guard<nb::gil_scoped_release>());
+
+  // Whether the XLA allocation holding the buffer at `ptr` (an XLA buffer of this process) can
+  // be exported to peer processes, as the copy-engine all-reduce across processes exports its
+  // output's (comm/xla_pool_ipc.h; fo_jax/_process_layout.py, xla_pool_problem): "" or why not.
+  m.def(
+      "xla_pool_export_problem",
+      [](uint64_t ptr) -> std::string {
+        void* p = reinterpret_cast<void*>(ptr);
+        cudaPointerAttributes attr{};
+        if (cudaPointerGetAttributes(&attr, p) != cudaSuccess ||
+            attr.type != cudaMemoryTypeDevice) {
+          (void)cudaGetLastError();
+          return "not a CUDA device buffer";
+        }
+        int previous = 0;
+        (void)cudaGetDevice(&previous);
+        (void)cudaSetDevice(attr.device);
+        fo_jax::PoolExport ex;
+        const fo_jax::Status st = fo_jax::ExportPoolOf(p, 16, &ex);
+        (void)cudaSetDevice(previous);
+        return st.ok() ? std::string() : st.message();
+      },
+      nb::arg("ptr"), nb::call_guard<nb::gil_scoped_release>());
 
   fo_jax::BindTestBindings(m);
 }

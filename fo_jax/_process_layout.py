@@ -4,10 +4,13 @@
 With several processes the copy engine reaches a peer's memory through CUDA IPC: each process
 exports what fo_jax itself allocated (receive buffers, flag words) and the peers map it
 (csrc/comm/peer_memory_ipc.h). That covers the reduce-scatter, direct form and ring: every byte
-it sends lands in fo_jax-owned memory. The all-reduce (and any collective whose copy-engine form
-stores into the peers' outputs) writes into each peer's per-call XLA output buffer, whose
-address means nothing in another process (XLA does not export its allocations over IPC), so it
-keeps NCCL there. CUDA IPC reaches only GPUs of one host: every process must be on this host.
+it sends lands in fo_jax-owned memory. The all-reduce also stores into each peer's per-call XLA
+output buffer: each process maps its peers' XLA memory pool once (a virtual-memory allocation
+exported as a file descriptor, csrc/comm/xla_pool_ipc.h), which needs JAX's preallocated pool
+(one allocation per GPU) and an allocation the driver can export; xla_pool_problem checks both
+in this process, without an exchange. The all-gather's copy engine takes its peers' per-call
+outputs from a table shared within one process, so it keeps NCCL. CUDA IPC reaches only GPUs of
+one host: every process must be on this host.
 
 The choice is made at lowering, before any call has mapped its peers' memory, so the first
 reduce-scatter lowering of a process probes CUDA IPC between all processes (ipc_probe: each
@@ -26,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import os
 import socket
 import threading
 import warnings
@@ -36,14 +40,16 @@ import jax
 from fo_jax import _env
 from fo_jax.config import OverlapConfig
 
-# Collectives whose copy-engine form writes only into fo_jax-owned peer memory.
-IPC_COLLECTIVES = ("reduce_scatter",)
+# Collectives whose copy-engine form crosses processes: the reduce-scatter writes only into
+# fo_jax-owned peer memory, the all-reduce also into the peers' mapped XLA memory.
+IPC_COLLECTIVES = ("reduce_scatter", "all_reduce")
 
 _lock = threading.Lock()
 # Set by without_exchanges(): the rule answers from what this process already knows.
 _no_exchange = contextvars.ContextVar("fo_jax_no_exchange", default=False)
 _hosts: Optional[tuple] = None  # every process's host name, by process index (published once)
 _ipc: Optional[str] = None  # the CUDA IPC probe's verdict, "" when every pair passed (run once)
+_pool: Optional[str] = None  # xla_pool_problem's answer, "" when the pool maps (asked once)
 
 
 def _client():
@@ -163,6 +169,51 @@ def process_ipc_problem() -> Optional[str]:
         return _ipc or None
 
 
+def allocator_problem(environ=os.environ) -> Optional[str]:
+    """Why JAX's allocator settings keep this process's XLA buffers out of one allocation that
+    its peer processes can map once (the copy-engine all-reduce stores into them), or None."""
+    allocator = environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default").lower()
+    if allocator not in ("default", "bfc"):
+        return (f"XLA_PYTHON_CLIENT_ALLOCATOR={allocator}: XLA's buffers are not one "
+                "preallocated pool")
+    if environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "") in ("false", "False", "0"):
+        return ("JAX's memory preallocation is off (XLA_PYTHON_CLIENT_PREALLOCATE=false): XLA's "
+                "pool grows by allocations that the peers would have to map call by call")
+    return None
+
+
+def _pool_export_problem() -> Optional[str]:
+    """The export of the allocation that holds a small XLA buffer on this process's first GPU,
+    as the all-reduce's first call exports its output's: None when it works."""
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    from fo_jax import _cuda  # noqa: PLC0415
+
+    gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
+    if not gpus:
+        return "this process has no CUDA GPU"
+    try:
+        with jax.ensure_compile_time_eval():  # a real buffer, also while a call is traced
+            buffer = jax.device_put(jnp.zeros(8, jnp.float32), gpus[0])
+            buffer.block_until_ready()
+        why = _cuda.module().xla_pool_export_problem(buffer.unsafe_buffer_pointer())
+    except Exception as e:  # noqa: BLE001 - becomes the answer
+        why = f"{type(e).__name__}: {e}"
+    return why or None
+
+
+def xla_pool_problem() -> Optional[str]:
+    """Why this process's peers could not map its XLA memory for the copy-engine all-reduce, or
+    None: allocator_problem, then a trial export. Once per process; asks no other process (the
+    processes of one program share their JAX settings, and plan agreement catches any that do
+    not)."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = allocator_problem() or _pool_export_problem() or ""
+        return _pool or None
+
+
 @contextlib.contextmanager
 def without_exchanges():
     """Within it process_hosts and process_ipc_problem exchange nothing with the other
@@ -198,18 +249,17 @@ def hosts_problem(hosts: Sequence[str]) -> Optional[str]:
 
 def multiprocess_problem(collective: str, process_count: int, config: Optional[OverlapConfig],
                          hosts: Callable[[], Optional[Sequence[str]]] = process_hosts,
-                         ipc: Callable[[], Optional[str]] = process_ipc_problem
+                         ipc: Callable[[], Optional[str]] = process_ipc_problem,
+                         pool: Callable[[], Optional[str]] = xla_pool_problem
                          ) -> Optional[str]:
     """Why the copy-engine transport cannot take a `collective` call of a program running
     `process_count` JAX processes, or None. One process: None (nothing to check here)."""
     if process_count == 1:
         return None
     if collective not in IPC_COLLECTIVES:
-        return (f"with {process_count} processes the copy-engine {collective} would store into "
-                "the peers' per-call XLA output buffers, whose addresses mean nothing in another "
-                "process (XLA does not export its allocations over CUDA IPC); only the "
-                "reduce-scatter, which writes into fo_jax's own IPC-exported buffers, can cross "
-                "processes")
+        return (f"with {process_count} processes the copy-engine {collective} would need each "
+                "call's peer output addresses on the host, from a table shared only within one "
+                "process; the reduce-scatter and the all-reduce cross processes")
     if config is not None and not config.copy_engine_multiprocess:
         return (f"with {process_count} processes the copy engine (CUDA IPC between the "
                 "processes) was turned off: OverlapConfig(copy_engine_multiprocess=False)")
@@ -222,4 +272,9 @@ def multiprocess_problem(collective: str, process_count: int, config: Optional[O
     problem = ipc()
     if problem is not None:
         return f"the CUDA IPC probe between the processes failed: {problem}"
+    if collective == "all_reduce":
+        problem = pool()
+        if problem is not None:
+            return ("the copy-engine all-reduce across processes stores into the peers' XLA "
+                    f"memory, which they could not map from this process: {problem}")
     return None

@@ -60,11 +60,12 @@ def _rows(x) -> int:
 def _known_choice(choose, *args) -> PathChoice:
     """choose(*args) from what this process already knows, with no exchange with the other
     processes (describe(), which a program may call in one process only;
-    fo_jax/_process_layout.py): a reduce-scatter's copy-engine answer that still depends on the
+    fo_jax/_process_layout.py): a copy-engine answer across processes that still depends on the
     host exchange and CUDA IPC probe of the first call traced in every process says so."""
     with _process_layout.without_exchanges():
         choice = choose(*args)
-    if choice.transport == "copy_engine" and choice.collective == "reduce_scatter":
+    if (choice.transport == "copy_engine"
+            and choice.collective in _process_layout.IPC_COLLECTIVES):
         note = _process_layout.pending_note(jax.process_count())
         if note:
             choice = dataclasses.replace(choice, reason=choice.reason + note)

@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "comm/abandoned_poison.h"
 #include "comm/call_timeline.h"
+#include "comm/copy_engine_output_pools.h"
 #include "comm/stream_wait.h"
 #include "comm/test_failures.h"
 #include "kernels/band_sum.h"
@@ -88,6 +90,11 @@ void SetGemmRing(CommState& s, const CopyEngineArgs& a, SignalingGemmArgs& gemm)
 }
 
 // Enqueues on `stream`: wait until every peer q has field(this rank's flags)[q] >= e.
+// An all-reduce's output: P bands of two-byte elements (bf16 or fp16, fp8 calls included).
+uint64_t OutputBytes(const CommState& s, const CopyEngineArgs& a) {
+  return uint64_t(s.nranks) * a.band_elems * 2;
+}
+
 Status WaitForPeers(CopyEngineState& ce, cudaStream_t stream, RankFlags field, int P, int me,
                     uint32_t e) {
   for (int q = 0; q < P; ++q) {
@@ -231,11 +238,20 @@ Status PrepareCopyEngineCall(CommState& s, const OverlapPlan& plan, const Overla
   CopyEngineState& ce = *s.copy_engine;
   const size_t band_bytes = args->band_elems * 2;
   FO_JAX_RETURN_IF_ERROR(GrowCopyEngineBuffers(s, ce.buffers, (s.nranks - 1) * band_bytes));
-  if (args->all_reduce) FO_JAX_RETURN_IF_ERROR(CheckOutputsReachable(s, ce.buffers));
+  // An all-reduce with peers in other processes stores into their XLA outputs: their memory is
+  // mapped at the group's first one.
+  if (args->all_reduce && HasPeersInOtherProcesses(s, ce.buffers)) {
+    FO_JAX_RETURN_IF_ERROR(MapOutputPools(s, ce.buffers, out, OutputBytes(s, *args)));
+  }
   // The ring's partial sums, added by the GEMM's epilogue (their address is known only now: the
   // receive buffer may just have grown), and its own band, stored into the output.
   SetGemmRing(s, *args, gemm);
   return Status::Ok();
+}
+
+Status CheckOutputForPeers(CommState& s, const CopyEngineArgs& args) {
+  if (!args.all_reduce) return Status::Ok();
+  return OutputInPeersMapping(s, s.copy_engine->buffers, args.out, OutputBytes(s, args));
 }
 
 Status BuildCopyEngineGraphs(CommState& s, const CopyEngineArgs& args) {
@@ -364,6 +380,10 @@ Status EnqueueCopyEngineCall(CommState& s, cudaStream_t xla_stream, const CopyEn
     FO_JAX_RETURN_IF_ERROR(TellPeers(job.peer_flags, xla_stream, Stored, P, me, e));
     // An all-reduce is done when every peer's summed band has landed in this rank's output.
     FO_JAX_RETURN_IF_ERROR(WaitForPeers(ce, xla_stream, Stored, P, me, e));
+    if (HasPeersInOtherProcesses(s, ce.buffers)) {
+      FO_JAX_RETURN_IF_ERROR(EnqueuePoisonIfAbandoned(xla_stream, Abandoned(ce.buffers.flags), e,
+                                                      a.out, OutputBytes(s, a)));
+    }
   }
   RecordTimelineMark(s, kCallEnd, xla_stream);
   return Status::Ok();

@@ -95,6 +95,11 @@ struct CopyEngineState {
 Status PrepareCopyEngineCall(CommState& state, const OverlapPlan& plan, const OverlapShape& shape,
                              void* out, SignalingGemmArgs& gemm, CopyEngineArgs* args);
 
+// After PrepareCopyEngineCall: an all-reduce with peers in other processes needs its output
+// inside the XLA memory they mapped (copy_engine_output_pools.h). This rank's own finding,
+// after the exchange: a failure must release the peers (failed_call.h).
+Status CheckOutputForPeers(CommState& state, const CopyEngineArgs& args);
+
 // After PrepareCopyEngineCall, before the GEMM launch: builds every copy graph the call needs.
 // The graphs are built before the GEMM is launched: building one may wait for this GPU to
 // drain, and before the launch the GPU holds only earlier calls, whose copies every rank has

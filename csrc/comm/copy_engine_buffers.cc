@@ -210,16 +210,12 @@ Status GrowCopyEngineBuffers(CommState& s, CopyEngineBuffers& b, size_t recv_byt
   return Status::Ok();
 }
 
-Status CheckOutputsReachable(const CommState& s, const CopyEngineBuffers& b) {
-  for (int q = 0; q < s.nranks; ++q) {
-    if (b.peer_ipc[q]) {
-      return Status::InvalidArgument(
-          "the copy-engine all-reduce stores into the peers' XLA outputs, which another process "
-          "cannot address (rank " + std::to_string(q) + " is in another process); use "
-          "OverlapConfig(transport='nccl')");
-    }
+void OutputAddressesForPeers(const CopyEngineBuffers& b, int P, const void* out, uint64_t* at) {
+  const uint64_t own = reinterpret_cast<uint64_t>(out);
+  for (int q = 0; q < P; ++q) {
+    at[q] = b.peer_ipc[q] && b.out_pools_mapped ? own - b.out_pool_base + b.out_pool_at_peer[q]
+                                                : own;
   }
-  return Status::Ok();
 }
 
 std::string PeerAccessProblem(const std::vector<int>& ordinals) {

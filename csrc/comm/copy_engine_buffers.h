@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,12 @@ struct CopyEngineBuffers {
   // Whether peer q is in another process, so that peer_recv[q] and peer_flags[q] are this
   // process's CUDA IPC mappings of its memory (peer_memory_ipc.h), closed by this process.
   bool peer_ipc[kMaxCopyEngineRanks] = {};
+  // The all-reduce with peers in other processes (copy_engine_output_pools.h): this rank's XLA
+  // allocation that those peers have mapped, and each one's address of it (0 for peers in this
+  // process, which use this rank's own addresses).
+  bool out_pools_mapped = false;
+  uint64_t out_pool_base = 0, out_pool_size = 0;
+  uint64_t out_pool_at_peer[kMaxCopyEngineRanks] = {};
   // The epoch of "no call yet": every flag starts at it and the state's epoch counts on from it
   // (0; SetTestEpochStartForTests moves it near the 32-bit wrap).
   uint32_t epoch_start = 0;
@@ -57,10 +64,12 @@ Status CreateCopyEngineBuffers(CommState& state, CopyEngineBuffers& buffers);
 // without peer access or a failed mapping fails the call on every rank.
 Status GrowCopyEngineBuffers(CommState& state, CopyEngineBuffers& buffers, size_t recv_bytes);
 
-// A copy-engine all-reduce stores into the peers' XLA outputs, whose addresses exist only in
-// their own processes: refused (on every rank: each has a peer in another process) once any peer
-// is reached over CUDA IPC. fo_jax/_process_layout.py keeps such calls on NCCL.
-Status CheckOutputsReachable(const CommState& state, const CopyEngineBuffers& buffers);
+// This call's output `out` as each peer q addresses it, into at[q]: its own address for a peer in
+// this process, its place in the peer's mapping of this rank's XLA allocation for a peer in
+// another process (once MapOutputPools has run; meaningless for an output outside it, which
+// OutputInPeersMapping refuses).
+void OutputAddressesForPeers(const CopyEngineBuffers& buffers, int nranks, const void* out,
+                             uint64_t* at);
 
 // Test hook (FO_JAX_TEST_EPOCH_START, fo_jax/_env.py): the epoch start of every copy-engine
 // state created from now on, e.g. 2^32 - 8 so that a few calls cross the 32-bit wrap.

@@ -18,6 +18,7 @@ CopyJob CopyJobFor(const CopyEngineBuffers& b, const CopyEngineArgs& a) {
   job.a = a;
   std::copy(b.peer_recv, b.peer_recv + kMaxCopyEngineRanks, job.peer_recv);
   std::copy(b.peer_flags, b.peer_flags + kMaxCopyEngineRanks, job.peer_flags);
+  OutputAddressesForPeers(b, kMaxCopyEngineRanks, a.out, job.out_at_peer);
   return job;
 }
 
@@ -78,15 +79,15 @@ Status ForEachCopy(const CopyJob& job, int P, int me, Step&& step, Copy&& copy) 
   return Status::Ok();
 }
 
-// All-reduce: writes this call's output address into every peer's out table (slot j of rank q
-// holds the address of rank (q + 1 + j) % P) and flags it with the epoch. The peer's band sum
-// reads it on the GPU; the address stays valid until this rank's call ends, which waits for the
-// peer's `stored` flag (written after that sum).
-Status SendOutputAddress(CopyEngineFlags* const* peer_flags, cudaStream_t stream, void* out,
-                         int P, int me, uint32_t e) {
-  const uint64_t address = reinterpret_cast<uint64_t>(out);
+// All-reduce: writes this call's output address, as peer q addresses it (out_at_peer[q]), into
+// every peer's out table (slot j of rank q holds the address of rank (q + 1 + j) % P) and flags
+// it with the epoch. The peer's band sum reads it on the GPU; the address stays valid until this
+// rank's call ends, which waits for the peer's `stored` flag (written after that sum).
+Status SendOutputAddress(CopyEngineFlags* const* peer_flags, cudaStream_t stream,
+                         const uint64_t* out_at_peer, int P, int me, uint32_t e) {
   for (int q = 0; q < P; ++q) {
     if (q == me) continue;
+    const uint64_t address = out_at_peer[q];
     const int slot = (me - q - 1 + P) % P;
     auto* words = reinterpret_cast<uint32_t*>(OutTable(peer_flags[q]) + slot);
     FO_JAX_RETURN_IF_ERROR(EnqueueWriteValue(stream, words, uint32_t(address)));
@@ -141,7 +142,7 @@ Status EnqueueCopies(CommState& s, const CopyJob& job) {
                                     "copy stream waiting for XLA's inputs"));
   RecordTimelineMarkAt(s, job.row, kCopyInputs, cs);
   if (a.all_reduce) {
-    FO_JAX_RETURN_IF_ERROR(SendOutputAddress(job.peer_flags, cs, a.out, P, me, e));
+    FO_JAX_RETURN_IF_ERROR(SendOutputAddress(job.peer_flags, cs, job.out_at_peer, P, me, e));
   }
   // A step's receiver must have finished reading the previous call's slots. The direct form
   // waits for every receiver before its first copy: that could hold the whole chain for the

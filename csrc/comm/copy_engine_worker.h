@@ -53,6 +53,8 @@ struct CopyJob {
   cudaEvent_t inputs_ready = nullptr, sums_ended = nullptr;  // ring slots of the call
   void* peer_recv[kMaxCopyEngineRanks] = {};
   CopyEngineFlags* peer_flags[kMaxCopyEngineRanks] = {};
+  // An all-reduce's output as each peer addresses it (OutputAddressesForPeers).
+  uint64_t out_at_peer[kMaxCopyEngineRanks] = {};
 };
 
 // A call's copy job without its epoch, timeline row and events: its arguments and the peers'

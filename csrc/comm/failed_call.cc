@@ -70,8 +70,8 @@ void Keep(Status& first, const Status& s) {
 }  // namespace
 
 Status EnqueueReleases(cudaStream_t stream, CopyEngineFlags* const* peer_flags, int P, int me,
-                       const std::vector<FlagRelease>& releases, uint32_t epoch, void* out,
-                       cudaEvent_t before_acks) {
+                       const std::vector<FlagRelease>& releases, uint32_t epoch,
+                       const uint64_t* out_at_peer, cudaEvent_t before_acks) {
   Status first = Status::Ok();
   bool waited = before_acks == nullptr;
   for (const FlagRelease& r : releases) {
@@ -79,7 +79,7 @@ Status EnqueueReleases(cudaStream_t stream, CopyEngineFlags* const* peer_flags, 
     if (r.word == FlagWord::kOutReady) {
       // Out table slot j of rank q holds the address of rank (q + 1 + j) % P, as the healthy
       // path writes it (copy_engine_worker.cc, SendOutputAddress).
-      const uint64_t address = reinterpret_cast<uint64_t>(out);
+      const uint64_t address = out_at_peer[r.peer];
       auto* words = reinterpret_cast<uint32_t*>(OutTable(flags) + (me - r.peer - 1 + P) % P);
       Keep(first, EnqueueWriteValue(stream, words, uint32_t(address)));
       Keep(first, EnqueueWriteValue(stream, words + 1, uint32_t(address >> 32)));
@@ -111,15 +111,15 @@ Status EnqueueMarkAbandoned(cudaStream_t stream, CopyEngineFlags* const* peer_fl
 Status EnqueueFailedCallWrites(cudaStream_t stream, CopyEngineFlags* const* peer_flags,
                                CopyEngineFlags* own_flags, int P, int me,
                                const std::vector<FlagRelease>& releases, uint32_t epoch,
-                               void* out, cudaEvent_t before_acks) {
+                               const uint64_t* out_at_peer, cudaEvent_t before_acks) {
   std::vector<FlagRelease> awaited, acks;
   for (const FlagRelease& r : releases) {
     (r.word == FlagWord::kRecvAcked ? acks : awaited).push_back(r);
   }
   Status first = EnqueueMarkAbandoned(stream, peer_flags, own_flags, releases, epoch);
-  Keep(first, EnqueueReleases(stream, peer_flags, P, me, awaited, epoch, out));
+  Keep(first, EnqueueReleases(stream, peer_flags, P, me, awaited, epoch, out_at_peer));
   if (own_flags != nullptr) Keep(first, EnqueueWriteValue(stream, OwnCopies(own_flags), epoch));
-  Keep(first, EnqueueReleases(stream, peer_flags, P, me, acks, epoch, out, before_acks));
+  Keep(first, EnqueueReleases(stream, peer_flags, P, me, acks, epoch, out_at_peer, before_acks));
   return first;
 }
 
@@ -133,7 +133,7 @@ void ReleaseOnCopyStream(CommState& s, const CopyJob& job, FailedPart part) {
   (void)cudaStreamWaitEvent(cs, w.flag_event, 0);
   (void)EnqueueFailedCallWrites(cs, job.peer_flags, s.copy_engine->buffers.flags, s.nranks,
                                 s.rank, FailedCallReleases(job.a, s.nranks, s.rank, part),
-                                job.epoch, job.a.out, job.sums_ended);
+                                job.epoch, job.out_at_peer, job.sums_ended);
   (void)cudaGetLastError();
 }
 
@@ -155,7 +155,10 @@ Status ReleaseFailedCopyEngineCall(CommState& s, cudaStream_t xla_stream, const 
   } else {
     const std::vector<FlagRelease> releases = FailedCallReleases(a, P, me, part);
     released = EnqueueMarkAbandoned(xla_stream, ce.buffers.peer_flags, nullptr, releases, e);
-    Keep(released, EnqueueReleases(xla_stream, ce.buffers.peer_flags, P, me, releases, e, a.out));
+    uint64_t out_at_peer[kMaxCopyEngineRanks] = {};
+    OutputAddressesForPeers(ce.buffers, P, a.out, out_at_peer);
+    Keep(released,
+         EnqueueReleases(xla_stream, ce.buffers.peer_flags, P, me, releases, e, out_at_peer));
   }
   if (a.all_reduce) {
     // The peers store their summed bands into a.out (this call's output, whose address the

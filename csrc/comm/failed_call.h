@@ -80,12 +80,13 @@ std::vector<FlagRelease> FailedCallReleases(const CopyEngineArgs& a, int P, int 
 uint32_t* FlagWordAddress(CopyEngineFlags* flags, const FlagRelease& r);
 
 // Enqueues on `stream` the write of each release with the value `epoch`; kOutReady writes the
-// address `out` into the peer's out table first (as the healthy path does). If `before_acks` is
+// call's output address as that peer addresses it, out_at_peer[peer] (OutputAddressesForPeers;
+// unused where nothing is kOutReady), into the peer's out table first (as the healthy path does). If `before_acks` is
 // set, the stream waits for it before the first acknowledgement (the receive slots are read
 // then). Every release is attempted; returns the first failure.
 Status EnqueueReleases(cudaStream_t stream, CopyEngineFlags* const* peer_flags, int P, int me,
-                       const std::vector<FlagRelease>& releases, uint32_t epoch, void* out,
-                       cudaEvent_t before_acks = nullptr);
+                       const std::vector<FlagRelease>& releases, uint32_t epoch,
+                       const uint64_t* out_at_peer, cudaEvent_t before_acks = nullptr);
 
 // Enqueues on `stream` the write of `epoch` into `abandoned` of own_flags (if set) and of every
 // peer that `releases` names, once each.
@@ -100,7 +101,7 @@ Status EnqueueMarkAbandoned(cudaStream_t stream, CopyEngineFlags* const* peer_fl
 Status EnqueueFailedCallWrites(cudaStream_t stream, CopyEngineFlags* const* peer_flags,
                                CopyEngineFlags* own_flags, int P, int me,
                                const std::vector<FlagRelease>& releases, uint32_t epoch,
-                               void* out, cudaEvent_t before_acks = nullptr);
+                               const uint64_t* out_at_peer, cudaEvent_t before_acks = nullptr);
 
 // On the copy worker, in its job order: EnqueueFailedCallWrites of the words of `part`
 // (kWholeCall or kCopyStream) of call job.epoch, on the copy stream after everything the worker

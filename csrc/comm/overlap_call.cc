@@ -92,7 +92,8 @@ Status OverlapCall::Prepare() {
     FO_JAX_RETURN_IF_ERROR(
         PrepareCopyEngineCall(*state_, plan_, shape_, buffers_.out, gemm_, &copy_engine_));
     // Past the exchange the peers enqueue work that waits for this rank: Enqueue releases it.
-    prepare_failure_ = BuildCopyEngineGraphs(*state_, copy_engine_);
+    prepare_failure_ = CheckOutputForPeers(*state_, copy_engine_);
+    if (prepare_failure_.ok()) prepare_failure_ = BuildCopyEngineGraphs(*state_, copy_engine_);
   }
   return Status::Ok();
 }

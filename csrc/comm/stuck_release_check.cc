@@ -131,8 +131,10 @@ StuckReleaseCheckResult RunStuckReleaseCheck(uint32_t epoch_start, ReleaseBy rel
   if (release == ReleaseBy::kWatchdog) {
     wrote = EnqueueStuckRankRelease(res.release, flags, e);
   } else if (release == ReleaseBy::kFailedPeer) {
+    const uint64_t canary_at[2] = {reinterpret_cast<uint64_t>(canary),
+                                   reinterpret_cast<uint64_t>(canary)};
     wrote = EnqueueFailedCallWrites(res.release, peer_flags, peer_own, 2, 1, peer_releases, e,
-                                    canary);
+                                    canary_at);
   } else {  // the control: the awaited words as a healthy peer writes them
     for (uint32_t* word : awaited) {
       if (wrote.ok()) wrote = EnqueueWriteValue(res.release, word, e);

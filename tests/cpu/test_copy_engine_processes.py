@@ -34,6 +34,7 @@ def processes(monkeypatch):
         hosts = tuple(hosts or ["node-a"] * count)
         monkeypatch.setattr(_process_layout, "_hosts", hosts)
         monkeypatch.setattr(_process_layout, "_ipc", "")  # the IPC probe passed
+        monkeypatch.setattr(_process_layout, "_pool", "")  # XLA's memory can be mapped
 
     return set_layout
 
@@ -79,15 +80,27 @@ def test_reduce_scatter_on_one_host_takes_the_copy_engine_by_default(processes):
 
 
 @needs_module
-def test_all_reduce_keeps_nccl_with_several_processes(processes):
+def test_all_reduce_crosses_processes_where_xla_memory_maps(processes, monkeypatch):
     processes(4)
     for config in (None, DEFAULT):
         choice = _choose("all_reduce", config, transport_only=False)
-        assert choice.transport == "nccl", choice
-        assert "per-call XLA output buffers" in choice.reason, choice.reason
-        assert "another process" in choice.reason, choice.reason
-    with pytest.raises(ValueError, match="XLA output buffers"):
+        assert choice.transport == "copy_engine", choice
+    assert _choose("all_reduce", OPT_OUT)[0] == "nccl"
+    why = "JAX's memory preallocation is off (XLA_PYTHON_CLIENT_PREALLOCATE=false): ..."
+    monkeypatch.setattr(_process_layout, "_pool", why)
+    choice = _choose("all_reduce", None, transport_only=False)
+    assert choice.transport == "nccl", choice
+    assert "could not map from this process: JAX's memory preallocation is off" in choice.reason
+    with pytest.raises(ValueError, match="preallocation is off"):
         _choose("all_reduce", fo_jax.OverlapConfig(transport="copy_engine"))
+    assert _choose("reduce_scatter", None)[0] == "copy_engine"  # needs no XLA memory mapped
+
+
+@needs_module
+def test_all_gather_keeps_nccl_with_several_processes(processes):
+    processes(4)
+    why = _process_layout.multiprocess_problem("all_gather", 4, DEFAULT)
+    assert "table shared only within one process" in why, why
 
 
 @needs_module
@@ -103,14 +116,28 @@ def test_multiprocess_problem_rule():
     two_hosts = lambda: ("h", "g")  # noqa: E731
     rule = _process_layout.multiprocess_problem
     assert rule("all_reduce", 1, None, two_hosts) is None  # one process: not this rule's case
-    assert "XLA output buffers" in rule("all_reduce", 2, DEFAULT, one_host)
-    assert "XLA output buffers" in rule("all_gather", 2, DEFAULT, one_host)
+    assert "shared only within one process" in rule("all_gather", 2, DEFAULT, one_host)
     assert "turned off" in rule("reduce_scatter", 2, OPT_OUT, one_host)
-    passed = lambda: None  # noqa: E731 - the IPC probe's verdicts
+    assert "turned off" in rule("all_reduce", 2, OPT_OUT, one_host)
+    passed = lambda: None  # noqa: E731 - the IPC probe's verdicts, and the XLA memory's export
     failed = lambda: "GPU 1 of process 1 cannot write into ..."  # noqa: E731
+    no_pool = lambda: "XLA_PYTHON_CLIENT_ALLOCATOR=platform: ..."  # noqa: E731
 
     def not_probed():
         raise AssertionError("the IPC probe ran")
+
+    def not_asked():
+        raise AssertionError("XLA's memory was tried")
+
+    assert rule("all_reduce", 2, None, one_host, passed, passed) is None
+    assert rule("reduce_scatter", 2, None, one_host, passed, not_asked) is None
+    why = rule("all_reduce", 2, None, one_host, passed, no_pool)
+    assert why == ("the copy-engine all-reduce across processes stores into the peers' XLA "
+                   "memory, which they could not map from this process: "
+                   "XLA_PYTHON_CLIENT_ALLOCATOR=platform: ...")
+    # XLA's memory is tried last: after the hosts and the probe.
+    assert "span 2 hosts" in rule("all_reduce", 2, None, two_hosts, not_probed, not_asked)
+    assert "probe" in rule("all_reduce", 2, None, one_host, failed, not_asked)
 
     for config in (None, DEFAULT):
         assert rule("reduce_scatter", 2, config, one_host, passed) is None
@@ -119,7 +146,22 @@ def test_multiprocess_problem_rule():
     # The probe runs last: only where the hosts allow CUDA IPC, and not when turned off.
     assert "span 2 hosts" in rule("reduce_scatter", 2, None, two_hosts, not_probed)
     assert "turned off" in rule("reduce_scatter", 2, OPT_OUT, one_host, not_probed)
-    assert "XLA output buffers" in rule("all_reduce", 2, None, one_host, not_probed)
+    assert "one process" in rule("all_gather", 2, None, one_host, not_probed)
+
+
+def test_allocator_settings_that_keep_xla_memory_from_mapping():
+    """The copy-engine all-reduce across processes maps each peer's XLA pool once: JAX's default
+    allocator with its preallocated pool (one allocation per GPU) passes, a pool that grows or
+    another allocator does not."""
+    problem = _process_layout.allocator_problem
+    assert problem({}) is None
+    assert problem({"XLA_PYTHON_CLIENT_ALLOCATOR": "BFC", "XLA_PYTHON_CLIENT_MEM_FRACTION": ".5",
+                    "XLA_PYTHON_CLIENT_PREALLOCATE": "true"}) is None
+    for off in ("false", "False", "0"):
+        assert "preallocation is off" in problem({"XLA_PYTHON_CLIENT_PREALLOCATE": off})
+    for allocator in ("platform", "cuda_async", "vmm"):
+        why = problem({"XLA_PYTHON_CLIENT_ALLOCATOR": allocator})
+        assert why.startswith(f"XLA_PYTHON_CLIENT_ALLOCATOR={allocator}:"), why
 
 
 def test_the_hosts_are_not_asked_for_when_turned_off():
@@ -131,7 +173,7 @@ def test_the_hosts_are_not_asked_for_when_turned_off():
 
     assert "turned off" in _process_layout.multiprocess_problem("reduce_scatter", 4, OPT_OUT,
                                                                no_store)
-    assert "XLA" in _process_layout.multiprocess_problem("all_reduce", 4, None, no_store)
+    assert "one process" in _process_layout.multiprocess_problem("all_gather", 4, None, no_store)
 
 
 class _Store:
@@ -359,17 +401,19 @@ def test_host_identity_is_stable():
 # --- lowering: what the setting changes in the custom call ---
 
 
-def _lowered_transport(config):
-    """The transport in the plan attribute of a reduce-scatter lowered for CUDA from CPU devices
-    (the layout mocked by the caller), as the module's enum value."""
+def _lowered_transport(config, collective="reduce_scatter"):
+    """The transport in the plan attribute of a `collective` call lowered for CUDA from CPU
+    devices (the layout mocked by the caller), as the module's enum value."""
     from jax.sharding import PartitionSpec as P
 
     from conftest import cpu_mesh
 
     mesh = cpu_mesh((4,), ("tp",))
     f = jax.jit(jax.shard_map(
-        lambda x, w: fo_jax.overlapped_matmul(x, w, axis_name="tp", config=config),
-        mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P("tp", None)))
+        lambda x, w: fo_jax.overlapped_matmul(x, w, axis_name="tp", collective=collective,
+                                              config=config),
+        mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)),
+        out_specs=P("tp", None) if collective == "reduce_scatter" else P()))
     x = jnp.ones((SHAPE["m"], SHAPE["k"] * 4), jnp.bfloat16)
     w = jnp.ones((SHAPE["k"] * 4, SHAPE["n"]), jnp.bfloat16)
     text = f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
@@ -382,9 +426,9 @@ def _lowered_transport(config):
 @needs_module
 def test_lowering_with_several_processes(processes, monkeypatch):
     """With 4 processes (mocked; every device still of process 0, so plan agreement has no peer
-    to ask) the lowered reduce-scatter runs on the copy engine by default and on NCCL when
-    turned off; the unique id goes through the (stand-in) key-value store as with any
-    multi-process program."""
+    to ask) the lowered reduce-scatter and all-reduce run on the copy engine by default and on
+    NCCL when turned off (the all-reduce also where XLA's memory cannot be mapped); the unique id
+    goes through the (stand-in) key-value store as with any multi-process program."""
     from fo_jax import _bootstrap
 
     mod = fo_jax._cuda.module()
@@ -397,6 +441,10 @@ def test_lowering_with_several_processes(processes, monkeypatch):
     assert _lowered_transport(fo_jax.OverlapConfig(allow_fallback=False,
                                                    copy_engine_multiprocess=False)) == \
         mod.Transport["nccl"].value
+    default = fo_jax.OverlapConfig(allow_fallback=False)
+    assert _lowered_transport(default, "all_reduce") == mod.Transport["copy_engine"].value
+    monkeypatch.setattr(_process_layout, "_pool", "XLA_PYTHON_CLIENT_ALLOCATOR=platform: ...")
+    assert _lowered_transport(default, "all_reduce") == mod.Transport["nccl"].value
     assert any(key.startswith("fo_jax/nccl_unique_id/") for key in store.values)
 
 
@@ -447,11 +495,12 @@ def test_describe_exchanges_nothing_with_the_other_processes(processes, monkeypa
     assert "not yet checked in this process" in c.reason, c.reason
     # Nothing was cached by the answer: the lowering still exchanges and probes.
     assert _process_layout._hosts is None and _process_layout._ipc is None
-    # Turned off, or an all-reduce: NCCL, nothing assumed.
+    # Turned off: NCCL, nothing assumed. The all-reduce: as the reduce-scatter (its check of
+    # XLA's memory asks no other process).
     c = _describe_on_4_processes(OPT_OUT)
     assert c.transport == "nccl" and "turned off" in c.reason, c.reason
     c = _describe_on_4_processes(collective="all_reduce")
-    assert c.transport == "nccl" and "not yet checked" not in c.reason, c.reason
+    assert c.transport == "copy_engine" and "not yet checked" in c.reason, c.reason
     # After the lowering's exchanges: their answers, without the note.
     monkeypatch.setattr(_process_layout, "_hosts", ("node-a",) * 4)
     monkeypatch.setattr(_process_layout, "_ipc", "")

@@ -19,12 +19,26 @@ CASES = (
     ("ring_after_growth", 4096, 1024, 512, True),
 )
 CALLS = 10  # back-to-back calls per case (every one must give the same bits)
+# All-reduce cases (name, global M, N, K per rank, copy_engine_rounds), after CASES: one round,
+# rounds summed next to the GEMM, and a larger call that grows the receive buffer again. The
+# first one maps every peer's XLA memory; the later ones store through the same mappings.
+AR_CASES = (
+    ("ar_one_round", 4096, 1024, 512, 1),
+    ("ar_two_rounds", 4096, 1024, 512, 2),
+    ("ar_grown_four_rounds", 32768, 1024, 512, 4),
+)
 
 
 def config(ring: bool) -> "fo_jax.OverlapConfig":
     """The copy engine requested (a call it cannot take raises instead of running on NCCL)."""
     return fo_jax.OverlapConfig(allow_fallback=False, transport="copy_engine",
                                 copy_engine_ring=ring)
+
+
+def ar_config(rounds: int) -> "fo_jax.OverlapConfig":
+    """The copy-engine all-reduce requested, in `rounds` rounds."""
+    return fo_jax.OverlapConfig(allow_fallback=False, transport="copy_engine",
+                                copy_engine_rounds=rounds)
 
 
 def lowered_transport(f, *args) -> int:
@@ -90,13 +104,16 @@ def check_shard(out, ref, what: str) -> float:
     return err
 
 
-def sharded_reduce_scatter(nproc: int, transport: str = "copy_engine"):
-    """(f, (x, w)) for the failure workers, after jax.distributed.initialize: the copy-engine
-    reduce-scatter across processes (direct form; transport "nccl": the NCCL transport's) over a
-    mesh of every process's GPU, on the operands of 4096 x 1024 with 512 columns of K per rank
-    (seed 5), sharded for it."""
+def sharded_call(nproc: int, transport: str = "copy_engine",
+                 collective: str = "reduce_scatter"):
+    """(f, (x, w), float64 product) for the failure workers, after jax.distributed.initialize:
+    the copy-engine `collective` across processes (a reduce-scatter in the direct form; transport
+    "nccl": the NCCL transport's) over a mesh of every process's GPU, on the operands of
+    4096 x 1024 with 512 columns of K per rank (seed 5), sharded for it."""
     mesh = tp_mesh()
-    x, w, _ = operands(4096, 1024, 512, nproc, 5)
-    cfg = (config(False) if transport == "copy_engine" else
-           fo_jax.OverlapConfig(allow_fallback=False, transport=transport))
-    return tp_fn(mesh, cfg), shard_operands(mesh, x, w)
+    x, w, ref = operands(4096, 1024, 512, nproc, 5)
+    if transport != "copy_engine":
+        cfg = fo_jax.OverlapConfig(allow_fallback=False, transport=transport)
+    else:
+        cfg = config(False) if collective == "reduce_scatter" else ar_config(1)
+    return tp_fn(mesh, cfg, collective), shard_operands(mesh, x, w), ref

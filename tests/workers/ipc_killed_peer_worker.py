@@ -15,10 +15,10 @@ proc, nproc, port = (int(a) for a in sys.argv[1:4])
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=proc,
                            local_device_ids=[proc])
 from call_report import report_calls  # noqa: E402
-from ipc_cases import sharded_reduce_scatter  # noqa: E402
+from ipc_cases import sharded_call  # noqa: E402
 
 CALLS = 20
-f, (xg, wg) = sharded_reduce_scatter(nproc)
+f, (xg, wg), _ = sharded_call(nproc)
 report_calls(f, (xg, wg), 3)
 if proc == nproc - 1:
     f(xg, wg)  # dispatched, not awaited: the peers' copies of this call may be under way

@@ -1,10 +1,10 @@
-"""The copy-engine reduce-scatter with one JAX process per GPU (CUDA IPC between the processes,
+"""The copy-engine reduce-scatter and all-reduce with one JAX process per GPU (CUDA IPC between the processes,
 the default on one host, OverlapConfig.copy_engine_multiprocess; docs/design.md, "Copy engine
 across processes"): tests/workers/ipc_worker.py runs the cases of tests/workers/ipc_cases.py in one
 process per GPU, and each process's shard must equal, bit for bit, what the single-process copy
 engine computes here from the same operands with the same plan (the ring and the direct form,
-before and after the receive buffers grow). The worker also checks that an all-reduce stays on
-NCCL. tests/workers/ipc_probe_worker.py runs the lowering-time CUDA IPC probe, with every
+before and after the receive buffers grow; the all-reduce, whose band sums store into the peers'
+mapped XLA memory, in one round and in rounds). The worker also runs the NCCL all-reduce. tests/workers/ipc_probe_worker.py runs the lowering-time CUDA IPC probe, with every
 GPU visible to every process and with each process seeing only its own;
 tests/workers/describe_one_process_worker.py calls describe() in one process only."""
 
@@ -26,12 +26,12 @@ from test_overlap_gpu import _one_process_per_gpu
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
                                 "workers"))
-from ipc_cases import CASES, config, operands  # noqa: E402
+from ipc_cases import AR_CASES, CASES, ar_config, config, operands  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 
-def test_reduce_scatter_across_processes_matches_one_process(tmp_path):
+def test_copy_engine_across_processes_matches_one_process(tmp_path):
     tp = tp_or_skip()
     outs = _one_process_per_gpu("ipc_worker.py",
                                 "the copy engine across processes hung",
@@ -56,6 +56,20 @@ def test_reduce_scatter_across_processes_matches_one_process(tmp_path):
             assert np.array_equal(theirs, mine), (
                 f"{name}: process {proc}'s band differs from the single-process copy engine in "
                 f"{int((theirs != mine).sum())} of {mine.size} elements")
+    for seed, (name, m, n, k_rank, rounds) in enumerate(AR_CASES, start=len(CASES)):
+        x, w, ref = operands(m, n, k_rank, tp, seed)
+        f = jax.jit(jax.shard_map(
+            lambda a, b, r=rounds: fo_jax.overlapped_matmul(
+                a, b, axis_name="tp", collective="all_reduce", config=ar_config(r)),
+            mesh=mesh, in_specs=(P(None, "tp"), P("tp", None)), out_specs=P()))
+        out = f(jnp.asarray(x), jnp.asarray(w))
+        assert_close(out, ref, jnp.bfloat16)
+        mine = np.asarray(out).view(np.uint16)
+        for proc in range(tp):
+            theirs = np.load(tmp_path / f"{name}_{proc}.npy")
+            assert np.array_equal(theirs, mine), (
+                f"{name}: process {proc}'s output differs from the single-process copy engine "
+                f"in {int((theirs != mine).sum())} of {mine.size} elements")
 
 
 @pytest.mark.parametrize("hide", [False, True], ids=["all_gpus_visible", "own_gpu_only"])

@@ -410,9 +410,13 @@ def _one_process_per_gpu(worker: str, hang: str, **env_extra) -> list:
         port = s.getsockname()[1]
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "workers",
                         worker)
-    # No preallocation: this process's JAX already holds most of every GPU's memory.
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", XLA_PYTHON_CLIENT_PREALLOCATE="false",
-               **env_extra)
+    # JAX's preallocated pool, as users run (the copy-engine all-reduce across processes maps
+    # it, and needs it to be one allocation), but small: this process's JAX already holds most
+    # of every GPU's memory.
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", XLA_PYTHON_CLIENT_PREALLOCATE="true",
+               XLA_PYTHON_CLIENT_MEM_FRACTION="0.05")
+    env.pop("XLA_CLIENT_MEM_FRACTION", None)
+    env.update(env_extra)
     env.pop("XLA_FLAGS", None)
     procs = [subprocess.Popen([sys.executable, path, str(i), str(nproc), str(port)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -252,17 +252,21 @@ def test_known_failure_in_another_process_ends_the_wait_without_a_timeout():
             assert f"process {nproc - 1} of the group failed" in out, out[-3000:]
 
 
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
 @pytest.mark.parametrize("stage", ["launch", "copy"])
-def test_failure_in_one_process_fails_the_copy_engine_group_everywhere(stage):
+def test_failure_in_one_process_fails_the_copy_engine_group_everywhere(stage, collective):
     """The copy engine across processes: the last process's rank fails at `stage` on every call.
     It releases the flags its peers in the other processes wait for (no call hangs, each ends
     within 30 s) and fails its group; the other processes learn it through the key-value store
-    and raise from a later call on, naming the failed process."""
+    and raise from a later call on, naming the failed process. A call that returns holds NaNs,
+    never a wrong or stale value: the all-reduce's peers, whose outputs that rank stores into,
+    fill theirs with NaNs (comm/abandoned_poison.h)."""
     from test_overlap_gpu import _one_process_per_gpu
 
     nproc = tp_or_skip()
     outs = _one_process_per_gpu("ipc_failure_worker.py", "a process hung after another failed",
-                                FO_JAX_TEST_FAIL=f"{stage}:{nproc - 1}")
+                                FO_JAX_TEST_FAIL=f"{stage}:{nproc - 1}",
+                                FAILURE_WORKER_COLLECTIVE=collective)
     for i, (code, out) in enumerate(outs):
         assert code == 0 and f"WORKER OK process {i}" in out, out[-4000:]
         calls = re.findall(r"^CALL (\d+) (RAISED|RETURNED) (\S+)", out, re.M)
@@ -270,6 +274,8 @@ def test_failure_in_one_process_fails_the_copy_engine_group_everywhere(stage):
         outcomes = [what for _, what, _ in calls]
         assert "RAISED" in outcomes, out[-4000:]
         assert all(what == "RAISED" for what in outcomes[outcomes.index("RAISED"):]), out[-4000:]
+        returned = re.findall(r"^CALL \d+ RETURNED .*$", out, re.M)
+        assert all("nan_shards=1/1 shards=nan" in line for line in returned), out[-4000:]
         if i != nproc - 1:
             assert f"process {nproc - 1} of the group failed" in out, out[-4000:]
 
