@@ -25,6 +25,12 @@ __global__ void PoisonIfAbandonedKernel(const uint32_t* abandoned, uint32_t epoc
 
 }  // namespace
 
+Status LoadPoisonIfAbandoned() {
+  cudaFuncAttributes attr;
+  return CudaStatus(cudaFuncGetAttributes(&attr, PoisonIfAbandonedKernel),
+                    "loading the all-reduce's abandoned-call check");
+}
+
 Status EnqueuePoisonIfAbandoned(cudaStream_t stream, const uint32_t* abandoned, uint32_t epoch,
                                 void* out, size_t bytes) {
   // A few blocks: in the healthy case each only reads one word; a poisoned output is rare.

@@ -16,6 +16,11 @@
 
 namespace fo_jax {
 
+// Loads the kernel into the current device's context, where a failure can still be reported
+// and nothing waits: CUDA loads a kernel lazily at its first launch, which inside a call can
+// wait for this GPU to drain while the GPU waits for work another thread must still enqueue.
+Status LoadPoisonIfAbandoned();
+
 // Enqueues on `stream` a kernel that reads *abandoned (an acquire load at system scope: peers
 // write it with stream memory operations) and, where it has reached `epoch` (epoch_compare.h),
 // fills [out, out + bytes) with 0xFF bytes (NaN in bf16 and fp16). `bytes` is a multiple of 16.

@@ -49,6 +49,7 @@ Status CreateCopyEngineState(CommState& s) {
   FO_JAX_RETURN_IF_ERROR(CudaStatus(e, "creating the progress watchdog's release stream"));
   std::string err;
   FO_JAX_RETURN_IF_ERROR(LaunchStatus(LoadBandSumKernels(&err), "loading the band sums", err));
+  FO_JAX_RETURN_IF_ERROR(LoadPoisonIfAbandoned());
   // At exit, before the CUDA runtime's own teardown (registered earlier, so run later): let the
   // copy workers finish enqueueing (they may still be sending a last call's acks).
   static std::once_flag at_exit_once;
