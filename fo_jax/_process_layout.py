@@ -8,7 +8,9 @@ it sends lands in fo_jax-owned memory. The all-reduce also stores into each peer
 output buffer: each process maps its peers' XLA memory pool once (a virtual-memory allocation
 exported as a file descriptor, csrc/comm/xla_pool_ipc.h), which needs JAX's preallocated pool
 (one allocation per GPU) and an allocation the driver can export; xla_pool_problem checks both
-in this process, without an exchange. The all-gather's copy engine takes its peers' per-call
+in this process, without an exchange. It is opt-in (OverlapConfig(transport='copy_engine')): its
+speed and its failure handling across processes have yet to be measured on GPUs at TP=4, so
+unrequested the all-reduce keeps NCCL. The all-gather's copy engine takes its peers' per-call
 outputs from a table shared within one process, so it keeps NCCL. CUDA IPC reaches only GPUs of
 one host: every process must be on this host.
 
@@ -263,6 +265,10 @@ def multiprocess_problem(collective: str, process_count: int, config: Optional[O
     if config is not None and not config.copy_engine_multiprocess:
         return (f"with {process_count} processes the copy engine (CUDA IPC between the "
                 "processes) was turned off: OverlapConfig(copy_engine_multiprocess=False)")
+    if collective == "all_reduce" and (config is None or config.transport != "copy_engine"):
+        return (f"with {process_count} processes the copy-engine all-reduce (its band sums "
+                "store into the peers' mapped XLA memory) is opt-in: "
+                "OverlapConfig(transport='copy_engine')")
     known_hosts = hosts()
     if known_hosts is None:  # not exchanged yet (without_exchanges): pending_note() says so
         return None

@@ -100,13 +100,16 @@ class OverlapConfig:
         False (the default): partial sums of 256 products (every 256 of K) are added into
         float32. The reference path always accumulates in float32.
       copy_engine_multiprocess: with one JAX process per GPU (jax.distributed), let the
-        copy-engine transport take reduce-scatter calls, its peer memory shared through CUDA IPC
-        (every process on one host). The first such lowering probes CUDA IPC between all the
+        copy-engine transport take reduce-scatter calls (and all-reduce calls that request it
+        with transport="copy_engine"), its peer memory shared through CUDA IPC (every process
+        on one host). The first such lowering probes CUDA IPC between all the
         processes (each maps the others' memory and writes into it); where any pair cannot,
         every process takes NCCL instead (warned once; `describe()` says why). True (the
         default): the copy engine wherever the probe passes; False: NCCL whenever the program
-        runs several processes. The all-reduce and the all-gather keep NCCL with several
-        processes whatever this says (docs/design.md, "Copy engine across processes").
+        runs several processes. Unrequested, the all-reduce keeps NCCL with several processes;
+        requested, it needs JAX's preallocated memory pool (the default), which each process
+        maps in its peers. The all-gather keeps NCCL with several processes whatever this says
+        (docs/design.md, "Copy engine across processes").
     """
 
     gemm_config: Optional[str] = None

@@ -23,6 +23,7 @@ BF16 = jnp.dtype(jnp.bfloat16)
 SHAPE = dict(m=8192, n=8192, k=2048, size=4)
 DEFAULT = fo_jax.OverlapConfig()
 OPT_OUT = fo_jax.OverlapConfig(copy_engine_multiprocess=False)
+REQUESTED = fo_jax.OverlapConfig(transport="copy_engine")  # the all-reduce's opt-in
 
 
 @pytest.fixture
@@ -80,19 +81,23 @@ def test_reduce_scatter_on_one_host_takes_the_copy_engine_by_default(processes):
 
 
 @needs_module
-def test_all_reduce_crosses_processes_where_xla_memory_maps(processes, monkeypatch):
+def test_all_reduce_crosses_processes_when_requested_where_xla_memory_maps(processes,
+                                                                        monkeypatch):
     processes(4)
-    for config in (None, DEFAULT):
+    for config in (None, DEFAULT):  # unrequested: NCCL, saying how to opt in
         choice = _choose("all_reduce", config, transport_only=False)
-        assert choice.transport == "copy_engine", choice
-    assert _choose("all_reduce", OPT_OUT)[0] == "nccl"
+        assert choice.transport == "nccl", choice
+        assert "opt-in: OverlapConfig(transport='copy_engine')" in choice.reason, choice.reason
+    choice = _choose("all_reduce", REQUESTED, transport_only=False)
+    assert choice.transport == "copy_engine", choice
+    with pytest.raises(ValueError, match="turned off"):
+        _choose("all_reduce", fo_jax.OverlapConfig(transport="copy_engine",
+                                                   copy_engine_multiprocess=False))
     why = "JAX's memory preallocation is off (XLA_PYTHON_CLIENT_PREALLOCATE=false): ..."
     monkeypatch.setattr(_process_layout, "_pool", why)
-    choice = _choose("all_reduce", None, transport_only=False)
-    assert choice.transport == "nccl", choice
-    assert "could not map from this process: JAX's memory preallocation is off" in choice.reason
-    with pytest.raises(ValueError, match="preallocation is off"):
-        _choose("all_reduce", fo_jax.OverlapConfig(transport="copy_engine"))
+    with pytest.raises(ValueError, match="could not map from this process: JAX's memory "
+                                         "preallocation is off"):
+        _choose("all_reduce", REQUESTED)
     assert _choose("reduce_scatter", None)[0] == "copy_engine"  # needs no XLA memory mapped
 
 
@@ -119,6 +124,7 @@ def test_multiprocess_problem_rule():
     assert "shared only within one process" in rule("all_gather", 2, DEFAULT, one_host)
     assert "turned off" in rule("reduce_scatter", 2, OPT_OUT, one_host)
     assert "turned off" in rule("all_reduce", 2, OPT_OUT, one_host)
+    assert "opt-in" in rule("all_reduce", 2, None, one_host)  # asks no host, probe or pool
     passed = lambda: None  # noqa: E731 - the IPC probe's verdicts, and the XLA memory's export
     failed = lambda: "GPU 1 of process 1 cannot write into ..."  # noqa: E731
     no_pool = lambda: "XLA_PYTHON_CLIENT_ALLOCATOR=platform: ..."  # noqa: E731
@@ -129,15 +135,15 @@ def test_multiprocess_problem_rule():
     def not_asked():
         raise AssertionError("XLA's memory was tried")
 
-    assert rule("all_reduce", 2, None, one_host, passed, passed) is None
+    assert rule("all_reduce", 2, REQUESTED, one_host, passed, passed) is None
     assert rule("reduce_scatter", 2, None, one_host, passed, not_asked) is None
-    why = rule("all_reduce", 2, None, one_host, passed, no_pool)
+    why = rule("all_reduce", 2, REQUESTED, one_host, passed, no_pool)
     assert why == ("the copy-engine all-reduce across processes stores into the peers' XLA "
                    "memory, which they could not map from this process: "
                    "XLA_PYTHON_CLIENT_ALLOCATOR=platform: ...")
     # XLA's memory is tried last: after the hosts and the probe.
-    assert "span 2 hosts" in rule("all_reduce", 2, None, two_hosts, not_probed, not_asked)
-    assert "probe" in rule("all_reduce", 2, None, one_host, failed, not_asked)
+    assert "span 2 hosts" in rule("all_reduce", 2, REQUESTED, two_hosts, not_probed, not_asked)
+    assert "probe" in rule("all_reduce", 2, REQUESTED, one_host, failed, not_asked)
 
     for config in (None, DEFAULT):
         assert rule("reduce_scatter", 2, config, one_host, passed) is None
@@ -426,9 +432,9 @@ def _lowered_transport(config, collective="reduce_scatter"):
 @needs_module
 def test_lowering_with_several_processes(processes, monkeypatch):
     """With 4 processes (mocked; every device still of process 0, so plan agreement has no peer
-    to ask) the lowered reduce-scatter and all-reduce run on the copy engine by default and on
-    NCCL when turned off (the all-reduce also where XLA's memory cannot be mapped); the unique id
-    goes through the (stand-in) key-value store as with any multi-process program."""
+    to ask) the lowered reduce-scatter runs on the copy engine by default and on NCCL when
+    turned off; the all-reduce on NCCL unless it requests the copy engine; the unique id goes
+    through the (stand-in) key-value store as with any multi-process program."""
     from fo_jax import _bootstrap
 
     mod = fo_jax._cuda.module()
@@ -442,9 +448,12 @@ def test_lowering_with_several_processes(processes, monkeypatch):
                                                    copy_engine_multiprocess=False)) == \
         mod.Transport["nccl"].value
     default = fo_jax.OverlapConfig(allow_fallback=False)
-    assert _lowered_transport(default, "all_reduce") == mod.Transport["copy_engine"].value
-    monkeypatch.setattr(_process_layout, "_pool", "XLA_PYTHON_CLIENT_ALLOCATOR=platform: ...")
+    requested = fo_jax.OverlapConfig(allow_fallback=False, transport="copy_engine")
     assert _lowered_transport(default, "all_reduce") == mod.Transport["nccl"].value
+    assert _lowered_transport(requested, "all_reduce") == mod.Transport["copy_engine"].value
+    monkeypatch.setattr(_process_layout, "_pool", "XLA_PYTHON_CLIENT_ALLOCATOR=platform: ...")
+    with pytest.raises(ValueError, match="XLA_PYTHON_CLIENT_ALLOCATOR=platform"):
+        _lowered_transport(requested, "all_reduce")
     assert any(key.startswith("fo_jax/nccl_unique_id/") for key in store.values)
 
 
@@ -495,11 +504,14 @@ def test_describe_exchanges_nothing_with_the_other_processes(processes, monkeypa
     assert "not yet checked in this process" in c.reason, c.reason
     # Nothing was cached by the answer: the lowering still exchanges and probes.
     assert _process_layout._hosts is None and _process_layout._ipc is None
-    # Turned off: NCCL, nothing assumed. The all-reduce: as the reduce-scatter (its check of
-    # XLA's memory asks no other process).
+    # Turned off, or an all-reduce not requesting the copy engine: NCCL, nothing assumed. A
+    # requested all-reduce: as the reduce-scatter (its check of XLA's memory asks no other
+    # process).
     c = _describe_on_4_processes(OPT_OUT)
     assert c.transport == "nccl" and "turned off" in c.reason, c.reason
     c = _describe_on_4_processes(collective="all_reduce")
+    assert c.transport == "nccl" and "not yet checked" not in c.reason, c.reason
+    c = _describe_on_4_processes(REQUESTED, collective="all_reduce")
     assert c.transport == "copy_engine" and "not yet checked" in c.reason, c.reason
     # After the lowering's exchanges: their answers, without the note.
     monkeypatch.setattr(_process_layout, "_hosts", ("node-a",) * 4)
