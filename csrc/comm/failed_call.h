@@ -30,10 +30,13 @@
 // its right sum, since none of that band's partial sums pass through this rank's sends and its
 // GEMM does not wait for this rank's copy worker). The all-gather, its
 // own transport, fills the rows that do not come with NaNs instead (all_gather_copy_engine.h,
-// EnqueueBandRelease). Not covered: the band that a rank whose band sums failed to launch
-// (kXlaStream) owed its all-reduce peers, whose own sums may have passed their waits before its
-// mark lands. That failure is the handler's, and the copy-engine all-reduce keeps its ranks in
-// one process, one JAX call, which then fails as a whole: nobody reads those bands. A peer's `abandoned` is otherwise written only by its own
+// EnqueueBandRelease). The band that a rank whose band sums failed to launch (kXlaStream) owed
+// its all-reduce peers is missing from their outputs, whose own sums may have passed their waits
+// before its mark lands: within one process that failure is the handler's, one JAX call, which
+// then fails as a whole (nobody reads those bands); across processes each peer's call, which
+// succeeds, fills its whole output with NaNs once its waits for `stored` are over if its
+// `abandoned` has the call's epoch by then (abandoned_poison.h): the release writes the mark
+// before `stored`. A peer's `abandoned` is otherwise written only by its own
 // progress watchdog, seconds later; the group is failed from the first failure on, so no later
 // call enqueues work that a lower mark could leave unmarked.
 #pragma once

@@ -3,9 +3,9 @@
 // allocation (receive buffer, flag words) with cudaIpcGetMemHandle, the handles travel in the
 // address exchange (PeerInfo), and each peer maps them with cudaIpcOpenMemHandle: the flags once,
 // a receive buffer once per generation (GrowCopyEngineBuffers closes a superseded mapping where
-// its owner frees the buffer). Only fo_jax's own memory crosses processes: XLA's buffers are not
-// exported, so a collective that stores into the peers' outputs (the all-reduce) cannot use this
-// (fo_jax/_process_layout.py keeps it on NCCL). docs/design.md, "Copy engine across processes".
+// its owner frees the buffer). This covers fo_jax's own memory only: XLA's buffers, which the
+// all-reduce stores into, are not legacy-IPC capable and cross processes as virtual-memory
+// allocations instead (xla_pool_ipc.h). docs/design.md, "Copy engine across processes".
 #pragma once
 
 #include <cuda_runtime.h>

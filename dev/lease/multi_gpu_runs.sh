@@ -17,7 +17,8 @@
 #   reliability    tests/gpu/overlap/test_reliability_gpu.py and test_copy_engine_processes_gpu.py
 #                  ($RELIABILITY_K, like $OVERLAP_TESTS_K for the overlap tests: a pytest -k
 #                  expression, e.g. the tests a cut-off run did not reach)
-#   multiprocess   benchmarks/bench_overlap_multiprocess.py --processes <GPU count>
+#   multiprocess   benchmarks/bench_overlap_multiprocess.py --processes <GPU count>, the
+#                  reduce-scatter and the (requested) copy-engine all-reduce
 #   fp8-bench      benchmarks/bench_fp8_overlap.py, all three collectives (the all-gather opted in)
 #   cpu-tests      tests/cpu (the rest of the suite), FO_JAX_REQUIRE_GPU=1
 # Every result file lands in $OUT with <device>x<GPUs>_<date>_<commit> in its name; the PASS/FAIL
@@ -44,6 +45,11 @@ run() {
   local step=$1 limit=$2 log="$OUT/$3"; shift 3
   local s=$(date +%s)
   (cd /tmp && timeout -k 20 "$limit" "$@") > "$log" 2>&1; local rc=$?
+  # Worker processes a cut-off step started (one process per GPU) must not hold the GPUs
+  # through the next step's timing.
+  if pkill -9 -f -e "$R/tests/workers/|bench_overlap_multiprocess.py --worker" >> "$log" 2>&1; then
+    echo "$step: killed leftover worker processes (see its log)" | tee -a "$SUMMARY"; sleep 2
+  fi
   echo "$step: rc $rc in $(( $(date +%s) - s ))s (limit ${limit}s), log $(basename "$log")" \
     | tee -a "$SUMMARY"
   # A script that imported another fo_jax than the install (e.g. this tree's source, which has no
@@ -114,7 +120,7 @@ for step in ${STEPS:-overlap-tests bench train reliability multiprocess fp8-benc
     multiprocess)
       run "$step" "${MULTIPROCESS_TIMEOUT:-420}" "bench_multiprocess_$NAME.log" \
         python3 "$R/benchmarks/bench_overlap_multiprocess.py" --processes "$NGPU" \
-        --out "$OUT/mp.tmp" ${MULTIPROCESS_ARGS:-}
+        --collectives reduce_scatter all_reduce --out "$OUT/mp.tmp" ${MULTIPROCESS_ARGS:-}
       collect "$OUT/mp.tmp"; tail -12 "$OUT/bench_multiprocess_$NAME.log";;
     fp8-bench)
       run "$step" "${FP8_BENCH_TIMEOUT:-420}" "bench_fp8_overlap_$NAME.log" \
