@@ -6,6 +6,9 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -28,6 +31,7 @@
 #include "comm/stuck_release_check.h"
 #include "comm/stuck_ring_release_check.h"
 #include "comm/test_failures.h"
+#include "comm/xla_pool_ipc.h"
 #include "kernels/epoch_compare.h"
 #include "kernels/signaling_gemm.h"
 
@@ -456,6 +460,57 @@ void BindTestBindings(nb::module_& m) {
       },
       nb::arg("mine"), nb::arg("peer"), nb::arg("peer_rank"), nb::arg("peer_ordinal_here"),
       nb::arg("can_access"));
+
+  // The all-reduce's descriptor hand-over across processes (comm/xla_pool_ipc.h), within this
+  // process and without a GPU: a server hands a pipe's write end to `clients` expected
+  // receivers of which `connecting` connect (each on a thread of its own); each writes its index
+  // through the descriptor it received. Returns (server's problem, [each receiver's problem],
+  // the bytes read back from the pipe, sorted).
+  m.def(
+      "fd_handover_check",
+      [](int clients, int connecting, int timeout_ms) {
+        int pipe_fds[2] = {-1, -1};
+        if (pipe(pipe_fds) != 0) throw std::runtime_error("pipe() failed");
+        fo_jax::FdServer server;
+        std::string name;
+        fo_jax::Status listened = server.Listen(&name);
+        std::string served;
+        std::vector<std::string> received(connecting);
+        {
+          nb::gil_scoped_release release;
+          if (listened.ok()) {
+            std::thread serve([&] {
+              served = server.Serve(pipe_fds[1], clients, timeout_ms).message();
+            });
+            std::vector<std::thread> receivers;
+            for (int i = 0; i < connecting; ++i) {
+              receivers.emplace_back([&, i] {
+                int fd = -1;
+                const fo_jax::Status got = fo_jax::ReceiveFd(name, timeout_ms, &fd);
+                received[i] = got.message();
+                if (got.ok()) {
+                  const char byte = static_cast<char>('a' + i);
+                  if (write(fd, &byte, 1) != 1) received[i] = "write through it failed";
+                  close(fd);
+                }
+              });
+            }
+            for (auto& t : receivers) t.join();
+            serve.join();
+          } else {
+            served = listened.message();
+          }
+        }
+        close(pipe_fds[1]);
+        std::string bytes;
+        char buf[64];
+        ssize_t n;
+        while ((n = read(pipe_fds[0], buf, sizeof(buf))) > 0) bytes.append(buf, size_t(n));
+        close(pipe_fds[0]);
+        std::sort(bytes.begin(), bytes.end());
+        return std::make_tuple(served, received, bytes);
+      },
+      nb::arg("clients"), nb::arg("connecting"), nb::arg("timeout_ms"));
 }
 
 }  // namespace fo_jax

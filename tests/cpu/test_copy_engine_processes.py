@@ -170,6 +170,24 @@ def test_allocator_settings_that_keep_xla_memory_from_mapping():
         assert why.startswith(f"XLA_PYTHON_CLIENT_ALLOCATOR={allocator}:"), why
 
 
+@needs_module
+def test_descriptor_handover_over_a_unix_socket():
+    """The copy-engine all-reduce across processes hands each peer its XLA memory's descriptor
+    over an abstract Unix socket (csrc/comm/xla_pool_ipc.h). Here within one process, without a
+    GPU: a pipe's write end to three receivers, each writing through its own copy; a receiver
+    that never comes makes the server give up after its timeout instead of waiting forever."""
+    import time
+
+    check = fo_jax._cuda.module().fd_handover_check
+    served, received, data = check(3, 3, 5000)
+    assert (served, received, data) == ("", ["", "", ""], "abc")
+    start = time.perf_counter()
+    served, received, data = check(2, 1, 300)
+    assert "never came for XLA's memory handle (waited 300 ms)" in served, served
+    assert (received, data) == ([""], "a")
+    assert time.perf_counter() - start < 5
+
+
 def test_the_hosts_are_not_asked_for_when_turned_off():
     """Turned off (or for a collective that cannot cross processes) the rule never touches the
     key-value store: such a program exchanges nothing more than NCCL's unique ids."""
