@@ -103,6 +103,24 @@ sockaddr_un AbstractAddress(const std::string& name, socklen_t* len) {
   return a;
 }
 
+// One byte of payload with room for one descriptor (SCM_RIGHTS): the message both ends use. Its
+// header points into itself, so it is built in place and never copied.
+struct FdMessage {
+  char byte = 'f';
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+
+  FdMessage() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+};
+
 Status ErrnoStatus(const std::string& what) {
   return Status::Internal(what + " failed: " + std::strerror(errno));
 }
@@ -179,20 +197,13 @@ Status FdServer::Serve(int fd, int clients, int timeout_ms) {
     }
     const int conn = accept4(socket_, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) return ErrnoStatus("accepting a peer process's connection");
-    char byte = 'f';
-    iovec iov{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    FdMessage m;
+    cmsghdr* c = CMSG_FIRSTHDR(&m.msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    const ssize_t sent = sendmsg(conn, &msg, MSG_NOSIGNAL);
+    const ssize_t sent = sendmsg(conn, &m.msg, MSG_NOSIGNAL);
     const int err = errno;
     close(conn);
     if (sent != 1) {
@@ -217,18 +228,11 @@ Status ReceiveFd(const std::string& name, int timeout_ms, int* fd) {
     close(s);
     return st;
   }
-  char byte = 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  const ssize_t got = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+  FdMessage m;
+  const ssize_t got = recvmsg(s, &m.msg, MSG_CMSG_CLOEXEC);
   const int err = errno;
   close(s);
-  cmsghdr* c = got == 1 ? CMSG_FIRSTHDR(&msg) : nullptr;
+  cmsghdr* c = got == 1 ? CMSG_FIRSTHDR(&m.msg) : nullptr;
   if (c == nullptr || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
     errno = got < 0 ? err : EPROTO;
     return ErrnoStatus("receiving XLA's memory handle from a peer process");
