@@ -25,6 +25,8 @@ Methods (operands random normal, x scaled by 1/sqrt(K); both in the timed dtype,
   fo_jax.gemm      --configs: fo_jax.matmul with OverlapConfig(gemm_config=NAME), one row per
                    compiled configuration ("all": every one), so the choice can be fitted from
                    one run (dev/fit_gemm_table.py)
+                   "NAME/kS" (or --splits S ...: every cooperative configuration of --configs
+                   at each S) runs it with OverlapConfig(k_splits=S): split K
   fo_jax.producer  --producer: the overlap's producer, 8 groups and counters, per configuration
 Every fo_jax result is checked against xla.dot first (relative error; a wrong kernel's time is
 not recorded: its row carries "error").
@@ -51,7 +53,8 @@ dtype: xla.dot / fo_jax.matmul per shape and the geomean; with --configs the bes
 configuration per shape) and .png (ratio vs M) when matplotlib is installed. Progress on stderr.
 
 Usage: python3 benchmarks/bench_gemm_sweep.py [--dtype bfloat16|float16|both] [--quick]
-         [--configs all|NAME ...] [--configs-dtype bfloat16|float16|both] [--producer]
+         [--configs all|NAME|NAME/kS ...] [--splits S ...]
+         [--configs-dtype bfloat16|float16|both] [--producer]
          [--rounds 3] [--calls 8] [--out DIR]
 """
 
@@ -143,7 +146,14 @@ def chosen_config(fn, x, w, dtype, m: int, n: int, k: int) -> str:
 
     if "fo_jax_gemm" not in fn.lower(x, w).as_text():
         return "xla.dot"
-    return _plan.plan_gemm("fo_jax.matmul", dtype, m, n, k, 1, None, 1, 0).config_name
+    plan = _plan.plan_matmul("fo_jax.matmul", dtype, m, n, k, None)
+    return plan.config_name + (f"/k{plan.k_splits}" if plan.k_splits > 1 else "")
+
+
+def config_of(name: str) -> fo_jax.OverlapConfig:
+    """OverlapConfig of a --configs entry: NAME, or NAME/kS (split K in S)."""
+    base, _, split = name.partition("/k")
+    return fo_jax.OverlapConfig(gemm_config=base, k_splits=int(split) if split else None)
 
 
 def methods_for(dtype, m: int, n: int, k: int, configs: list, producer: bool) -> list:
@@ -152,11 +162,11 @@ def methods_for(dtype, m: int, n: int, k: int, configs: list, producer: bool) ->
 
     out = [("xla.dot", None, jnp.dot), ("fo_jax.matmul", None, fo_jax.matmul)]
     for name in configs:
-        cfg = fo_jax.OverlapConfig(gemm_config=name)
+        cfg = config_of(name)
         out.append(("fo_jax.gemm", name,
                     lambda x, w, cfg=cfg: fo_jax.matmul(x, w, config=cfg)))
     if producer:
-        for name in configs or [None]:
+        for name in [c for c in configs if "/k" not in c] or [None]:
             cfg = fo_jax.OverlapConfig(num_groups=8, gemm_config=name)
             plan = _plan.plan_gemm("bench_gemm_sweep", dtype, m, n, k, 1, cfg, 8, 0)
             out.append(("fo_jax.producer", plan.config_name,
@@ -247,6 +257,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", default=None, help="MxNxK ... instead of the sweep")
     ap.add_argument("--configs", nargs="*", default=[],
                     help="'all' or names: time these compiled GEMM configurations too")
+    ap.add_argument("--splits", nargs="*", type=int, default=[],
+                    help="also time every cooperative configuration of --configs split in S")
     ap.add_argument("--configs-dtype", choices=["bfloat16", "float16", "both"],
                     default="bfloat16", help="dtypes in which --configs are timed")
     ap.add_argument("--producer", action="store_true",
@@ -261,7 +273,9 @@ def main() -> None:
 
     compiled = [c["name"] for c in _plan.gemm_configs_for(jnp.bfloat16)]  # the 16-bit rows
     configs = compiled if args.configs == ["all"] else list(args.configs)
-    unknown = sorted(set(configs) - set(compiled))
+    cooperative = {c["name"] for c in _plan.gemm_configs_for(jnp.bfloat16) if not c["pingpong"]}
+    configs += [f"{c}/k{s}" for c in list(configs) if c in cooperative for s in args.splits]
+    unknown = sorted({c.partition("/k")[0] for c in configs} - set(compiled))
     if unknown:
         sys.exit(f"bench_gemm_sweep.py: unknown --configs {unknown}; compiled: {compiled}")
     shapes = (parse_shapes(args.shapes) if args.shapes

@@ -61,12 +61,18 @@ def check_scatter_rows(fn: str, m: int, size: int, axis_name: str) -> None:
             f"divisible by the size of axis {axis_name!r} ({size}); got remainder {m % size}")
 
 
-def check_config(fn: str, config) -> None:
+def check_config(fn: str, config, plain: bool = False) -> None:
+    """A call's config: an OverlapConfig or None; k_splits > 1 only for a plain GEMM (`plain`:
+    fo_jax.matmul), as the overlapped calls' GEMM signals whole tiles."""
     from fo_jax.config import OverlapConfig  # noqa: PLC0415 (config imports nothing of ours)
 
     if config is not None and not isinstance(config, OverlapConfig):
         raise TypeError(f"{fn}: config must be a fo_jax.OverlapConfig or None, got "
                         f"{type(config).__name__}")
+    if not plain and config is not None and (config.k_splits or 1) > 1:
+        raise ValueError(
+            f"{fn}: OverlapConfig.k_splits applies to fo_jax.matmul only (an overlapped call's "
+            f"GEMM signals whole tiles); got k_splits={config.k_splits}")
 
 
 def trace_platform() -> str:

@@ -3,6 +3,9 @@
 - `matmul_cuda` / `signaling_gemm`: the signaling GEMM alone (target fo_jax_gemm_v2); its fp8
   form `matmul_fp8_cuda` / `signaling_gemm_fp8` (target fo_jax_gemm_fp8_v1: the weight K-major,
   two float32 scalar scales as extra operands, bfloat16 output).
+  A plan that splits K (GemmPlan.k_splits > 1) calls their split-K forms
+  (fo_jax_gemm_split_k_v1, fo_jax_gemm_fp8_split_k_v1): a k_splits attribute, the split flags
+  after the group counters in the counters result, and a third result for the partial sums.
 - `overlapped_matmul_cuda`: GEMM + counter-gated collective (target fo_jax_overlapped_matmul_v2),
   bound through a small primitive because its lowering needs the concrete mesh (to know each
   device's tensor-parallel group and rank; see _bootstrap.py); its fp8 form
@@ -24,12 +27,15 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from fo_jax import _bootstrap, _cuda, _vma
-from fo_jax._plan import GemmPlan, OverlapPlan
+from fo_jax._plan import GemmPlan, OverlapPlan, split_k_sizes
 
 GEMM_TARGET = "fo_jax_gemm_v2"
 GEMM_INTO_TARGET = "fo_jax_gemm_into_v2"
 GEMM_FP8_TARGET = "fo_jax_gemm_fp8_v1"
 GEMM_FP8_INTO_TARGET = "fo_jax_gemm_fp8_into_v1"
+GEMM_SPLIT_K_TARGET = "fo_jax_gemm_split_k_v1"
+GEMM_SPLIT_K_INTO_TARGET = "fo_jax_gemm_split_k_into_v1"
+GEMM_FP8_SPLIT_K_TARGET = "fo_jax_gemm_fp8_split_k_v1"
 OVERLAP_TARGET = "fo_jax_overlapped_matmul_v2"
 OVERLAP_FP8_TARGET = "fo_jax_overlapped_matmul_fp8_v1"
 
@@ -119,6 +125,32 @@ def _ffi_call(target: str, args: tuple, result_avals: tuple, attrs: dict, aliase
                       result_avals=tuple(result_avals), aliases=tuple(aliases))
 
 
+def _gemm_results(like, rows: int, n: int, dtype, plan: GemmPlan) -> tuple:
+    """Result avals of a GEMM call: d, the counters (and, splitting K, the split flags after
+    them, then the partial sums)."""
+    flags, partials = split_k_sizes(plan, rows // plan.batch, n)
+    results = (_result_aval(like, (rows, n), dtype),
+               _result_aval(like, (plan.num_groups + flags,), np.uint32))
+    if plan.k_splits > 1:
+        results += (_result_aval(like, (partials,), np.float32),)
+    return results
+
+
+def _gemm_attrs(plan: GemmPlan, signal: bool) -> dict:
+    attrs = dict(plan=gemm_attribute(plan), signal=bool(signal))
+    if plan.k_splits > 1:
+        attrs["k_splits"] = np.int32(plan.k_splits)
+    return attrs
+
+
+def _d_and_counters(results, plan: GemmPlan) -> tuple:
+    """(d, the group counters) of a GEMM call's results."""
+    d, counters = results[0], results[1]
+    if plan.k_splits > 1:
+        counters = counters[:plan.num_groups]
+    return d, counters
+
+
 def signaling_gemm(a: jax.Array, b: jax.Array, plan: GemmPlan, batch: Optional[int] = None,
                    signal: bool = True, d_init: jax.Array | None = None):
     """(d, counters): the raw kernel entry (a batch > 1 writes the group-major remapped layout).
@@ -128,13 +160,15 @@ def signaling_gemm(a: jax.Array, b: jax.Array, plan: GemmPlan, batch: Optional[i
         raise ValueError(f"fo_jax.signaling_gemm: batch {batch} but the plan was made for "
                          f"batch {plan.batch}")
     _cuda.register_targets()
-    like = (a, b)
-    results = (_result_aval(like, (a.shape[0], b.shape[1]), a.dtype),
-               _result_aval(like, (plan.num_groups,), np.uint32))
-    attrs = dict(plan=gemm_attribute(plan), signal=bool(signal))
+    results = _gemm_results((a, b), a.shape[0], b.shape[1], a.dtype, plan)
+    attrs = _gemm_attrs(plan, signal)
+    split = plan.k_splits > 1
     if d_init is None:
-        return tuple(_ffi_call(GEMM_TARGET, (a, b), results, attrs))
-    return tuple(_ffi_call(GEMM_INTO_TARGET, (a, b, d_init), results, attrs, aliases=((2, 0),)))
+        out = _ffi_call(GEMM_SPLIT_K_TARGET if split else GEMM_TARGET, (a, b), results, attrs)
+    else:
+        out = _ffi_call(GEMM_SPLIT_K_INTO_TARGET if split else GEMM_INTO_TARGET,
+                        (a, b, d_init), results, attrs, aliases=((2, 0),))
+    return _d_and_counters(out, plan)
 
 
 def matmul_cuda(x: jax.Array, w: jax.Array, plan: GemmPlan) -> jax.Array:
@@ -148,11 +182,14 @@ def signaling_gemm_fp8(a: jax.Array, b_nk: jax.Array, a_scale: jax.Array, b_scal
     bfloat16 (target fo_jax_gemm_fp8_v1). With `d_init` the kernel writes into that buffer
     (aliased), so tests can poison it."""
     _cuda.register_targets()
-    like = (a, b_nk)
-    results = (_result_aval(like, (a.shape[0], b_nk.shape[0]), np.dtype(jax.numpy.bfloat16)),
-               _result_aval(like, (plan.num_groups,), np.uint32))
-    attrs = dict(plan=gemm_attribute(plan), signal=bool(signal))
+    results = _gemm_results((a, b_nk), a.shape[0], b_nk.shape[0],
+                            np.dtype(jax.numpy.bfloat16), plan)
+    attrs = _gemm_attrs(plan, signal)
     args = (a, b_nk, a_scale, b_scale)
+    if plan.k_splits > 1:
+        if d_init is not None:
+            raise ValueError("fo_jax.signaling_gemm_fp8: no aliased output with split K")
+        return _d_and_counters(_ffi_call(GEMM_FP8_SPLIT_K_TARGET, args, results, attrs), plan)
     if d_init is None:
         return tuple(_ffi_call(GEMM_FP8_TARGET, args, results, attrs))
     return tuple(_ffi_call(GEMM_FP8_INTO_TARGET, args + (d_init,), results, attrs,

@@ -107,6 +107,9 @@ class GemmPlan:
     sm_budget: int  # > 0: SMs; 0: all; < 0: all but that many (resolved on the device)
     batch: int = 1  # > 1: the NCCL reduce-scatter's group-major layout of `batch` bands
     cluster_m: int = 1
+    # Split K (fo_jax.matmul only): units of work each output tile's K is divided among
+    # (SignalingGemmArgs::k_splits; cooperative configurations); 1: none.
+    k_splits: int = 1
 
     @property
     def num_groups(self) -> int:
@@ -159,6 +162,18 @@ def output_dtype(dtype):
     writes bfloat16 only)."""
     dtype = jnp.dtype(dtype)
     return jnp.dtype(jnp.bfloat16) if dtype == jnp.float8_e4m3fn else dtype
+
+
+def split_k_sizes(plan: GemmPlan, m: int, n: int) -> tuple:
+    """(flag words, partial floats) of a split-K launch of `plan` on x[batch * m, k] @ w[k, n]
+    (SplitKFlagWords / SplitKPartialFloats in csrc/kernels/signaling_gemm.h): one flag per
+    output tile (tile-rows rounded up to whole clusters), k_splits - 1 partial tiles per
+    output tile; (0, 0) without a split."""
+    if plan.k_splits <= 1:
+        return 0, 0
+    tile_rows = -(-m // plan.tile_m)
+    tiles = plan.batch * (-(-tile_rows // plan.cluster_m) * plan.cluster_m) * (-(-n // plan.tile_n))
+    return tiles, tiles * (plan.k_splits - 1) * plan.tile_m * plan.tile_n
 
 
 @functools.lru_cache(maxsize=None)
@@ -273,7 +288,9 @@ def plan_gemm(fn: str, dtype, m: int, n: int, k: int, batch: int,
               ) -> GemmPlan:
     """Chooses the tile configuration and group table of one call (m is per batch). Groups:
     config.group_tile_rows, else config.num_groups equal groups, else `default_weights`
-    (relative sizes) when given, else `default_groups` equal groups."""
+    (relative sizes) when given, else `default_groups` equal groups. The plan does not split K
+    (plan_matmul adds that; the overlapped calls refuse config.k_splits > 1 when they check
+    their arguments, _checks.check_config)."""
     mod = _cuda.module()
     sm_budget = default_sm_budget
     if config is not None and config.sm_budget is not None:
@@ -298,8 +315,37 @@ def plan_gemm(fn: str, dtype, m: int, n: int, k: int, batch: int,
 
 def plan_matmul(fn: str, dtype, m: int, n: int, k: int,
                 config: Optional[OverlapConfig]) -> GemmPlan:
-    """The plan of `fo_jax.matmul`: one group, every SM unless config says otherwise."""
-    return plan_gemm(fn, dtype, m, n, k, 1, config, 1, 0)
+    """The plan of `fo_jax.matmul`: one group, every SM unless config says otherwise, and
+    config.k_splits (checked here: a cooperative configuration named by gemm_config; at most
+    one split per k-tile, fewer where K is shorter), else the measured choice's split
+    (fo_jax/_gemm_choice.py)."""
+    requested = config.k_splits if config is not None else None
+    plan = plan_gemm(fn, dtype, m, n, k, 1, config, 1, 0)
+    c = gemm_configs()[plan.config_index]
+    if requested is None:
+        splits = 1
+        if config is None or config.gemm_config is None:
+            splits = _gemm_choice.split_for(dtype, m, n, k, plan.sm_budget, c, gemm_configs())
+        return dataclasses.replace(plan, k_splits=splits)
+    if requested > 1:
+        if config.gemm_config is None:
+            raise ValueError(
+                f"{fn}: OverlapConfig.k_splits={requested} needs gemm_config to name a "
+                f"cooperative configuration (one of {split_config_names(dtype, config)})")
+        if c.get("pingpong"):
+            raise ValueError(
+                f"{fn}: gemm_config {c['name']!r} is a ping-pong configuration, which cannot "
+                f"split K; k_splits > 1 takes one of {split_config_names(dtype, config)}")
+        # At most one split per k-tile: a shorter K (e.g. a backward GEMM's) splits less.
+        requested = min(requested, -(-k // int(c["tile_k"])))
+    return dataclasses.replace(plan, k_splits=requested)
+
+
+def split_config_names(dtype, config: Optional[OverlapConfig]) -> list:
+    """The compiled configurations whose kernels split K for operands of `dtype` (the
+    cooperative ones of the call's accumulation)."""
+    return [c["name"] for c in gemm_configs_for(dtype, fast_accumulation(dtype, config))
+            if not c.get("pingpong")]
 
 
 def consumer_config_index(fn: str, dtype, m: int, n: int, k: int, band_rows: int,

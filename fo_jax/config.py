@@ -15,6 +15,9 @@ from typing import Optional, Tuple
 SUM_SPLITS = ("one", "bands", "rows")
 # How a CUDA device runs an all-gather feeding a GEMM (OverlapConfig.all_gather).
 ALL_GATHER_PATHS = ("xla", "overlap")
+# Most splits of one output tile's K (OverlapConfig.k_splits; csrc/kernels/signaling_gemm.h's
+# kMaxKSplits, which a test compares).
+MAX_K_SPLITS = 16
 
 
 def _is_int(value) -> bool:
@@ -110,6 +113,13 @@ class OverlapConfig:
         requested, it needs JAX's preallocated memory pool (the default), which each process
         maps in its peers. The all-gather keeps NCCL with several processes whatever this says
         (docs/design.md, "Copy engine across processes").
+      k_splits: `matmul` only (its forward GEMM, as `gemm_config`): divide each output tile's K
+        among this many units of work on different SMs, the last adding the others' float32
+        partial sums in a fixed order (deterministic), for GEMMs of few output tiles and long K.
+        Needs `gemm_config` naming a cooperative configuration (e.g. "coop_128x128x64_c1");
+        at most 16, and at most one split per k-tile of the configuration (a shorter K splits
+        less). None: fo_jax chooses (docs/performance.md, "Split K"); 1: never. Refused by the overlapped calls, whose GEMM
+        signals whole tiles.
     """
 
     gemm_config: Optional[str] = None
@@ -129,14 +139,18 @@ class OverlapConfig:
     all_gather: Optional[str] = None
     copy_engine_multiprocess: bool = True
     fp8_fast_accumulation: bool = False
+    k_splits: Optional[int] = None
 
     def __post_init__(self):
         for name in ("num_groups", "sm_budget", "nccl_max_ctas", "copy_engine_rounds",
-                     "copy_engine_chunk_groups", "copy_engine_sum_sms"):
+                     "copy_engine_chunk_groups", "copy_engine_sum_sms", "k_splits"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 1):
                 raise ValueError(
                     f"OverlapConfig.{name} must be a positive int or None, got {value!r}")
+        if self.k_splits is not None and self.k_splits > MAX_K_SPLITS:
+            raise ValueError(
+                f"OverlapConfig.k_splits must be at most {MAX_K_SPLITS}, got {self.k_splits!r}")
         if self.group_tile_rows is not None:
             rows = _int_tuple(self.group_tile_rows)
             if not rows or any((not _is_int(r)) or r < 1 for r in rows):

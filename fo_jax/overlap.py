@@ -170,7 +170,7 @@ def _weight_kn(w, w_transposed: bool) -> tuple:
 
 def _fp8_matmul(fn, x, w, config, x_scale, w_scale, out_dtype, w_transposed):
     """fo_jax.matmul on float8_e4m3fn operands (fo_jax/fp8.py)."""
-    _checks.check_config(fn, config)
+    _checks.check_config(fn, config, plain=True)
     k, n = _weight_kn(w, w_transposed)
     rows = _rows(x)
     _log(fn, x, w, lambda platform: choose_fp8("matmul", config, rows, n, k, platform))
@@ -237,7 +237,7 @@ def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None
     if is_fp8:
         return _fp8_matmul(fn, x, w, config, x_scale, w_scale, out, w_transposed)
     dtype = _checks.check_operands(fn, x, w)
-    _checks.check_config(fn, config)
+    _checks.check_config(fn, config, plain=True)
     k, n = w.shape
     rows = _rows(x)
     _log(fn, x, w, lambda platform: _choose_gemm("matmul", dtype, config, rows, n, k, platform,

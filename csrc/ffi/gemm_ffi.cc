@@ -1,5 +1,5 @@
-// fo_jax_gemm_v2 and fo_jax_gemm_fp8_v1: decode the plan, check it against the buffers, launch
-// the GEMM on XLA's stream, map the status.
+// fo_jax_gemm_v2 and fo_jax_gemm_fp8_v1 (and their split-K forms): decode the plan, check it
+// against the buffers, launch the GEMM on XLA's stream, map the status.
 #include "ffi/gemm_ffi.h"
 
 #include <cuda_runtime.h>
@@ -20,6 +20,16 @@ namespace {
 
 constexpr char kTarget[] = "fo_jax_gemm_v2";
 constexpr char kFp8Target[] = "fo_jax_gemm_fp8_v1";
+constexpr char kSplitKTarget[] = "fo_jax_gemm_split_k_v1";
+constexpr char kFp8SplitKTarget[] = "fo_jax_gemm_fp8_split_k_v1";
+
+// Split K (SignalingGemmArgs::k_splits > 1): the partial sums' buffer; the flag words follow
+// the group counters in the counters result, so the one zeroing of that result covers both.
+struct SplitK {
+  int k_splits = 1;
+  float* partials = nullptr;
+  size_t partial_floats = 0;
+};
 
 // fp8 scales: the two f32 scalars, nullptr for bf16/f16.
 struct Scales {
@@ -32,7 +42,7 @@ struct Scales {
 Status Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
             const Scales* scales, ffi::Result<ffi::AnyBuffer> d,
             ffi::Result<ffi::Buffer<ffi::U32>> counters, const GemmPlanAttr& plan_attr,
-            bool signal) {
+            bool signal, const SplitK& split = SplitK{}) {
   GemmDtype dtype;
   FO_JAX_RETURN_IF_ERROR(GemmDtypeOf(a.element_type(), &dtype));
   const bool fp8 = scales != nullptr;
@@ -65,11 +75,18 @@ Status Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffe
   FO_JAX_RETURN_IF_ERROR(DecodeGemmPlan(plan_attr, &plan));
   FO_JAX_RETURN_IF_ERROR(ValidateGemmPlan(plan, ad[0], n, ad[1]));
   FO_JAX_RETURN_IF_ERROR(ValidateGemmPlanDtype(plan, dtype, ad[1]));
-  if (counters->element_count() != static_cast<size_t>(plan.num_groups)) {
-    return Status::InvalidArgument("counters must have one entry per group");
+  SignalingGemmArgs args = GemmArgsOf(plan, dtype, ad[0], n, ad[1]);
+  args.k_splits = split.k_splits;
+  const long long flag_words = SplitKFlagWords(args);
+  if (counters->element_count() != static_cast<size_t>(plan.num_groups + flag_words)) {
+    return Status::InvalidArgument(
+        "counters must have one entry per group" +
+        std::string(flag_words > 0 ? " and then one per output tile (split K)" : ""));
+  }
+  if (split.partial_floats < static_cast<size_t>(SplitKPartialFloats(args))) {
+    return Status::InvalidArgument("the split-K partials buffer is too small for the plan");
   }
   FO_JAX_RETURN_IF_ERROR(LoadGemmKernelsOnce(device));
-  SignalingGemmArgs args = GemmArgsOf(plan, dtype, ad[0], n, ad[1]);
   args.a = a.untyped_data();
   args.b = b.untyped_data();
   args.d = d->untyped_data();
@@ -78,6 +95,19 @@ Status Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffe
     args.b_scale = scales->b;
   }
   args.sm_budget = ResolveSmBudget(plan.sm_budget);
+  if (flag_words > 0) {
+    // Split K: the flags must be zero when the kernel starts, so the whole result (counters and
+    // flags) is zeroed first; the kernel leaves the flags zero.
+    args.split_partials = split.partials;
+    args.split_flags = counters->typed_data() + plan.num_groups;
+    if (signal) args.counters = counters->typed_data();
+    FO_JAX_RETURN_IF_ERROR(CudaStatus(
+        cudaMemsetAsync(counters->typed_data(), 0,
+                        counters->element_count() * sizeof(uint32_t), stream),
+        "zeroing the counters"));
+    std::string msg;
+    return LaunchStatus(LaunchSignalingGemm(stream, args, &msg), "GEMM", msg);
+  }
   // Counters are zeroed by the launcher right before the kernel (no GPU idle time while the host
   // builds the kernel's parameters); without signals they are zeroed after it (defined output).
   if (signal) {
@@ -137,8 +167,95 @@ ffi::Error GemmFp8IntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a
   return GemmFp8Impl(stream, device, a, b, a_scale, b_scale, d, counters, plan, signal);
 }
 
+SplitK SplitKOf(int32_t k_splits, ffi::Result<ffi::Buffer<ffi::F32>>& partials) {
+  return SplitK{k_splits, partials->typed_data(), partials->element_count()};
+}
+
+ffi::Error GemmSplitKImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a,
+                          ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> d,
+                          ffi::Result<ffi::Buffer<ffi::U32>> counters,
+                          ffi::Result<ffi::Buffer<ffi::F32>> partials, GemmPlanAttr plan,
+                          bool signal, int32_t k_splits) {
+  return ToFfiError(Gemm(stream, device, a, b, nullptr, d, counters, plan, signal,
+                         SplitKOf(k_splits, partials)),
+                    kSplitKTarget);
+}
+
+// The split-K GEMM writing into d_init (aliased to d), for tests that poison the output.
+ffi::Error GemmSplitKIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a,
+                              ffi::AnyBuffer b, ffi::AnyBuffer d_init,
+                              ffi::Result<ffi::AnyBuffer> d,
+                              ffi::Result<ffi::Buffer<ffi::U32>> counters,
+                              ffi::Result<ffi::Buffer<ffi::F32>> partials, GemmPlanAttr plan,
+                              bool signal, int32_t k_splits) {
+  if (d_init.untyped_data() != d->untyped_data()) {
+    return ffi::Error::InvalidArgument("fo_jax_gemm_split_k_into_v1: d_init must be aliased to d");
+  }
+  return ToFfiError(Gemm(stream, device, a, b, nullptr, d, counters, plan, signal,
+                         SplitKOf(k_splits, partials)),
+                    "fo_jax_gemm_split_k_into_v1");
+}
+
+ffi::Error GemmFp8SplitKImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a,
+                             ffi::AnyBuffer b, ffi::Buffer<ffi::F32> a_scale,
+                             ffi::Buffer<ffi::F32> b_scale, ffi::Result<ffi::AnyBuffer> d,
+                             ffi::Result<ffi::Buffer<ffi::U32>> counters,
+                             ffi::Result<ffi::Buffer<ffi::F32>> partials, GemmPlanAttr plan,
+                             bool signal, int32_t k_splits) {
+  if (a_scale.element_count() != 1 || b_scale.element_count() != 1) {
+    return ffi::Error::InvalidArgument(std::string(kFp8SplitKTarget) +
+                                       ": the scales must be f32 scalars");
+  }
+  const Scales scales{a_scale.typed_data(), b_scale.typed_data()};
+  return ToFfiError(Gemm(stream, device, a, b, &scales, d, counters, plan, signal,
+                         SplitKOf(k_splits, partials)),
+                    kFp8SplitKTarget);
+}
+
 }  // namespace
 }  // namespace fo_jax
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FoJaxGemmSplitKFfi, fo_jax::GemmSplitKImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Ctx<ffi::DeviceOrdinal>()                 // device
+                                  .Arg<ffi::AnyBuffer>()                     // a [B*m, k]
+                                  .Arg<ffi::AnyBuffer>()                     // b [k, n]
+                                  .Ret<ffi::AnyBuffer>()                     // d [B*m, n]
+                                  .Ret<ffi::Buffer<ffi::U32>>()  // counters [G] + flags [tiles]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // partials (any contents)
+                                  .Attr<fo_jax::GemmPlanAttr>("plan")        // _plan.GemmPlan
+                                  .Attr<bool>("signal")                      // bump counters
+                                  .Attr<int32_t>("k_splits"));               // > 1
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FoJaxGemmSplitKIntoFfi, fo_jax::GemmSplitKIntoImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Ctx<ffi::DeviceOrdinal>()                 // device
+                                  .Arg<ffi::AnyBuffer>()                     // a [B*m, k]
+                                  .Arg<ffi::AnyBuffer>()                     // b [k, n]
+                                  .Arg<ffi::AnyBuffer>()                     // d_init (aliased)
+                                  .Ret<ffi::AnyBuffer>()                     // d [B*m, n]
+                                  .Ret<ffi::Buffer<ffi::U32>>()  // counters [G] + flags [tiles]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // partials (any contents)
+                                  .Attr<fo_jax::GemmPlanAttr>("plan")        // _plan.GemmPlan
+                                  .Attr<bool>("signal")                      // bump counters
+                                  .Attr<int32_t>("k_splits"));               // > 1
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FoJaxGemmFp8SplitKFfi, fo_jax::GemmFp8SplitKImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream
+                                  .Ctx<ffi::DeviceOrdinal>()                 // device
+                                  .Arg<ffi::AnyBuffer>()                     // a [B*m, k] e4m3
+                                  .Arg<ffi::AnyBuffer>()                     // b [n, k] e4m3
+                                  .Arg<ffi::Buffer<ffi::F32>>()              // a_scale []
+                                  .Arg<ffi::Buffer<ffi::F32>>()              // b_scale []
+                                  .Ret<ffi::AnyBuffer>()                     // d [B*m, n] bf16
+                                  .Ret<ffi::Buffer<ffi::U32>>()  // counters [G] + flags [tiles]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // partials (any contents)
+                                  .Attr<fo_jax::GemmPlanAttr>("plan")        // _plan.GemmPlan
+                                  .Attr<bool>("signal")                      // bump counters
+                                  .Attr<int32_t>("k_splits"));               // > 1
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FoJaxGemmFfi, fo_jax::GemmImpl,
                               ffi::Ffi::Bind()

@@ -11,3 +11,10 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(FoJaxGemmIntoFfi);
 // fo_jax_gemm_fp8_v1 and its aliased test form fo_jax_gemm_fp8_into_v1.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FoJaxGemmFp8Ffi);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(FoJaxGemmFp8IntoFfi);
+// Split K (fo_jax.matmul on few tiles and long K): fo_jax_gemm_split_k_v1 and
+// fo_jax_gemm_fp8_split_k_v1, the same GEMMs with a k_splits attribute, the split flags after
+// the group counters in the counters result, and a third result for the partial sums;
+// fo_jax_gemm_split_k_into_v1 writes into an aliased buffer (tests).
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FoJaxGemmSplitKFfi);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FoJaxGemmSplitKIntoFfi);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(FoJaxGemmFp8SplitKFfi);

@@ -15,6 +15,9 @@ std::vector<std::pair<std::string, void*>> FfiHandlers() {
       {"fo_jax_gemm_into_v2", reinterpret_cast<void*>(FoJaxGemmIntoFfi)},
       {"fo_jax_gemm_fp8_v1", reinterpret_cast<void*>(FoJaxGemmFp8Ffi)},
       {"fo_jax_gemm_fp8_into_v1", reinterpret_cast<void*>(FoJaxGemmFp8IntoFfi)},
+      {"fo_jax_gemm_split_k_v1", reinterpret_cast<void*>(FoJaxGemmSplitKFfi)},
+      {"fo_jax_gemm_split_k_into_v1", reinterpret_cast<void*>(FoJaxGemmSplitKIntoFfi)},
+      {"fo_jax_gemm_fp8_split_k_v1", reinterpret_cast<void*>(FoJaxGemmFp8SplitKFfi)},
       {"fo_jax_overlapped_matmul_v2", reinterpret_cast<void*>(FoJaxOverlappedMatmulFfi)},
       {"fo_jax_overlapped_matmul_fp8_v1", reinterpret_cast<void*>(FoJaxOverlappedMatmulFp8Ffi)},
   };

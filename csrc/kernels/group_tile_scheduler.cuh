@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/kernel/sm90_tile_scheduler.hpp"
 #include "cutlass/gemm/kernel/tile_scheduler.hpp"
@@ -31,6 +32,16 @@ namespace fo_jax::detail {
 // where a group's row sequence is batch-major: (batch 0, its super rows), (batch 1, ...), ...
 // Visiting `swizzle` rows per column keeps the B columns of a wave hot in L2 (large K).
 // Persistent CTA cluster c takes units c, c + num_clusters, c + 2 * num_clusters, ...
+//
+// Split K (splits > 1, cooperative kernels only): every cluster tile above becomes `splits`
+// consecutive units, split s computing the k-tiles [s * k_tiles / splits, (s+1) * k_tiles /
+// splits). The last split is the tile's final one: in fixup() it waits until the others have
+// left their fp32 partial sums in the workspace, adds them in split order (a fixed order, so
+// the result does not depend on timing) and runs the epilogue, which stores and signals the
+// tile as an unsplit kernel does. A unit waits only for units of lower index, each cluster
+// visits its units in increasing order and the grid is co-resident (the launcher caps it), so
+// the lowest unfinished unit can always run: no deadlock. Consecutive splits run side by side
+// in one wave, so the final one rarely waits long.
 // ---------------------------------------------------------------------------------------------
 struct GroupTable {
   int num_groups = 1;
@@ -40,6 +51,8 @@ struct GroupTable {
   int tiles_m = 1;
   int rotate = 0;  // tile-rows; logical tile-row t runs at physical (t + rotate) % tiles_m,
   int period = 1;  // within each run of `period` tile-rows: signaling_gemm.h
+  int splits = 1;   // units per cluster tile (split K); 1: each unit runs all of K
+  int k_tiles = 0;  // k-tiles of the whole K (read only when splits > 1)
   int sgroup_begin[kMaxGemmGroups + 1] = {};
   int unit_start[kMaxGemmGroups + 1] = {};
 };
@@ -53,8 +66,11 @@ struct OrderedGroupTable : GroupTable {
 
 struct GroupSchedulerTag {};
 struct OrderedGroupSchedulerTag {};
+// GroupSchedulerTag with split K (the cooperative kernels without a consumer mainloop; the
+// ping-pong kernel never calls fixup, so its scheduler keeps the unsplit code).
+struct SplitKGroupSchedulerTag {};
 
-template <int kClusterM, bool kOrdered = false>
+template <int kClusterM, bool kOrdered = false, bool kSplitK = false>
 class GroupOrderedScheduler {
   using Table = std::conditional_t<kOrdered, OrderedGroupTable, GroupTable>;
 
@@ -66,10 +82,14 @@ class GroupOrderedScheduler {
     int32_t N_idx = 0;
     int32_t L_idx = 0;
     bool is_valid_tile = false;
+    int32_t k_begin = 0;  // first k-tile of this unit
+    int32_t k_count = 0;  // its k-tiles; 0: all of K (no split)
+    int32_t split = 0;    // split index, 0 .. splits-1 (the last one stores the tile)
+    int32_t splits = 1;
 
     CUTLASS_HOST_DEVICE bool is_valid() const { return is_valid_tile; }
     CUTLASS_HOST_DEVICE static WorkTileInfo invalid_work_tile() { return {-1, -1, -1, false}; }
-    CUTLASS_HOST_DEVICE bool is_final_split(uint32_t) const { return true; }
+    CUTLASS_HOST_DEVICE bool is_final_split(uint32_t) const { return split == splits - 1; }
     CUTLASS_HOST_DEVICE int32_t reduction_subtile_idx() const { return -1; }
   };
 
@@ -87,10 +107,16 @@ class GroupOrderedScheduler {
     int max_swizzle_size = 1;  // unused (the kernel's get_grid_shape sets it)
     RasterOrderOptions raster_order = RasterOrderOptions::Heuristic;  // unused
     Table const* table = nullptr;
+    // Split K (table->splits > 1): splits - 1 fp32 partial tiles per output tile, and one flag
+    // word per output tile, zero at launch; the kernel leaves the flags zero again.
+    float* partials = nullptr;
+    uint32_t* split_flags = nullptr;
   };
 
   struct Params {
     Table table;
+    float* partials = nullptr;
+    uint32_t* split_flags = nullptr;
     int32_t log_swizzle_size_ = 0;                // read by the kernel's get_grid_shape only
     RasterOrder raster_order_ = RasterOrder::AlongN;  // idem
   };
@@ -101,6 +127,8 @@ class GroupOrderedScheduler {
                                         void* = nullptr, uint32_t = 1, uint32_t = 1) {
     Params p;
     if (args.table != nullptr) p.table = *args.table;
+    p.partials = args.partials;
+    p.split_flags = args.split_flags;
     return p;
   }
 
@@ -129,7 +157,8 @@ class GroupOrderedScheduler {
   static dim3 get_grid_shape(Params const& params, ProblemShapeMNKL, TileShape, ClusterShape,
                              cutlass::KernelHardwareInfo hw_info, Arguments = Arguments{},
                              bool = true) {
-    int units = params.table.unit_start[params.table.num_groups];
+    int units = params.table.unit_start[params.table.num_groups] *
+                (kSplitK ? params.table.splits : 1);
     int clusters = hw_info.sm_count / kClusterM;
     if (clusters > units) clusters = units;
     if (clusters < 1) clusters = 1;
@@ -172,33 +201,112 @@ class GroupOrderedScheduler {
     return fetch_next_work(info);
   }
 
-  CUTLASS_HOST_DEVICE static bool compute_epilogue(WorkTileInfo const&, Params const&) {
-    return true;
+  CUTLASS_HOST_DEVICE static bool compute_epilogue(WorkTileInfo const& w, Params const&) {
+    return w.split == w.splits - 1;
   }
-  CUTLASS_HOST_DEVICE static bool compute_epilogue(WorkTileInfo const&) { return true; }
+  CUTLASS_HOST_DEVICE static bool compute_epilogue(WorkTileInfo const& w) {
+    return w.split == w.splits - 1;
+  }
 
+  // Split K: a non-final split stores its accumulators as fp32 into its slot of the tile's
+  // partials and adds 1 to the tile's flag (release at GPU scope, after a barrier of all the
+  // consumer threads, so it is cumulative over every thread's stores); the final split waits
+  // for splits - 1 on the flag (acquire), zeroes it for the next launch, and adds the slots in
+  // split order. Thread t of the consumers keeps element i of its fragment at float4
+  // (i / 4) * threads + t of a slot: a warp's loads and stores are contiguous. Called by the
+  // cooperative kernel (num_barriers = its consumer warp groups, barrier_idx = this thread's);
+  // CUTLASS reserves named barrier StreamkBarrier0 for this step (bar.sync with a memory
+  // clobber, so the compiler keeps the stores before it and the loads after it).
   template <class FrgTensorC>
-  CUTLASS_DEVICE static void fixup(Params const&, WorkTileInfo const&, FrgTensorC&, uint32_t,
-                                   uint32_t) {}
+  CUTLASS_DEVICE static void fixup(Params const& params, WorkTileInfo const& w,
+                                   FrgTensorC& accumulators, uint32_t num_barriers,
+                                   uint32_t barrier_idx) {
+    if constexpr (!kSplitK) return;
+    if (w.splits <= 1) return;
+    constexpr int kFrag = decltype(cute::size(accumulators))::value;
+    static_assert(kFrag % 4 == 0, "the accumulator fragment moves as float4");
+    const int threads = int(num_barriers) * 128;
+    const int t = int(barrier_idx) * 128 + int(threadIdx.x) % 128;
+    const int tile = TileIndex(params.table, w);
+    uint32_t* flag = params.split_flags + tile;
+    float4* slots = reinterpret_cast<float4*>(params.partials) +
+                    size_t(tile) * size_t(w.splits - 1) * (kFrag / 4) * threads;
+    constexpr uint32_t kBarrier =
+        uint32_t(cutlass::arch::ReservedNamedBarriers::StreamkBarrier0);
+    if (w.split < w.splits - 1) {
+      float4* mine = slots + size_t(w.split) * (kFrag / 4) * threads;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kFrag / 4; ++i) {
+        __stcg(mine + i * threads + t,
+               make_float4(accumulators(4 * i), accumulators(4 * i + 1), accumulators(4 * i + 2),
+                           accumulators(4 * i + 3)));
+      }
+      asm volatile("bar.sync %0, %1;" ::"r"(kBarrier), "r"(threads) : "memory");
+      if (t == 0) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flag) : "memory");
+      }
+    } else {
+      if (t == 0) {
+        const uint32_t want = uint32_t(w.splits - 1);
+        while (true) {
+          uint32_t seen;
+          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag)
+                       : "memory");
+          if (seen == want) break;
+          __nanosleep(32);
+        }
+        *flag = 0u;  // no other unit of this launch touches it again
+      }
+      asm volatile("bar.sync %0, %1;" ::"r"(kBarrier), "r"(threads) : "memory");
+      for (int s = 0; s < w.splits - 1; ++s) {
+        const float4* slot = slots + size_t(s) * (kFrag / 4) * threads;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < kFrag / 4; ++i) {
+          const float4 v = __ldcg(slot + i * threads + t);
+          accumulators(4 * i) += v.x;
+          accumulators(4 * i + 1) += v.y;
+          accumulators(4 * i + 2) += v.z;
+          accumulators(4 * i + 3) += v.w;
+        }
+      }
+    }
+  }
+
+  // Output tiles (and flag words) of a launch with this table: batch * tile-rows rounded up to
+  // whole clusters * column tiles. TileIndex numbers them.
+  CUTLASS_HOST_DEVICE static int NumTiles(Table const& t) {
+    return t.batch * ((t.tiles_m + kClusterM - 1) / kClusterM * kClusterM) * t.tiles_n;
+  }
+  CUTLASS_HOST_DEVICE static int TileIndex(Table const& t, WorkTileInfo const& w) {
+    const int rows = (t.tiles_m + kClusterM - 1) / kClusterM * kClusterM;
+    return (w.L_idx * rows + w.M_idx) * t.tiles_n + w.N_idx;
+  }
 
   CUTLASS_DEVICE static bool continue_current_work(WorkTileInfo&) { return false; }
 
   template <class ProblemShape, class TileShape>
-  CUTLASS_HOST_DEVICE static int get_work_k_tile_count(WorkTileInfo const&, ProblemShape problem,
-                                                       TileShape tile) {
+  CUTLASS_HOST_DEVICE static int get_work_k_tile_count(WorkTileInfo const& w,
+                                                       ProblemShape problem, TileShape tile) {
+    if constexpr (kSplitK) {
+      if (w.k_count > 0) return w.k_count;
+    }
     return cute::size(cute::ceil_div(cute::get<2>(problem), cute::get<2>(tile)));
   }
 
-  CUTLASS_HOST_DEVICE static uint32_t get_work_k_tile_start(WorkTileInfo const&) { return 0u; }
+  CUTLASS_HOST_DEVICE static uint32_t get_work_k_tile_start(WorkTileInfo const& w) {
+    return uint32_t(w.k_begin);
+  }
 
   CUTLASS_HOST_DEVICE static bool requires_separate_reduction(Params const&) { return false; }
   CUTLASS_DEVICE static bool need_separate_reduction(Params const&) { return false; }
   CUTLASS_DEVICE static bool valid_warpgroup_in_work_tile(WorkTileInfo const&) { return true; }
 
  private:
-  CUTLASS_DEVICE WorkTileInfo work_for_unit(int u) const {
+  CUTLASS_DEVICE WorkTileInfo work_for_unit(int unit) const {
     Table const& t = params_->table;
-    if (u >= t.unit_start[t.num_groups]) return WorkTileInfo::invalid_work_tile();
+    const int splits = kSplitK ? t.splits : 1;
+    if (unit >= t.unit_start[t.num_groups] * splits) return WorkTileInfo::invalid_work_tile();
+    const int u = splits > 1 ? unit / splits : unit;  // the cluster tile
     // Largest position with unit_start <= u (skips empty groups).
     int lo = 0, hi = t.num_groups - 1;
     while (lo < hi) {
@@ -224,7 +332,15 @@ class GroupOrderedScheduler {
       row += t.rotate;
       if (row >= base + t.period) row -= t.period;
     }
-    return {row + cta_m_in_cluster_, col, l, true};
+    WorkTileInfo w{row + cta_m_in_cluster_, col, l, true};
+    if (splits > 1) {
+      const int s = unit - u * t.splits;
+      w.split = s;
+      w.splits = t.splits;
+      w.k_begin = s * t.k_tiles / t.splits;
+      w.k_count = (s + 1) * t.k_tiles / t.splits - w.k_begin;
+    }
+    return w;
   }
 
   Params const* params_ = nullptr;
@@ -242,6 +358,12 @@ struct TileSchedulerSelector<fo_jax::detail::GroupSchedulerTag, ArchTag, TileSha
                              kStages, ProblemShapeT> {
   using Scheduler =
       fo_jax::detail::GroupOrderedScheduler<cute::size<0>(ClusterShape{})>;
+};
+template <class ArchTag, class TileShape, class ClusterShape, uint32_t kStages, class ProblemShapeT>
+struct TileSchedulerSelector<fo_jax::detail::SplitKGroupSchedulerTag, ArchTag, TileShape,
+                             ClusterShape, kStages, ProblemShapeT> {
+  using Scheduler =
+      fo_jax::detail::GroupOrderedScheduler<cute::size<0>(ClusterShape{}), false, true>;
 };
 template <class ArchTag, class TileShape, class ClusterShape, uint32_t kStages, class ProblemShapeT>
 struct TileSchedulerSelector<fo_jax::detail::OrderedGroupSchedulerTag, ArchTag, TileShape,

@@ -209,6 +209,25 @@ int SelectConsumerGemmConfig(GemmDtype dtype, int m, int n, int k, int band_rows
   return ConfigIndex(dtype == GemmDtype::kE4M3 ? "fp8_coop_128x128x128_c1" : "pp_128x128x64_c1");
 }
 
+namespace {
+long long SplitKTiles(const SignalingGemmArgs& args, const GemmTileConfig& c) {
+  const long long tiles_m = (args.m + c.tile_m - 1) / c.tile_m;
+  const long long rows = (tiles_m + c.cluster_m - 1) / c.cluster_m * c.cluster_m;
+  return args.batch * rows * ((args.n + c.tile_n - 1) / c.tile_n);
+}
+}  // namespace
+
+long long SplitKFlagWords(const SignalingGemmArgs& args) {
+  if (args.k_splits <= 1) return 0;
+  return SplitKTiles(args, GetGemmConfig(ResolveConfig(args)));
+}
+
+long long SplitKPartialFloats(const SignalingGemmArgs& args) {
+  if (args.k_splits <= 1) return 0;
+  const GemmTileConfig& c = GetGemmConfig(ResolveConfig(args));
+  return SplitKTiles(args, c) * (args.k_splits - 1) * c.tile_m * c.tile_n;
+}
+
 int ExpectedGroupCount(const SignalingGemmArgs& args, int g) {
   const GemmTileConfig& c = GetGemmConfig(ResolveConfig(args));
   if (g < 0 || g >= args.num_groups) return 0;
@@ -323,6 +342,28 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
   const long long units = static_cast<long long>(args.batch) * tiles_m *
                           ((args.n + c.tile_n - 1) / c.tile_n);
   if (units >= (1LL << 30)) return Fail(error, kBad, "problem has too many tiles");
+  if (args.k_splits != 1) {
+    const int k_tiles = (args.k + c.tile_k - 1) / c.tile_k;
+    std::string why;
+    if (args.k_splits < 1 || args.k_splits > kMaxKSplits) {
+      why = "k_splits must be in [1, " + std::to_string(kMaxKSplits) + "]";
+    } else if (c.pingpong) {
+      why = std::string("split K needs a cooperative config (") + c.name + " is ping-pong)";
+    } else if (args.addend != nullptr || args.wait_flags != nullptr) {
+      why = "split K takes no addend and no wait_flags";
+    } else if (args.k_splits > k_tiles) {
+      why = "k_splits " + std::to_string(args.k_splits) + " exceeds the " +
+            std::to_string(k_tiles) + " k-tiles of k = " + std::to_string(args.k) +
+            " (config " + c.name + ")";
+    } else if (units * args.k_splits >= (1LL << 30)) {
+      why = "problem has too many units of work";
+    } else if (args.split_partials == nullptr || args.split_flags == nullptr ||
+               !Aligned16(args.split_partials) ||
+               (reinterpret_cast<uintptr_t>(args.split_flags) & 3u) != 0) {
+      why = "split K needs split_partials (16-byte aligned) and split_flags (4-byte aligned)";
+    }
+    if (!why.empty()) return Fail(error, kBad, why);
+  }
 
   detail::GemmRun run;
   run.args = args;

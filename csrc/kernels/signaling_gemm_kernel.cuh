@@ -692,7 +692,12 @@ struct GemmKernelConfig {
       Schedule>::CollectiveOp;
   using Mainloop =
       std::conditional_t<kConsumer, BandWaitMainloop<BuiltMainloop>, BuiltMainloop>;
-  using SchedulerTag = std::conditional_t<kConsumer, OrderedGroupSchedulerTag, GroupSchedulerTag>;
+  // Split K (SignalingGemmArgs::k_splits) in the cooperative kernels without a source or a
+  // consumer mainloop: the ones whose CUTLASS kernel calls the scheduler's fixup.
+  static constexpr bool kSplitK = !kPingpong && !kSource && !kConsumer;
+  using SchedulerTag = std::conditional_t<
+      kConsumer, OrderedGroupSchedulerTag,
+      std::conditional_t<kSplitK, SplitKGroupSchedulerTag, GroupSchedulerTag>>;
   using Table = std::conditional_t<kConsumer, OrderedGroupTable, GroupTable>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop,
                                                       Epilogue, SchedulerTag>;
@@ -795,6 +800,10 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   table.tiles_m = tiles_m;
   table.rotate = a.rotate_tile_rows;
   table.period = a.rotate_period_tile_rows > 0 ? a.rotate_period_tile_rows : tiles_m;
+  if constexpr (Cfg::kSplitK) {  // (LaunchSignalingGemm refuses k_splits > 1 elsewhere)
+    table.splits = a.k_splits > 1 ? a.k_splits : 1;
+  }
+  table.k_tiles = (a.k + Cfg::kTileK - 1) / Cfg::kTileK;
   table.unit_start[0] = 0;
   for (int g = 0; g <= a.num_groups; ++g) {
     table.sgroup_begin[g] = (a.group_begin[g] + kCM - 1) / kCM;
@@ -897,6 +906,8 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   args.hw_info.device_id = run.device;
   args.hw_info.sm_count = clusters * kCM;
   args.scheduler.table = &table;
+  args.scheduler.partials = a.split_partials;
+  args.scheduler.split_flags = a.split_flags;
 
   if (!Kernel::can_implement(args)) {
     if (error) *error = "CUTLASS cannot implement this problem (alignment?)";

@@ -101,6 +101,36 @@ def test_fp8_signals_every_group():
         np.testing.assert_array_equal(np.asarray(counters), want)
 
 
+@pytest.mark.parametrize("shape", [(200, 1024, 4096), (8, 208, 1040)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_fp8_split_k_against_float64(shape):
+    """Split K on every cooperative fp8 row (each split promotes its partial sums as the
+    unsplit kernel does; the final one adds the splits' float32 sums): within _check's bound,
+    counters complete."""
+    gpu_devices_or_skip(1)
+    from fo_jax import _cuda_ops, _plan
+
+    m, k, n = shape
+    xq, xs, wq, ws = _operands(m, k, n, seed=m + k)
+    rows = [c for c in _fp8_configs() if not c["pingpong"]]
+    if not rows:
+        pytest.skip("the compiled CUDA module has no cooperative fp8 rows")
+    for cfg in rows:
+        for splits in (2, 5):
+            config = _plan.row_config(cfg["name"], num_groups=2, k_splits=splits)
+            plan = _plan.plan_matmul("test", jnp.dtype(jnp.float8_e4m3fn), m, n, k, config)
+            assert plan.k_splits == min(splits, -(-k // cfg["tile_k"]))
+            f = jax.jit(lambda x, w, a, b, plan=plan: _cuda_ops.signaling_gemm_fp8(
+                x, w.T, a, b, plan))
+            assert "fo_jax_gemm_fp8_split_k_v1" in f.lower(xq, wq, xs, ws).as_text()
+            y, counters = f(xq, wq, xs, ws)
+            _check(y, xq, xs, wq, ws)
+            tiles_n = -(-n // cfg["tile_n"])
+            bounds = plan.group_begin
+            want = [(bounds[g + 1] - bounds[g]) * tiles_n for g in range(len(bounds) - 1)]
+            np.testing.assert_array_equal(np.asarray(counters), want, err_msg=cfg["name"])
+
+
 def test_fp8_matmul_end_to_end():
     gpu_devices_or_skip(1)
     m, k, n = 512, 1024, 768
