@@ -22,6 +22,9 @@ Methods (operands random normal, x scaled by 1/sqrt(K); both in the timed dtype,
                    cuBLASLt or Triton GEMM, fp32 accumulation, one rounding)
   fo_jax.matmul    jax.jit(fo_jax.matmul): fo_jax's default choice for the shape ("config" says
                    which tile configuration, or "xla.dot" where fo_jax hands the shape to XLA)
+  fo_jax.own       --own: fo_jax.matmul with allow_fallback=False: fo_jax's own kernel and its
+                   choice of configuration and split ("config"), even where fo_jax.matmul hands
+                   the shape to XLA's dot
   fo_jax.gemm      --configs: fo_jax.matmul with OverlapConfig(gemm_config=NAME), one row per
                    compiled configuration ("all": every one), so the choice can be fitted from
                    one run (dev/fit_gemm_table.py)
@@ -53,7 +56,7 @@ dtype: xla.dot / fo_jax.matmul per shape and the geomean; with --configs the bes
 configuration per shape) and .png (ratio vs M) when matplotlib is installed. Progress on stderr.
 
 Usage: python3 benchmarks/bench_gemm_sweep.py [--dtype bfloat16|float16|both] [--quick]
-         [--configs all|NAME|NAME/kS ...] [--splits S ...]
+         [--own] [--configs all|NAME|NAME/kS ...] [--splits S ...]
          [--configs-dtype bfloat16|float16|both] [--producer]
          [--rounds 3] [--calls 8] [--out DIR]
 """
@@ -156,11 +159,17 @@ def config_of(name: str) -> fo_jax.OverlapConfig:
     return fo_jax.OverlapConfig(gemm_config=base, k_splits=int(split) if split else None)
 
 
-def methods_for(dtype, m: int, n: int, k: int, configs: list, producer: bool) -> list:
+def methods_for(dtype, m: int, n: int, k: int, configs: list, producer: bool,
+                own: bool = False) -> list:
     """[(method, config or None, function of (x, w))] for one shape and dtype."""
     from fo_jax import _cuda_ops, _plan  # noqa: PLC0415
 
     out = [("xla.dot", None, jnp.dot), ("fo_jax.matmul", None, fo_jax.matmul)]
+    if own:
+        plan = _plan.plan_matmul("fo_jax.matmul", dtype, m, n, k, None)
+        name = plan.config_name + (f"/k{plan.k_splits}" if plan.k_splits > 1 else "")
+        keep = fo_jax.OverlapConfig(allow_fallback=False)
+        out.append(("fo_jax.own", name, lambda x, w: fo_jax.matmul(x, w, config=keep)))
     for name in configs:
         cfg = config_of(name)
         out.append(("fo_jax.gemm", name,
@@ -175,7 +184,7 @@ def methods_for(dtype, m: int, n: int, k: int, configs: list, producer: bool) ->
 
 
 def prepare(shape: tuple, dtype_name: str, configs: list, producer: bool, first_key: int,
-            times: dict) -> list:
+            times: dict, own: bool = False) -> list:
     """The methods of one shape and dtype, compiled, checked against xla.dot and warmed up:
     [(key, method, config, jitted function, (x, w), error or None)]; times["compile"] += s."""
     m, n, k, _ = shape
@@ -183,7 +192,8 @@ def prepare(shape: tuple, dtype_name: str, configs: list, producer: bool, first_
     t0 = time.perf_counter()
     x, w = operands(m, n, k, dtype, seed=m * 7 + n * 3 + k)
     out, ref = [], None
-    for j, (method, config, f) in enumerate(methods_for(dtype, m, n, k, configs, producer)):
+    for j, (method, config, f) in enumerate(methods_for(dtype, m, n, k, configs, producer,
+                                                        own)):
         key = first_key + j
         fn = trace_timing.named_jit(f, key)
         error = None
@@ -216,7 +226,8 @@ def measure(res: benchlib.Results, shape: tuple, dtypes: list, configs_for: dict
     methods = []
     for dtype_name in dtypes:
         methods += [(dtype_name, *entry) for entry in prepare(
-            shape, dtype_name, configs_for[dtype_name], args.producer, len(methods), times)]
+            shape, dtype_name, configs_for[dtype_name], args.producer, len(methods), times,
+            args.own)]
     ok = {key: (fn, xw) for _, key, _, _, fn, xw, error in methods if error is None}
     t0 = time.perf_counter()
     gpu = timer(ok)
@@ -257,6 +268,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", default=None, help="MxNxK ... instead of the sweep")
     ap.add_argument("--configs", nargs="*", default=[],
                     help="'all' or names: time these compiled GEMM configurations too")
+    ap.add_argument("--own", action="store_true",
+                    help="also time fo_jax.matmul with allow_fallback=False (its own kernel)")
     ap.add_argument("--splits", nargs="*", type=int, default=[],
                     help="also time every cooperative configuration of --configs split in S")
     ap.add_argument("--configs-dtype", choices=["bfloat16", "float16", "both"],

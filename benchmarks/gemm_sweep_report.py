@@ -37,7 +37,8 @@ def _shape(r: dict) -> tuple:
 
 
 def by_shape(rows: Sequence[dict], dtype: str) -> dict:
-    """{(M, N, K): {"label", "xla.dot", "fo_jax.matmul", "config", "gemm": {config: ms}}}."""
+    """{(M, N, K): {"label", "xla.dot", "fo_jax.matmul", "config", "fo_jax.own", "own_config",
+    "gemm": {config: ms}}}."""
     out: dict = {}
     for r in rows:
         if r.get("dtype") != dtype or r.get("ms") is None:
@@ -49,6 +50,9 @@ def by_shape(rows: Sequence[dict], dtype: str) -> dict:
             d[r["method"]] = r["ms"]
             if r["method"] == "fo_jax.matmul":
                 d["config"] = r.get("config")
+        elif r["method"] == "fo_jax.own":
+            d["fo_jax.own"] = r["ms"]
+            d["own_config"] = r.get("config")
     return out
 
 
@@ -77,8 +81,10 @@ def markdown(rows: Sequence[dict]) -> str:
            "xla.dot / fo_jax (above 1: fo_jax faster).\n"]
     for dtype in sorted({r["dtype"] for r in rows}):
         shapes = by_shape(rows, dtype)
-        table, best_vals, main_vals = [], [], []
+        table, best_vals, main_vals, own_vals, unsplit_vals, split_vals = [], [], [], [], [], []
         has_gemm = any(d["gemm"] for d in shapes.values())
+        has_own = any(d.get("fo_jax.own") for d in shapes.values())
+        has_split = any("/k" in c for d in shapes.values() for c in d["gemm"])
         for (m, n, k), d in sorted(shapes.items()):
             xla, fo = d.get("xla.dot"), d.get("fo_jax.matmul")
             ratio = xla / fo if xla and fo else None
@@ -87,6 +93,16 @@ def markdown(rows: Sequence[dict]) -> str:
             line = [f"{m}x{n}x{k}", d["label"], d.get("config") or "-",
                     f"{xla:.4f}" if xla else "-", f"{fo:.4f}" if fo else "-",
                     f"{ratio:.3f}" if ratio else "-"]
+            if has_own:
+                own = d.get("fo_jax.own")
+                if own and xla:
+                    own_vals.append(xla / own)
+                line += [d.get("own_config") or "-", f"{xla / own:.3f}" if own and xla else "-"]
+            if has_split and xla:
+                unsplit = [v for c, v in d["gemm"].items() if "/k" not in c]
+                if unsplit and d["gemm"]:
+                    unsplit_vals.append(xla / min(unsplit))
+                    split_vals.append(xla / min(d["gemm"].values()))
             if has_gemm:
                 if d["gemm"] and xla:
                     name = min(d["gemm"], key=d["gemm"].get)
@@ -98,10 +114,18 @@ def markdown(rows: Sequence[dict]) -> str:
             table.append(line)
         header = ["M x N x K", "layer", "config", "xla.dot ms", "fo_jax.matmul ms",
                   "xla / fo_jax"]
+        if has_own:
+            header += ["own config", "xla / own"]
         if has_gemm:
             header += ["best measured config", "xla / best"]
         out.append(f"\n## {dtype}\n\n" + markdown_table(header, table))
         out.append("\n" + _summary(main_vals, "fo_jax.matmul"))
+        if has_own:
+            out.append(_summary(own_vals, "fo_jax's own kernel (fo_jax.own: its choice of "
+                                "configuration and split, never XLA's dot)"))
+        if has_split:
+            out.append(_summary(unsplit_vals, "Best measured configuration without a split"))
+            out.append(_summary(split_vals, "Best measured configuration, splits included"))
         if has_gemm:
             out.append(_summary(best_vals, "Best measured config per shape, XLA's dot where it "
                                 "is faster (the bound of a perfect choice)"))

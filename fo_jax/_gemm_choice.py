@@ -19,6 +19,9 @@ overlap off its ring. The SM budget enters through `slots`, so the same table se
 overlap's producer, which leaves SMs to NCCL. Without a fitted table for the dtype the caller
 keeps the kernel library's rule (SelectGemmConfig, csrc/kernels/signaling_gemm.cu).
 
+Split K (fo_jax.matmul only, `select_matmul`): the same model with the last partial wave's tiles
+split along K, for problems of few tiles and long K (predicted_split_us below).
+
 XLA's dot: `prefer_xla_dot(m, n, k, dtype)` is true where the sweep measured fo_jax's chosen
 configuration slower than XLA's dot around this shape: the measured ratios xla / fo_jax of the
 sweep shapes within RADIUS (Euclidean, in log2 of M, N and K) are averaged (geometric mean,
@@ -171,9 +174,71 @@ def xla_dot_reason(m: int, n: int, k: int, dtype) -> Optional[str]:
             f"fo_jax's GEMM at ~{est:.2f}x of its speed on {_gemm_table.DEVICE})")
 
 
-def split_for(dtype, m: int, n: int, k: int, sm_budget: int, cfg: dict,
-              configs: Sequence[dict]) -> int:
-    """k_splits of fo_jax.matmul's plan on configuration `cfg` (chosen without a split): 1 until
-    the table holds measured split configurations."""
-    del dtype, m, n, k, sm_budget, cfg, configs
-    return 1
+
+# Split K (OverlapConfig.k_splits; csrc/kernels/group_tile_scheduler.cuh): the whole waves run
+# as before, and the last partial wave's tiles (every tile when they are fewer than the slots)
+# each become `splits` units over a `splits`-th of K, on the slots the partial wave leaves idle.
+# What a wave of split units costs beyond its share of K (the final unit waits for the others
+# and reads their fp32 partial tiles; every unit fills its pipeline): SPLIT_WAVE_US per 128x128
+# of tile area plus SPLIT_PER_SPLIT_US per extra split, measured on one H200 with every tile
+# split (docs/performance.md, "Split K"). A split is taken only where it is predicted at least
+# SPLIT_MARGIN faster than the best unsplit configuration.
+SPLIT_WAVE_US = 3.6
+SPLIT_PER_SPLIT_US = 2.3
+SPLIT_CANDIDATES = (2, 3, 4, 6, 8)
+SPLIT_MARGIN = 0.05
+
+
+def predicted_split_us(cfg: dict, coef: Sequence[float], m: int, n: int, k: int, batch: int,
+                       sms: int, splits: int) -> float:
+    """predicted_us with the last partial wave's tiles split in `splits` (at most one split per
+    k-tile): the whole waves as before, then the split units' waves over their share of K plus
+    the split's cost."""
+    units, slots, _ = waves(cfg, m, n, batch, sms)
+    tail = units % slots
+    k_tiles = -(-k // int(cfg["tile_k"]))
+    splits = min(splits, k_tiles)
+    if splits <= 1 or tail == 0:
+        return predicted_us(cfg, coef, m, n, k, batch, sms)
+    a, b, b_avg, g = coef
+    whole = units // slots
+    tail_waves = -(-tail * splits // slots)
+    share = -(-k_tiles // splits)
+    area = int(cfg["tile_m"]) * int(cfg["tile_n"]) / (128 * 128)
+    cost = SPLIT_WAVE_US * area + SPLIT_PER_SPLIT_US * (splits - 1)
+    return (a * (whole + tail_waves) + b * (whole * k_tiles + tail_waves * share)
+            + b_avg * units / slots * k_tiles + g + tail_waves * cost)
+
+
+def choose_split(configs: Sequence[dict], params: dict, m: int, n: int, k: int, sms: int
+                 ) -> Optional[tuple]:
+    """(index into `configs`, splits) of the fastest predicted plain GEMM x[m, k] @ w[k, n]:
+    choose()'s configuration unsplit, unless a cooperative configuration split in one of
+    SPLIT_CANDIDATES is predicted at least SPLIT_MARGIN faster; None if no configuration has
+    coefficients."""
+    index = choose(configs, params, m, n, k, 1, sms)
+    if index is None:
+        return None
+    unsplit = predicted_us(configs[index], params[configs[index]["name"]], m, n, k, 1, sms)
+    best = (unsplit * (1.0 - SPLIT_MARGIN), index, 1)
+    for i, cfg in enumerate(configs):
+        coef = params.get(cfg["name"])
+        if coef is None or cfg.get("pingpong"):
+            continue
+        for splits in SPLIT_CANDIDATES:
+            if splits > -(-k // int(cfg["tile_k"])):
+                break
+            t = predicted_split_us(cfg, coef, m, n, k, 1, sms, splits)
+            if t < best[0]:
+                best = (t, i, splits)
+    return best[1], best[2]
+
+
+def select_matmul(dtype, m: int, n: int, k: int, sm_budget: int, configs: Sequence[dict],
+                  num_sms: Optional[int] = None) -> Optional[tuple]:
+    """(configuration index, k_splits) of fo_jax.matmul's own GEMM for x[m, k] @ w[k, n] on
+    sm_budget SMs, or None without a fitted table for the dtype."""
+    params = _params(_dtype_name(dtype))
+    if not params:
+        return None
+    return choose_split(configs, params, m, n, k, resolve_sms(sm_budget, num_sms or device_sms()))

@@ -164,15 +164,20 @@ def output_dtype(dtype):
     return jnp.dtype(jnp.bfloat16) if dtype == jnp.float8_e4m3fn else dtype
 
 
-def split_k_sizes(plan: GemmPlan, m: int, n: int) -> tuple:
-    """(flag words, partial floats) of a split-K launch of `plan` on x[batch * m, k] @ w[k, n]
-    (SplitKFlagWords / SplitKPartialFloats in csrc/kernels/signaling_gemm.h): one flag per
-    output tile (tile-rows rounded up to whole clusters), k_splits - 1 partial tiles per
-    output tile; (0, 0) without a split."""
+def split_k_sizes(plan: GemmPlan, m: int, n: int, sms: Optional[int] = None) -> tuple:
+    """(flag words, partial floats) that suffice for a split-K launch of `plan` on
+    x[batch * m, k] @ w[k, n] on a device of `sms` SMs (default: the first GPU's,
+    _gemm_choice.device_sms): one flag and k_splits - 1 partial tiles per tile of the last
+    partial wave, which has fewer cluster tiles than the clusters the SM budget lets run at once
+    and no more than the problem has (SplitKFlagWords / SplitKPartialFloats in
+    csrc/kernels/signaling_gemm.h, which the launcher checks the exact need against); (0, 0)
+    without a split."""
     if plan.k_splits <= 1:
         return 0, 0
-    tile_rows = -(-m // plan.tile_m)
-    tiles = plan.batch * (-(-tile_rows // plan.cluster_m) * plan.cluster_m) * (-(-n // plan.tile_n))
+    cm = plan.cluster_m
+    units = plan.batch * -(-(-(-m // plan.tile_m)) // cm) * (-(-n // plan.tile_n))
+    slots = _gemm_choice.resolve_sms(plan.sm_budget, sms or _gemm_choice.device_sms()) // cm
+    tiles = min(units, max(slots - 1, 0)) * cm
     return tiles, tiles * (plan.k_splits - 1) * plan.tile_m * plan.tile_n
 
 
@@ -323,10 +328,16 @@ def plan_matmul(fn: str, dtype, m: int, n: int, k: int,
     plan = plan_gemm(fn, dtype, m, n, k, 1, config, 1, 0)
     c = gemm_configs()[plan.config_index]
     if requested is None:
-        splits = 1
-        if config is None or config.gemm_config is None:
-            splits = _gemm_choice.split_for(dtype, m, n, k, plan.sm_budget, c, gemm_configs())
-        return dataclasses.replace(plan, k_splits=splits)
+        named = config is not None and config.gemm_config is not None
+        pick = None if named else _gemm_choice.select_matmul(dtype, m, n, k, plan.sm_budget,
+                                                             gemm_configs())
+        if pick is None or pick[1] <= 1:
+            return plan
+        c = gemm_configs()[pick[0]]
+        return dataclasses.replace(plan, config_index=pick[0], config_name=c["name"],
+                                   tile_m=c["tile_m"], tile_n=c["tile_n"],
+                                   group_begin=(0, -(-m // c["tile_m"])),
+                                   cluster_m=c["cluster_m"], k_splits=pick[1])
     if requested > 1:
         if config.gemm_config is None:
             raise ValueError(

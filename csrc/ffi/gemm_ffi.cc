@@ -77,14 +77,12 @@ Status Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffe
   FO_JAX_RETURN_IF_ERROR(ValidateGemmPlanDtype(plan, dtype, ad[1]));
   SignalingGemmArgs args = GemmArgsOf(plan, dtype, ad[0], n, ad[1]);
   args.k_splits = split.k_splits;
-  const long long flag_words = SplitKFlagWords(args);
-  if (counters->element_count() != static_cast<size_t>(plan.num_groups + flag_words)) {
+  const bool split_k = split.k_splits > 1;
+  const size_t groups = static_cast<size_t>(plan.num_groups);
+  if (split_k ? counters->element_count() < groups : counters->element_count() != groups) {
     return Status::InvalidArgument(
-        "counters must have one entry per group" +
-        std::string(flag_words > 0 ? " and then one per output tile (split K)" : ""));
-  }
-  if (split.partial_floats < static_cast<size_t>(SplitKPartialFloats(args))) {
-    return Status::InvalidArgument("the split-K partials buffer is too small for the plan");
+        std::string("counters must have one entry per group") +
+        (split_k ? ", then the split flags (fo_jax/_plan.py, split_k_sizes)" : ""));
   }
   FO_JAX_RETURN_IF_ERROR(LoadGemmKernelsOnce(device));
   args.a = a.untyped_data();
@@ -95,11 +93,14 @@ Status Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffe
     args.b_scale = scales->b;
   }
   args.sm_budget = ResolveSmBudget(plan.sm_budget);
-  if (flag_words > 0) {
+  if (split_k) {
     // Split K: the flags must be zero when the kernel starts, so the whole result (counters and
-    // flags) is zeroed first; the kernel leaves the flags zero.
+    // flags) is zeroed first; the kernel leaves the flags zero. The launcher checks the sizes
+    // against what this device's last partial wave needs.
     args.split_partials = split.partials;
+    args.split_partial_floats = static_cast<long long>(split.partial_floats);
     args.split_flags = counters->typed_data() + plan.num_groups;
+    args.split_flag_words = static_cast<long long>(counters->element_count() - groups);
     if (signal) args.counters = counters->typed_data();
     FO_JAX_RETURN_IF_ERROR(CudaStatus(
         cudaMemsetAsync(counters->typed_data(), 0,

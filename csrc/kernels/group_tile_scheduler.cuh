@@ -33,15 +33,18 @@ namespace fo_jax::detail {
 // Visiting `swizzle` rows per column keeps the B columns of a wave hot in L2 (large K).
 // Persistent CTA cluster c takes units c, c + num_clusters, c + 2 * num_clusters, ...
 //
-// Split K (splits > 1, cooperative kernels only): every cluster tile above becomes `splits`
-// consecutive units, split s computing the k-tiles [s * k_tiles / splits, (s+1) * k_tiles /
-// splits). The last split is the tile's final one: in fixup() it waits until the others have
-// left their fp32 partial sums in the workspace, adds them in split order (a fixed order, so
-// the result does not depend on timing) and runs the epilogue, which stores and signals the
-// tile as an unsplit kernel does. A unit waits only for units of lower index, each cluster
-// visits its units in increasing order and the grid is co-resident (the launcher caps it), so
-// the lowest unfinished unit can always run: no deadlock. Consecutive splits run side by side
-// in one wave, so the final one rarely waits long.
+// Split K (splits > 1, cooperative kernels only): the first dp_units cluster tiles above run
+// whole (the full waves), and each cluster tile after them (the last partial wave, the "tail")
+// becomes `splits` consecutive units, split s computing the k-tiles
+// [s * k_tiles / splits, (s+1) * k_tiles / splits): the tail's work spreads over the SMs that a
+// partial wave leaves idle (with fewer tiles than SMs, every tile is split). The last split is
+// the tile's final one: in fixup() it waits until the others have left their fp32 partial sums
+// in the workspace (tail tile p's slots), adds them in split order (a fixed order, so the result
+// does not depend on timing) and runs the epilogue, which stores and signals the tile as an
+// unsplit kernel does. A unit waits only for units of lower index, each cluster visits its
+// units in increasing order and the grid is co-resident (the launcher caps it), so the lowest
+// unfinished unit can always run: no deadlock. Consecutive splits run side by side in one wave,
+// so the final one rarely waits long.
 // ---------------------------------------------------------------------------------------------
 struct GroupTable {
   int num_groups = 1;
@@ -51,8 +54,9 @@ struct GroupTable {
   int tiles_m = 1;
   int rotate = 0;  // tile-rows; logical tile-row t runs at physical (t + rotate) % tiles_m,
   int period = 1;  // within each run of `period` tile-rows: signaling_gemm.h
-  int splits = 1;   // units per cluster tile (split K); 1: each unit runs all of K
-  int k_tiles = 0;  // k-tiles of the whole K (read only when splits > 1)
+  int splits = 1;    // units per tail cluster tile (split K); 1: each unit runs all of K
+  int k_tiles = 0;   // k-tiles of the whole K (read only when splits > 1)
+  int dp_units = 0;  // cluster tiles run whole before the split tail (when splits > 1)
   int sgroup_begin[kMaxGemmGroups + 1] = {};
   int unit_start[kMaxGemmGroups + 1] = {};
 };
@@ -86,6 +90,7 @@ class GroupOrderedScheduler {
     int32_t k_count = 0;  // its k-tiles; 0: all of K (no split)
     int32_t split = 0;    // split index, 0 .. splits-1 (the last one stores the tile)
     int32_t splits = 1;
+    int32_t slot = 0;     // split tiles: the tile's flag word and partial-sum slots
 
     CUTLASS_HOST_DEVICE bool is_valid() const { return is_valid_tile; }
     CUTLASS_HOST_DEVICE static WorkTileInfo invalid_work_tile() { return {-1, -1, -1, false}; }
@@ -107,8 +112,8 @@ class GroupOrderedScheduler {
     int max_swizzle_size = 1;  // unused (the kernel's get_grid_shape sets it)
     RasterOrderOptions raster_order = RasterOrderOptions::Heuristic;  // unused
     Table const* table = nullptr;
-    // Split K (table->splits > 1): splits - 1 fp32 partial tiles per output tile, and one flag
-    // word per output tile, zero at launch; the kernel leaves the flags zero again.
+    // Split K (table->splits > 1): splits - 1 fp32 partial tiles per tail tile (CTA tile), and
+    // one flag word per tail tile, zero at launch; the kernel leaves the flags zero again.
     float* partials = nullptr;
     uint32_t* split_flags = nullptr;
   };
@@ -157,8 +162,7 @@ class GroupOrderedScheduler {
   static dim3 get_grid_shape(Params const& params, ProblemShapeMNKL, TileShape, ClusterShape,
                              cutlass::KernelHardwareInfo hw_info, Arguments = Arguments{},
                              bool = true) {
-    int units = params.table.unit_start[params.table.num_groups] *
-                (kSplitK ? params.table.splits : 1);
+    int units = NumUnits(params.table);
     int clusters = hw_info.sm_count / kClusterM;
     if (clusters > units) clusters = units;
     if (clusters < 1) clusters = 1;
@@ -227,10 +231,9 @@ class GroupOrderedScheduler {
     static_assert(kFrag % 4 == 0, "the accumulator fragment moves as float4");
     const int threads = int(num_barriers) * 128;
     const int t = int(barrier_idx) * 128 + int(threadIdx.x) % 128;
-    const int tile = TileIndex(params.table, w);
-    uint32_t* flag = params.split_flags + tile;
+    uint32_t* flag = params.split_flags + w.slot;
     float4* slots = reinterpret_cast<float4*>(params.partials) +
-                    size_t(tile) * size_t(w.splits - 1) * (kFrag / 4) * threads;
+                    size_t(w.slot) * size_t(w.splits - 1) * (kFrag / 4) * threads;
     constexpr uint32_t kBarrier =
         uint32_t(cutlass::arch::ReservedNamedBarriers::StreamkBarrier0);
     if (w.split < w.splits - 1) {
@@ -272,14 +275,11 @@ class GroupOrderedScheduler {
     }
   }
 
-  // Output tiles (and flag words) of a launch with this table: batch * tile-rows rounded up to
-  // whole clusters * column tiles. TileIndex numbers them.
-  CUTLASS_HOST_DEVICE static int NumTiles(Table const& t) {
-    return t.batch * ((t.tiles_m + kClusterM - 1) / kClusterM * kClusterM) * t.tiles_n;
-  }
-  CUTLASS_HOST_DEVICE static int TileIndex(Table const& t, WorkTileInfo const& w) {
-    const int rows = (t.tiles_m + kClusterM - 1) / kClusterM * kClusterM;
-    return (w.L_idx * rows + w.M_idx) * t.tiles_n + w.N_idx;
+  // Units of work of a launch with this table (the split tail's count `splits` each).
+  CUTLASS_HOST_DEVICE static int NumUnits(Table const& t) {
+    const int tiles = t.unit_start[t.num_groups];
+    if (!kSplitK || t.splits <= 1) return tiles;
+    return t.dp_units + (tiles - t.dp_units) * t.splits;
   }
 
   CUTLASS_DEVICE static bool continue_current_work(WorkTileInfo&) { return false; }
@@ -305,8 +305,14 @@ class GroupOrderedScheduler {
   CUTLASS_DEVICE WorkTileInfo work_for_unit(int unit) const {
     Table const& t = params_->table;
     const int splits = kSplitK ? t.splits : 1;
-    if (unit >= t.unit_start[t.num_groups] * splits) return WorkTileInfo::invalid_work_tile();
-    const int u = splits > 1 ? unit / splits : unit;  // the cluster tile
+    int u = unit;  // the cluster tile
+    int s = -1;    // its split, or -1: the whole K
+    if (splits > 1 && unit >= t.dp_units) {
+      const int v = unit - t.dp_units;
+      u = t.dp_units + v / splits;
+      s = v - (v / splits) * splits;
+    }
+    if (u >= t.unit_start[t.num_groups]) return WorkTileInfo::invalid_work_tile();
     // Largest position with unit_start <= u (skips empty groups).
     int lo = 0, hi = t.num_groups - 1;
     while (lo < hi) {
@@ -333,12 +339,12 @@ class GroupOrderedScheduler {
       if (row >= base + t.period) row -= t.period;
     }
     WorkTileInfo w{row + cta_m_in_cluster_, col, l, true};
-    if (splits > 1) {
-      const int s = unit - u * t.splits;
+    if (s >= 0) {
       w.split = s;
-      w.splits = t.splits;
-      w.k_begin = s * t.k_tiles / t.splits;
-      w.k_count = (s + 1) * t.k_tiles / t.splits - w.k_begin;
+      w.splits = splits;
+      w.slot = (u - t.dp_units) * kClusterM + cta_m_in_cluster_;
+      w.k_begin = s * t.k_tiles / splits;
+      w.k_count = (s + 1) * t.k_tiles / splits - w.k_begin;
     }
     return w;
   }

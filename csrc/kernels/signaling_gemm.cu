@@ -3,6 +3,7 @@
 // CUTLASS code itself so that it compiles quickly; the kernels live in generated/gemm_*.cu.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -210,22 +211,28 @@ int SelectConsumerGemmConfig(GemmDtype dtype, int m, int n, int k, int band_rows
 }
 
 namespace {
-long long SplitKTiles(const SignalingGemmArgs& args, const GemmTileConfig& c) {
+// Tail tiles (CTA tiles) a split-K launch may have on `sms` SMs: under one cluster per resident
+// slot, at most all the problem's cluster tiles.
+long long SplitKTailTiles(const SignalingGemmArgs& args, int sms) {
+  const GemmTileConfig& c = GetGemmConfig(ResolveConfig(args));
   const long long tiles_m = (args.m + c.tile_m - 1) / c.tile_m;
-  const long long rows = (tiles_m + c.cluster_m - 1) / c.cluster_m * c.cluster_m;
-  return args.batch * rows * ((args.n + c.tile_n - 1) / c.tile_n);
+  const long long units =
+      args.batch * ((tiles_m + c.cluster_m - 1) / c.cluster_m) * ((args.n + c.tile_n - 1) / c.tile_n);
+  const int budget = args.sm_budget > 0 && args.sm_budget < sms ? args.sm_budget : sms;
+  const long long slots = budget / c.cluster_m;
+  return std::min(units, std::max(slots - 1, 0LL)) * c.cluster_m;
 }
 }  // namespace
 
-long long SplitKFlagWords(const SignalingGemmArgs& args) {
+long long SplitKFlagWords(const SignalingGemmArgs& args, int sms) {
   if (args.k_splits <= 1) return 0;
-  return SplitKTiles(args, GetGemmConfig(ResolveConfig(args)));
+  return SplitKTailTiles(args, sms);
 }
 
-long long SplitKPartialFloats(const SignalingGemmArgs& args) {
+long long SplitKPartialFloats(const SignalingGemmArgs& args, int sms) {
   if (args.k_splits <= 1) return 0;
   const GemmTileConfig& c = GetGemmConfig(ResolveConfig(args));
-  return SplitKTiles(args, c) * (args.k_splits - 1) * c.tile_m * c.tile_n;
+  return SplitKTailTiles(args, sms) * (args.k_splits - 1) * c.tile_m * c.tile_n;
 }
 
 int ExpectedGroupCount(const SignalingGemmArgs& args, int g) {

@@ -176,28 +176,33 @@ struct SignalingGemmArgs {
   uint32_t wait_flag_value = 0;
   int band_rows = 0;
   int band_order[kMaxGemmBands] = {};
-  // Split K (1: none): each output tile's K is divided among k_splits units of work that run on
-  // different SMs, for problems of few tiles and long K; the last one adds the others' fp32
-  // partial sums in split order (a fixed order: the result does not depend on timing) and then
-  // stores and signals the tile like an unsplit kernel (group_tile_scheduler.cuh). Cooperative
-  // configs only, and not with an addend or wait_flags; needs ceil(k / tile_k) >= k_splits.
-  // split_partials: SplitKPartialFloats(args) floats of device memory (16-byte aligned, any
-  // contents); split_flags: SplitKFlagWords(args) words of device memory, zero when the kernel
-  // starts, which the kernel leaves zero.
+  // Split K (1: none), for problems of few tiles and long K: the tiles of the last partial
+  // wave (all of them when there are fewer tiles than SMs) have their K divided among k_splits
+  // units of work that run on different SMs; the last adds the others' fp32 partial sums in
+  // split order (a fixed order: the result does not depend on timing) and then stores and
+  // signals the tile like an unsplit kernel (group_tile_scheduler.cuh). Cooperative configs only,
+  // and not with an addend or wait_flags; needs ceil(k / tile_k) >= k_splits. split_partials:
+  // device memory (16-byte aligned, any contents) of split_partial_floats floats;
+  // split_flags: split_flag_words words of device memory, zero when the kernel starts, which
+  // the kernel leaves zero. SplitKPartialFloats / SplitKFlagWords bound what a launch needs; the
+  // launcher checks the exact need (the tail's tiles) against the two sizes.
   int k_splits = 1;
   float* split_partials = nullptr;
+  long long split_partial_floats = 0;
   uint32_t* split_flags = nullptr;
+  long long split_flag_words = 0;
 };
 
 // Most units of work one output tile is split into (SignalingGemmArgs::k_splits).
 inline constexpr int kMaxKSplits = 16;
 
-// Device memory a split-K launch needs (0 when args.k_splits <= 1), for the configuration
-// args.config (resolved as LaunchSignalingGemm does when -1): one flag word per output tile
-// (batch * tile-rows rounded up to whole clusters * column tiles), and k_splits - 1 partial
-// tiles of tile_m * tile_n floats per output tile.
-long long SplitKFlagWords(const SignalingGemmArgs& args);
-long long SplitKPartialFloats(const SignalingGemmArgs& args);
+// Device memory that suffices for a split-K launch (0 when args.k_splits <= 1) on a device of
+// `sms` SMs, for the configuration args.config (resolved as LaunchSignalingGemm does when -1):
+// one flag word and k_splits - 1 partial tiles of tile_m * tile_n floats per tile of the last
+// partial wave, which has fewer cluster tiles than the clusters resident at once
+// (min(sms, sm_budget) / cluster_m at most) and no more than the problem has.
+long long SplitKFlagWords(const SignalingGemmArgs& args, int sms);
+long long SplitKPartialFloats(const SignalingGemmArgs& args, int sms);
 
 // Tiles whose completion counters[g] counts, for the configuration args.config (resolved as
 // LaunchSignalingGemm does when -1):

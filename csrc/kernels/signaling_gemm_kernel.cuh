@@ -800,9 +800,6 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   table.tiles_m = tiles_m;
   table.rotate = a.rotate_tile_rows;
   table.period = a.rotate_period_tile_rows > 0 ? a.rotate_period_tile_rows : tiles_m;
-  if constexpr (Cfg::kSplitK) {  // (LaunchSignalingGemm refuses k_splits > 1 elsewhere)
-    table.splits = a.k_splits > 1 ? a.k_splits : 1;
-  }
   table.k_tiles = (a.k + Cfg::kTileK - 1) / Cfg::kTileK;
   table.unit_start[0] = 0;
   for (int g = 0; g <= a.num_groups; ++g) {
@@ -862,6 +859,26 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   if (clusters < 1) {
     if (error) *error = "sm_budget is smaller than one cluster of this config";
     return cudaErrorInvalidValue;
+  }
+  if constexpr (Cfg::kSplitK) {  // (LaunchSignalingGemm refuses k_splits > 1 elsewhere)
+    // The full waves run whole; the last partial wave's cluster tiles (all of them with fewer
+    // tiles than clusters) are split. No partial wave: nothing to split.
+    const int tiles = table.unit_start[table.num_groups];
+    const int tail = tiles % clusters;
+    if (a.k_splits > 1 && tail > 0) {
+      const long long slots = static_cast<long long>(tail) * kCM;
+      if (a.split_flag_words < slots ||
+          a.split_partial_floats < slots * (a.k_splits - 1) * kTM * kTN) {
+        if (error) {
+          *error = "split K: the flags and partials given are too small for the " +
+                   std::to_string(slots) + " tiles of the last partial wave on this device (" +
+                   std::to_string(clusters) + " resident clusters); sized for fewer SMs?";
+        }
+        return cudaErrorInvalidValue;
+      }
+      table.splits = a.k_splits;
+      table.dp_units = tiles - tail;
+    }
   }
 
   typename Kernel::Arguments args{};

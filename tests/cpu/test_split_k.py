@@ -52,9 +52,10 @@ def test_matmul_plan_refuses_k_splits_without_a_cooperative_config():
 
 def test_split_k_sizes_match_the_kernel_library():
     """The flag words and partial floats Python sizes the results by are the kernel library's
-    (SplitKFlagWords / SplitKPartialFloats), for every cooperative configuration and a table of
-    shapes (clusters with an idle half, batches, partial tiles)."""
-    from fo_jax import _cuda, _plan, config
+    bound (SplitKFlagWords / SplitKPartialFloats: the last partial wave's tiles), for every
+    cooperative configuration and a table of shapes, SM counts and budgets (fewer tiles than
+    SMs, more, clusters with an idle half, batches, partial tiles)."""
+    from fo_jax import _cuda, _gemm_choice, _plan, config
 
     mod = _cuda.module()
     assert int(mod.max_k_splits()) == config.MAX_K_SPLITS
@@ -62,11 +63,16 @@ def test_split_k_sizes_match_the_kernel_library():
     assert {c["name"] for c in coop} >= {"coop_128x128x64_c1", "coop_128x128x64_c2"}
     for c in coop:
         for m, n, k, batch, splits in ((8, 264, 1032, 1, 2), (200, 392, 2048, 3, 5),
-                                       (1000, 1280, 4096, 1, 16), (384, 256, 512, 2, 1)):
-            plan = _plan.GemmPlan(c["index"], c["name"], c["tile_m"], c["tile_n"],
-                                  (0, -(-m // c["tile_m"])), 0, batch, c["cluster_m"], splits)
-            assert tuple(mod.split_k_sizes(c["index"], m, n, k, batch, splits)) == \
-                _plan.split_k_sizes(plan, m, n), (c["name"], m, n, k, batch, splits)
+                                       (1000, 1280, 4096, 1, 16), (384, 256, 512, 2, 1),
+                                       (4096, 4096, 4096, 1, 3)):
+            for sms, budget in ((132, 0), (132, 40), (114, -7), (1, 0)):
+                tile_rows = -(-m // c["tile_m"])
+                plan = _plan.GemmPlan(c["index"], c["name"], c["tile_m"], c["tile_n"],
+                                      (0, tile_rows), budget, batch, c["cluster_m"], splits)
+                got = _plan.split_k_sizes(plan, m, n, sms)
+                resolved = _gemm_choice.resolve_sms(budget, sms)
+                want = tuple(mod.split_k_sizes(c["index"], m, n, k, batch, splits, resolved, sms))
+                assert got == want, (c["name"], m, n, k, batch, splits, sms, budget)
 
 
 def test_matmul_lowers_to_the_split_k_target():
@@ -85,7 +91,8 @@ def test_matmul_lowers_to_the_split_k_target():
     # The forward splits; the backward GEMMs choose their own configuration (as gemm_config).
     assert text.count("@fo_jax_gemm_split_k_v1") == 1, text.count("fo_jax_gemm")
     assert "k_splits = 8 : i32" in text
-    # 2 x 10 tiles of 128x128, 7 partial tiles each: counters [1 + 20], partials.
+    # 2 x 10 tiles of 128x128, under one wave (132 SMs where no GPU is visible): every tile in
+    # the split tail, 7 partial tiles each: counters [1 + 20], partials.
     assert "tensor<21xui32>" in text and f"tensor<{20 * 7 * 128 * 128}xf32>" in text
 
 
