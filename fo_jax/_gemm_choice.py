@@ -178,14 +178,15 @@ def xla_dot_reason(m: int, n: int, k: int, dtype) -> Optional[str]:
 # Split K (OverlapConfig.k_splits; csrc/kernels/group_tile_scheduler.cuh): the whole waves run
 # as before, and the last partial wave's tiles (every tile when they are fewer than the slots)
 # each become `splits` units over a `splits`-th of K, on the slots the partial wave leaves idle.
-# What a wave of split units costs beyond its share of K (the final unit waits for the others
-# and reads their fp32 partial tiles; every unit fills its pipeline): SPLIT_WAVE_US per 128x128
-# of tile area plus SPLIT_PER_SPLIT_US per extra split, measured on one H200 with every tile
-# split (docs/performance.md, "Split K"). A split is taken only where it is predicted at least
+# Only splits whose units fit in one wave are candidates (tail * splits <= slots). What that
+# wave costs beyond its share of K (the final unit waits for the others and reads their fp32
+# partial tiles; every unit fills its pipeline): SPLIT_WAVE_US per 128x128 of tile area plus
+# SPLIT_PER_SPLIT_US per extra split, fitted to the model's own predictions on one H200
+# (docs/performance.md, "Split K"). A split is taken only where it is predicted at least
 # SPLIT_MARGIN faster than the best unsplit configuration.
-SPLIT_WAVE_US = 3.6
-SPLIT_PER_SPLIT_US = 2.3
-SPLIT_CANDIDATES = (2, 3, 4, 6, 8)
+SPLIT_WAVE_US = 1.5
+SPLIT_PER_SPLIT_US = 0.8
+SPLIT_CANDIDATES = (2, 3, 4)  # the splits the H200 sweep measured
 SPLIT_MARGIN = 0.05
 
 
@@ -214,8 +215,8 @@ def choose_split(configs: Sequence[dict], params: dict, m: int, n: int, k: int, 
                  ) -> Optional[tuple]:
     """(index into `configs`, splits) of the fastest predicted plain GEMM x[m, k] @ w[k, n]:
     choose()'s configuration unsplit, unless a cooperative configuration split in one of
-    SPLIT_CANDIDATES is predicted at least SPLIT_MARGIN faster; None if no configuration has
-    coefficients."""
+    SPLIT_CANDIDATES (its split units in one wave) is predicted at least SPLIT_MARGIN faster;
+    None if no configuration has coefficients."""
     index = choose(configs, params, m, n, k, 1, sms)
     if index is None:
         return None
@@ -225,8 +226,9 @@ def choose_split(configs: Sequence[dict], params: dict, m: int, n: int, k: int, 
         coef = params.get(cfg["name"])
         if coef is None or cfg.get("pingpong"):
             continue
+        units, slots, _ = waves(cfg, m, n, 1, sms)
         for splits in SPLIT_CANDIDATES:
-            if splits > -(-k // int(cfg["tile_k"])):
+            if splits > -(-k // int(cfg["tile_k"])) or (units % slots) * splits > slots:
                 break
             t = predicted_split_us(cfg, coef, m, n, k, 1, sms, splits)
             if t < best[0]:
@@ -237,7 +239,10 @@ def choose_split(configs: Sequence[dict], params: dict, m: int, n: int, k: int, 
 def select_matmul(dtype, m: int, n: int, k: int, sm_budget: int, configs: Sequence[dict],
                   num_sms: Optional[int] = None) -> Optional[tuple]:
     """(configuration index, k_splits) of fo_jax.matmul's own GEMM for x[m, k] @ w[k, n] on
-    sm_budget SMs, or None without a fitted table for the dtype."""
+    sm_budget SMs, or None without a fitted table for the dtype (and for fp8 operands, whose
+    rows the 16-bit table does not hold)."""
+    if jnp.dtype(dtype) not in DTYPE_NAMES:
+        return None
     params = _params(_dtype_name(dtype))
     if not params:
         return None

@@ -119,3 +119,25 @@ def test_overlapped_calls_refuse_k_splits_at_trace_time(collective):
     w = jnp.ones((512, 256), jnp.bfloat16)
     with pytest.raises(ValueError, match="k_splits applies to fo_jax.matmul only"):
         f.trace(x, w)
+
+
+def test_the_split_choice_serves_16_bit_operands_only():
+    """fo_jax.matmul's own choice splits K where the model predicts it (few tiles, long K) in
+    bfloat16 and float16, on a cooperative configuration, its split units in one wave; fp8
+    operands keep their own rows and never split unasked."""
+    from fo_jax import _gemm_choice, _plan
+
+    for dtype in (jnp.bfloat16, jnp.float16):
+        plan = _plan.plan_matmul("fo_jax.matmul", jnp.dtype(dtype), 512, 1280, 8192, None)
+        assert plan.k_splits > 1 and plan.config_name.startswith("coop_"), plan
+        c = next(c for c in _plan.gemm_configs() if c["name"] == plan.config_name)
+        units, slots, _ = _gemm_choice.waves(c, 512, 1280, 1, _gemm_choice.DEFAULT_SMS)
+        assert (units % slots) * plan.k_splits <= slots
+        # Many tiles: no split.
+        assert _plan.plan_matmul("fo_jax.matmul", jnp.dtype(dtype), 8192, 8192, 2048,
+                                 None).k_splits == 1
+    fp8 = jnp.dtype(jnp.float8_e4m3fn)
+    for fast in (False, True):
+        plan = _plan.plan_matmul("fo_jax.matmul", fp8, 2048, 512, 16384,
+                                 fo_jax.OverlapConfig(fp8_fast_accumulation=fast))
+        assert plan.k_splits == 1 and plan.config_name.startswith("fp8"), plan
