@@ -218,7 +218,7 @@ def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None
       x: [..., K] (bfloat16 or float16 for the CUDA kernel; float32 runs the reference).
       w: [K, N], same dtype as x.
       config: optional `OverlapConfig` (its `gemm_config` names the forward's tile config and
-        keeps fo_jax's GEMM, as does `allow_fallback=False`).
+        keeps fo_jax's GEMM, as does `allow_fallback=False`; `k_splits` splits its K).
       x_scale, w_scale: float8_e4m3fn operands only, and required then: float32 scalars, the
         operands' dequantization scales (`fo_jax.quantize_fp8` returns them); the result is
         (x * x_scale) @ (w * w_scale), accumulated in float32 (fo_jax/fp8.py).

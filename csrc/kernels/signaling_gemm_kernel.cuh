@@ -872,7 +872,9 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
         if (error) {
           *error = "split K: the flags and partials given are too small for the " +
                    std::to_string(slots) + " tiles of the last partial wave on this device (" +
-                   std::to_string(clusters) + " resident clusters); sized for fewer SMs?";
+                   std::to_string(clusters) + " resident clusters): the program was traced "
+                   "for a GPU with fewer SMs (fo_jax sizes them by the tracing GPU's SM "
+                   "count); trace it on this GPU, or pass OverlapConfig(k_splits=1)";
         }
         return cudaErrorInvalidValue;
       }
