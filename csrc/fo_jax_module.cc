@@ -117,26 +117,6 @@ NB_MODULE(_fo_jax_cuda, m) {
   m.def("max_gemm_groups", []() { return fo_jax::kMaxGemmGroups; });
   m.def("max_k_splits", []() { return fo_jax::kMaxKSplits; });
 
-  // What suffices for a split-K launch (flag words, partial floats) of config `config` on a
-  // device of `sms` SMs: what fo_jax/_plan.py sizes the custom call's results by (tests compare
-  // the two).
-  m.def(
-      "split_k_sizes",
-      [](int config, int m, int n, int k, int batch, int k_splits, int sm_budget, int sms) {
-        fo_jax::SignalingGemmArgs args;
-        args.config = config;
-        args.m = m;
-        args.n = n;
-        args.k = k;
-        args.batch = batch;
-        args.k_splits = k_splits;
-        args.sm_budget = sm_budget;
-        return std::make_pair(fo_jax::SplitKFlagWords(args, sms),
-                              fo_jax::SplitKPartialFloats(args, sms));
-      },
-      nb::arg("config"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("batch"),
-      nb::arg("k_splits"), nb::arg("sm_budget"), nb::arg("sms"));
-
   // The progress watchdog's limit (fo_jax/_env.py, FO_JAX_COMM_TIMEOUT_S), set
   // once when Python loads the module: the module reads no environment variable.
   m.def("set_comm_timeout_s", [](double seconds) { fo_jax::SetCommTimeoutSeconds(seconds); },

@@ -511,6 +511,26 @@ void BindTestBindings(nb::module_& m) {
         return std::make_tuple(served, received, bytes);
       },
       nb::arg("clients"), nb::arg("connecting"), nb::arg("timeout_ms"));
+
+  // What suffices for a split-K launch (flag words, partial floats) of config `config` on a
+  // device of `sms` SMs: what fo_jax/_plan.py sizes the custom call's results by (tests compare
+  // the two).
+  m.def(
+      "split_k_sizes",
+      [](int config, int m, int n, int k, int batch, int k_splits, int sm_budget, int sms) {
+        SignalingGemmArgs args;
+        args.config = config;
+        args.m = m;
+        args.n = n;
+        args.k = k;
+        args.batch = batch;
+        args.k_splits = k_splits;
+        args.sm_budget = sm_budget;
+        return std::make_pair(SplitKFlagWords(args, sms),
+                              SplitKPartialFloats(args, sms));
+      },
+      nb::arg("config"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("batch"),
+      nb::arg("k_splits"), nb::arg("sm_budget"), nb::arg("sms"));
 }
 
 }  // namespace fo_jax

@@ -325,20 +325,17 @@ def plan_matmul(fn: str, dtype, m: int, n: int, k: int,
     one split per k-tile, fewer where K is shorter), else the measured choice's split
     (fo_jax/_gemm_choice.py)."""
     requested = config.k_splits if config is not None else None
+    if requested is None and (config is None or config.gemm_config is None):
+        budget = config.sm_budget if config is not None and config.sm_budget is not None else 0
+        pick = _gemm_choice.select_matmul(dtype, m, n, k, budget, gemm_configs())
+        if pick is not None:  # the choice names the configuration, split or not
+            chosen = dataclasses.replace(config or OverlapConfig(),
+                                         gemm_config=gemm_configs()[pick[0]]["name"])
+            plan = plan_gemm(fn, dtype, m, n, k, 1, chosen, 1, 0)
+            return dataclasses.replace(plan, k_splits=pick[1])
     plan = plan_gemm(fn, dtype, m, n, k, 1, config, 1, 0)
     c = gemm_configs()[plan.config_index]
-    if requested is None:
-        named = config is not None and config.gemm_config is not None
-        pick = None if named else _gemm_choice.select_matmul(dtype, m, n, k, plan.sm_budget,
-                                                             gemm_configs())
-        if pick is None or pick[1] <= 1:
-            return plan
-        c = gemm_configs()[pick[0]]
-        return dataclasses.replace(plan, config_index=pick[0], config_name=c["name"],
-                                   tile_m=c["tile_m"], tile_n=c["tile_n"],
-                                   group_begin=(0, -(-m // c["tile_m"])),
-                                   cluster_m=c["cluster_m"], k_splits=pick[1])
-    if requested > 1:
+    if requested is not None and requested > 1:
         if config.gemm_config is None:
             raise ValueError(
                 f"{fn}: OverlapConfig.k_splits={requested} needs gemm_config to name a "
@@ -347,9 +344,9 @@ def plan_matmul(fn: str, dtype, m: int, n: int, k: int,
             raise ValueError(
                 f"{fn}: gemm_config {c['name']!r} is a ping-pong configuration, which cannot "
                 f"split K; k_splits > 1 takes one of {split_config_names(dtype, config)}")
-        # At most one split per k-tile: a shorter K (e.g. a backward GEMM's) splits less.
-        requested = min(requested, -(-k // int(c["tile_k"])))
-    return dataclasses.replace(plan, k_splits=requested)
+        # At most one split per k-tile: a shorter K splits less.
+        return dataclasses.replace(plan, k_splits=min(requested, -(-k // int(c["tile_k"]))))
+    return plan
 
 
 def split_config_names(dtype, config: Optional[OverlapConfig]) -> list:

@@ -1,5 +1,6 @@
-"""Shared test numerics: random inputs, float64 NumPy references, dtype-keyed tolerances, and the
-signaling GEMM's expected counters and group-major output layout."""
+"""Shared test numerics: random inputs, float64 NumPy references, dtype-keyed tolerances, the
+signaling GEMM's expected counters and group-major output layout, and its raw run into a
+poisoned output (GPU tests)."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -19,6 +20,28 @@ def random_operands(rng: np.random.Generator, m: int, k: int, n: int, dtype):
     xj, wj = jnp.asarray(x, dtype=dtype), jnp.asarray(w, dtype=dtype)
     assert xj.dtype == jnp.dtype(dtype) and wj.dtype == jnp.dtype(dtype)
     return xj, wj, np.asarray(xj, np.float64), np.asarray(wj, np.float64)
+
+
+def device_operands(dev, seed: int, rows: int, k: int, n: int, dtype):
+    """random_operands(default_rng(seed), rows, k, n, dtype), x and w put on device `dev`."""
+    import jax  # noqa: PLC0415
+
+    x, w, x64, w64 = random_operands(np.random.default_rng(seed), rows, k, n, dtype)
+    return jax.device_put(x, dev), jax.device_put(w, dev), x64, w64
+
+
+def poisoned_gemm_run(dev, plan, x, w, batch: int = 1):
+    """(output as float64, counters) of the raw signaling GEMM of `plan` (signalling) writing
+    into a NaN-poisoned buffer on `dev`: an element it never writes stays NaN."""
+    import jax  # noqa: PLC0415
+
+    from fo_jax import _cuda_ops  # noqa: PLC0415 (needs the CUDA module)
+
+    d0 = jax.device_put(jnp.full((x.shape[0], w.shape[1]), jnp.nan, x.dtype), dev)
+    f = jax.jit(lambda a, b, d: _cuda_ops.signaling_gemm(a, b, plan, batch, True, d),
+                donate_argnums=2)
+    d, counters = f(x, w, d0)
+    return np.asarray(d.astype(jnp.float32), np.float64), np.asarray(counters)
 
 
 def rel_err(out, ref) -> float:

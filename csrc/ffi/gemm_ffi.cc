@@ -125,6 +125,31 @@ Status Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffe
   return Status::Ok();
 }
 
+// The aliased test entries' check: d_init (an operand) must be d's buffer, so that elements the
+// kernel does not write keep their poison value.
+ffi::Error NotAliased(const ffi::AnyBuffer& d_init, ffi::Result<ffi::AnyBuffer>& d,
+                      const char* target) {
+  if (d_init.untyped_data() == d->untyped_data()) return ffi::Error::Success();
+  return ffi::Error::InvalidArgument(std::string(target) + ": d_init must be aliased to d");
+}
+
+// The fp8 GEMM of target `target` (unsplit or split): the scales must be f32 scalars.
+ffi::Error GemmFp8Call(const char* target, cudaStream_t stream, int32_t device,
+                       ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Buffer<ffi::F32> a_scale,
+                       ffi::Buffer<ffi::F32> b_scale, ffi::Result<ffi::AnyBuffer> d,
+                       ffi::Result<ffi::Buffer<ffi::U32>> counters, const GemmPlanAttr& plan,
+                       bool signal, const SplitK& split) {
+  if (a_scale.element_count() != 1 || b_scale.element_count() != 1) {
+    return ffi::Error::InvalidArgument(std::string(target) + ": the scales must be f32 scalars");
+  }
+  const Scales scales{a_scale.typed_data(), b_scale.typed_data()};
+  return ToFfiError(Gemm(stream, device, a, b, &scales, d, counters, plan, signal, split), target);
+}
+
+SplitK SplitKOf(int32_t k_splits, ffi::Result<ffi::Buffer<ffi::F32>>& partials) {
+  return SplitK{k_splits, partials->typed_data(), partials->element_count()};
+}
+
 ffi::Error GemmImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
                     ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::Buffer<ffi::U32>> counters,
                     GemmPlanAttr plan, bool signal) {
@@ -137,9 +162,7 @@ ffi::Error GemmIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, f
                         ffi::AnyBuffer d_init, ffi::Result<ffi::AnyBuffer> d,
                         ffi::Result<ffi::Buffer<ffi::U32>> counters, GemmPlanAttr plan,
                         bool signal) {
-  if (d_init.untyped_data() != d->untyped_data()) {
-    return ffi::Error::InvalidArgument("fo_jax_gemm_into_v2: d_init must be aliased to d");
-  }
+  if (ffi::Error e = NotAliased(d_init, d, "fo_jax_gemm_into_v2"); e.failure()) return e;
   return ToFfiError(Gemm(stream, device, a, b, nullptr, d, counters, plan, signal),
                     "fo_jax_gemm_into_v2");
 }
@@ -148,11 +171,8 @@ ffi::Error GemmFp8Impl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a, ff
                        ffi::Buffer<ffi::F32> a_scale, ffi::Buffer<ffi::F32> b_scale,
                        ffi::Result<ffi::AnyBuffer> d, ffi::Result<ffi::Buffer<ffi::U32>> counters,
                        GemmPlanAttr plan, bool signal) {
-  if (a_scale.element_count() != 1 || b_scale.element_count() != 1) {
-    return ffi::Error::InvalidArgument("fo_jax_gemm_fp8_v1: the scales must be f32 scalars");
-  }
-  const Scales scales{a_scale.typed_data(), b_scale.typed_data()};
-  return ToFfiError(Gemm(stream, device, a, b, &scales, d, counters, plan, signal), kFp8Target);
+  return GemmFp8Call(kFp8Target, stream, device, a, b, a_scale, b_scale, d, counters, plan,
+                     signal, SplitK{});
 }
 
 // The fp8 GEMM writing into d_init (aliased to d), for tests that poison the output.
@@ -162,14 +182,8 @@ ffi::Error GemmFp8IntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a
                            ffi::Result<ffi::AnyBuffer> d,
                            ffi::Result<ffi::Buffer<ffi::U32>> counters, GemmPlanAttr plan,
                            bool signal) {
-  if (d_init.untyped_data() != d->untyped_data()) {
-    return ffi::Error::InvalidArgument("fo_jax_gemm_fp8_into_v1: d_init must be aliased to d");
-  }
+  if (ffi::Error e = NotAliased(d_init, d, "fo_jax_gemm_fp8_into_v1"); e.failure()) return e;
   return GemmFp8Impl(stream, device, a, b, a_scale, b_scale, d, counters, plan, signal);
-}
-
-SplitK SplitKOf(int32_t k_splits, ffi::Result<ffi::Buffer<ffi::F32>>& partials) {
-  return SplitK{k_splits, partials->typed_data(), partials->element_count()};
 }
 
 ffi::Error GemmSplitKImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer a,
@@ -189,9 +203,7 @@ ffi::Error GemmSplitKIntoImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffe
                               ffi::Result<ffi::Buffer<ffi::U32>> counters,
                               ffi::Result<ffi::Buffer<ffi::F32>> partials, GemmPlanAttr plan,
                               bool signal, int32_t k_splits) {
-  if (d_init.untyped_data() != d->untyped_data()) {
-    return ffi::Error::InvalidArgument("fo_jax_gemm_split_k_into_v1: d_init must be aliased to d");
-  }
+  if (ffi::Error e = NotAliased(d_init, d, "fo_jax_gemm_split_k_into_v1"); e.failure()) return e;
   return ToFfiError(Gemm(stream, device, a, b, nullptr, d, counters, plan, signal,
                          SplitKOf(k_splits, partials)),
                     "fo_jax_gemm_split_k_into_v1");
@@ -203,14 +215,8 @@ ffi::Error GemmFp8SplitKImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer
                              ffi::Result<ffi::Buffer<ffi::U32>> counters,
                              ffi::Result<ffi::Buffer<ffi::F32>> partials, GemmPlanAttr plan,
                              bool signal, int32_t k_splits) {
-  if (a_scale.element_count() != 1 || b_scale.element_count() != 1) {
-    return ffi::Error::InvalidArgument(std::string(kFp8SplitKTarget) +
-                                       ": the scales must be f32 scalars");
-  }
-  const Scales scales{a_scale.typed_data(), b_scale.typed_data()};
-  return ToFfiError(Gemm(stream, device, a, b, &scales, d, counters, plan, signal,
-                         SplitKOf(k_splits, partials)),
-                    kFp8SplitKTarget);
+  return GemmFp8Call(kFp8SplitKTarget, stream, device, a, b, a_scale, b_scale, d, counters, plan,
+                     signal, SplitKOf(k_splits, partials));
 }
 
 }  // namespace

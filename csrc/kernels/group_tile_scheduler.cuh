@@ -225,51 +225,52 @@ class GroupOrderedScheduler {
   CUTLASS_DEVICE static void fixup(Params const& params, WorkTileInfo const& w,
                                    FrgTensorC& accumulators, uint32_t num_barriers,
                                    uint32_t barrier_idx) {
-    if constexpr (!kSplitK) return;
-    if (w.splits <= 1) return;
-    constexpr int kFrag = decltype(cute::size(accumulators))::value;
-    static_assert(kFrag % 4 == 0, "the accumulator fragment moves as float4");
-    const int threads = int(num_barriers) * 128;
-    const int t = int(barrier_idx) * 128 + int(threadIdx.x) % 128;
-    uint32_t* flag = params.split_flags + w.slot;
-    float4* slots = reinterpret_cast<float4*>(params.partials) +
-                    size_t(w.slot) * size_t(w.splits - 1) * (kFrag / 4) * threads;
-    constexpr uint32_t kBarrier =
-        uint32_t(cutlass::arch::ReservedNamedBarriers::StreamkBarrier0);
-    if (w.split < w.splits - 1) {
-      float4* mine = slots + size_t(w.split) * (kFrag / 4) * threads;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < kFrag / 4; ++i) {
-        __stcg(mine + i * threads + t,
-               make_float4(accumulators(4 * i), accumulators(4 * i + 1), accumulators(4 * i + 2),
-                           accumulators(4 * i + 3)));
-      }
-      asm volatile("bar.sync %0, %1;" ::"r"(kBarrier), "r"(threads) : "memory");
-      if (t == 0) {
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flag) : "memory");
-      }
-    } else {
-      if (t == 0) {
-        const uint32_t want = uint32_t(w.splits - 1);
-        while (true) {
-          uint32_t seen;
-          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag)
-                       : "memory");
-          if (seen == want) break;
-          __nanosleep(32);
-        }
-        *flag = 0u;  // no other unit of this launch touches it again
-      }
-      asm volatile("bar.sync %0, %1;" ::"r"(kBarrier), "r"(threads) : "memory");
-      for (int s = 0; s < w.splits - 1; ++s) {
-        const float4* slot = slots + size_t(s) * (kFrag / 4) * threads;
+    if constexpr (kSplitK) {
+      if (w.splits <= 1) return;
+      constexpr int kFrag = decltype(cute::size(accumulators))::value;
+      static_assert(kFrag % 4 == 0, "the accumulator fragment moves as float4");
+      const int threads = int(num_barriers) * 128;
+      const int t = int(barrier_idx) * 128 + int(threadIdx.x) % 128;
+      uint32_t* flag = params.split_flags + w.slot;
+      float4* slots = reinterpret_cast<float4*>(params.partials) +
+                      size_t(w.slot) * size_t(w.splits - 1) * (kFrag / 4) * threads;
+      constexpr uint32_t kBarrier =
+          uint32_t(cutlass::arch::ReservedNamedBarriers::StreamkBarrier0);
+      if (w.split < w.splits - 1) {
+        float4* mine = slots + size_t(w.split) * (kFrag / 4) * threads;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < kFrag / 4; ++i) {
-          const float4 v = __ldcg(slot + i * threads + t);
-          accumulators(4 * i) += v.x;
-          accumulators(4 * i + 1) += v.y;
-          accumulators(4 * i + 2) += v.z;
-          accumulators(4 * i + 3) += v.w;
+          __stcg(mine + i * threads + t,
+                 make_float4(accumulators(4 * i), accumulators(4 * i + 1), accumulators(4 * i + 2),
+                             accumulators(4 * i + 3)));
+        }
+        asm volatile("bar.sync %0, %1;" ::"r"(kBarrier), "r"(threads) : "memory");
+        if (t == 0) {
+          asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flag) : "memory");
+        }
+      } else {
+        if (t == 0) {
+          const uint32_t want = uint32_t(w.splits - 1);
+          while (true) {
+            uint32_t seen;
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag)
+                         : "memory");
+            if (seen == want) break;
+            __nanosleep(32);
+          }
+          *flag = 0u;  // no other unit of this launch touches it again
+        }
+        asm volatile("bar.sync %0, %1;" ::"r"(kBarrier), "r"(threads) : "memory");
+        for (int s = 0; s < w.splits - 1; ++s) {
+          const float4* slot = slots + size_t(s) * (kFrag / 4) * threads;
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < kFrag / 4; ++i) {
+            const float4 v = __ldcg(slot + i * threads + t);
+            accumulators(4 * i) += v.x;
+            accumulators(4 * i + 1) += v.y;
+            accumulators(4 * i + 2) += v.z;
+            accumulators(4 * i + 3) += v.w;
+          }
         }
       }
     }

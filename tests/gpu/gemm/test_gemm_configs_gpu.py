@@ -12,8 +12,8 @@ import pytest
 
 import fo_jax
 from conftest import gpu_devices_or_skip
-from numerics import (assert_close, expected_group_counts, group_major_layout,
-                      random_operands)
+from numerics import (assert_close, device_operands, expected_group_counts,
+                      group_major_layout, poisoned_gemm_run)
 
 pytestmark = pytest.mark.gpu
 
@@ -34,20 +34,6 @@ def _setup():
     return dev, _cuda_ops, _plan
 
 
-def _operands(dev, seed, rows, k, n, dtype):
-    x, w, x64, w64 = random_operands(np.random.default_rng(seed), rows, k, n, dtype)
-    return jax.device_put(x, dev), jax.device_put(w, dev), x64, w64
-
-
-def _run(dev, _cuda_ops, plan, x, w, batch=1):
-    """(output as float64, counters) of the raw kernel writing into a NaN-poisoned buffer."""
-    d0 = jax.device_put(jnp.full((x.shape[0], w.shape[1]), jnp.nan, x.dtype), dev)
-    f = jax.jit(lambda a, b, d: _cuda_ops.signaling_gemm(a, b, plan, batch, True, d),
-                donate_argnums=2)
-    d, counters = f(x, w, d0)
-    return np.asarray(d.astype(jnp.float32), np.float64), np.asarray(counters)
-
-
 
 
 
@@ -66,11 +52,11 @@ def _group_variants(_plan, name, dtype, m, n, k, batch):
 def test_every_config_on_small_and_odd_m(shape, dtype):
     dev, _cuda_ops, _plan = _setup()
     m, n, k = shape
-    x, w, x64, w64 = _operands(dev, m + n + k, m, k, n, dtype)
+    x, w, x64, w64 = device_operands(dev, m + n + k, m, k, n, dtype)
     ref = x64 @ w64
     for c in _plan.gemm_configs_for(dtype):
         for plan in _group_variants(_plan, c["name"], dtype, m, n, k, 1):
-            d, counters = _run(dev, _cuda_ops, plan, x, w)
+            d, counters = poisoned_gemm_run(dev, plan, x, w)
             what = f"{c['name']} groups {plan.group_begin}"
             assert np.isfinite(d).all(), f"{what}: unwritten (poisoned) output elements"
             assert_close(d, ref, dtype)
@@ -84,11 +70,11 @@ def test_every_config_remap_with_bands_smaller_than_a_tile(batch, m):
     of a partial tile never spill into the next band, every tile is counted."""
     dev, _cuda_ops, _plan = _setup()
     n, k, dtype = 392, 200, jnp.bfloat16
-    x, w, x64, w64 = _operands(dev, m * batch, batch * m, k, n, dtype)
+    x, w, x64, w64 = device_operands(dev, m * batch, batch * m, k, n, dtype)
     ref = x64 @ w64
     for c in _plan.gemm_configs_for(dtype):
         for plan in _group_variants(_plan, c["name"], dtype, m, n, k, batch):
-            d, counters = _run(dev, _cuda_ops, plan, x, w, batch)
+            d, counters = poisoned_gemm_run(dev, plan, x, w, batch)
             what = f"{c['name']} groups {plan.group_begin}"
             assert np.isfinite(d).all(), f"{what}: unwritten output rows"
             assert_close(d, group_major_layout(ref, plan, batch, m), dtype)
@@ -100,14 +86,14 @@ def test_odd_sm_budgets_give_identical_results():
     computes every tile the same way (bitwise equal), the counters complete."""
     dev, _cuda_ops, _plan = _setup()
     m, n, k, dtype = 1088, 1280, 1024, jnp.bfloat16  # 17 tile-rows of 64
-    x, w, x64, w64 = _operands(dev, 11, m, k, n, dtype)
+    x, w, x64, w64 = device_operands(dev, 11, m, k, n, dtype)
     ref = x64 @ w64
     for c in _plan.gemm_configs_for(dtype):
         outs = []
         for budget in (0, 3, 7, -5):
             cfg = fo_jax.OverlapConfig(gemm_config=c["name"], num_groups=4)
             plan = _plan.plan_gemm("test", jnp.dtype(dtype), m, n, k, 1, cfg, 1, budget)
-            d, counters = _run(dev, _cuda_ops, plan, x, w)
+            d, counters = poisoned_gemm_run(dev, plan, x, w)
             assert counters.tolist() == expected_group_counts(plan, 1, n), (c["name"], budget)
             outs.append(d)
         assert_close(outs[0], ref, dtype)
@@ -124,7 +110,7 @@ def test_default_choice_on_small_m_sweep_shapes(shape):
     dev, _, _plan = _setup()
     m, n, k = shape
     dtype = jnp.bfloat16
-    x, w, x64, w64 = _operands(dev, m ^ n ^ k, m, k, n, dtype)
+    x, w, x64, w64 = device_operands(dev, m ^ n ^ k, m, k, n, dtype)
     f = jax.jit(lambda x, w: fo_jax.matmul(x, w, config=fo_jax.OverlapConfig(
         allow_fallback=False)))
     assert "@fo_jax_gemm" in f.lower(x, w).as_text()  # fo_jax's GEMM, not XLA's dot

@@ -5,6 +5,8 @@ units than SMs, groups and counters, the reduce-scatter remap, odd SM budgets (w
 tail), bitwise-repeatable results, the flag words left zero, and fo_jax.matmul with k_splits
 under jit, grad and vmap."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,8 +14,8 @@ import pytest
 
 import fo_jax
 from conftest import gpu_devices_or_skip
-from numerics import (assert_close, expected_group_counts, group_major_layout,
-                      random_operands)
+from numerics import (assert_close, device_operands, expected_group_counts,
+                      group_major_layout, poisoned_gemm_run)
 
 pytestmark = pytest.mark.gpu
 
@@ -42,23 +44,7 @@ def _cooperative(_plan, dtype):
 def _split_plan(_plan, dtype, name, m, n, k, splits, batch=1, groups=1, sm_budget=0):
     cfg = fo_jax.OverlapConfig(gemm_config=name, num_groups=groups)
     plan = _plan.plan_gemm("test", jnp.dtype(dtype), m, n, k, batch, cfg, 1, sm_budget)
-    import dataclasses  # noqa: PLC0415
-
     return dataclasses.replace(plan, k_splits=splits)
-
-
-def _run(dev, _cuda_ops, plan, x, w, batch=1):
-    """(output as float64, counters) of the raw kernel writing into a NaN-poisoned buffer."""
-    d0 = jax.device_put(jnp.full((x.shape[0], w.shape[1]), jnp.nan, x.dtype), dev)
-    f = jax.jit(lambda a, b, d: _cuda_ops.signaling_gemm(a, b, plan, batch, True, d),
-                donate_argnums=2)
-    d, counters = f(x, w, d0)
-    return np.asarray(d.astype(jnp.float32), np.float64), np.asarray(counters)
-
-
-def _operands(dev, seed, rows, k, n, dtype):
-    x, w, x64, w64 = random_operands(np.random.default_rng(seed), rows, k, n, dtype)
-    return jax.device_put(x, dev), jax.device_put(w, dev), x64, w64
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
@@ -66,7 +52,7 @@ def _operands(dev, seed, rows, k, n, dtype):
 def test_every_cooperative_config_splits_k(shape, dtype):
     dev, _cuda_ops, _plan = _setup()
     m, n, k = shape
-    x, w, x64, w64 = _operands(dev, m + n + k, m, k, n, dtype)
+    x, w, x64, w64 = device_operands(dev, m + n + k, m, k, n, dtype)
     ref = x64 @ w64
     for c in _cooperative(_plan, dtype):
         k_tiles = -(-k // c["tile_k"])
@@ -75,7 +61,7 @@ def test_every_cooperative_config_splits_k(shape, dtype):
                 continue
             for groups in (1, 3):
                 plan = _split_plan(_plan, dtype, c["name"], m, n, k, splits, groups=groups)
-                d, counters = _run(dev, _cuda_ops, plan, x, w)
+                d, counters = poisoned_gemm_run(dev, plan, x, w)
                 what = f"{c['name']} k_splits {splits} groups {plan.group_begin}"
                 assert np.isfinite(d).all(), f"{what}: unwritten (poisoned) output elements"
                 assert_close(d, ref, dtype)
@@ -88,11 +74,11 @@ def test_split_k_with_the_reduce_scatter_remap(batch):
     once and counted once."""
     dev, _cuda_ops, _plan = _setup()
     m, n, k, dtype = 200, 392, 2048, jnp.bfloat16
-    x, w, x64, w64 = _operands(dev, batch, batch * m, k, n, dtype)
+    x, w, x64, w64 = device_operands(dev, batch, batch * m, k, n, dtype)
     ref = x64 @ w64
     for c in _cooperative(_plan, dtype):
         plan = _split_plan(_plan, dtype, c["name"], m, n, k, 5, batch=batch, groups=3)
-        d, counters = _run(dev, _cuda_ops, plan, x, w, batch)
+        d, counters = poisoned_gemm_run(dev, plan, x, w, batch)
         assert np.isfinite(d).all(), f"{c['name']}: unwritten output rows"
         assert_close(d, group_major_layout(ref, plan, batch, m), dtype)
         assert counters.tolist() == expected_group_counts(plan, batch, n), c["name"]
@@ -105,15 +91,15 @@ def test_split_k_is_bitwise_repeatable_on_any_sm_budget():
     flag words zero."""
     dev, _cuda_ops, _plan = _setup()
     m, n, k, dtype = 1088, 1280, 4096, jnp.bfloat16
-    x, w, x64, w64 = _operands(dev, 11, m, k, n, dtype)
+    x, w, x64, w64 = device_operands(dev, 11, m, k, n, dtype)
     for c in _cooperative(_plan, dtype):
         for budget in (0, 3, 7, -5):
             plan = _split_plan(_plan, dtype, c["name"], m, n, k, 4, groups=4, sm_budget=budget)
-            first, counters = _run(dev, _cuda_ops, plan, x, w)
+            first, counters = poisoned_gemm_run(dev, plan, x, w)
             assert counters.tolist() == expected_group_counts(plan, 1, n), (c["name"], budget)
             assert_close(first, x64 @ w64, dtype)
             for _ in range(2):
-                again, _ = _run(dev, _cuda_ops, plan, x, w)
+                again, _ = poisoned_gemm_run(dev, plan, x, w)
                 np.testing.assert_array_equal(first, again, err_msg=f"{c['name']} {budget}")
     # The whole counters result (group counters, then one flag word per tile of the split tail).
     plan = _split_plan(_plan, dtype, "coop_128x128x64_c1", m, n, k, 4)
@@ -134,7 +120,7 @@ def test_matmul_with_k_splits_under_jit_and_grad():
     dev, _, _ = _setup()
     rng = np.random.default_rng(3)
     m, k, n, dtype = 256, 4096, 1280, jnp.bfloat16
-    x, w, x64, w64 = _operands(dev, 3, m, k, n, dtype)
+    x, w, x64, w64 = device_operands(dev, 3, m, k, n, dtype)
     g64 = rng.standard_normal((m, n))
     g = jax.device_put(jnp.asarray(g64, dtype), dev)
     g64 = np.asarray(g, np.float64)
