@@ -52,7 +52,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="*", default=SHAPES)
     ap.add_argument("--configs", nargs="*", default=[],
-                    help="fo_jax GEMM configs to profile besides the selected one")
+                    help="fo_jax GEMM configs to profile besides the selected one (NAME, or "
+                         "NAME/kS: a cooperative one split in S along K)")
     ap.add_argument("--calls", type=int, default=24, help="profiled calls per method")
     ap.add_argument("--rounds", type=int, default=4,
                     help="traces per method (calls / rounds calls each), order rotated per round")
@@ -86,7 +87,12 @@ def main() -> None:
             methods[f"fo_jax[{name}] 8 groups, signals, remap"] = gemm(groups=8, signal=True,
                                                                        batch=4)[1]
         for c in args.configs:
-            if c != name:
+            base, _, split = c.partition("/k")
+            if split:  # NAME/kS: fo_jax.matmul with that configuration split in S along K
+                keep = fo_jax.OverlapConfig(gemm_config=base, k_splits=int(split))
+                methods[f"fo_jax[{c}]"] = jax.jit(
+                    lambda a, b, keep=keep: fo_jax.matmul(a, b, config=keep))
+            elif c != name:
                 methods[f"fo_jax[{c}]"] = gemm(c)[1]
         print(f"[{i + 1}/{len(args.shapes)}] {s}: XLA chose {hlo_summary(xla, x, w)}",
               flush=True)
