@@ -143,9 +143,12 @@ def _gemm_attrs(plan: GemmPlan, signal: bool) -> dict:
     return attrs
 
 
-def _d_and_counters(results, plan: GemmPlan) -> tuple:
-    """(d, the group counters) of a GEMM call's results."""
+def _d_and_counters(results, plan: GemmPlan, signal: bool) -> tuple:
+    """(d, the group counters) of a GEMM call's results; counters None without signals (the
+    kernel then leaves that result unwritten: csrc/ffi/gemm_ffi.cc)."""
     d, counters = results[0], results[1]
+    if not signal:
+        return d, None
     if plan.k_splits > 1:
         counters = counters[:plan.num_groups]
     return d, counters
@@ -153,9 +156,10 @@ def _d_and_counters(results, plan: GemmPlan) -> tuple:
 
 def signaling_gemm(a: jax.Array, b: jax.Array, plan: GemmPlan, batch: Optional[int] = None,
                    signal: bool = True, d_init: jax.Array | None = None):
-    """(d, counters): the raw kernel entry (a batch > 1 writes the group-major remapped layout).
-    `batch` must be the plan's (it is there for callers that name it). With `d_init` the kernel
-    writes into that buffer (aliased), so tests can poison it."""
+    """(d, counters): the raw kernel entry (a batch > 1 writes the group-major remapped layout);
+    counters None when signal is False. `batch` must be the plan's (it is there for callers that
+    name it). With `d_init` the kernel writes into that buffer (aliased), so tests can poison
+    it."""
     if batch is not None and batch != plan.batch:
         raise ValueError(f"fo_jax.signaling_gemm: batch {batch} but the plan was made for "
                          f"batch {plan.batch}")
@@ -168,7 +172,7 @@ def signaling_gemm(a: jax.Array, b: jax.Array, plan: GemmPlan, batch: Optional[i
     else:
         out = _ffi_call(GEMM_SPLIT_K_INTO_TARGET if split else GEMM_INTO_TARGET,
                         (a, b, d_init), results, attrs, aliases=((2, 0),))
-    return _d_and_counters(out, plan)
+    return _d_and_counters(out, plan, signal)
 
 
 def matmul_cuda(x: jax.Array, w: jax.Array, plan: GemmPlan) -> jax.Array:
@@ -179,8 +183,8 @@ def signaling_gemm_fp8(a: jax.Array, b_nk: jax.Array, a_scale: jax.Array, b_scal
                        plan: GemmPlan, signal: bool = True, d_init: jax.Array | None = None):
     """(d, counters) of the fp8 kernel: a[B*m, k] and b_nk[n, k] (the weight K-major)
     float8_e4m3fn, a_scale and b_scale float32 scalars, d = a_scale * b_scale * (a @ b_nk^T) in
-    bfloat16 (target fo_jax_gemm_fp8_v1). With `d_init` the kernel writes into that buffer
-    (aliased), so tests can poison it."""
+    bfloat16 (target fo_jax_gemm_fp8_v1); counters None when signal is False. With `d_init` the
+    kernel writes into that buffer (aliased), so tests can poison it."""
     _cuda.register_targets()
     results = _gemm_results((a, b_nk), a.shape[0], b_nk.shape[0],
                             np.dtype(jax.numpy.bfloat16), plan)
@@ -189,11 +193,12 @@ def signaling_gemm_fp8(a: jax.Array, b_nk: jax.Array, a_scale: jax.Array, b_scal
     if plan.k_splits > 1:
         if d_init is not None:
             raise ValueError("fo_jax.signaling_gemm_fp8: no aliased output with split K")
-        return _d_and_counters(_ffi_call(GEMM_FP8_SPLIT_K_TARGET, args, results, attrs), plan)
+        return _d_and_counters(_ffi_call(GEMM_FP8_SPLIT_K_TARGET, args, results, attrs), plan,
+                               signal)
     if d_init is None:
-        return tuple(_ffi_call(GEMM_FP8_TARGET, args, results, attrs))
-    return tuple(_ffi_call(GEMM_FP8_INTO_TARGET, args + (d_init,), results, attrs,
-                           aliases=((4, 0),)))
+        return _d_and_counters(_ffi_call(GEMM_FP8_TARGET, args, results, attrs), plan, signal)
+    return _d_and_counters(_ffi_call(GEMM_FP8_INTO_TARGET, args + (d_init,), results, attrs,
+                                     aliases=((4, 0),)), plan, signal)
 
 
 def matmul_fp8_cuda(x: jax.Array, w_nk: jax.Array, x_scale: jax.Array, w_scale: jax.Array,
