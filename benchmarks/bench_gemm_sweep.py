@@ -35,8 +35,8 @@ Every fo_jax result is checked against xla.dot first (relative error; a wrong ke
 not recorded: its row carries "error").
 
 Timing ("ms"): GPU kernel time per call from JAX profiler traces (trace_timing.py): per round
-ONE trace holds --calls back-to-back calls of every method of the shape in both dtypes, blocked
-on per method, the methods in rotated order (_benchcore.rotated); each kernel is attributed to
+ONE trace holds --calls calls of every method of the shape in both dtypes, interleaved call by
+call in rotated order (trace_timing.schedule), each blocked on; each kernel is attributed to
 its method by the XLA module of its jitted function; the median over --rounds rounds. Kernel
 time holds no host or launch-queue time, so 10-us GEMMs compare fairly with long ones.
 "wall_ms" (xla.dot and fo_jax.matmul only): median of 5 interleaved trials of 20 back-to-back

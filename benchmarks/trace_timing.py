@@ -2,15 +2,19 @@
 
 benchlib.kernel_ms_interleaved records one trace per method and round, which is exact but costs
 a trace (a profiler start, stop and parse) per method: too slow for a sweep of a dozen methods
-on 66 shapes. Here one trace per round holds every method, `calls` back-to-back calls each,
-blocked on before the next method, in rotated order (_benchcore.rotated), and each kernel is
-attributed to its method by, in this order:
+on 66 shapes. Here one trace per round holds `calls` calls of every method, interleaved call by
+call (`schedule`: every method once per pass, forward and backward in turn, the start moving
+from pair to pair), each call blocked on before the next. A GPU that clocks down as a trace
+goes on (H100s and H200s at their power cap, on long GEMMs) then slows every method alike:
+with each method's calls back to back instead, the methods late in a trace of 16 at M >= 8192
+read up to 18% slower than the same kernel early in it (docs/performance.md, "GEMM coverage").
+Each kernel is attributed to its method by, in this order:
   1. the XLA module named in the kernel event's stats: every function is jitted under its own
      name (`named_jit`), so its kernels carry "jit_trace_f<key>" (hlo_module, or the raw XLA
      annotation where the trace keeps only that);
-  2. the host-side window of its method (a jax.profiler.TraceAnnotation around the method's
-     calls, which ends after block_until_ready): a kernel starting inside it is the method's
-     (a memset launched by a custom call may carry no module);
+  2. the host-side windows of its method (a jax.profiler.TraceAnnotation around each call,
+     which ends after block_until_ready): a kernel starting inside one is the method's (a
+     memset launched by a custom call may carry no module);
   3. the method of the nearest earlier event placed by 1.
 If neither tags nor windows work on this JAX, one trace per method and round, as benchlib does.
 The result per method: the median over rounds of its kernel time per call (the sum of its
@@ -44,7 +48,7 @@ def named_jit(fn, key: int):
 
 def _read(trace_dir: str) -> tuple:
     """(GPU 0's kernels and memsets [(start_ns, end_ns, name, tag key or None)], host windows
-    {key: (start_ns, end_ns)})."""
+    {key: [(start_ns, end_ns), ...]})."""
     from jax.profiler import ProfileData  # noqa: PLC0415
 
     paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
@@ -57,8 +61,8 @@ def _read(trace_dir: str) -> tuple:
         for line in plane.lines:
             for ev in line.events:
                 if ev.name.startswith(WINDOW) and not plane.name.startswith("/device:"):
-                    windows[int(ev.name[len(WINDOW):])] = (ev.start_ns,
-                                                           ev.start_ns + ev.duration_ns)
+                    windows.setdefault(int(ev.name[len(WINDOW):]), []).append(
+                        (ev.start_ns, ev.start_ns + ev.duration_ns))
                 if not (is_gpu0 and line.name.startswith("Stream")):
                     continue
                 tag = None
@@ -71,8 +75,21 @@ def _read(trace_dir: str) -> tuple:
     return sorted(events), windows
 
 
+def schedule(order: list, calls: int) -> list:
+    """The keys of one trace in call order: `calls` passes over `order` in pairs, a pass
+    started at method j (j = pair index, mod len(order)) and then the same pass backward, so
+    that every method's calls spread over the whole trace, each pair places it as far after the
+    middle of a pass as before it, and its neighbours change from pass to pass."""
+    out = []
+    for c in range(calls):
+        j = (c // 2) % len(order)
+        forward = order[j:] + order[:j]
+        out += forward if c % 2 == 0 else forward[::-1]
+    return out
+
+
 def _window_of(start: int, windows: dict, keys) -> object:
-    owner = [k for k in keys if k in windows and windows[k][0] <= start <= windows[k][1]]
+    owner = [k for k in keys if any(s <= start <= e for s, e in windows.get(k, ()))]
     return owner[0] if len(owner) == 1 else None
 
 
@@ -136,10 +153,10 @@ class TraceTimer:
             return spans
 
         def run():
-            for k in order:
+            for k in schedule(order, calls):
                 f, args = fns[k]
                 with jax.profiler.TraceAnnotation(f"{WINDOW}{k}"):
-                    jax.block_until_ready([f(*args) for _ in range(calls)])
+                    jax.block_until_ready(f(*args))
 
         events, windows = self._trace(run)
         spans = attribute(events, windows, fns)
