@@ -9,7 +9,8 @@ kernel_ms_interleaved):
   <dtype>.8groups    8 groups in the overlap's tile order, no counters
   <dtype>.signal     8 groups with counters: the overlap's producer
 Reports the signaling overhead (signal / 8groups - 1: the counters' cost, the criterion of issue
-31: <= 2%) and the group order's (8groups / 1group - 1). "producer runs": whether an overlapped
+31: <= 2%; it includes the memset that zeroes the counters before the kernel, about 0.8 us,
+which a kernel without counters does not run) and the group order's (8groups / 1group - 1). "producer runs": whether an overlapped
 call with this per-GPU GEMM runs the producer at all (its estimated GEMM reaches the overlap's
 lowest floor; below it nothing signals): the verdicts count those rows only, the table shows all.
 Each method's result is checked against XLA's dot of the same (dequantized) operands first.
