@@ -123,3 +123,24 @@ def test_plan_enums_come_from_the_module():
     assert [e.name for e in mod.Transport] == ["nccl", "copy_engine"]
     assert [e.name for e in mod.SumSplit] == ["one", "bands", "rows"]
     assert [e.name for e in mod.GemmDtype] == ["bfloat16", "float16", "float8_e4m3fn"]
+
+
+@pytest.mark.parametrize("signal", [False, True])
+def test_gemm_returns_counters_only_when_it_signals(signal):
+    """Without signals the kernel leaves the counters result unwritten, so the entry returns
+    None in its place; with them, one counter per group."""
+    from fo_jax import _cuda_ops, _plan as plan_mod
+
+    x = jax.ShapeDtypeStruct((1024, 512), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
+    plan = plan_mod.plan_gemm("test", jnp.dtype(jnp.bfloat16), 1024, 256, 512, 1,
+                              fo_jax.OverlapConfig(num_groups=2), 2, 0)
+    f = jax.jit(lambda a, b: _cuda_ops.signaling_gemm(a, b, plan, signal=signal))
+    d, counters = jax.eval_shape(f, x, w)
+    assert (d.shape, d.dtype) == ((1024, 256), jnp.bfloat16)
+    if signal:
+        assert (counters.shape, counters.dtype) == ((2,), jnp.uint32)
+    else:
+        assert counters is None
+    text = f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    assert "@fo_jax_gemm_v2" in text and f"signal = {str(signal).lower()}" in text
