@@ -1,8 +1,13 @@
 // Diagnostic: where does the signaling GEMM lose against XLA's GEMM? Times, round-robin on the same
 // bf16 inputs, (1) fo_jax's GEMM (no counters, one group), (2) stock CUTLASS 3.x sm90 kernels of
 // the same tile shapes with CUTLASS's own persistent scheduler, both with w row-major as JAX stores
-// it ("NN": B is N-major) and with B K-major ("NT", the layout cuBLAS calls TN), and (3) every
-// algorithm cuBLASLt's heuristic offers (what XLA picks from). Not part of the library.
+// it ("NN": B is N-major) and with B K-major ("NT", the layout cuBLAS calls TN), (3) stock CUTLASS
+// kernels of the transposed product D^T = w^T x^T on the same buffers ("T": the weight is an
+// MN-major A operand, x a K-major B operand, D^T stored column-major, i.e. D row-major), whose
+// tile is named N x M as cuBLASLt names its own (its view of XLA's row-major dot is this
+// transposed product): tiles that step along M by 16 or 32 rows, such as cuBLASLt's 128x160 at
+// N = 1280, which fo_jax's tiles (64-row steps along M) cannot take, and (4) every algorithm
+// cuBLASLt's heuristic offers (what XLA picks from). Not part of the library.
 // Build: dev/README.md (target gemm_probe). Run: gemm_probe [MxNxK ...]
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -12,6 +17,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -53,6 +59,33 @@ struct Stock {
                                                       cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   static constexpr bool kKMajorB = std::is_same_v<LayoutB, cutlass::layout::ColumnMajor>;
+};
+
+// The transposed product: problem (N, M, K), A = w viewed as [N, K] with N contiguous, B = x
+// viewed as [M, K] with K contiguous, D^T = [N, M] with N contiguous (D itself, row-major).
+// kTN x kTM is the tile along N x M; the cluster runs along N.
+template <int kTN, int kTM, int kCN, bool kPingpong>
+struct StockT {
+  using TileShape = cute::Shape<cute::Int<kTN>, cute::Int<kTM>, cute::_64>;
+  using ClusterShape = cute::Shape<cute::Int<kCN>, cute::_1, cute::_1>;
+  using EpiSchedule = std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
+                                         cutlass::epilogue::TmaWarpSpecializedCooperative>;
+  using Schedule = std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                                      cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void,
+      cutlass::layout::ColumnMajor, 8, Bf16, cutlass::layout::ColumnMajor, 8,
+      EpiSchedule>::CollectiveOp;
+  using Main = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::ColumnMajor, 8,
+      Bf16, cutlass::layout::ColumnMajor, 8, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename Epi::SharedStorage))>,
+      Schedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Main, Epi,
+                                                      cutlass::gemm::PersistentScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
 struct Runner {
@@ -110,6 +143,36 @@ Runner MakeStock(const char* name, const Problem& p) {
   if (gemm->can_implement(args) != cutlass::Status::kSuccess ||
       Gemm::get_workspace_size(args) > ws_bytes ||
       gemm->initialize(args, workspace) != cutlass::Status::kSuccess) {
+    return {name, [](cudaStream_t) { return false; }, {}};
+  }
+  return {name, [gemm](cudaStream_t s) { return gemm->run(s) == cutlass::Status::kSuccess; }, {}};
+}
+
+template <class S>
+Runner MakeStockT(const char* name, const Problem& p) {
+  const int m = p.m, n = p.n, k = p.k;
+  using Gemm = typename S::Gemm;
+  using K = typename S::Kernel;
+  typename K::Arguments args{};
+  args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+  args.problem_shape = cute::make_shape(n, m, k, 1);
+  args.mainloop.ptr_A = static_cast<Bf16 const*>(p.b);  // w[k, n]: element (n, k) at k * n + n
+  args.mainloop.dA = cute::make_stride(cute::Int<1>{}, int64_t(n), int64_t(n) * k);
+  args.mainloop.ptr_B = static_cast<Bf16 const*>(p.a);  // x[m, k]: element (m, k) at m * k + k
+  args.mainloop.dB = cute::make_stride(int64_t(k), cute::Int<1>{}, int64_t(m) * k);
+  auto sd = cute::make_stride(cute::Int<1>{}, int64_t(n), int64_t(m) * n);  // (n, m) at m * n + n
+  args.epilogue.thread.alpha = 1.f;
+  args.epilogue.thread.beta = 0.f;
+  args.epilogue.ptr_C = nullptr;
+  args.epilogue.dC = sd;
+  args.epilogue.ptr_D = static_cast<Bf16*>(p.d);
+  args.epilogue.dD = sd;
+  args.hw_info.device_id = 0;
+  args.hw_info.sm_count = p.sms;
+  auto gemm = std::make_shared<Gemm>();
+  if (gemm->can_implement(args) != cutlass::Status::kSuccess ||
+      Gemm::get_workspace_size(args) > p.ws_bytes ||
+      gemm->initialize(args, p.workspace) != cutlass::Status::kSuccess) {
     return {name, [](cudaStream_t) { return false; }, {}};
   }
   return {name, [gemm](cudaStream_t s) { return gemm->run(s) == cutlass::Status::kSuccess; }, {}};
@@ -256,6 +319,23 @@ std::vector<Runner> MakeLt(Lt& lt, int m, int n, int k, const void* a, const voi
   return out;
 }
 
+// max |got - want| / max |want| over n bf16 values, as float bits in *out (non-negative floats
+// order as their bits): the transposed-product kernels are checked against fo_jax's GEMM (itself
+// checked against cuBLAS by gemm_selftest) before they are timed.
+__global__ void MaxAbs(const uint16_t* got, const uint16_t* want, size_t n, unsigned* diff,
+                       unsigned* ref) {
+  float d = 0.f, r = 0.f;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float g = __uint_as_float(unsigned(got[i]) << 16);
+    const float w = __uint_as_float(unsigned(want[i]) << 16);
+    d = fmaxf(d, isnan(g) || isnan(w) ? INFINITY : fabsf(g - w));  // fmaxf drops NaN operands
+    r = fmaxf(r, fabsf(w));
+  }
+  atomicMax(diff, __float_as_uint(d));
+  atomicMax(ref, __float_as_uint(r));
+}
+
 // Keeps the GPU busy while the host prepares the next launch, so that the event pair times the
 // kernel alone (fo_jax's launcher builds its parameters per launch; CUTLASS's adapter and
 // cuBLASLt have theirs ready).
@@ -348,6 +428,16 @@ int main(int argc, char** argv) {
     rs.push_back(MakeStock<Stock<RM, 128, 128, 2, true>>("stock NN pingpong 128x128 c2", prob));
     rs.push_back(MakeStock<Stock<RM, 128, 160, 2, true>>("stock NN pingpong 128x160 c2", prob));
     rs.push_back(MakeStock<Stock<RM, 128, 192, 2, true>>("stock NN pingpong 128x192 c2", prob));
+    // The transposed product, tile N x M: the control (fo_jax's ping-pong 128x128, transposed),
+    // cuBLASLt's pick at N = 1280 and 5120 with M = 2048 (128x160 with a 2x1 cluster along N)
+    // and the same without the cluster, 128x96, and cooperative tiles 256 long along N (near
+    // cuBLASLt's 256x96 and 320x128 at N = 1280-1536).
+    rs.push_back(MakeStockT<StockT<128, 128, 1, true>>("stock T pingpong 128x128 c1", prob));
+    rs.push_back(MakeStockT<StockT<128, 160, 2, true>>("stock T pingpong 128x160 c2", prob));
+    rs.push_back(MakeStockT<StockT<128, 160, 1, true>>("stock T pingpong 128x160 c1", prob));
+    rs.push_back(MakeStockT<StockT<128, 96, 2, true>>("stock T pingpong 128x96 c2", prob));
+    rs.push_back(MakeStockT<StockT<256, 128, 1, false>>("stock T coop 256x128 c1", prob));
+    rs.push_back(MakeStockT<StockT<256, 160, 1, false>>("stock T coop 256x160 c1", prob));
     rs.push_back(MakeHybrid<Hybrid<128, 128, 1, true, false>>(
         "hyb pp128 c1 groupsched+stockepi", prob));
     rs.push_back(MakeHybrid<Hybrid<128, 128, 1, false, true>>(
@@ -358,6 +448,37 @@ int main(int argc, char** argv) {
     rs.push_back(MakeHybrid<H12>("hyb pp128 c2 ours, adapter", prob));
     if (have_lt) {
       for (Runner& r : MakeLt(lt, m, n, k, a, b, d, ws, ws_bytes)) rs.push_back(std::move(r));
+    }
+    // The transposed-product kernels must compute x @ w: each writes into d once, compared with
+    // fo_jax's first configuration's result (NaN or more than 2% of the largest value: refused).
+    {
+      uint16_t* want;
+      unsigned* words;
+      CK(cudaMalloc(&want, size_t(m) * n * 2));
+      CK(cudaMalloc(&words, 2 * sizeof(unsigned)));
+      CK(cudaMemsetAsync(d, 0xff, size_t(m) * n * 2, s));
+      const bool have_want = rs.front().run(s);  // NaN where it cannot run: nothing passes
+      CK(cudaMemcpyAsync(want, d, size_t(m) * n * 2, cudaMemcpyDeviceToDevice, s));
+      for (Runner& r : rs) {
+        if (r.name.rfind("stock T ", 0) != 0) continue;
+        CK(cudaMemsetAsync(d, 0xff, size_t(m) * n * 2, s));  // NaN: unwritten elements show
+        CK(cudaMemsetAsync(words, 0, 2 * sizeof(unsigned), s));
+        if (!r.run(s)) continue;
+        MaxAbs<<<264, 256, 0, s>>>(d, want, size_t(m) * n, words, words + 1);
+        unsigned host[2];
+        CK(cudaMemcpyAsync(host, words, sizeof(host), cudaMemcpyDeviceToHost, s));
+        CK(cudaStreamSynchronize(s));
+        float diff, ref;
+        std::memcpy(&diff, &host[0], sizeof(float));
+        std::memcpy(&ref, &host[1], sizeof(float));
+        if (!have_want || !(diff <= 0.02f * ref)) {
+          std::printf("  %-32s wrong result (max |diff| %g, max |ref| %g%s): not timed\n",
+                      r.name.c_str(), diff, ref, have_want ? "" : ", no reference");
+          r.run = [](cudaStream_t) { return false; };
+        }
+      }
+      CK(cudaFree(want));
+      CK(cudaFree(words));
     }
     for (int round = 0; round < 35; ++round) {
       for (Runner& r : rs) {
