@@ -193,12 +193,13 @@ def signaling_gemm_fp8(a: jax.Array, b_nk: jax.Array, a_scale: jax.Array, b_scal
     if plan.k_splits > 1:
         if d_init is not None:
             raise ValueError("fo_jax.signaling_gemm_fp8: no aliased output with split K")
-        return _d_and_counters(_ffi_call(GEMM_FP8_SPLIT_K_TARGET, args, results, attrs), plan,
-                               signal)
-    if d_init is None:
-        return _d_and_counters(_ffi_call(GEMM_FP8_TARGET, args, results, attrs), plan, signal)
-    return _d_and_counters(_ffi_call(GEMM_FP8_INTO_TARGET, args + (d_init,), results, attrs,
-                                     aliases=((4, 0),)), plan, signal)
+        out = _ffi_call(GEMM_FP8_SPLIT_K_TARGET, args, results, attrs)
+    elif d_init is None:
+        out = _ffi_call(GEMM_FP8_TARGET, args, results, attrs)
+    else:
+        out = _ffi_call(GEMM_FP8_INTO_TARGET, args + (d_init,), results, attrs,
+                        aliases=((4, 0),))
+    return _d_and_counters(out, plan, signal)
 
 
 def matmul_fp8_cuda(x: jax.Array, w_nk: jax.Array, x_scale: jax.Array, w_scale: jax.Array,

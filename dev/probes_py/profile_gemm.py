@@ -71,9 +71,13 @@ def main() -> None:
         x, w = benchlib.gemm_operands(m, n, k, dtype, dev, seed=i)
         flops = 2.0 * m * n * k
 
-        def gemm(cfg_name=None, groups=1, signal=False, batch=1):
-            cfg = fo_jax.OverlapConfig(num_groups=groups, gemm_config=cfg_name)
-            plan = _plan.plan_gemm("profile", dtype, m // batch, n, k, batch, cfg, groups, 0)
+        def gemm(cfg_name=None, groups=1, signal=False, batch=1, splits=None):
+            if splits:  # fo_jax.matmul's plan: the only one that splits K
+                cfg = fo_jax.OverlapConfig(gemm_config=cfg_name, k_splits=splits)
+                plan = _plan.plan_matmul("profile", dtype, m, n, k, cfg)
+            else:
+                cfg = fo_jax.OverlapConfig(num_groups=groups, gemm_config=cfg_name)
+                plan = _plan.plan_gemm("profile", dtype, m // batch, n, k, batch, cfg, groups, 0)
             return plan.config_name, jax.jit(
                 lambda a, b: _cuda_ops.signaling_gemm(a, b, plan, batch, signal)[0])
 
@@ -87,13 +91,9 @@ def main() -> None:
             methods[f"fo_jax[{name}] 8 groups, signals, remap"] = gemm(groups=8, signal=True,
                                                                        batch=4)[1]
         for c in args.configs:
-            base, _, split = c.partition("/k")
-            if split:  # NAME/kS: fo_jax.matmul with that configuration split in S along K
-                keep = fo_jax.OverlapConfig(gemm_config=base, k_splits=int(split))
-                methods[f"fo_jax[{c}]"] = jax.jit(
-                    lambda a, b, keep=keep: fo_jax.matmul(a, b, config=keep))
-            elif c != name:
-                methods[f"fo_jax[{c}]"] = gemm(c)[1]
+            base, _, split = c.partition("/k")  # NAME/kS: split in S along K
+            if c != name:
+                methods[f"fo_jax[{c}]"] = gemm(base, splits=int(split) if split else None)[1]
         print(f"[{i + 1}/{len(args.shapes)}] {s}: XLA chose {hlo_summary(xla, x, w)}",
               flush=True)
         ref = np.asarray(xla(x, w).astype(jnp.float32))
