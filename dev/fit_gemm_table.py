@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Fits fo_jax's GEMM choice (fo_jax/_gemm_choice.py) on a sweep and writes fo_jax/_gemm_table.py.
+"""Fits fo_jax's GEMM choice (fo_jax/_gemm_choice.py) on a sweep of one GPU model and writes its
+table, fo_jax/_gemm_tables/<model>.py (fo_jax uses it on that model; fo_jax/_gemm_tables says
+which table a model without one uses).
 
 Input: JSON Lines of `benchmarks/bench_gemm_sweep.py --configs all` (rows "fo_jax.gemm" with a
 "config", "xla.dot", "fo_jax.matmul"; one or more files, one device).
@@ -33,7 +35,7 @@ its ratio ms(xla.dot) / ms(fo_jax.matmul) replaces the shape's XLA_POINTS entry 
 reading of the same kernel against XLA's dot); the report lists every replaced point.
 
 Usage: python3 dev/fit_gemm_table.py SWEEP.jsonl [...] [--recheck PLAIN.jsonl ...]
-         [--out fo_jax/_gemm_table.py] [--report REPORT.md] [--xla-threshold 0.98] [--sms 132]
+         [--out fo_jax/_gemm_tables/<model>.py] [--report REPORT.md] [--xla-threshold 0.98] [--sms 132]
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from fo_jax import _gemm_choice  # noqa: E402
+from fo_jax import _gemm_choice, _gemm_tables  # noqa: E402
 
 
 def compiled_configs() -> list:
@@ -474,7 +476,8 @@ def write_table(path: str, device: str, source: str, model: dict, points: dict,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweeps", nargs="+", help="bench_gemm_sweep.py JSON Lines")
-    ap.add_argument("--out", default=os.path.join(ROOT, "fo_jax", "_gemm_table.py"))
+    ap.add_argument("--out", default=None,
+                    help="the table to write (default: fo_jax/_gemm_tables/<model of the rows>.py)")
     ap.add_argument("--report", default=None, help="also write the report (markdown) here")
     ap.add_argument("--recheck", nargs="*", default=[],
                     help="plain sweeps (no --configs) whose ratios replace XLA_POINTS entries")
@@ -486,6 +489,8 @@ def main() -> None:
     rows = load(args.sweeps)
     configs = compiled_configs()
     device = rows[0]["device"]
+    out = args.out or os.path.join(ROOT, "fo_jax", "_gemm_tables",
+                                   _gemm_tables.module_name(device) + ".py")
     sms = args.sms or next((r["sms"] for r in rows if r.get("sms")), _gemm_choice.DEFAULT_SMS)
     dtypes = sorted({r["dtype"] for r in rows})
     by_dtype = {dt: shapes_of(rows, dt) for dt in dtypes}
@@ -505,7 +510,7 @@ def main() -> None:
               + f" (commit {', '.join(commits)})"
               + (", XLA_POINTS re-measured from " + ", ".join(
                   os.path.basename(p) for p in args.recheck) if args.recheck else "")
-              + "; the table it wrote: fo_jax/_gemm_table.py.\n"]
+              + f"; the table it wrote: {os.path.relpath(out, ROOT)}.\n"]
     points_all = {}
     for dt in dtypes:
         borrowed = dt not in model
@@ -526,13 +531,13 @@ def main() -> None:
             report.append(text)
     source = ", ".join(os.path.relpath(p, ROOT) if os.path.abspath(p).startswith(ROOT)
                        else os.path.basename(p) for p in args.sweeps + args.recheck)
-    write_table(args.out, device, source, model, points_all, args.xla_threshold)
+    write_table(out, device, source, model, points_all, args.xla_threshold)
     text = "".join(report)
     print(text)
     if args.report:
         with open(args.report, "w") as fh:
             fh.write(text)
-    print(f"wrote {args.out}", file=sys.stderr)
+    print(f"wrote {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

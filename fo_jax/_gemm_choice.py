@@ -1,6 +1,7 @@
 """Which compiled GEMM tile configuration a call runs, and where fo_jax.matmul leaves the GEMM
-to XLA: both decided from a table measured on the GPU (fo_jax/_gemm_table.py, written by
-dev/fit_gemm_table.py from benchmarks/bench_gemm_sweep.py --configs all).
+to XLA: both decided from a table measured on the GPU model the call runs on (`table`: a module of
+fo_jax/_gemm_tables/, written by dev/fit_gemm_table.py from benchmarks/bench_gemm_sweep.py
+--configs all).
 
 Tile configuration: the persistent kernel runs a grid of min(SMs, cluster tiles) CTAs over
 `units` cluster tiles (cluster_m tile-rows of one batch by one column tile), so it runs
@@ -37,7 +38,7 @@ from typing import Optional, Sequence
 
 import jax.numpy as jnp
 
-from fo_jax import _gemm_table
+from fo_jax import _gemm_tables
 
 DEFAULT_SMS = 132  # H100 SXM / H200: when no GPU is visible at trace time
 TIE = 0.01  # relative: predictions this close to the fastest count as ties
@@ -61,6 +62,25 @@ def device_sms() -> int:
     except RuntimeError:
         pass
     return DEFAULT_SMS
+
+
+def device_kind() -> Optional[str]:
+    """The model of the first GPU JAX sees (its device_kind), else None."""
+    try:
+        import jax  # noqa: PLC0415
+
+        for d in jax.devices():
+            if d.platform == "gpu":
+                return d.device_kind
+    except RuntimeError:
+        pass
+    return None
+
+
+def table():
+    """The choice table of this GPU model (fo_jax/_gemm_tables; a model without one, or a
+    machine without a GPU that only lowers, gets the default model's)."""
+    return _gemm_tables.for_device(device_kind())
 
 
 def resolve_sms(sm_budget: int, num_sms: int) -> int:
@@ -96,7 +116,7 @@ def _dtype_name(dtype) -> str:
 def _params(dtype_name: str) -> dict:
     """{config name: coefficients} for the dtype; float16 borrows bfloat16's when it has none
     (the same kernels, the same tensor-core rate)."""
-    model = _gemm_table.MODEL
+    model = table().MODEL
     return model.get(dtype_name) or model.get("bfloat16", {})
 
 
@@ -156,7 +176,7 @@ def estimate_from(points: Sequence[tuple], m: int, n: int, k: int,
 def xla_dot_estimate(m: int, n: int, k: int, dtype) -> Optional[float]:
     """Estimated ms(xla.dot) / ms(fo_jax.matmul) at this shape from the measured neighbours
     (module docstring), or None where none was measured within RADIUS."""
-    return estimate_from(_gemm_table.XLA_POINTS.get(_dtype_name(dtype), ()), m, n, k)
+    return estimate_from(table().XLA_POINTS.get(_dtype_name(dtype), ()), m, n, k)
 
 
 def prefer_xla_dot(m: int, n: int, k: int, dtype) -> bool:
@@ -168,10 +188,10 @@ def xla_dot_reason(m: int, n: int, k: int, dtype) -> Optional[str]:
     """Why fo_jax.matmul hands this GEMM to XLA's dot (for describe() and the DEBUG log), or
     None when fo_jax's own GEMM runs it."""
     est = xla_dot_estimate(m, n, k, dtype)
-    if est is None or est >= _gemm_table.XLA_THRESHOLD:
+    if est is None or est >= table().XLA_THRESHOLD:
         return None
     return (f"XLA's dot measured faster around M={m}, N={n}, K={k} ({_dtype_name(dtype)}: "
-            f"fo_jax's GEMM at ~{est:.2f}x of its speed on {_gemm_table.DEVICE})")
+            f"fo_jax's GEMM at ~{est:.2f}x of its speed on {table().DEVICE})")
 
 
 

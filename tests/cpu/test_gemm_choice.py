@@ -9,12 +9,13 @@ import math
 import os
 import subprocess
 import sys
+import types
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fo_jax import _gemm_choice, _gemm_table, _plan
+from fo_jax import _gemm_choice, _gemm_tables, _plan
 from fo_jax.config import OverlapConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,10 +42,9 @@ AREA = {c["name"]: (0.0, c["tile_m"] * c["tile_n"] / 1e4, 0.0, 0.0) for c in CON
 def table(monkeypatch):
     """Installs a choice table (MODEL, XLA_POINTS, threshold) for the test."""
     def install(model=None, points=None, threshold=0.98):
-        monkeypatch.setattr(_gemm_table, "MODEL", model or {})
-        monkeypatch.setattr(_gemm_table, "XLA_POINTS", points or {})
-        monkeypatch.setattr(_gemm_table, "XLA_THRESHOLD", threshold)
-        monkeypatch.setattr(_gemm_table, "DEVICE", "test GPU")
+        fake = types.SimpleNamespace(DEVICE="test GPU", MODEL=model or {},
+                                     XLA_POINTS=points or {}, XLA_THRESHOLD=threshold)
+        monkeypatch.setattr(_gemm_choice, "table", lambda: fake)
     return install
 
 
@@ -273,8 +273,7 @@ def test_fit_recovers_the_choice_of_a_synthetic_sweep(tmp_path, monkeypatch):
     pts = {p[:3]: p[3] for p in fitted.XLA_POINTS["bfloat16"]}
     assert math.isclose(pts[(512, 1536, 4096)], 0.8, rel_tol=0.03)
     assert math.isclose(pts[(8192, 8192, 7168)], 1.02, rel_tol=0.03)
-    monkeypatch.setattr(_gemm_table, "XLA_POINTS", fitted.XLA_POINTS)
-    monkeypatch.setattr(_gemm_table, "XLA_THRESHOLD", fitted.XLA_THRESHOLD)
+    monkeypatch.setattr(_gemm_choice, "table", lambda: fitted)
     assert _gemm_choice.prefer_xla_dot(512, 1536, 4096, BF16)
     assert not _gemm_choice.prefer_xla_dot(8192, 8192, 7168, BF16)
     # The drifted shape is reported, and kept out of the fit's points in both dtypes.
@@ -288,9 +287,9 @@ def test_fit_recovers_the_choice_of_a_synthetic_sweep(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------
-# The committed table (fo_jax/_gemm_table.py, fitted on the sweep in benchmarks/results/): what
-# its report (gemm_fit_*.md) says it does. A table fitted on a new sweep must keep these or the
-# report must say why not.
+# The committed tables (fo_jax/_gemm_tables/, one per GPU model, fitted on the sweeps in
+# benchmarks/results/): what their fits' reports say they do, on every model. A table fitted on
+# a new sweep must keep these or the report must say why not.
 # ------------------------------------------------------------------------------------------
 DESIGN_SHAPES = ((4096, 8192, 2048), (8192, 8192, 2048), (8192, 8192, 7168),
                  (16384, 8192, 7168), (16384, 8192, 2048))
@@ -310,15 +309,49 @@ def _name(configs, dtype, shape, batch=1, sm_budget=0, **kw):
     return configs[index]["name"]
 
 
-def test_committed_table_keeps_the_design_shapes_on_pingpong_128x192():
+@pytest.fixture(params=sorted(_gemm_tables.tables()))
+def committed(request, monkeypatch):
+    """One committed table, installed as the GPU's (each test runs once per GPU model)."""
+    found = _gemm_tables.tables()[request.param]
+    monkeypatch.setattr(_gemm_choice, "table", lambda: found)
+    return found
+
+
+def test_each_gpu_model_gets_its_own_table(monkeypatch):
+    tables = _gemm_tables.tables()
+    assert {"NVIDIA H100 80GB HBM3", "NVIDIA H200"} <= set(tables)
+    for device, mod in tables.items():
+        assert mod.__name__.rsplit(".", 1)[1] == _gemm_tables.module_name(device)
+    monkeypatch.setattr(_gemm_choice, "device_kind", lambda: "NVIDIA H200")
+    assert _gemm_choice.table() is tables["NVIDIA H200"]
+    # A model without a table, and a machine without a GPU (lowering only), get the default's.
+    default = tables[_gemm_tables.DEFAULT_DEVICE]
+    for device in ("NVIDIA H100 PCIe", None):
+        monkeypatch.setattr(_gemm_choice, "device_kind", lambda device=device: device)
+        assert _gemm_choice.table() is default
+    assert _gemm_tables.module_name("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
+
+
+def test_the_choice_follows_the_gpu_model(monkeypatch):
+    # 1024x1536x4096 (24 x 8 tiles of 128x192): on H200 the 64-row ping-pong tile measured
+    # 1.10x of XLA's dot where the H100 fit's pick, cooperative 128x128, ran 0.96x.
     configs = _compiled()
-    assert set(_gemm_table.MODEL) == {"bfloat16"}
+    got = {}
+    for device in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"):
+        monkeypatch.setattr(_gemm_choice, "device_kind", lambda device=device: device)
+        got[device] = _name(configs, BF16, (1024, 1536, 4096))
+    assert got == {"NVIDIA H100 80GB HBM3": "coop_128x128x64_c1", "NVIDIA H200": "pp_64x192x64_c2"}
+
+
+def test_committed_table_keeps_the_design_shapes_on_pingpong_128x192(committed):
+    configs = _compiled()
+    assert set(committed.MODEL) == {"bfloat16"}
     for dtype in (BF16, F16):  # float16 borrows bfloat16's model
         for shape in DESIGN_SHAPES:
             assert _name(configs, dtype, shape) == "pp_128x192x64_c2", shape
 
 
-def test_committed_table_gives_small_m_the_small_tiles():
+def test_committed_table_gives_small_m_the_small_tiles(committed):
     # The sweep's worst shapes under the kernel library's rule (pp_128x128x64_c1 at 0.57-0.70x
     # of XLA's dot): a 64-row tile fills the SMs (0.96-1.05x).
     configs = _compiled()
@@ -327,7 +360,7 @@ def test_committed_table_gives_small_m_the_small_tiles():
     assert _name(configs, BF16, (512, 2304, 16384)) == "pp_64x192x64_c2"
 
 
-def test_committed_table_ring_choice_and_compiled_subset():
+def test_committed_table_ring_choice_and_compiled_subset(committed):
     configs = _compiled()
     # Only pp_128x192x64_c2 has an addend kernel: the copy-engine reduce-scatter's choice.
     for shape in (*DESIGN_SHAPES, (16384, 4096, 7168), (512, 1280, 8192)):
@@ -338,17 +371,17 @@ def test_committed_table_ring_choice_and_compiled_subset():
     assert _name(older, BF16, (512, 1536, 4096)) not in ("pp_64x128x64_c2", "pp_64x192x64_c2")
 
 
-def test_committed_predicate_agrees_with_clear_measurements():
+def test_committed_predicate_agrees_with_clear_measurements(committed):
     # Where the sweep measured fo_jax's chosen configuration clearly slower than XLA's dot
     # (below 0.90x) fo_jax.matmul hands the shape to XLA; where faster (above 1.02x: the
     # re-measured bf16 point at 16384x16384x6656) it keeps its own GEMM.
     for name, dtype in (("bfloat16", BF16), ("float16", F16)):
-        points = _gemm_table.XLA_POINTS[name]
+        points = committed.XLA_POINTS[name]
         slow = [p for p in points if p[3] < 0.90]
         fast = [p for p in points if p[3] > 1.02]
         assert slow and all(_gemm_choice.prefer_xla_dot(*p[:3], dtype) for p in slow)
         assert all(not _gemm_choice.prefer_xla_dot(*p[:3], dtype) for p in fast)
-    assert [p for p in _gemm_table.XLA_POINTS["bfloat16"] if p[3] > 1.02]
+    assert [p for p in committed.XLA_POINTS["bfloat16"] if p[3] > 1.02]
 
 
 def test_copy_engine_reduce_scatter_keeps_the_addend_config(monkeypatch):

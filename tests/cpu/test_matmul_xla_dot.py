@@ -7,6 +7,7 @@ CUDA module (they lower for the "cuda" platform from CPU)."""
 
 import logging
 import re
+import types
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import fo_jax
 from conftest import cpu_mesh
-from fo_jax import _checks, _cuda, _gemm_choice, _gemm_table
+from fo_jax import _checks, _cuda, _gemm_choice
 
 BF16 = jnp.bfloat16
 # x[M, K] @ w[K, N] as (M, N, K). The table below says XLA's dot is faster at XLA_SHAPE and
@@ -34,10 +35,10 @@ GEMM_CALL = re.compile(r"@fo_jax_gemm\w*\(")
 @pytest.fixture
 def table(monkeypatch):
     """The XLA points above (no fitted tile model: the kernel library's rule picks tiles)."""
-    monkeypatch.setattr(_gemm_table, "MODEL", {})
-    monkeypatch.setattr(_gemm_table, "XLA_POINTS", POINTS)
-    monkeypatch.setattr(_gemm_table, "XLA_THRESHOLD", 0.98)
-    monkeypatch.setattr(_gemm_table, "DEVICE", "test GPU")
+    fake = types.SimpleNamespace(DEVICE="test GPU", MODEL={}, XLA_POINTS=POINTS,
+                                 XLA_THRESHOLD=0.98)
+    monkeypatch.setattr(_gemm_choice, "table", lambda: fake)
+    return fake
 
 
 @pytest.fixture
@@ -94,11 +95,11 @@ def test_a_tile_config_or_no_fallback_keeps_fo_jax_gemm(on_cuda):
     assert c.path == "reference", c
 
 
-def test_the_overlap_producer_keeps_fo_jax_gemm(on_cuda, monkeypatch):
+def test_the_overlap_producer_keeps_fo_jax_gemm(on_cuda, table, monkeypatch):
     # An all-reduce over 2 GPUs whose per-GPU GEMM the table sends to XLA, long enough for the
     # overlap (estimated GEMM >= 250 us): fo_jax's kernel runs it (it signals its tiles).
     shape = (8192, 8192, 2048)
-    monkeypatch.setattr(_gemm_table, "XLA_POINTS", {"bfloat16": ((*shape, 0.5),)})
+    monkeypatch.setattr(table, "XLA_POINTS", {"bfloat16": ((*shape, 0.5),)})
     assert _gemm_choice.prefer_xla_dot(*shape, BF16)
     mesh = cpu_mesh((2,), ("tp",))
     seen = {}

@@ -17,13 +17,15 @@ clusters), the field refuses it instead; those rows are compared without that fi
 refusal is asserted.
 """
 
+import types
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import fo_jax
 import plan_golden
-from fo_jax import _gemm_table
+from fo_jax import _gemm_choice
 
 pytestmark = pytest.mark.skipif(not fo_jax.cuda_module_available(),
                                 reason="the compiled CUDA module is not built here")
@@ -34,8 +36,8 @@ def recorded_gemm_choice(monkeypatch):
     """The table was recorded before fo_jax had a fitted GEMM table (the kernel library's tile
     rule, no XLA dot for plain GEMMs): the plans' encoding is compared under that rule; the
     fitted choice has its own tests (test_gemm_choice.py, test_matmul_xla_dot.py)."""
-    monkeypatch.setattr(_gemm_table, "MODEL", {})
-    monkeypatch.setattr(_gemm_table, "XLA_POINTS", {})
+    fake = types.SimpleNamespace(DEVICE="test GPU", MODEL={}, XLA_POINTS={}, XLA_THRESHOLD=0.98)
+    monkeypatch.setattr(_gemm_choice, "table", lambda: fake)
 
 RECORDED = plan_golden.load()
 
