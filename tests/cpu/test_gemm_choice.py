@@ -345,8 +345,8 @@ def test_the_choice_follows_the_gpu_model(monkeypatch):
 
 def test_committed_table_keeps_the_design_shapes_on_pingpong_128x192(committed):
     configs = _compiled()
-    assert set(committed.MODEL) == {"bfloat16"}
-    for dtype in (BF16, F16):  # float16 borrows bfloat16's model
+    assert "bfloat16" in committed.MODEL and set(committed.MODEL) <= {"bfloat16", "float16"}
+    for dtype in (BF16, F16):  # float16: its own coefficients, or bfloat16's where it has none
         for shape in DESIGN_SHAPES:
             assert _name(configs, dtype, shape) == "pp_128x192x64_c2", shape
 
