@@ -370,15 +370,10 @@ int main(int argc, char** argv) {
     }
     const Problem prob{m, n, k, a, b, d, sms, ws, ws_bytes};
     using RM = cutlass::layout::RowMajor;
-    using CM = cutlass::layout::ColumnMajor;
     rs.push_back(MakeStock<Stock<RM, 128, 256, 1, false>>("stock NN coop 128x256 c1", prob));
     rs.push_back(MakeStock<Stock<RM, 128, 256, 2, false>>("stock NN coop 128x256 c2", prob));
     rs.push_back(MakeStock<Stock<RM, 256, 128, 2, false>>("stock NN coop 256x128 c2", prob));
-    rs.push_back(MakeStock<Stock<CM, 128, 256, 1, false>>("stock NT coop 128x256 c1", prob));
-    rs.push_back(MakeStock<Stock<CM, 128, 256, 2, false>>("stock NT coop 128x256 c2", prob));
-    rs.push_back(MakeStock<Stock<CM, 256, 128, 2, false>>("stock NT coop 256x128 c2", prob));
     rs.push_back(MakeStock<Stock<RM, 128, 128, 1, true>>("stock NN pingpong 128x128 c1", prob));
-    rs.push_back(MakeStock<Stock<CM, 128, 128, 1, true>>("stock NT pingpong 128x128 c1", prob));
     rs.push_back(MakeStock<Stock<RM, 128, 128, 2, true>>("stock NN pingpong 128x128 c2", prob));
     rs.push_back(MakeStock<Stock<RM, 128, 160, 2, true>>("stock NN pingpong 128x160 c2", prob));
     rs.push_back(MakeStock<Stock<RM, 128, 192, 2, true>>("stock NN pingpong 128x192 c2", prob));
