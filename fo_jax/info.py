@@ -141,6 +141,20 @@ def _timeout_line() -> str:
             "group; a copy-engine GPU still stuck as long again ends the process, exit 70)")
 
 
+def _gemm_table_line() -> str:
+    """Which GPU model's measurements fo_jax's GEMM choice reads here (fo_jax/_gemm_tables)."""
+    from fo_jax import _gemm_choice  # noqa: PLC0415
+
+    kind = _gemm_choice.device_kind()
+    fitted = _gemm_choice.table().DEVICE
+    if kind == fitted:
+        return f"fitted on this GPU model ({kind})"
+    if kind is None:
+        return f"{fitted}'s (no GPU here; lowering for a GPU without a table of its own)"
+    return (f"{fitted}'s: no sweep of {kind} yet (benchmarks/bench_gemm_sweep.py --configs all, "
+            "then dev/fit_gemm_table.py, fits one)")
+
+
 def report(shape: str = EXAMPLE_SHAPE, dtype: str = "bfloat16") -> list:
     """The lines `python -m fo_jax.info` prints."""
     import jax  # noqa: PLC0415
@@ -178,6 +192,7 @@ def report(shape: str = EXAMPLE_SHAPE, dtype: str = "bfloat16") -> list:
     lines.append(f"NCCL: {_nccl_line(loaded)}")
     lines.append(f"hardware queues: {_hw_queues.status()}")
     lines.append(f"progress timeout: {_timeout_line()}")
+    lines.append(f"GEMM choice table: {_gemm_table_line()}")
     devs = gpus or jax.devices("cpu")
     kind = "local GPU" if gpus else "host CPU device"
     m, n, k = parse_shape(shape)

@@ -55,6 +55,7 @@ def test_info_cli_on_cpu(tmp_path):
     assert lines[1].startswith(f"jax {jax.__version__}, jaxlib "), lines[1]
     expected = ["platform: JAX default backend cpu", "GPUs: none", "CUDA module: ", "NCCL: ",
                 "hardware queues: CUDA_DEVICE_MAX_CONNECTIONS=", "progress timeout: ",
+                "GEMM choice table: NVIDIA H100 80GB HBM3's (no GPU here",
                 "overlapped_matmul on a mesh of the 4 host CPU devices (axis 'tp' of size 4), "
                 "bfloat16, per-GPU x[64,32] @ w[32,128]:",
                 "  reduce_scatter: path=reference (", "  all_reduce: path=reference ("]
@@ -73,6 +74,16 @@ def test_info_reports_the_progress_timeout(monkeypatch):
     monkeypatch.setenv("FO_JAX_COMM_TIMEOUT_S", "30")
     line = info._timeout_line()
     assert line.startswith("30 s (FO_JAX_COMM_TIMEOUT_S") and "exit 70" in line, line
+
+
+def test_info_names_the_gemm_table_of_the_gpu_model(monkeypatch):
+    from fo_jax import _gemm_choice, info
+
+    monkeypatch.setattr(_gemm_choice, "device_kind", lambda: "NVIDIA H200")
+    assert info._gemm_table_line() == "fitted on this GPU model (NVIDIA H200)"
+    monkeypatch.setattr(_gemm_choice, "device_kind", lambda: "NVIDIA H100 PCIe")
+    line = info._gemm_table_line()
+    assert line.startswith("NVIDIA H100 80GB HBM3's: no sweep of NVIDIA H100 PCIe yet"), line
 
 
 def test_describe_on_mesh_is_abstract_and_matches_describe():
