@@ -137,11 +137,48 @@ Runner MakeStock(const char* name, const Problem& p) {
 // or fo_jax's group scheduler, and either CUTLASS's TMA epilogue or fo_jax's signaling epilogue
 // (no counters), all launched by CUTLASS's adapter. (Before commit 809fb72 fo_jax's launcher
 // used a cluster launch even for a 1x1 cluster; the adapter launches those as a plain grid.)
-template <int kTM, int kTN, int kCM, bool kGroupSched, bool kOurEpi>
+// fo_jax's epilogue with its per-tile work taken out: store() and store_tail() go straight to the
+// CUTLASS TMA epilogue it wraps (no group, destination row, TMA-or-direct choice or signal
+// bookkeeping), while its parameters, shared storage and construction stay. Beside the stock and
+// fo_jax epilogues it splits what fo_jax's epilogue costs at short K between that per-tile work
+// and the rest. Runs problems of batch 1 without rotation (tile coordinates are rows of D).
+template <class Base>
+struct PlainStoreEpilogue : Base {
+  using Base::Base;
+  using typename Base::LoadPipeline;
+  using typename Base::LoadPipelineState;
+  using typename Base::StorePipeline;
+  using typename Base::StorePipelineState;
+  using Inner = typename Base::Inner;
+
+  template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class AccEngine,
+            class AccLayout, class TiledMma, class... Ts>
+  CUTLASS_DEVICE auto store(LoadPipeline load_pipeline, LoadPipelineState load_state,
+                            StorePipeline store_pipeline, StorePipelineState store_state,
+                            ProblemShapeMNKL problem_shape, TileShapeMNK tile_shape,
+                            TileCoordMNKL tile_coord,
+                            cute::Tensor<AccEngine, AccLayout> accumulators, TiledMma tiled_mma,
+                            int thread_idx, typename Base::TensorStorage& shared, Ts... rest) {
+    return Inner::store(load_pipeline, load_state, store_pipeline, store_state, problem_shape,
+                        tile_shape, tile_coord, accumulators, tiled_mma, thread_idx, shared,
+                        rest...);
+  }
+  CUTLASS_DEVICE auto store_tail(LoadPipeline load_pipeline, LoadPipelineState load_state,
+                                 StorePipeline store_pipeline, StorePipelineState store_state) {
+    return Inner::store_tail(load_pipeline, load_state, store_pipeline, store_state);
+  }
+};
+
+// kEpi: 0 CUTLASS's TMA epilogue, 1 fo_jax's signaling epilogue, 2 fo_jax's without its per-tile
+// work (PlainStoreEpilogue).
+template <int kTM, int kTN, int kCM, bool kGroupSched, int kEpi>
 struct Hybrid {
   using Cfg = fo_jax::detail::GemmKernelConfig<Bf16, kTM, kTN, 64, kCM, 1, true>;
-  using Epi = std::conditional_t<kOurEpi, typename Cfg::Epilogue,
-                                 typename Stock<cutlass::layout::RowMajor, kTM, kTN, kCM, true>::Epi>;
+  static constexpr bool kOurs = kEpi != 0;
+  using Epi = std::conditional_t<
+      kEpi == 0, typename Stock<cutlass::layout::RowMajor, kTM, kTN, kCM, true>::Epi,
+      std::conditional_t<kEpi == 1, typename Cfg::Epilogue,
+                         PlainStoreEpilogue<typename Cfg::Epilogue>>>;
   using Sched = std::conditional_t<kGroupSched, fo_jax::detail::GroupSchedulerTag,
                                    cutlass::gemm::PersistentScheduler>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
@@ -162,7 +199,7 @@ Runner MakeHybrid(const char* name, const Problem& p) {
   args.mainloop.ptr_B = static_cast<Bf16 const*>(p.b);
   args.mainloop.dB = cute::make_stride(cute::Int<1>{}, int64_t(p.n), cute::Int<0>{});
   auto sd = cute::make_stride(int64_t(p.n), cute::Int<1>{}, int64_t(p.m) * p.n);
-  if constexpr (std::is_same_v<typename H::Epi, typename H::Cfg::Epilogue>) {
+  if constexpr (H::kOurs) {
     args.epilogue.inner.ptr_C = nullptr;
     args.epilogue.inner.dC = sd;
     args.epilogue.inner.ptr_D = static_cast<Bf16*>(p.d);
@@ -310,8 +347,8 @@ int main(int argc, char** argv) {
   const int sms = prop.multiProcessorCount;
   std::printf("gemm_probe  device: %s (%d SMs); bf16, median of 30 round-robin event-timed "
               "launches (a 50 us sleep kernel ahead of each hides host setup)\n", prop.name, sms);
-  using H11 = Hybrid<128, 128, 1, true, true>;
-  using H12 = Hybrid<128, 128, 2, true, true>;
+  using H11 = Hybrid<128, 128, 1, true, 1>;
+  using H12 = Hybrid<128, 128, 2, true, 1>;
   std::printf("max co-resident clusters: pp128x128 c1 %d, pp128x128 c2 %d\n",
               MaxClusters<H11::Kernel, 1>(), MaxClusters<H12::Kernel, 2>());
   std::string err;
@@ -387,12 +424,16 @@ int main(int argc, char** argv) {
     rs.push_back(MakeStock<StockT<128, 96, 2, true>>("stock T pingpong 128x96 c2", prob));
     rs.push_back(MakeStock<StockT<256, 128, 1, false>>("stock T coop 256x128 c1", prob));
     rs.push_back(MakeStock<StockT<256, 160, 1, false>>("stock T coop 256x160 c1", prob));
-    rs.push_back(MakeHybrid<Hybrid<128, 128, 1, true, false>>(
+    rs.push_back(MakeHybrid<Hybrid<128, 128, 1, true, 0>>(
         "hyb pp128 c1 groupsched+stockepi", prob));
-    rs.push_back(MakeHybrid<Hybrid<128, 128, 1, false, true>>(
+    rs.push_back(MakeHybrid<Hybrid<128, 128, 1, false, 1>>(
         "hyb pp128 c1 stocksched+ourepi", prob));
-    rs.push_back(MakeHybrid<Hybrid<128, 128, 1, false, false>>(
+    rs.push_back(MakeHybrid<Hybrid<128, 128, 1, false, 0>>(
         "hyb pp128 c1 stocksched+stockepi", prob));
+    rs.push_back(MakeHybrid<Hybrid<128, 128, 1, false, 2>>(
+        "hyb pp128 c1 stocksched+ourepi plain store", prob));
+    rs.push_back(MakeHybrid<Hybrid<128, 128, 1, true, 2>>(
+        "hyb pp128 c1 groupsched+ourepi plain store", prob));
     rs.push_back(MakeHybrid<H11>("hyb pp128 c1 ours, plain launch", prob));
     rs.push_back(MakeHybrid<H12>("hyb pp128 c2 ours, adapter", prob));
     if (have_lt) {
