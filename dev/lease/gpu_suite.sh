@@ -12,6 +12,9 @@
 #   sweep           benchmarks/bench_gemm_sweep.py ($SWEEP_ARGS)
 #   signal-bench    benchmarks/bench_signal_overhead.py (the producer's counters, bf16 and fp8)
 #   py-probe        dev/probes_py/$PROBE (its arguments: $PROBE_ARGS; $OUT is exported)
+#   refit           dev/fit_gemm_table.py on $REFIT_SWEEPS (sweep files by name, from $OUT, e.g. the
+#                   sweep step's, or benchmarks/results/): this GPU model's table and its report
+#                   into $OUT, and the table over the install, so later steps run with it
 # SKIP_BUILD=1 reuses the previous call's install on a machine still warm. Logs and results go to
 # $OUT; FO_JAX_COMMIT names the commit (the copied tree has no .git).
 # The environment, $OUT, $R, stamp, and the install (or SKIP_BUILD=1: the previous one).
@@ -35,6 +38,17 @@ for step in ${STEPS:-tests}; do
     signal-bench) timeout ${SIGNAL_TIMEOUT:-300} python3 "$R/benchmarks/bench_signal_overhead.py" --out "$OUT" ${SIGNAL_ARGS:-} 2>&1 | tail -40;;
     py-probe) OUT="$OUT" timeout ${PROBE_TIMEOUT:-300} python3 "$R/dev/probes_py/${PROBE:?}" ${PROBE_ARGS:-} 2>&1 \
                 | tee "$OUT/${PROBE%.py}.log" | tail -60;;
+    refit) model=${REFIT_MODEL:-$(python3 -c "import jax; from fo_jax import _gemm_tables as t
+print(t.module_name(jax.devices()[0].device_kind))")}
+           sweeps=()  # copied into the tree's results, so that the table's SOURCE names them there
+           for f in ${REFIT_SWEEPS:?}; do
+             [[ -f "$OUT/$f" ]] && cp "$OUT/$f" "$R/benchmarks/results/"
+             sweeps+=("benchmarks/results/$f")
+           done
+           (cd "$R" && python3 dev/fit_gemm_table.py "${sweeps[@]}" --out "$OUT/$model.py" \
+              --report "$OUT/gemm_fit_$model.md" > /dev/null) \
+             && cp "$OUT/$model.py" /tmp/fo/fo_jax/_gemm_tables/ \
+             && grep -A4 "In geomean" "$OUT/gemm_fit_$model.md";;
     info) python3 -m fo_jax.info 2>&1 | tee "$OUT/info.log";;
     bench-overlap) timeout ${BENCH_TIMEOUT:-300} python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" \
                      ${BENCH_ARGS:-} 2>&1 | tail -30;;
