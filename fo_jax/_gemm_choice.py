@@ -38,7 +38,7 @@ from typing import Optional, Sequence
 
 import jax.numpy as jnp
 
-from fo_jax import _gemm_tables
+from fo_jax import _cuda, _gemm_tables
 
 DEFAULT_SMS = 132  # H100 SXM / H200: when no GPU is visible at trace time
 TIE = 0.01  # relative: predictions this close to the fastest count as ties
@@ -53,28 +53,14 @@ DTYPE_NAMES = {jnp.dtype(jnp.bfloat16): "bfloat16", jnp.dtype(jnp.float16): "flo
 
 def device_sms() -> int:
     """SMs of the first GPU JAX sees, else DEFAULT_SMS."""
-    try:
-        import jax  # noqa: PLC0415
-
-        for d in jax.devices():
-            if d.platform == "gpu":
-                return int(getattr(d, "core_count", 0)) or DEFAULT_SMS
-    except RuntimeError:
-        pass
-    return DEFAULT_SMS
+    gpus = _cuda.gpu_devices()
+    return (int(getattr(gpus[0], "core_count", 0)) if gpus else 0) or DEFAULT_SMS
 
 
 def device_kind() -> Optional[str]:
     """The model of the first GPU JAX sees (its device_kind), else None."""
-    try:
-        import jax  # noqa: PLC0415
-
-        for d in jax.devices():
-            if d.platform == "gpu":
-                return d.device_kind
-    except RuntimeError:
-        pass
-    return None
+    gpus = _cuda.gpu_devices()
+    return gpus[0].device_kind if gpus else None
 
 
 def table():
@@ -188,10 +174,11 @@ def xla_dot_reason(m: int, n: int, k: int, dtype) -> Optional[str]:
     """Why fo_jax.matmul hands this GEMM to XLA's dot (for describe() and the DEBUG log), or
     None when fo_jax's own GEMM runs it."""
     est = xla_dot_estimate(m, n, k, dtype)
-    if est is None or est >= table().XLA_THRESHOLD:
+    measured = table()
+    if est is None or est >= measured.XLA_THRESHOLD:
         return None
     return (f"XLA's dot measured faster around M={m}, N={n}, K={k} ({_dtype_name(dtype)}: "
-            f"fo_jax's GEMM at ~{est:.2f}x of its speed on {table().DEVICE})")
+            f"fo_jax's GEMM at ~{est:.2f}x of its speed on {measured.DEVICE})")
 
 
 

@@ -7,6 +7,7 @@ into a failure (for runs on GPU machines).
 
 import os
 import socket
+import types
 
 _flag = "--xla_force_host_platform_device_count=8"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
@@ -33,6 +34,17 @@ def cpu_devices(n: int):
         flags = os.environ.get("XLA_FLAGS")
         pytest.skip(f"needs {n} CPU devices, have {len(devs)} (XLA_FLAGS={flags})")
     return devs[:n]
+
+
+def use_gemm_table(monkeypatch, model=None, points=None, threshold=0.98):
+    """Installs a GEMM choice table (fo_jax/_gemm_tables' module layout) as this GPU model's
+    for the test; returns it."""
+    from fo_jax import _gemm_choice  # noqa: PLC0415
+
+    fake = types.SimpleNamespace(DEVICE="test GPU", MODEL=model or {}, XLA_POINTS=points or {},
+                                 XLA_THRESHOLD=threshold)
+    monkeypatch.setattr(_gemm_choice, "table", lambda: fake)
+    return fake
 
 
 def cpu_mesh(shape, names) -> Mesh:

@@ -38,17 +38,21 @@ for step in ${STEPS:-tests}; do
     signal-bench) timeout ${SIGNAL_TIMEOUT:-300} python3 "$R/benchmarks/bench_signal_overhead.py" --out "$OUT" ${SIGNAL_ARGS:-} 2>&1 | tail -40;;
     py-probe) OUT="$OUT" timeout ${PROBE_TIMEOUT:-300} python3 "$R/dev/probes_py/${PROBE:?}" ${PROBE_ARGS:-} 2>&1 \
                 | tee "$OUT/${PROBE%.py}.log" | tail -60;;
-    refit) model=${REFIT_MODEL:-$(python3 -c "import jax; from fo_jax import _gemm_tables as t
-print(t.module_name(jax.devices()[0].device_kind))")}
-           sweeps=()  # copied into the tree's results, so that the table's SOURCE names them there
+    refit) sweeps=()  # copied into the tree's results, so that the table's SOURCE names them there
            for f in ${REFIT_SWEEPS:?}; do
              [[ -f "$OUT/$f" ]] && cp "$OUT/$f" "$R/benchmarks/results/"
              sweeps+=("benchmarks/results/$f")
            done
-           (cd "$R" && python3 dev/fit_gemm_table.py "${sweeps[@]}" --out "$OUT/$model.py" \
-              --report "$OUT/gemm_fit_$model.md" > /dev/null) \
-             && cp "$OUT/$model.py" /tmp/fo/fo_jax/_gemm_tables/ \
-             && grep -A4 "In geomean" "$OUT/gemm_fit_$model.md";;
+           # The fit writes the table of the sweeps' GPU model into the tree and names it.
+           (cd "$R" && python3 dev/fit_gemm_table.py "${sweeps[@]}" --report "$OUT/gemm_fit.md" \
+              > /dev/null 2> "$OUT/refit.log")
+           table=$(sed -n 's/^wrote //p' "$OUT/refit.log")
+           if [[ -n "$table" ]]; then
+             cp "$table" "$OUT/" && cp "$table" /tmp/fo/fo_jax/_gemm_tables/
+             grep -A4 "In geomean" "$OUT/gemm_fit.md"
+           else
+             tail -20 "$OUT/refit.log"
+           fi;;
     info) python3 -m fo_jax.info 2>&1 | tee "$OUT/info.log";;
     bench-overlap) timeout ${BENCH_TIMEOUT:-300} python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" \
                      ${BENCH_ARGS:-} 2>&1 | tail -30;;

@@ -9,12 +9,12 @@ import math
 import os
 import subprocess
 import sys
-import types
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import use_gemm_table
 from fo_jax import _gemm_choice, _gemm_tables, _plan
 from fo_jax.config import OverlapConfig
 
@@ -42,9 +42,7 @@ AREA = {c["name"]: (0.0, c["tile_m"] * c["tile_n"] / 1e4, 0.0, 0.0) for c in CON
 def table(monkeypatch):
     """Installs a choice table (MODEL, XLA_POINTS, threshold) for the test."""
     def install(model=None, points=None, threshold=0.98):
-        fake = types.SimpleNamespace(DEVICE="test GPU", MODEL=model or {},
-                                     XLA_POINTS=points or {}, XLA_THRESHOLD=threshold)
-        monkeypatch.setattr(_gemm_choice, "table", lambda: fake)
+        use_gemm_table(monkeypatch, model, points, threshold)
     return install
 
 

@@ -7,7 +7,6 @@ CUDA module (they lower for the "cuda" platform from CPU)."""
 
 import logging
 import re
-import types
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +15,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import fo_jax
-from conftest import cpu_mesh
+from conftest import cpu_mesh, use_gemm_table
 from fo_jax import _checks, _cuda, _gemm_choice
 
 BF16 = jnp.bfloat16
@@ -35,10 +34,7 @@ GEMM_CALL = re.compile(r"@fo_jax_gemm\w*\(")
 @pytest.fixture
 def table(monkeypatch):
     """The XLA points above (no fitted tile model: the kernel library's rule picks tiles)."""
-    fake = types.SimpleNamespace(DEVICE="test GPU", MODEL={}, XLA_POINTS=POINTS,
-                                 XLA_THRESHOLD=0.98)
-    monkeypatch.setattr(_gemm_choice, "table", lambda: fake)
-    return fake
+    return use_gemm_table(monkeypatch, points=POINTS)
 
 
 @pytest.fixture

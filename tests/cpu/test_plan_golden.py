@@ -17,15 +17,13 @@ clusters), the field refuses it instead; those rows are compared without that fi
 refusal is asserted.
 """
 
-import types
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import fo_jax
 import plan_golden
-from fo_jax import _gemm_choice
+from conftest import use_gemm_table
 
 pytestmark = pytest.mark.skipif(not fo_jax.cuda_module_available(),
                                 reason="the compiled CUDA module is not built here")
@@ -36,8 +34,7 @@ def recorded_gemm_choice(monkeypatch):
     """The table was recorded before fo_jax had a fitted GEMM table (the kernel library's tile
     rule, no XLA dot for plain GEMMs): the plans' encoding is compared under that rule; the
     fitted choice has its own tests (test_gemm_choice.py, test_matmul_xla_dot.py)."""
-    fake = types.SimpleNamespace(DEVICE="test GPU", MODEL={}, XLA_POINTS={}, XLA_THRESHOLD=0.98)
-    monkeypatch.setattr(_gemm_choice, "table", lambda: fake)
+    use_gemm_table(monkeypatch)
 
 RECORDED = plan_golden.load()
 
