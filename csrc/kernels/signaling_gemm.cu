@@ -242,6 +242,56 @@ int ExpectedGroupCount(const SignalingGemmArgs& args, int g) {
          ((args.n + c.tile_n - 1) / c.tile_n);
 }
 
+namespace {
+// A batched launch (batch > 1: no addend, rotation or consumer) whose rows per batch are not whole
+// tiles. Its last nonempty group's band of each batch ends in a partial tile, which the epilogue's
+// TMA store of D as one matrix would spill into the next band (signaling_gemm_kernel.cuh,
+// "Store"), so that group runs as a launch of its own: one group over rows [r0, m) of every
+// batch, D at the group's rows, where D is [batch, m - r0, n] and TMA clips each batch. The
+// groups before it (whole tiles) run first, as the same launch with m = r0. Counters are zeroed
+// once, before both; split K is off (its workspace was sized for the whole launch's tail).
+cudaError_t RunBatchedPartial(const detail::GemmRun& run, detail::RunGemmFn fn,
+                              cudaStream_t stream, std::string* error) {
+  const SignalingGemmArgs& a = run.args;
+  const GemmTileConfig& c = detail::kGemmConfigs[a.config];
+  int last = a.num_groups - 1;
+  while (last > 0 && a.group_begin[last] == a.group_begin[last + 1]) --last;
+  if (a.zero_counters_on_launch && a.counters != nullptr) {
+    cudaError_t e = cudaMemsetAsync(a.counters, 0, size_t(a.num_groups) * sizeof(uint32_t), stream);
+    if (e == cudaSuccess && a.after_zero_event != nullptr) {
+      e = cudaEventRecord(a.after_zero_event, stream);
+    }
+    if (e != cudaSuccess) {
+      return Fail(error, e, std::string("zeroing the counters: ") + cudaGetErrorString(e));
+    }
+  }
+  const int r0 = a.group_begin[last] * c.tile_m;
+  const size_t in_bytes = a.dtype == GemmDtype::kE4M3 ? 1 : 2;  // D is 2-byte in every dtype
+  if (last > 0) {
+    detail::GemmRun head = run;
+    head.args.m = r0;
+    head.args.num_groups = last;
+    head.args.zero_counters_on_launch = false;
+    head.args.k_splits = 1;
+    head.a_batch_rows = a.m;
+    cudaError_t e = fn(head, stream, error);
+    if (e != cudaSuccess) return e;
+  }
+  detail::GemmRun tail = run;
+  tail.args.m = a.m - r0;
+  tail.args.num_groups = 1;
+  tail.args.group_begin[0] = 0;
+  tail.args.group_begin[1] = a.group_begin[last + 1] - a.group_begin[last];
+  tail.args.a = static_cast<const char*>(a.a) + size_t(r0) * a.k * in_bytes;
+  tail.args.d = static_cast<char*>(a.d) + size_t(a.batch) * r0 * a.n * 2;
+  tail.args.counters = a.counters != nullptr ? a.counters + last : nullptr;
+  tail.args.zero_counters_on_launch = false;
+  tail.args.k_splits = 1;
+  tail.a_batch_rows = a.m;
+  return fn(tail, stream, error);
+}
+}  // namespace
+
 cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& args,
                                 std::string* error) {
   const cudaError_t kBad = cudaErrorInvalidValue;
@@ -386,6 +436,9 @@ cudaError_t LaunchSignalingGemm(cudaStream_t stream, const SignalingGemmArgs& ar
     table = kernels.run_source;
   } else if (args.wait_flags != nullptr) {
     table = kernels.run_consumer;
+  }
+  if (args.batch > 1 && args.m % c.tile_m != 0) {
+    return RunBatchedPartial(run, table[cfg], stream, error);
   }
   return table[cfg](run, stream, error);
 }

@@ -185,7 +185,8 @@ struct SignalingGemmArgs {
   // device memory (16-byte aligned, any contents) of split_partial_floats floats;
   // split_flags: split_flag_words words of device memory, zero when the kernel starts, which
   // the kernel leaves zero. SplitKPartialFloats / SplitKFlagWords bound what a launch needs; the
-  // launcher checks the exact need (the tail's tiles) against the two sizes.
+  // launcher checks the exact need (the tail's tiles) against the two sizes. A batched launch
+  // whose m is not a multiple of tile_m runs unsplit (the launcher runs it as two launches).
   int k_splits = 1;
   float* split_partials = nullptr;
   long long split_partial_floats = 0;

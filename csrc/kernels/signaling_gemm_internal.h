@@ -15,6 +15,9 @@ struct GemmRun {
   SignalingGemmArgs args;
   int device = 0;
   int device_sms = 0;
+  // Rows between A's batches (0: args.m): a launch that computes only some rows of every batch
+  // (LaunchSignalingGemm's split of a batched launch) keeps the caller's batch stride.
+  int a_batch_rows = 0;
 };
 
 using RunGemmFn = cudaError_t (*)(const GemmRun& run, cudaStream_t stream, std::string* error);

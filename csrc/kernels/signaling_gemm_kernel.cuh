@@ -44,6 +44,10 @@ struct EpilogueParams {
   int period = 1;  // the rotation applies within each run of `period` tile-rows
   int num_groups = 1;
   int group_begin[kMaxGemmGroups + 1] = {};
+  int units = 0;  // the scheduler's cluster units (GroupTable::unit_start[num_groups])
+  // Ping-pong without a source: signal each tile at the start of the warp group's next tile
+  // instead of right after its store (short K; the launcher decides: kDeferSignalsMaxKTiles).
+  bool defer_signals = false;
   // SignalingGemmArgs' addend (kernels with a source only): logical tile-rows >= addend_first
   // add the source, rows from (tile-row - addend_first) * tile_m on; the source has
   // tiles_m - addend_first tile-rows (a coordinate there or beyond is outside it: TMA fills
@@ -62,74 +66,30 @@ struct EpilogueParams {
   // of D.
   void* tail_out = nullptr;
   int tail_first = 0;
-  // fp8 kernels: SignalingGemmArgs' a_scale and b_scale (nullptr: 1), for StoreDirect (the TMA
-  // store path gets them through the epilogue's fusion, ScaledAccumulator).
-  const float* a_scale = nullptr;
-  const float* b_scale = nullptr;
 };
-
-// Predicated register -> global store of one tile whose first destination row is dst_row0 and
-// whose first valid_rows rows exist. GMMA accumulator values 2j and 2j+1 of a thread are adjacent
-// columns of one row; n is a multiple of 8, so a pair is either fully inside or fully outside.
-// kScaled: multiplied by a_scale * b_scale first (the fp8 kernels).
-template <class Element, int kTileM, int kTileN, bool kScaled, class Acc, class TiledMma>
-CUTLASS_DEVICE void StoreDirect(EpilogueParams const& p, int64_t dst_row0, int valid_rows,
-                                int n_idx, Acc const& accumulators, TiledMma const& tiled_mma,
-                                int thread_idx) {
-  using namespace cute;
-  const int n0 = n_idx * kTileN;
-  const int valid_cols = min(kTileN, p.n - n0);
-  Element* base = reinterpret_cast<Element*>(p.d) + dst_row0 * int64_t(p.n) + n0;
-  const int64_t ld = p.n;
-  auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
-  Tensor coord =
-      thr_mma.partition_C(make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
-  static_assert(decltype(size(accumulators))::value % 2 == 0);
-  cutlass::NumericArrayConverter<Element, float, 2> convert;
-  float alpha = 1.0f;
-  if constexpr (kScaled) {
-    alpha = (p.a_scale != nullptr ? *p.a_scale : 1.0f) * (p.b_scale != nullptr ? *p.b_scale : 1.0f);
-  }
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < size(accumulators); i += 2) {
-    const int r = get<0>(coord(i));
-    const int c = get<1>(coord(i));
-    cutlass::Array<float, 2> v;
-    v[0] = accumulators(i);
-    v[1] = accumulators(i + 1);
-    if constexpr (kScaled) {
-      v[0] *= alpha;
-      v[1] *= alpha;
-    }
-    cutlass::Array<Element, 2> o = convert(v);
-    if (r < valid_rows && c < valid_cols) {
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(base + r * ld + c) = o;
-    }
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Signaling epilogue.
 //
 // Store: CUTLASS's sm90 TMA warp-specialized epilogue (registers -> smem -> TMA store, issued by
-// warp 0 of the consumer set), applied to D viewed as one [batch * m, n] matrix. A tile whose
-// destination row is a multiple of tile_m and that cannot spill past its band is stored by TMA at
-// tile-row dst_row0 / tile_m: always for batch == 1 (the only partial tile is clipped by TMA at
-// the end of D), and for batch > 1 every tile of every group whose rows are whole tiles. The rest
-// (batch > 1, last group, tile_m not dividing m) takes StoreDirect, which never writes a row
-// outside the tile's band.
+// warp 0 of the consumer set), every tile. Batch 1: D is one [m, n] matrix and a tile goes to its
+// physical tile-row (TMA clips the partial last tile at D's end). Batch > 1 with one group: D is
+// [batch, m, n] (the group-major layout of one group), each batch clipped at its own m rows.
+// Batch > 1 with groups: D is one [batch * m, n] matrix and a tile goes to its tile-row of the
+// group-major layout, a whole tile inside its band: the launcher runs a last group whose rows
+// are not whole tiles as a launch of its own (one group), so no tile can spill into the next
+// band. (A tile-by-tile store from registers for that group cost 3-4% at K = 512 in every
+// launch, as code the common path jumps over: results/gemm_probe_h200_2026-11-29_*.log.)
 //
 // Why the signal is correct (PTX memory model):
-//  * TMA-stored tiles: their global writes are performed by the async proxy on behalf of the
-//    issuing lanes of warp 0. Each lane of warp 0 executes cp.async.bulk.wait_group N (the
-//    full-completion form, not .read, which only says smem was read): when it returns, the
-//    writes of all but the newest N of its bulk groups are complete and visible to that thread.
+//  * A tile's global writes are performed by the async proxy on behalf of the issuing lanes of
+//    warp 0. Each lane of warp 0 executes cp.async.bulk.wait_group N (the full-completion form,
+//    not .read, which only says smem was read): when it returns, the writes of all but the
+//    newest N of its bulk groups are complete and visible to that thread.
 //    fence.proxy.async.global then orders those async-proxy writes with the thread's subsequent
 //    generic-proxy operations, and __syncwarp orders every lane before lane 0.
-//  * Direct-stored tiles: every consumer thread writes with st.global, then all of them meet at a
-//    named barrier (bar.sync, CTA scope), so their writes happen-before what thread 0 does next.
-//  * Thread 0 then performs ONE red.release.gpu.global.add.u32 on counters[group] (in a
-//    cooperative kernel, the signal warp does, after thread 0's handoff; see "When"). A release is
+//  * Thread 0 then performs ONE red.release.gpu.global.add.u32 on counters[group] (without a
+//    source, the signal warp does, after the consumers' handoff; see "When"). A release is
 //    cumulative: every write that happens-before it (the whole tile, via the steps above) is
 //    visible at GPU scope before the counter update is. A consumer that observes the value with
 //    an acquire load (spin kernel) or with cuStreamWaitValue32 followed by stream-ordered work
@@ -141,9 +101,22 @@ CUTLASS_DEVICE void StoreDirect(EpilogueParams const& p, int64_t dst_row0, int v
 // (the stores are long complete by then, their wait is free), or in store_tail() at the end.
 // Tiles run group by group, so a group completes no later than with per-tile signals (its last
 // tile decides). Who issues the add:
-//  * Ping-pong: thread 0 of the warp group, in store_tail() after every tile, right after its
-//    store; the fence hides behind the other warp group's MMA (+0.0-0.4% of GPU time against
-//    counters == nullptr on the design shapes).
+//  * Ping-pong with a source: thread 0 of the warp group, in store_tail() after every tile, right
+//    after its store (the producer's epilogue warp loads the source there).
+//  * Ping-pong without a source: store_tail() runs inside the warp groups' ordered epilogue turn
+//    (CUTLASS's kernel lets the other warp group's epilogue start only after it), so whatever
+//    the signal waits for there lengthens every tile's turn. The release is therefore not the
+//    warp group's: warp 0 hands (group, count) over to the producer warp group's epilogue warp
+//    (the signal warp; named barriers, see PingpongHandoff), which adds it. The stores'
+//    completion must still be awaited by warp 0, which issued them: right after the store, in
+//    store_tail(), where it hides behind the other warp group's mainloop at long K; but at short
+//    K, where a turn is as long as that mainloop, it does not (8 signalling groups cost +18% of
+//    the GEMM at 4096x4096x512 with the wait and the fence in the turn: results/gemm_probe_h200_
+//    2026-11-29_c67cce9_parts.log). With EpilogueParams::defer_signals (K of at most
+//    kDeferSignalsMaxKTiles k-tiles) a tile is handed over one turn later, at the start of the
+//    warp group's next tile's store() (its stores are complete by then: the wait is free), or in
+//    store_tail() if it is the warp group's last tile; its signal comes up to one short mainloop
+//    later.
 //  * Cooperative (without a source): both warp groups would wait for the fence, as no MMA runs
 //    during a cooperative epilogue (+2.4-3.5% for fp8 at 4096x8192x2048). Thread 0 instead hands
 //    (group, count) over through shared memory (SignalHandoff: two mbarriers, release/acquire at
@@ -236,11 +209,14 @@ class SignalingTmaEpilogue
   using typename Inner::StorePipeline;
   using typename Inner::StorePipelineState;
 
-  // Cooperative kernels (no source) hand their signals to the producer warp group's epilogue
-  // warp, which CUTLASS's kernel runs when is_producer_load_needed() says so and which otherwise
+  // Kernels without a source hand their signals to the producer warp group's epilogue warp,
+  // which CUTLASS's kernel runs when is_producer_load_needed() says so and which otherwise
   // idles: the tensor-core warps then never wait for the release's memory fence (see "When"
-  // above). `handoff` carries one signal at a time from the consumers' thread 0 to that warp.
-  static constexpr bool kSignalWarp = !kPingpong && !kSource;
+  // above). Cooperative: `handoff` carries one signal at a time from the consumers' thread 0 to
+  // that warp. Ping-pong: PingpongHandoff.
+  static constexpr bool kSignalWarp = !kSource;
+  static constexpr bool kCoopHandoff = kSignalWarp && !kPingpong;
+  static constexpr bool kPingpongHandoff = kSignalWarp && kPingpong;
   struct SignalHandoff {
     cutlass::arch::ClusterBarrier full;   // thread 0 of the consumers filled the fields below
     cutlass::arch::ClusterBarrier empty;  // the signal warp has read them
@@ -252,8 +228,27 @@ class SignalingTmaEpilogue
     typename Inner::TensorStorage inner;
     alignas(16) SignalHandoff handoff;
   };
-  using TensorStorage = std::conditional_t<kSignalWarp, TensorStorageWithHandoff,
-                                           typename Inner::TensorStorage>;
+  // Ping-pong: one slot per consumer warp group, each carrying one tile's signal (count 0 for a
+  // tile outside D) from that warp group's warp 0 to the signal warp, which takes the CTA's
+  // tiles in order, t = 0, 1, ..., from slot t % 2 (warp group t % 2 runs tile t). Two named
+  // barriers per slot (no initialization, so nothing depends on when the kernel constructs this
+  // object): warp 0 bar.arrive()s kFull after filling the slot and, from its second signal on,
+  // bar.sync()s kEmpty first, which the signal warp arrives at once it has read the slot and a
+  // later tile will use it. bar.arrive synchronizes with the bar.sync of its phase (CTA scope),
+  // so the slot's contents and warp 0's completed stores happen-before the signal warp's
+  // release, and a slot is never refilled before it is read.
+  struct PingpongSlot {
+    int group;
+    uint32_t count;
+  };
+  struct TensorStorageWithSlots {
+    typename Inner::TensorStorage inner;
+    alignas(16) PingpongSlot slot[2];
+  };
+  using TensorStorage = std::conditional_t<
+      kCoopHandoff, TensorStorageWithHandoff,
+      std::conditional_t<kPingpongHandoff, TensorStorageWithSlots,
+                         typename Inner::TensorStorage>>;
   using typename Inner::PipelineStorage;
   // What the mainloop's stage count carves out of shared memory (GemmKernelConfig).
   struct SharedStorage {
@@ -284,24 +279,30 @@ class SignalingTmaEpilogue
   static constexpr int kTileN = cute::size<1>(TileShape{});
   static constexpr int kTileThreads = kPingpong ? 128 : 256;
   static constexpr int kFirstBarrier = 8;  // cutlass::arch::ReservedNamedBarriers::FirstUserBarrier
+  // PingpongHandoff's named barriers: full 8 and 9, empty 10 and 11 (slot 0, 1).
+  static constexpr int kSlotFullBarrier = kFirstBarrier;
+  static constexpr int kSlotEmptyBarrier = kFirstBarrier + 2;
 
   // The NaN tile's problem shape (SignalingGemmArgs::addend_nan): one tile.
   CUTLASS_HOST_DEVICE static auto NanShape(int k) {
     return cute::make_shape(int(kTileM), int(kTileN), k, 1);
   }
 
-  // D as one matrix of batch * m rows (L = 1).
+  // D as the TMA store sees it (see "Store"): [batch, m, n] for batch > 1 with one group, else
+  // one matrix of batch * m rows (L = 1).
   template <class ProblemShape>
-  CUTLASS_HOST_DEVICE static auto Flat(ProblemShape const& ps) {
-    return cute::make_shape(int(cute::get<0>(ps)) * int(cute::get<3>(ps)), int(cute::get<1>(ps)),
-                            int(cute::get<2>(ps)), 1);
+  CUTLASS_HOST_DEVICE static auto StoreShape(ProblemShape const& ps, EpilogueParams const& sig) {
+    const int m = int(cute::get<0>(ps)), batch = kSource ? 1 : int(cute::get<3>(ps));
+    const bool natural = batch > 1 && sig.num_groups == 1;
+    return cute::make_shape(natural ? m : m * batch, int(cute::get<1>(ps)), int(cute::get<2>(ps)),
+                            natural ? batch : 1);
   }
 
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const& ps, Arguments const& args,
                                         void* workspace) {
     Params p;
-    p.inner = Inner::to_underlying_arguments(Flat(ps), args.inner, workspace);
+    p.inner = Inner::to_underlying_arguments(StoreShape(ps, args.signal), args.inner, workspace);
     if constexpr (kSource) {
       // The source's TMA descriptor covers the addend only ([addend rows, n]), not D.
       const EpilogueParams& sig = args.signal;
@@ -330,17 +331,19 @@ class SignalingTmaEpilogue
   }
   template <class ProblemShape>
   static size_t get_workspace_size(ProblemShape const& ps, Arguments const& args) {
-    return Inner::get_workspace_size(Flat(ps), args.inner);
+    return Inner::get_workspace_size(StoreShape(ps, args.signal), args.inner);
   }
   template <class ProblemShape>
   static cutlass::Status initialize_workspace(ProblemShape const& ps, Arguments const& args,
                                               void* workspace, cudaStream_t stream,
                                               cutlass::CudaHostAdapter* adapter = nullptr) {
-    return Inner::initialize_workspace(Flat(ps), args.inner, workspace, stream, adapter);
+    return Inner::initialize_workspace(StoreShape(ps, args.signal), args.inner, workspace, stream,
+                                       adapter);
   }
   template <class ProblemShape>
   static bool can_implement(ProblemShape const& ps, Arguments const& args) {
-    return args.signal.d != nullptr && Inner::can_implement(Flat(ps), args.inner);
+    return args.signal.d != nullptr &&
+           Inner::can_implement(StoreShape(ps, args.signal), args.inner);
   }
   CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const& p) {
     Inner::prefetch_tma_descriptors(p.inner);
@@ -348,14 +351,16 @@ class SignalingTmaEpilogue
 
   CUTLASS_HOST_DEVICE SignalingTmaEpilogue(Params const& params, TensorStorage& shared)
       : Inner(params.inner, InnerStorage(shared)), p_(&params.signal),
-        extra_params_(&params.extra), handoff_(HandoffOf(shared)) {}
+        extra_params_(&params.extra), handoff_(HandoffOf(shared)), slots_(SlotsOf(shared)) {}
 
   // The cooperative kernel asks this once, in every thread, before it initializes its pipelines
   // and synchronizes the cluster (the ping-pong kernel asks twice, never from thread 0 again);
   // with signals, thread 0 initializes the handoff's barriers here, fenced as CUTLASS's
   // pipelines fence theirs, so the kernel's cluster synchronization publishes them.
   CUTLASS_DEVICE bool is_producer_load_needed() const {
-    if constexpr (kSignalWarp) {
+    if constexpr (kPingpongHandoff) {
+      return p_->counters != nullptr;
+    } else if constexpr (kCoopHandoff) {
       if (p_->counters == nullptr) return false;
       if (threadIdx.x == 0) {
         handoff_->full.init(1);
@@ -369,7 +374,8 @@ class SignalingTmaEpilogue
   }
 
   // The producer's epilogue warp, once per tile. kSignalWarp: it notes that the consumers will
-  // store tiles (and so hand over a last signal); its signals wait for load_tail(). kSource: the
+  // store tiles (cooperative: and so hand over a last signal); its signals wait for load_tail().
+  // kSource: the
   // tile's source rows are the addend's rows of its tile-row if it adds it (after the addend's
   // flag is set), else rows past the addend's end, which TMA fills with zeros without reading
   // memory. Without either, nothing calls it.
@@ -419,72 +425,87 @@ class SignalingTmaEpilogue
     auto result = cute::make_tuple(load_state, store_state);
 
     const int m_phys = int(get<0>(tile_coord));
-    const int m_idx = logical_tile_row(m_phys);
     const int n_idx = int(get<1>(tile_coord));
     const int l_idx = int(get<3>(tile_coord));
-    const bool valid = m_idx < p.tiles_m;
-    const int g = valid ? group_of(m_idx) : -1;
-    const bool flush_pending = pending_count_ > 0 && valid && g != pending_group_;
+    const bool valid = m_phys < p.tiles_m;  // (a rotation permutes [0, tiles_m))
+    // Ping-pong without a source: the warp group's previous tile is signalled now, whatever this
+    // one is (see "When"); otherwise pending tiles are signalled when the group changes.
+    if constexpr (kPingpongHandoff) {
+      if (has_pending_) hand_over_pending(thread_idx);
+    }
     if (valid) {
-      const int i0 = m_idx * kTileM;
-      const int r0 = min(p.group_begin[g] * kTileM, p.m);
-      const int r1 = min(p.group_begin[g + 1] * kTileM, p.m);
-      const int valid_rows = min(kTileM, r1 - i0);
-      // Rotated (batch 1, full tiles): the tile goes back to its physical rows.
-      const int64_t dst_row0 =
-          p.rotate != 0 ? int64_t(m_phys) * kTileM
-                        : int64_t(p.batch) * r0 + int64_t(l_idx) * (r1 - r0) + (i0 - r0);
-      // With a source every tile is stored by TMA (the launcher requires batch 1 and whole
-      // tiles): the TMA store also consumes the tile's source loads.
-      const bool use_tma =
-          kSource || ((dst_row0 % kTileM) == 0 && (valid_rows == kTileM || p.batch == 1));
-      if (flush_pending) flush_signal(thread_idx);
-      if (use_tma) {
-        auto flat_shape = Flat(problem_shape);
-        auto flat_coord = make_coord(int(dst_row0 / kTileM), n_idx, get<2>(tile_coord), 0);
-        Inner* target = this;
-        if constexpr (kSource) {
-          // One inlined store either way: the tail tile only swaps the object, shape and row.
-          Inner tail(extra_params_->tail, InnerStorage(shared));
-          if (p.tail_out != nullptr && m_idx >= p.tail_first) {
-            target = &tail;
-            get<0>(flat_shape) = (p.tiles_m - p.tail_first) * kTileM;
-            get<0>(flat_coord) = m_idx - p.tail_first;
-          }
-          result = target->store(load_pipeline, load_state, store_pipeline, store_state,
-                                 flat_shape, tile_shape, flat_coord, accumulators, tiled_mma,
-                                 thread_idx, InnerStorage(shared), rest...);
+      // The logical row and its group matter for signals, the group-major layout and the tail
+      // output; a plain GEMM skips the search.
+      int m_idx = m_phys, g = 0;
+      if (kSource || p.counters != nullptr || p.batch > 1) {  // (uniform: no divergence)
+        m_idx = logical_tile_row(m_phys);
+        g = group_of(m_idx);
+      }
+      if (!kPingpongHandoff && pending_count_ > 0 && g != pending_group_) flush_signal(thread_idx);
+      auto shape = StoreShape(problem_shape, p);
+      auto coord = make_coord(m_phys, n_idx, get<2>(tile_coord), 0);
+      if (!kSource && p.batch > 1) {  // (the launcher gives a source batch 1 only)
+        if (p.num_groups == 1) {
+          get<3>(coord) = l_idx;
         } else {
-          result = Inner::store(load_pipeline, load_state, store_pipeline, store_state,
-                                flat_shape, tile_shape, flat_coord, accumulators, tiled_mma,
-                                thread_idx, InnerStorage(shared), rest...);
+          const int b0 = p.group_begin[g], rows = p.group_begin[g + 1] - b0;
+          get<0>(coord) = p.batch * b0 + l_idx * rows + (m_idx - b0);
         }
+      }
+      Inner* target = this;
+      if constexpr (kSource) {
+        // One inlined store either way: the tail tile only swaps the object, shape and row.
+        Inner tail(extra_params_->tail, InnerStorage(shared));
+        if (p.tail_out != nullptr && m_idx >= p.tail_first) {
+          target = &tail;
+          get<0>(shape) = (p.tiles_m - p.tail_first) * kTileM;
+          get<0>(coord) = m_idx - p.tail_first;
+        }
+        result = target->store(load_pipeline, load_state, store_pipeline, store_state, shape,
+                                tile_shape, coord, accumulators, tiled_mma, thread_idx,
+                                InnerStorage(shared), rest...);
       } else {
-        StoreDirect<Element, kTileM, kTileN, kScaled>(p, dst_row0, valid_rows, n_idx,
-                                                      accumulators, tiled_mma, thread_idx);
+        result = Inner::store(load_pipeline, load_state, store_pipeline, store_state, shape,
+                              tile_shape, coord, accumulators, tiled_mma, thread_idx,
+                              InnerStorage(shared), rest...);
       }
       if (p.counters != nullptr) {
         pending_group_ = g;
         ++pending_count_;
-        pending_direct_ |= !use_tma;
       }
-    } else if (flush_pending) {
-      flush_signal(thread_idx);
+    }
+    if constexpr (kPingpongHandoff) {
+      has_pending_ = p.counters != nullptr;  // one signal per tile, count 0 outside D
     }
     return result;
   }
 
   CUTLASS_DEVICE auto store_tail(LoadPipeline load_pipeline, LoadPipelineState load_state,
                                  StorePipeline store_pipeline, StorePipelineState store_state) {
-    flush_signal(-1, /*last=*/true);
-    return Inner::store_tail(load_pipeline, load_state, store_pipeline, store_state);
+    if constexpr (kPingpongHandoff) {
+      // Called after every tile (CUTLASS's ping-pong kernel). Deferred signals: the warp group's
+      // last tile is handed over here, its earlier ones at the start of the next tile's store().
+      auto result = Inner::store_tail(load_pipeline, load_state, store_pipeline, store_state);
+      if (has_pending_) {
+        const int tile = 2 * wg_tiles_ + (cutlass::canonical_warp_group_idx() - 1);
+        if (!p_->defer_signals || tile + 2 >= CtaTiles()) hand_over_pending(-1);
+      }
+      ++wg_tiles_;
+      return result;
+    } else {
+      flush_signal(-1, /*last=*/true);
+      return Inner::store_tail(load_pipeline, load_state, store_pipeline, store_state);
+    }
   }
 
   // The producer's epilogue warp after its last tile. kSignalWarp: lane 0 signals what the
   // consumers hand over, until their last handoff (there is one if this CTA had a tile: the
   // consumers then call store_tail()).
   CUTLASS_DEVICE auto load_tail(LoadPipeline load_pipeline, LoadPipelineState load_state) {
-    if constexpr (kSignalWarp) {
+    if constexpr (kPingpongHandoff) {
+      if (saw_tile_) run_pingpong_signal_warp();
+      return load_state;
+    } else if constexpr (kCoopHandoff) {
       if (saw_tile_ && cute::elect_one_sync()) run_signal_warp();
       return load_state;
     } else {
@@ -543,29 +564,21 @@ class SignalingTmaEpilogue
   // (the pending state is uniform). Tiles written by TMA: warp 0 of the set issued their stores,
   // so all of its lanes wait until none of their bulk async-groups is pending (the
   // full-completion form, not .read), fence the async proxy against the generic proxy, and order
-  // themselves before lane 0 (__syncwarp). If a pending tile took the direct path, every thread's
-  // stores are ordered by a named barrier instead. Thread 0 then adds the count with release
-  // semantics at GPU scope, or (kSignalWarp) hands it to the signal warp, whose release is
+  // themselves before lane 0 (__syncwarp). Thread 0 then adds the count with release
+  // semantics at GPU scope, or (kCoopHandoff) hands it to the signal warp, whose release is
   // cumulative over what thread 0's handoff made visible to it. `last`: store_tail()'s call,
   // which a signal warp waits for even when nothing is pending.
   CUTLASS_DEVICE void flush_signal(int thread_idx, bool last = false) {
-    const bool hand_over_last = kSignalWarp && last && p_->counters != nullptr;
+    const bool hand_over_last = kCoopHandoff && last && p_->counters != nullptr;
     if (pending_count_ == 0 && !hand_over_last) return;
     const int set_thread = thread_idx >= 0 ? thread_idx : int(threadIdx.x) % kTileThreads;
-    if (pending_count_ > 0) {
-      if (set_thread < 32) {
-        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-        asm volatile("fence.proxy.async.global;" ::: "memory");
-        __syncwarp();
-      }
-      if (pending_direct_) {
-        const int barrier_id =
-            kPingpong ? kFirstBarrier + cutlass::canonical_warp_group_idx() : kFirstBarrier;
-        asm volatile("bar.sync %0, %1;" ::"r"(barrier_id), "r"(kTileThreads) : "memory");
-      }
+    if (pending_count_ > 0 && set_thread < 32) {
+      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+      asm volatile("fence.proxy.async.global;" ::: "memory");
+      __syncwarp();
     }
     if (set_thread == 0) {
-      if constexpr (kSignalWarp) {
+      if constexpr (kCoopHandoff) {
         hand_over(pending_group_, pending_count_, last);
       } else {
         signal(pending_group_, pending_count_);
@@ -573,7 +586,6 @@ class SignalingTmaEpilogue
     }
     pending_group_ = -1;
     pending_count_ = 0;
-    pending_direct_ = false;
   }
 
   CUTLASS_DEVICE void signal(int group, uint32_t count) {
@@ -610,6 +622,62 @@ class SignalingTmaEpilogue
     }
   }
 
+  // This CTA's tiles, as GroupOrderedScheduler hands them out without split K (the ping-pong
+  // kernels): cluster units blockIdx.x / kCM + i * (gridDim.x / kCM) below p.units.
+  CUTLASS_DEVICE int CtaTiles() const {
+    constexpr int kCM = cute::size<0>(ClusterShape{});
+    const int u0 = int(blockIdx.x) / kCM;
+    const int stride = int(gridDim.x) / kCM;
+    const int units = p_->units;
+    return u0 < units ? (units - u0 + stride - 1) / stride : 0;
+  }
+
+  // Ping-pong: all kTileThreads threads of the warp group call this together (the pending state
+  // is uniform). Every lane of warp 0 (which issued the TMA stores) waits until none of its bulk
+  // async-groups is pending (full completion), fences the async proxy against the generic one,
+  // waits for the slot to be free (not before its first signal), and thread 0 fills it; then
+  // the lanes arrive at the slot's full barrier (PingpongHandoff).
+  CUTLASS_DEVICE void hand_over_pending(int thread_idx) {
+    const int set_thread = thread_idx >= 0 ? thread_idx : int(threadIdx.x) % kTileThreads;
+    if (set_thread < 32) {
+      const int slot = cutlass::canonical_warp_group_idx() - 1;
+      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+      asm volatile("fence.proxy.async.global;" ::: "memory");
+      if (handoffs_ > 0) {
+        asm volatile("bar.sync %0, 64;" ::"r"(kSlotEmptyBarrier + slot) : "memory");
+      }
+      if (set_thread == 0) {
+        slots_[slot].group = pending_group_;
+        slots_[slot].count = pending_count_;
+      }
+      __syncwarp();  // bar.arrive is .aligned: the whole warp, converged
+      asm volatile("bar.arrive %0, 64;" ::"r"(kSlotFullBarrier + slot) : "memory");
+      ++handoffs_;
+    }
+    has_pending_ = false;
+    pending_group_ = -1;
+    pending_count_ = 0;
+  }
+
+  // Ping-pong: the producer's epilogue warp, all lanes, after its last tile. Takes the CTA's
+  // tiles' signals in tile order (tile t from slot t % 2), frees a slot that a later tile will
+  // use, and lane 0 adds each nonzero count (release, GPU scope).
+  CUTLASS_DEVICE void run_pingpong_signal_warp() {
+    const int tiles = CtaTiles();
+    const bool lane0 = cute::elect_one_sync();
+    for (int t = 0; t < tiles; ++t) {
+      const int slot = t & 1;
+      asm volatile("bar.sync %0, 64;" ::"r"(kSlotFullBarrier + slot) : "memory");
+      const int group = slots_[slot].group;
+      const uint32_t count = slots_[slot].count;
+      if (t + 2 < tiles) {
+        asm volatile("bar.arrive %0, 64;" ::"r"(kSlotEmptyBarrier + slot) : "memory");
+      }
+      if (lane0 && count > 0) signal(group, count);
+      __syncwarp();  // converged again before the next (aligned) bar.sync
+    }
+  }
+
   CUTLASS_HOST_DEVICE static typename Inner::TensorStorage& InnerStorage(TensorStorage& shared) {
     if constexpr (kSignalWarp) {
       return shared.inner;
@@ -618,8 +686,15 @@ class SignalingTmaEpilogue
     }
   }
   CUTLASS_HOST_DEVICE static SignalHandoff* HandoffOf(TensorStorage& shared) {
-    if constexpr (kSignalWarp) {
+    if constexpr (kCoopHandoff) {
       return &shared.handoff;
+    } else {
+      return nullptr;
+    }
+  }
+  CUTLASS_HOST_DEVICE static PingpongSlot* SlotsOf(TensorStorage& shared) {
+    if constexpr (kPingpongHandoff) {
+      return shared.slot;
     } else {
       return nullptr;
     }
@@ -627,12 +702,14 @@ class SignalingTmaEpilogue
 
   EpilogueParams const* p_;
   ExtraParams const* extra_params_;
-  SignalHandoff* handoff_;       // kSignalWarp: in shared memory
-  uint32_t handoffs_ = 0;        // thread 0 of the consumers: handoffs made
+  SignalHandoff* handoff_;       // kCoopHandoff: in shared memory
+  PingpongSlot* slots_;          // kPingpongHandoff: in shared memory
+  uint32_t handoffs_ = 0;        // thread 0 (ping-pong: warp 0) of the consumers: handoffs made
+  int wg_tiles_ = 0;             // ping-pong consumers: tiles this warp group has stored
+  bool has_pending_ = false;     // ping-pong consumers: a stored tile awaits its handoff
   bool saw_tile_ = false;        // the signal warp: this CTA's consumers store tiles
   int pending_group_ = -1;  // group of the tiles stored but not yet signalled
   uint32_t pending_count_ = 0;
-  bool pending_direct_ = false;  // some pending tile was stored by the direct path
   int addend_seen_group_ = -1;   // the addend group whose flag the epilogue warp saw set last
   bool addend_abandoned_ = false;  // ... and whether its call was released (abandoned) then
 };
@@ -775,6 +852,11 @@ cudaError_t LoadGemmImpl(int device, std::string* error) {
   return cudaSuccess;
 }
 
+// Ping-pong kernels defer each tile's signal to the warp group's next tile when K has at most
+// this many k-tiles (SignalingTmaEpilogue, "When"): there a tile's mainloop is short, so waiting
+// for its stores in its epilogue turn costs more than the signal's delay of one mainloop.
+inline constexpr int kDeferSignalsMaxKTiles = 16;
+
 template <class Cfg>
 cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* error) {
   using Kernel = typename Cfg::Kernel;
@@ -839,6 +921,8 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   epi.period = table.period;
   epi.num_groups = a.num_groups;
   for (int g = 0; g <= a.num_groups; ++g) epi.group_begin[g] = a.group_begin[g];
+  epi.units = table.unit_start[a.num_groups];
+  epi.defer_signals = table.k_tiles <= kDeferSignalsMaxKTiles;
   if constexpr (Cfg::kHasSource) {
     epi.addend_first = a.addend_first_tile_row;
     epi.addend_flag_value = a.addend_flag_value;
@@ -847,10 +931,6 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
     epi.addend_nan = a.addend_nan;
     epi.tail_out = a.tail_out;
     epi.tail_first = a.tail_first_tile_row;
-  }
-  if constexpr (Cfg::kFp8) {
-    epi.a_scale = a.a_scale;
-    epi.b_scale = a.b_scale;
   }
 
   int budget = a.sm_budget > 0 && a.sm_budget < run.device_sms ? a.sm_budget : run.device_sms;
@@ -888,7 +968,8 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
                           : cutlass::gemm::GemmUniversalMode::kGemm;
   args.problem_shape = cute::make_shape(a.m, a.n, a.k, a.batch);
   args.mainloop.ptr_A = reinterpret_cast<Element const*>(a.a);
-  args.mainloop.dA = cute::make_stride(int64_t(a.k), cute::Int<1>{}, int64_t(a.m) * a.k);
+  const int64_t a_batch_rows = run.a_batch_rows > 0 ? run.a_batch_rows : a.m;
+  args.mainloop.dA = cute::make_stride(int64_t(a.k), cute::Int<1>{}, a_batch_rows * a.k);
   args.mainloop.ptr_B = reinterpret_cast<Element const*>(a.b);
   if constexpr (Cfg::kFp8) {
     args.mainloop.dB = cute::make_stride(int64_t(a.k), cute::Int<1>{}, cute::Int<0>{});
@@ -917,9 +998,8 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
     args.epilogue.inner.thread = {{{1.0f, 1.0f}, {a.a_scale, a.b_scale}, {}}, {}, {}};
   }
   args.epilogue.inner.ptr_D = reinterpret_cast<ElementOut*>(a.d);
-  // D as [batch * m, n]; L = 1 (its stride only needs to be a valid TMA stride).
-  args.epilogue.inner.dD =
-      cute::make_stride(int64_t(a.n), cute::Int<1>{}, int64_t(a.m) * a.batch * a.n);
+  // D's batch stride, read when D is [batch, m, n] (SignalingTmaEpilogue::StoreShape).
+  args.epilogue.inner.dD = cute::make_stride(int64_t(a.n), cute::Int<1>{}, int64_t(a.m) * a.n);
   args.epilogue.inner.dC = args.epilogue.inner.dD;
   args.epilogue.signal = epi;
   args.hw_info.device_id = run.device;

@@ -138,10 +138,10 @@ Runner MakeStock(const char* name, const Problem& p) {
 // (no counters), all launched by CUTLASS's adapter. (Before commit 809fb72 fo_jax's launcher
 // used a cluster launch even for a 1x1 cluster; the adapter launches those as a plain grid.)
 // fo_jax's epilogue with its per-tile work taken out: store() and store_tail() go straight to the
-// CUTLASS TMA epilogue it wraps (no group, destination row, TMA-or-direct choice or signal
-// bookkeeping), while its parameters, shared storage and construction stay. Beside the stock and
-// fo_jax epilogues it splits what fo_jax's epilogue costs at short K between that per-tile work
-// and the rest. Runs problems of batch 1 without rotation (tile coordinates are rows of D).
+// CUTLASS TMA epilogue it wraps (no group, destination row or signal bookkeeping), while its
+// parameters, shared storage and construction stay. Beside the stock and fo_jax epilogues it
+// splits what fo_jax's epilogue costs at short K between that per-tile work and the rest. Runs
+// problems of batch 1 without rotation (tile coordinates are rows of D).
 template <class Base>
 struct PlainStoreEpilogue : Base {
   using Base::Base;
@@ -159,8 +159,14 @@ struct PlainStoreEpilogue : Base {
                             TileCoordMNKL tile_coord,
                             cute::Tensor<AccEngine, AccLayout> accumulators, TiledMma tiled_mma,
                             int thread_idx, typename Base::TensorStorage& shared, Ts... rest) {
+    typename Inner::TensorStorage* inner;
+    if constexpr (std::is_same_v<typename Base::TensorStorage, typename Inner::TensorStorage>) {
+      inner = &shared;
+    } else {
+      inner = &shared.inner;  // (the signal handoff's storage follows it)
+    }
     return Inner::store(load_pipeline, load_state, store_pipeline, store_state, problem_shape,
-                        tile_shape, tile_coord, accumulators, tiled_mma, thread_idx, shared,
+                        tile_shape, tile_coord, accumulators, tiled_mma, thread_idx, *inner,
                         rest...);
   }
   CUTLASS_DEVICE auto store_tail(LoadPipeline load_pipeline, LoadPipelineState load_state,
@@ -169,89 +175,16 @@ struct PlainStoreEpilogue : Base {
   }
 };
 
-// PlainStoreEpilogue plus one part of what fo_jax's epilogue adds per tile, to tell them apart:
-// kPart 0, the direct-store path behind a branch the problems never take (its code in the
-// kernel, never run); kPart 1, the per-tile placement arithmetic (logical row, group search,
-// destination row, TMA-or-direct choice: batch 1 always chooses TMA at the tile's own row).
-template <class Base, int kPart>
-struct EpiloguePart : PlainStoreEpilogue<Base> {
-  using Plain = PlainStoreEpilogue<Base>;
-  using typename Base::LoadPipeline;
-  using typename Base::LoadPipelineState;
-  using typename Base::StorePipeline;
-  using typename Base::StorePipelineState;
-  using Inner = typename Base::Inner;
-  static constexpr int kTileM = Base::kTileM, kTileN = Base::kTileN;
-  fo_jax::detail::EpilogueParams const* sig_;
-
-  CUTLASS_HOST_DEVICE EpiloguePart(typename Base::Params const& params,
-                                   typename Base::TensorStorage& shared)
-      : Plain(params, shared), sig_(&params.signal) {}
-
-  template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class AccEngine,
-            class AccLayout, class TiledMma, class... Ts>
-  CUTLASS_DEVICE auto store(LoadPipeline load_pipeline, LoadPipelineState load_state,
-                            StorePipeline store_pipeline, StorePipelineState store_state,
-                            ProblemShapeMNKL problem_shape, TileShapeMNK tile_shape,
-                            TileCoordMNKL tile_coord,
-                            cute::Tensor<AccEngine, AccLayout> accumulators, TiledMma tiled_mma,
-                            int thread_idx, typename Base::TensorStorage& shared, Ts... rest) {
-    using namespace cute;
-    fo_jax::detail::EpilogueParams const& p = *sig_;
-    if constexpr (kPart == 0) {
-      if (p.batch > 1) {
-        fo_jax::detail::StoreDirect<Bf16, kTileM, kTileN, false>(
-            p, int64_t(get<0>(tile_coord)) * kTileM, kTileM, int(get<1>(tile_coord)),
-            accumulators, tiled_mma, thread_idx);
-        return cute::make_tuple(load_state, store_state);
-      }
-      return Inner::store(load_pipeline, load_state, store_pipeline, store_state, problem_shape,
-                          tile_shape, tile_coord, accumulators, tiled_mma, thread_idx, shared,
-                          rest...);
-    } else {
-      const int m_phys = int(get<0>(tile_coord));
-      int m_idx = m_phys;
-      if (p.rotate != 0) {
-        const int m_base = m_phys / p.period * p.period;
-        m_idx = m_phys - m_base >= p.rotate ? m_phys - p.rotate : m_phys + p.period - p.rotate;
-      }
-      int lo = 0, hi = p.num_groups - 1;
-      while (lo < hi) {
-        int mid = (lo + hi + 1) >> 1;
-        if (p.group_begin[mid] <= m_idx) lo = mid; else hi = mid - 1;
-      }
-      const int i0 = m_idx * kTileM;
-      const int r0 = min(p.group_begin[lo] * kTileM, p.m);
-      const int r1 = min(p.group_begin[lo + 1] * kTileM, p.m);
-      const int valid_rows = min(kTileM, r1 - i0);
-      const int64_t dst_row0 =
-          p.rotate != 0 ? int64_t(m_phys) * kTileM
-                        : int64_t(p.batch) * r0 + int64_t(get<3>(tile_coord)) * (r1 - r0) +
-                              (i0 - r0);
-      const bool use_tma = (dst_row0 % kTileM) == 0 && (valid_rows == kTileM || p.batch == 1);
-      if (!use_tma) return cute::make_tuple(load_state, store_state);
-      auto coord = make_coord(int(dst_row0 / kTileM), get<1>(tile_coord), get<2>(tile_coord), 0);
-      return Inner::store(load_pipeline, load_state, store_pipeline, store_state, problem_shape,
-                          tile_shape, coord, accumulators, tiled_mma, thread_idx, shared,
-                          rest...);
-    }
-  }
-};
-
 // kEpi: 0 CUTLASS's TMA epilogue, 1 fo_jax's signaling epilogue, 2 fo_jax's without its per-tile
-// work (PlainStoreEpilogue), 3 and 4 PlainStoreEpilogue with one part of that work back
-// (EpiloguePart 0 and 1).
+// work (PlainStoreEpilogue).
 template <int kTM, int kTN, int kCM, bool kGroupSched, int kEpi>
 struct Hybrid {
   using Cfg = fo_jax::detail::GemmKernelConfig<Bf16, kTM, kTN, 64, kCM, 1, true>;
   static constexpr bool kOurs = kEpi != 0;
   using Epi = std::conditional_t<
       kEpi == 0, typename Stock<cutlass::layout::RowMajor, kTM, kTN, kCM, true>::Epi,
-      std::conditional_t<
-          kEpi == 1, typename Cfg::Epilogue,
-          std::conditional_t<
-              kEpi == 2, PlainStoreEpilogue<typename Cfg::Epilogue>,
-              EpiloguePart<typename Cfg::Epilogue, kEpi == 3 ? 0 : 1>>>>;
+      std::conditional_t<kEpi == 1, typename Cfg::Epilogue,
+                         PlainStoreEpilogue<typename Cfg::Epilogue>>>;
   using Sched = std::conditional_t<kGroupSched, fo_jax::detail::GroupSchedulerTag,
                                    cutlass::gemm::PersistentScheduler>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
@@ -510,10 +443,6 @@ int main(int argc, char** argv) {
         "hyb pp128 c1 stocksched+ourepi plain store", prob));
     rs.push_back(MakeHybrid<Hybrid<128, 128, 1, true, 2>>(
         "hyb pp128 c1 groupsched+ourepi plain store", prob));
-    rs.push_back(MakeHybrid<Hybrid<128, 128, 1, false, 3>>(
-        "hyb pp128 c1 stocksched+plain+direct code", prob));
-    rs.push_back(MakeHybrid<Hybrid<128, 128, 1, false, 4>>(
-        "hyb pp128 c1 stocksched+plain+placement", prob));
     rs.push_back(MakeHybrid<Hybrid<128, 128, 1, true, 0>>(
         "hyb pp128 c1 groupsched(swz 1)+stockepi", prob, 1));
     rs.push_back(MakeHybrid<Hybrid<128, 128, 1, true, 0>>(

@@ -267,8 +267,9 @@ def test_fp8_overlapped_axis_size_one():
 @pytest.mark.parametrize("batch", [2, 4])
 @pytest.mark.parametrize("m", [72, 200])
 def test_fp8_batched_remap(batch, m):
-    """The reduce-scatter producer's layout: bands shorter than a tile take the direct store,
-    which applies the scales itself; every tile is counted."""
+    """The reduce-scatter producer's layout with bands that are not whole tiles (the launcher
+    runs the last group as a launch of its own, D as [batch, rows, n]): scaled right, every
+    tile counted."""
     gpu_devices_or_skip(1)
     if not _fp8_configs():
         pytest.skip("the compiled CUDA module has no fp8 kernels")
