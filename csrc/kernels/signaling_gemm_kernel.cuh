@@ -433,46 +433,51 @@ class SignalingTmaEpilogue
     if constexpr (kPingpongHandoff) {
       if (has_pending_) hand_over_pending(thread_idx);
     }
-    if (valid) {
-      // The logical row and its group matter for signals, the group-major layout and the tail
-      // output; a plain GEMM skips the search.
-      int m_idx = m_phys, g = 0;
-      if (kSource || p.counters != nullptr || p.batch > 1) {  // (uniform: no divergence)
-        m_idx = logical_tile_row(m_phys);
-        g = group_of(m_idx);
-      }
-      if (!kPingpongHandoff && pending_count_ > 0 && g != pending_group_) flush_signal(thread_idx);
-      auto shape = StoreShape(problem_shape, p);
-      auto coord = make_coord(m_phys, n_idx, get<2>(tile_coord), 0);
-      if (!kSource && p.batch > 1) {  // (the launcher gives a source batch 1 only)
-        if (p.num_groups == 1) {
-          get<3>(coord) = l_idx;
-        } else {
-          const int b0 = p.group_begin[g], rows = p.group_begin[g + 1] - b0;
-          get<0>(coord) = p.batch * b0 + l_idx * rows + (m_idx - b0);
-        }
-      }
-      Inner* target = this;
-      if constexpr (kSource) {
-        // One inlined store either way: the tail tile only swaps the object, shape and row.
-        Inner tail(extra_params_->tail, InnerStorage(shared));
-        if (p.tail_out != nullptr && m_idx >= p.tail_first) {
-          target = &tail;
-          get<0>(shape) = (p.tiles_m - p.tail_first) * kTileM;
-          get<0>(coord) = m_idx - p.tail_first;
-        }
-        result = target->store(load_pipeline, load_state, store_pipeline, store_state, shape,
-                                tile_shape, coord, accumulators, tiled_mma, thread_idx,
-                                InnerStorage(shared), rest...);
+    // The logical row and its group matter for signals, the group-major layout and the tail
+    // output; a plain GEMM skips the search.
+    int m_idx = m_phys, g = 0;
+    if (valid && (kSource || p.counters != nullptr || p.batch > 1)) {  // (uniform)
+      m_idx = logical_tile_row(m_phys);
+      g = group_of(m_idx);
+    }
+    if (!kPingpongHandoff && valid && pending_count_ > 0 && g != pending_group_) {
+      flush_signal(thread_idx);
+    }
+    auto shape = StoreShape(problem_shape, p);
+    auto coord = make_coord(m_phys, n_idx, get<2>(tile_coord), 0);
+    if (!kSource && p.batch > 1) {  // (the launcher gives a source batch 1 only)
+      if (p.num_groups == 1) {
+        get<3>(coord) = l_idx;
       } else {
-        result = Inner::store(load_pipeline, load_state, store_pipeline, store_state, shape,
-                              tile_shape, coord, accumulators, tiled_mma, thread_idx,
-                              InnerStorage(shared), rest...);
+        const int b0 = p.group_begin[g], rows = p.group_begin[g + 1] - b0;
+        get<0>(coord) = valid ? p.batch * b0 + l_idx * rows + (m_idx - b0) : p.batch * p.tiles_m;
       }
-      if (p.counters != nullptr) {
-        pending_group_ = g;
-        ++pending_count_;
+    }
+    // Every tile, even one past D's rows (a cluster's padding tile, whose coordinate then lies
+    // past D's end, so that TMA writes none of it), runs CUTLASS's store: a branch around it
+    // cost the ping-pong 128x128 kernel 3-4% at K = 512 (results/gemm_probe_h200_2026-11-29_
+    // c67cce9_parts.log: the rows with one part of the per-tile work put back, each of which
+    // made the store conditional).
+    Inner* target = this;
+    if constexpr (kSource) {
+      // One inlined store either way: the tail tile only swaps the object, shape and row.
+      Inner tail(extra_params_->tail, InnerStorage(shared));
+      if (p.tail_out != nullptr && m_idx >= p.tail_first) {
+        target = &tail;
+        get<0>(shape) = (p.tiles_m - p.tail_first) * kTileM;
+        get<0>(coord) = m_idx - p.tail_first;
       }
+      result = target->store(load_pipeline, load_state, store_pipeline, store_state, shape,
+                             tile_shape, coord, accumulators, tiled_mma, thread_idx,
+                             InnerStorage(shared), rest...);
+    } else {
+      result = Inner::store(load_pipeline, load_state, store_pipeline, store_state, shape,
+                            tile_shape, coord, accumulators, tiled_mma, thread_idx,
+                            InnerStorage(shared), rest...);
+    }
+    if (valid && p.counters != nullptr) {
+      pending_group_ = g;
+      ++pending_count_;
     }
     if constexpr (kPingpongHandoff) {
       has_pending_ = p.counters != nullptr;  // one signal per tile, count 0 outside D
