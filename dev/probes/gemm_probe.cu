@@ -175,16 +175,49 @@ struct PlainStoreEpilogue : Base {
   }
 };
 
+// fo_jax's epilogue with only one of its two per-tile calls taken straight to CUTLASS's:
+// kPlainStore, store() (store_tail() fo_jax's), else store_tail() (store() fo_jax's).
+template <class Base, bool kPlainStore>
+struct HalfPlainEpilogue : PlainStoreEpilogue<Base> {
+  using PlainStoreEpilogue<Base>::PlainStoreEpilogue;
+  using typename Base::LoadPipeline;
+  using typename Base::LoadPipelineState;
+  using typename Base::StorePipeline;
+  using typename Base::StorePipelineState;
+  using Inner = typename Base::Inner;
+
+  template <class... Args>
+  CUTLASS_DEVICE auto store(Args&&... args) {
+    if constexpr (kPlainStore) {
+      return PlainStoreEpilogue<Base>::store(args...);
+    } else {
+      return Base::store(args...);
+    }
+  }
+  CUTLASS_DEVICE auto store_tail(LoadPipeline load_pipeline, LoadPipelineState load_state,
+                                 StorePipeline store_pipeline, StorePipelineState store_state) {
+    if constexpr (kPlainStore) {
+      return Base::store_tail(load_pipeline, load_state, store_pipeline, store_state);
+    } else {
+      return Inner::store_tail(load_pipeline, load_state, store_pipeline, store_state);
+    }
+  }
+};
+
 // kEpi: 0 CUTLASS's TMA epilogue, 1 fo_jax's signaling epilogue, 2 fo_jax's without its per-tile
-// work (PlainStoreEpilogue).
+// work (PlainStoreEpilogue), 3 fo_jax's with a plain store() only, 4 with a plain store_tail()
+// only (HalfPlainEpilogue).
 template <int kTM, int kTN, int kCM, bool kGroupSched, int kEpi>
 struct Hybrid {
   using Cfg = fo_jax::detail::GemmKernelConfig<Bf16, kTM, kTN, 64, kCM, 1, true>;
   static constexpr bool kOurs = kEpi != 0;
   using Epi = std::conditional_t<
       kEpi == 0, typename Stock<cutlass::layout::RowMajor, kTM, kTN, kCM, true>::Epi,
-      std::conditional_t<kEpi == 1, typename Cfg::Epilogue,
-                         PlainStoreEpilogue<typename Cfg::Epilogue>>>;
+      std::conditional_t<
+          kEpi == 1, typename Cfg::Epilogue,
+          std::conditional_t<
+              kEpi == 2, PlainStoreEpilogue<typename Cfg::Epilogue>,
+              HalfPlainEpilogue<typename Cfg::Epilogue, kEpi == 3>>>>;
   using Sched = std::conditional_t<kGroupSched, fo_jax::detail::GroupSchedulerTag,
                                    cutlass::gemm::PersistentScheduler>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>,
@@ -443,6 +476,10 @@ int main(int argc, char** argv) {
         "hyb pp128 c1 stocksched+ourepi plain store", prob));
     rs.push_back(MakeHybrid<Hybrid<128, 128, 1, true, 2>>(
         "hyb pp128 c1 groupsched+ourepi plain store", prob));
+    rs.push_back(MakeHybrid<Hybrid<128, 128, 1, false, 3>>(
+        "hyb pp128 c1 stocksched+ourepi plain store()", prob));
+    rs.push_back(MakeHybrid<Hybrid<128, 128, 1, false, 4>>(
+        "hyb pp128 c1 stocksched+ourepi plain store_tail()", prob));
     rs.push_back(MakeHybrid<Hybrid<128, 128, 1, true, 0>>(
         "hyb pp128 c1 groupsched(swz 1)+stockepi", prob, 1));
     rs.push_back(MakeHybrid<Hybrid<128, 128, 1, true, 0>>(
