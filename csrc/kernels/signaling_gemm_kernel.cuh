@@ -78,8 +78,7 @@ struct EpilogueParams {
 // Batch > 1 with groups: D is one [batch * m, n] matrix and a tile goes to its tile-row of the
 // group-major layout, a whole tile inside its band: the launcher runs a last group whose rows
 // are not whole tiles as a launch of its own (one group), so no tile can spill into the next
-// band. (A tile-by-tile store from registers for that group cost 3-4% at K = 512 in every
-// launch, as code the common path jumps over: results/gemm_probe_h200_2026-11-29_*.log.)
+// band, and the kernel has one store path.
 //
 // Why the signal is correct (PTX memory model):
 //  * A tile's global writes are performed by the async proxy on behalf of the issuing lanes of
@@ -111,12 +110,12 @@ struct EpilogueParams {
 //    completion must still be awaited by warp 0, which issued them: right after the store, in
 //    store_tail(), where it hides behind the other warp group's mainloop at long K; but at short
 //    K, where a turn is as long as that mainloop, it does not (8 signalling groups cost +18% of
-//    the GEMM at 4096x4096x512 with the wait and the fence in the turn: results/gemm_probe_h200_
-//    2026-11-29_c67cce9_parts.log). With EpilogueParams::defer_signals (K of at most
-//    kDeferSignalsMaxKTiles k-tiles) a tile is handed over one turn later, at the start of the
-//    warp group's next tile's store() (its stores are complete by then: the wait is free), or in
-//    store_tail() if it is the warp group's last tile; its signal comes up to one short mainloop
-//    later.
+//    the GEMM at 4096x4096x512 with the wait and the fence in the turn, +11% with the handoff
+//    and the deferral below: docs/performance.md, "fp8"). With EpilogueParams::defer_signals
+//    (K of at most kDeferSignalsMaxKTiles k-tiles) a tile is handed over one turn later, at the
+//    start of the warp group's next tile's store() (its stores are complete by then: the wait
+//    is free), or in store_tail() if it is the warp group's last tile; its signal comes up to
+//    one short mainloop later.
 //  * Cooperative (without a source): both warp groups would wait for the fence, as no MMA runs
 //    during a cooperative epilogue (+2.4-3.5% for fp8 at 4096x8192x2048). Thread 0 instead hands
 //    (group, count) over through shared memory (SignalHandoff: two mbarriers, release/acquire at
@@ -454,10 +453,8 @@ class SignalingTmaEpilogue
       }
     }
     // Every tile, even one past D's rows (a cluster's padding tile, whose coordinate then lies
-    // past D's end, so that TMA writes none of it), runs CUTLASS's store: a branch around it
-    // cost the ping-pong 128x128 kernel 3-4% at K = 512 (results/gemm_probe_h200_2026-11-29_
-    // c67cce9_parts.log: the rows with one part of the per-tile work put back, each of which
-    // made the store conditional).
+    // past D's end, so that TMA writes none of it), runs CUTLASS's store, as the stock kernel
+    // does: no branch around its barriers.
     Inner* target = this;
     if constexpr (kSource) {
       // One inlined store either way: the tail tile only swaps the object, shape and row.
