@@ -174,9 +174,19 @@ class GroupOrderedScheduler {
   CUTLASS_DEVICE explicit GroupOrderedScheduler(Params const& params) : params_(&params) {
 #if defined(__CUDA_ARCH__)
     cta_m_in_cluster_ = int(blockIdx.x) % kClusterM;
-    unit_ = int(blockIdx.x) / kClusterM;
-    stride_ = int(gridDim.x) / kClusterM;
+    unit_ = FirstUnit();
+    stride_ = UnitStride();
 #endif
+  }
+
+  // This CTA's units: FirstUnit(), then every UnitStride()-th (one cluster per stride).
+  CUTLASS_DEVICE static int FirstUnit() { return int(blockIdx.x) / kClusterM; }
+  CUTLASS_DEVICE static int UnitStride() { return int(gridDim.x) / kClusterM; }
+  // How many of `units` units this CTA visits, without split K (the epilogue's count of its
+  // CTA's tiles).
+  CUTLASS_DEVICE static int CtaUnits(int units) {
+    const int u0 = FirstUnit(), stride = UnitStride();
+    return u0 < units ? (units - u0 + stride - 1) / stride : 0;
   }
 
   template <class ClusterShape>

@@ -256,17 +256,9 @@ cudaError_t RunBatchedPartial(const detail::GemmRun& run, detail::RunGemmFn fn,
   const GemmTileConfig& c = detail::kGemmConfigs[a.config];
   int last = a.num_groups - 1;
   while (last > 0 && a.group_begin[last] == a.group_begin[last + 1]) --last;
-  if (a.zero_counters_on_launch && a.counters != nullptr) {
-    cudaError_t e = cudaMemsetAsync(a.counters, 0, size_t(a.num_groups) * sizeof(uint32_t), stream);
-    if (e == cudaSuccess && a.after_zero_event != nullptr) {
-      e = cudaEventRecord(a.after_zero_event, stream);
-    }
-    if (e != cudaSuccess) {
-      return Fail(error, e, std::string("zeroing the counters: ") + cudaGetErrorString(e));
-    }
-  }
+  cudaError_t e = detail::ZeroGemmCounters(a, stream, error);
+  if (e != cudaSuccess) return e;
   const int r0 = a.group_begin[last] * c.tile_m;
-  const size_t in_bytes = a.dtype == GemmDtype::kE4M3 ? 1 : 2;  // D is 2-byte in every dtype
   if (last > 0) {
     detail::GemmRun head = run;
     head.args.m = r0;
@@ -274,7 +266,7 @@ cudaError_t RunBatchedPartial(const detail::GemmRun& run, detail::RunGemmFn fn,
     head.args.zero_counters_on_launch = false;
     head.args.k_splits = 1;
     head.a_batch_rows = a.m;
-    cudaError_t e = fn(head, stream, error);
+    e = fn(head, stream, error);
     if (e != cudaSuccess) return e;
   }
   detail::GemmRun tail = run;
@@ -282,8 +274,8 @@ cudaError_t RunBatchedPartial(const detail::GemmRun& run, detail::RunGemmFn fn,
   tail.args.num_groups = 1;
   tail.args.group_begin[0] = 0;
   tail.args.group_begin[1] = a.group_begin[last + 1] - a.group_begin[last];
-  tail.args.a = static_cast<const char*>(a.a) + size_t(r0) * a.k * in_bytes;
-  tail.args.d = static_cast<char*>(a.d) + size_t(a.batch) * r0 * a.n * 2;
+  tail.args.a = static_cast<const char*>(a.a) + size_t(r0) * a.k * GemmInputBytes(a.dtype);
+  tail.args.d = static_cast<char*>(a.d) + size_t(a.batch) * r0 * a.n * 2;  // D: 2 bytes always
   tail.args.counters = a.counters != nullptr ? a.counters + last : nullptr;
   tail.args.zero_counters_on_launch = false;
   tail.args.k_splits = 1;

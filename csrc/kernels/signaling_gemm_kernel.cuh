@@ -625,13 +625,9 @@ class SignalingTmaEpilogue
   }
 
   // This CTA's tiles, as GroupOrderedScheduler hands them out without split K (the ping-pong
-  // kernels): cluster units blockIdx.x / kCM + i * (gridDim.x / kCM) below p.units.
+  // kernels).
   CUTLASS_DEVICE int CtaTiles() const {
-    constexpr int kCM = cute::size<0>(ClusterShape{});
-    const int u0 = int(blockIdx.x) / kCM;
-    const int stride = int(gridDim.x) / kCM;
-    const int units = p_->units;
-    return u0 < units ? (units - u0 + stride - 1) / stride : 0;
+    return GroupOrderedScheduler<cute::size<0>(ClusterShape{})>::CtaUnits(p_->units);
   }
 
   // Ping-pong: all kTileThreads threads of the warp group call this together (the pending state
@@ -1020,16 +1016,8 @@ cudaError_t RunGemmImpl(const GemmRun& run, cudaStream_t stream, std::string* er
   cudaLaunchConfig_t cfg = GemmLaunchConfig<Kernel, kCM>(Kernel::get_grid_shape(params),
                                                          &attr_cluster);
   cfg.stream = stream;
-  if (a.zero_counters_on_launch && a.counters != nullptr) {
-    e = cudaMemsetAsync(a.counters, 0, size_t(a.num_groups) * sizeof(uint32_t), stream);
-    if (e == cudaSuccess && a.after_zero_event != nullptr) {
-      e = cudaEventRecord(a.after_zero_event, stream);
-    }
-    if (e != cudaSuccess) {
-      if (error) *error = std::string("zeroing the counters: ") + cudaGetErrorString(e);
-      return e;
-    }
-  }
+  e = ZeroGemmCounters(a, stream, error);
+  if (e != cudaSuccess) return e;
   e = cudaLaunchKernelEx(&cfg, &cutlass::device_kernel<Kernel>, params);
   if (e != cudaSuccess && error) {
     *error = std::string("GEMM launch failed: ") + cudaGetErrorString(e);
