@@ -28,11 +28,13 @@ kernel (the overlap's producer); the configurations never chosen (rows of
 csrc/kernels/gemm_configs.py that only cost build time).
 
 Re-measured points (--recheck PLAIN.jsonl ...): sweeps without per-config rows
-(`bench_gemm_sweep.py` without --configs: only xla.dot and fo_jax.matmul per shape, so each
-trace holds two methods and the drift above cannot build up), run with a table fitted on the
-same config sweep. Where such a sweep's fo_jax.matmul ran the configuration this fit chooses,
-its ratio ms(xla.dot) / ms(fo_jax.matmul) replaces the shape's XLA_POINTS entry (a direct
-reading of the same kernel against XLA's dot); the report lists every replaced point.
+(`bench_gemm_sweep.py` without --configs, best with --own: xla.dot, fo_jax.matmul and
+fo_jax.own per shape, so each trace holds few methods and the drift above cannot build up), run
+with a table fitted on the same config sweep. Where such a sweep timed the GEMM fo_jax.matmul
+runs under this fit (its configuration and split: the fo_jax.own row, or fo_jax.matmul where it
+did not hand the shape to XLA), ms(xla.dot) / ms(that GEMM) is a direct reading of it against
+XLA's dot; the geometric mean of a shape's readings replaces its XLA_POINTS entry, and the
+report lists every replaced point.
 
 Usage: python3 dev/fit_gemm_table.py SWEEP.jsonl [...] [--recheck PLAIN.jsonl ...]
          [--out fo_jax/_gemm_tables/<model>.py] [--report REPORT.md] [--xla-threshold 0.98] [--sms 132]
@@ -202,53 +204,64 @@ def xla_points(shapes: dict, configs: list, params: dict, sms: int, bf16: Option
     return points
 
 
+def own_choice(configs: list, params: dict, shape: tuple, sms: int) -> Optional[str]:
+    """The name fo_jax.matmul's own GEMM runs under this fit (choose_split: NAME, or
+    NAME/kS when split along K), as the sweep's "config" field writes it."""
+    picked = _gemm_choice.choose_split(configs, params, *shape, sms)
+    if picked is None:
+        return None
+    index, splits = picked
+    return configs[index]["name"] + (f"/k{splits}" if splits > 1 else "")
+
+
 def recheck_points(points: list, rows: list, dt: str, configs: list, params: dict,
                    sms: int, threshold: float) -> tuple:
     """(points with the re-measured ratios, markdown) for dtype `dt`: `rows` are plain sweeps'
-    (module docstring, "Re-measured points")."""
-    by_shape = {}
+    (module docstring, "Re-measured points"). A reading is ms(xla.dot) / ms(fo_jax's own GEMM)
+    from one trace: its "fo_jax.own" row, and its "fo_jax.matmul" row where that ran its own
+    GEMM, each only if the GEMM is the one this fit chooses (NAME/kS included); a shape's point
+    is the geometric mean of its readings over the files and both rows."""
+    traces = {}
     for r in rows:
         if r["dtype"] == dt and r.get("ms"):
-            by_shape.setdefault((r["M"], r["N"], r["K"]), {})[r["method"]] = r
+            key = (r["M"], r["N"], r["K"], r.get("commit"), r.get("date"))
+            traces.setdefault(key, {})[r["method"]] = r
+    readings = {}
+    for key, d in traces.items():
+        xla = d.get("xla.dot")
+        if not xla:
+            continue
+        s = key[:3]
+        want = own_choice(configs, params, s, sms)
+        for method in ("fo_jax.own", "fo_jax.matmul"):
+            mine = d.get(method)
+            if mine and mine.get("config") == want:
+                readings.setdefault(s, []).append((xla["ms"] / mine["ms"], mine["config"]))
     current = {p[:3]: p[3] for p in points}
     lines = []
-    for s, d in sorted(by_shape.items()):
-        mine, xla = d.get("fo_jax.matmul"), d.get("xla.dot")
-        if not (mine and xla) or mine.get("config") != choice(configs, params, s, sms):
-            continue  # handed to XLA's dot there, or another table's choice: no reading
-        ratio = round(xla["ms"] / mine["ms"], 4)
+    for s, got in sorted(readings.items()):
+        ratio = round(geomean([r for r, _ in got]), 4)
         old = current.get(s)
         current[s] = ratio
-        lines.append([f"{s[0]}x{s[1]}x{s[2]}", mine["config"],
+        lines.append([f"{s[0]}x{s[1]}x{s[2]}", got[0][1], str(len(got)),
                       f"{old:.3f}" if old is not None else "-", f"{ratio:.3f}"])
     if not lines:
         return points, ""
     new = [(*s, r) for s, r in sorted(current.items())]
-    # What fo_jax.matmul gets on the plain sweep's shapes with the new points: XLA's dot (ratio
-    # 1) where they hand the shape over, else the plain sweep's reading of fo_jax's kernel
-    # (shapes it handed to XLA's dot and that the new points keep on fo_jax's kernel have no
-    # reading: left out, and counted).
-    after, unread = [], 0
-    for s, d in by_shape.items():
-        mine, xla = d.get("fo_jax.matmul"), d.get("xla.dot")
-        if not (mine and xla):
-            continue
+    # What fo_jax.matmul gets on the re-measured shapes with the new points: XLA's dot (ratio 1)
+    # where they hand the shape over, else the readings of its own GEMM.
+    after = []
+    for s, got in readings.items():
         est = _gemm_choice.estimate_from(new, *s)
-        if est is not None and est < threshold:
-            after.append(1.0)
-        elif mine.get("config") != "xla.dot":
-            after.append(xla["ms"] / mine["ms"])
-        else:
-            unread += 1
-    text = (f"\n### {dt}: re-measured points\n\n{len(lines)} shapes where the plain sweep's "
-            f"fo_jax.matmul ran this fit's choice; their XLA_POINTS ratio is the plain "
-            f"sweep's:\n\n" + table(["M x N x K", "config", "config sweep", "plain sweep"],
-                                     lines)
-            + "\nWith them, predicted on the plain sweep's shapes (ratio 1 where fo_jax.matmul "
-            "hands the shape to XLA's dot):\n\n"
-            + summary("fo_jax.matmul", after)
-            + (f"\n{unread} shapes would move from XLA's dot to fo_jax's kernel (no reading).\n"
-               if unread else ""))
+        after.append(1.0 if est is not None and est < threshold
+                     else geomean([r for r, _ in got]))
+    text = (f"\n### {dt}: re-measured points\n\n{len(lines)} shapes where a plain sweep timed "
+            f"this fit's choice (fo_jax.own, or fo_jax.matmul running it); their XLA_POINTS "
+            f"ratio is the geometric mean of those readings:\n\n"
+            + table(["M x N x K", "config", "readings", "config sweep", "plain sweeps"], lines)
+            + "\nWith them, predicted on those shapes (ratio 1 where fo_jax.matmul hands the "
+            "shape to XLA's dot):\n\n"
+            + summary("fo_jax.matmul", after))
     return new, text
 
 

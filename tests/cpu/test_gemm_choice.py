@@ -284,6 +284,46 @@ def test_fit_recovers_the_choice_of_a_synthetic_sweep(tmp_path, monkeypatch):
         assert what in text, what
 
 
+def test_recheck_takes_the_readings_of_the_gemm_matmul_runs(monkeypatch):
+    """--recheck: a plain sweep's fo_jax.own row (NAME/kS when split) and fo_jax.matmul row
+    count where they ran this fit's choice; a shape's point is their geometric mean over the
+    files; a reading of another GEMM (another table's choice) is ignored."""
+    sys.path.insert(0, os.path.join(ROOT, "dev"))
+    try:
+        import fit_gemm_table
+    finally:
+        sys.path.pop(0)
+    configs = fit_gemm_table.compiled_configs()
+    params = dict(TRUE)
+    split_shape = next(s for s in ((m, n, k) for m in (512, 1024, 2048) for n in (1280, 2304)
+                                   for k in (8192, 16384))
+                       if _gemm_choice.choose_split(configs, params, *s, 132)[1] > 1)
+    plain_shape = (8192, 8192, 7168)
+    names = {s: fit_gemm_table.own_choice(configs, params, s, 132)
+             for s in (split_shape, plain_shape)}
+    assert "/k" in names[split_shape] and "/k" not in names[plain_shape]
+    rows = []
+    for commit, xla_ms in (("a", 1.0), ("b", 1.2)):
+        for s, own_ms, matmul in ((split_shape, 0.8, None), (plain_shape, 1.25, "xla.dot")):
+            base = dict(dtype="bfloat16", M=s[0], N=s[1], K=s[2], commit=commit, date="d")
+            rows.append(dict(base, method="xla.dot", config=None, ms=xla_ms))
+            rows.append(dict(base, method="fo_jax.own", config=names[s], ms=own_ms))
+            rows.append(dict(base, method="fo_jax.matmul", config=matmul or names[s],
+                             ms=xla_ms if matmul else own_ms))
+        # Another table's choice at a third shape: not a reading of this fit's GEMM.
+        base = dict(dtype="bfloat16", M=4096, N=1536, K=4096, commit=commit, date="d")
+        rows += [dict(base, method="xla.dot", config=None, ms=1.0),
+                 dict(base, method="fo_jax.own", config="not_this_fit", ms=2.0)]
+    old = [(*split_shape, 0.5), (*plain_shape, 1.1), (4096, 1536, 4096, 0.9)]
+    new, text = fit_gemm_table.recheck_points(old, rows, "bfloat16", configs, params, 132, 0.98)
+    got = {p[:3]: p[3] for p in new}
+    # split: own and matmul in both files, 1.0/0.8 and 1.2/0.8 twice each
+    assert math.isclose(got[split_shape], round(math.sqrt(1.25 * 1.5), 4))
+    assert math.isclose(got[plain_shape], round(math.sqrt(0.8 * 0.96), 4))  # own rows only
+    assert got[(4096, 1536, 4096)] == 0.9
+    assert f"{split_shape[0]}x{split_shape[1]}x{split_shape[2]} | {names[split_shape]} | 4 |" in text
+
+
 # ------------------------------------------------------------------------------------------
 # The committed tables (fo_jax/_gemm_tables/, one per GPU model, fitted on the sweeps in
 # benchmarks/results/): what their fits' reports say they do, on every model. A table fitted on
