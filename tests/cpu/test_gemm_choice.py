@@ -411,15 +411,19 @@ def test_committed_table_ring_choice_and_compiled_subset(committed):
 
 def test_committed_predicate_agrees_with_clear_measurements(committed):
     # Where the sweep measured fo_jax's chosen configuration clearly slower than XLA's dot
-    # (below 0.90x) fo_jax.matmul hands the shape to XLA; where faster (above 1.02x: the
-    # re-measured bf16 point at 16384x16384x6656) it keeps its own GEMM.
+    # (below 0.90x) fo_jax.matmul hands the shape to XLA; where clearly faster it keeps its own
+    # GEMM. "Clearly" is beyond the readings' noise: one kernel's ratio moves by up to 5% from
+    # run to run (docs/performance.md, "GEMM coverage"), and the predicate weighs a shape's
+    # neighbours too, so a point of 1.02 among slower neighbours may go either way.
     for name, dtype in (("bfloat16", BF16), ("float16", F16)):
         points = committed.XLA_POINTS[name]
         slow = [p for p in points if p[3] < 0.90]
-        fast = [p for p in points if p[3] > 1.02]
+        fast = [p for p in points if p[3] > 1.05]
         assert slow and all(_gemm_choice.prefer_xla_dot(*p[:3], dtype) for p in slow)
         assert all(not _gemm_choice.prefer_xla_dot(*p[:3], dtype) for p in fast)
-    assert [p for p in committed.XLA_POINTS["bfloat16"] if p[3] > 1.02]
+    # The fastest bf16 point keeps fo_jax's GEMM (H100: 16384x16384x6656; H200: 1024x1536x4096).
+    best = max(committed.XLA_POINTS["bfloat16"], key=lambda p: p[3])
+    assert best[3] > 1.02 and not _gemm_choice.prefer_xla_dot(*best[:3], BF16)
 
 
 def test_copy_engine_reduce_scatter_keeps_the_addend_config(monkeypatch):
