@@ -12,6 +12,8 @@
 #   sweep           benchmarks/bench_gemm_sweep.py ($SWEEP_ARGS)
 #   signal-bench    benchmarks/bench_signal_overhead.py (the producer's counters, bf16 and fp8)
 #   py-probe        dev/probes_py/$PROBE (its arguments: $PROBE_ARGS; $OUT is exported)
+#   sass-check      dev/sass_mainloop_check.py on the installed CUDA module (cuobjdump from PATH
+#                   or next to nvcc): every GEMM kernel's main loop in the uniform datapath
 #   refit           dev/fit_gemm_table.py on $REFIT_SWEEPS (sweep files by name, from $OUT, e.g. the
 #                   sweep step's, or benchmarks/results/): this GPU model's table and its report
 #                   into $OUT, and the table over the install, so later steps run with it
@@ -53,6 +55,10 @@ for step in ${STEPS:-tests}; do
            else
              tail -20 "$OUT/refit.log"
            fi;;
+    sass-check) so=$(python3 -c 'import glob, os, fo_jax; print(glob.glob(os.path.join(os.path.dirname(fo_jax.__file__), "_fo_jax_cuda*.so"))[0])')
+                cuobjdump=$(command -v cuobjdump || echo "$(dirname "$(command -v nvcc)")/cuobjdump")
+                python3 "$R/dev/sass_mainloop_check.py" "$so" --cuobjdump "$cuobjdump" 2>&1 \
+                  | tee "$OUT/sass_check.log" | head -20;;
     info) python3 -m fo_jax.info 2>&1 | tee "$OUT/info.log";;
     bench-overlap) timeout ${BENCH_TIMEOUT:-300} python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" \
                      ${BENCH_ARGS:-} 2>&1 | tail -30;;
