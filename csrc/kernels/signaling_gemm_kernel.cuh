@@ -87,7 +87,7 @@ struct EpilogueParams {
 //    newest N of its bulk groups are complete and visible to that thread.
 //    fence.proxy.async.global then orders those async-proxy writes with the thread's subsequent
 //    generic-proxy operations, and __syncwarp orders every lane before lane 0.
-//  * Thread 0 then performs ONE red.release.gpu.global.add.u32 on counters[group] (without a
+//  * Lane 0 then performs ONE red.release.gpu.global.add.u32 on counters[group] (without a
 //    source, the signal warp does, after the consumers' handoff; see "When"). A release is
 //    cumulative: every write that happens-before it (the whole tile, via the steps above) is
 //    visible at GPU scope before the counter update is. A consumer that observes the value with
@@ -100,8 +100,8 @@ struct EpilogueParams {
 // (the stores are long complete by then, their wait is free), or in store_tail() at the end.
 // Tiles run group by group, so a group completes no later than with per-tile signals (its last
 // tile decides). Who issues the add:
-//  * Ping-pong with a source: thread 0 of the warp group, in store_tail() after every tile, right
-//    after its store (the producer's epilogue warp loads the source there).
+//  * Ping-pong with a source: lane 0 of the warp group's warp 0, in store_tail() after every
+//    tile, right after its store (the producer's epilogue warp loads the source there).
 //  * Ping-pong without a source: store_tail() runs inside the warp groups' ordered epilogue turn
 //    (CUTLASS's kernel lets the other warp group's epilogue start only after it), so whatever
 //    the signal waits for there lengthens every tile's turn. The release is therefore not the
@@ -117,7 +117,7 @@ struct EpilogueParams {
 //    is free), or in store_tail() if it is the warp group's last tile; its signal comes up to
 //    one short mainloop later.
 //  * Cooperative (without a source): both warp groups would wait for the fence, as no MMA runs
-//    during a cooperative epilogue (+2.4-3.5% for fp8 at 4096x8192x2048). Thread 0 instead hands
+//    during a cooperative epilogue (+2.4-3.5% for fp8 at 4096x8192x2048). Warp 0 instead hands
 //    (group, count) over through shared memory (SignalHandoff: two mbarriers, release/acquire at
 //    CTA scope, so the handed-over writes happen-before what the receiver does next) to the
 //    producer warp group's epilogue warp, idle without a source, whose add then releases them at
@@ -211,13 +211,13 @@ class SignalingTmaEpilogue
   // Kernels without a source hand their signals to the producer warp group's epilogue warp,
   // which CUTLASS's kernel runs when is_producer_load_needed() says so and which otherwise
   // idles: the tensor-core warps then never wait for the release's memory fence (see "When"
-  // above). Cooperative: `handoff` carries one signal at a time from the consumers' thread 0 to
+  // above). Cooperative: `handoff` carries one signal at a time from the consumers' warp 0 to
   // that warp. Ping-pong: PingpongHandoff.
   static constexpr bool kSignalWarp = !kSource;
   static constexpr bool kCoopHandoff = kSignalWarp && !kPingpong;
   static constexpr bool kPingpongHandoff = kSignalWarp && kPingpong;
   struct SignalHandoff {
-    cutlass::arch::ClusterBarrier full;   // thread 0 of the consumers filled the fields below
+    cutlass::arch::ClusterBarrier full;   // the consumers' warp 0 filled the fields below
     cutlass::arch::ClusterBarrier empty;  // the signal warp has read them
     int group;
     uint32_t count;
@@ -440,7 +440,7 @@ class SignalingTmaEpilogue
       g = group_of(m_idx);
     }
     if (!kPingpongHandoff && valid && pending_count_ > 0 && g != pending_group_) {
-      flush_signal(thread_idx);
+      flush_signal();
     }
     auto shape = StoreShape(problem_shape, p);
     auto coord = make_coord(m_phys, n_idx, get<2>(tile_coord), 0);
@@ -495,7 +495,7 @@ class SignalingTmaEpilogue
       ++wg_tiles_;
       return result;
     } else {
-      flush_signal(-1, /*last=*/true);
+      flush_signal(/*last=*/true);
       return Inner::store_tail(load_pipeline, load_state, store_pipeline, store_state);
     }
   }
@@ -566,46 +566,58 @@ class SignalingTmaEpilogue
   // (the pending state is uniform). Tiles written by TMA: warp 0 of the set issued their stores,
   // so all of its lanes wait until none of their bulk async-groups is pending (the
   // full-completion form, not .read), fence the async proxy against the generic proxy, and order
-  // themselves before lane 0 (__syncwarp). Thread 0 then adds the count with release
-  // semantics at GPU scope, or (kCoopHandoff) hands it to the signal warp, whose release is
-  // cumulative over what thread 0's handoff made visible to it. `last`: store_tail()'s call,
-  // which a signal warp waits for even when nothing is pending.
-  CUTLASS_DEVICE void flush_signal(int thread_idx, bool last = false) {
+  // themselves before lane 0 (__syncwarp). Lane 0 then adds the count with release semantics at
+  // GPU scope, or (kCoopHandoff) hands it to the signal warp, whose release is cumulative over
+  // what lane 0's handoff made visible to it. The whole warp runs both, lane 0 acting through a
+  // predicate inside the instruction: a branch on the lane, like one on the thread index, would
+  // cost the compiler its proof that warps stay converged (IsSetWarp0). `last`: store_tail()'s
+  // call, which a signal warp waits for even when nothing is pending.
+  CUTLASS_DEVICE void flush_signal(bool last = false) {
     const bool hand_over_last = kCoopHandoff && last && p_->counters != nullptr;
     if (pending_count_ == 0 && !hand_over_last) return;
-    const int set_thread = thread_idx >= 0 ? thread_idx : int(threadIdx.x) % kTileThreads;
-    if (pending_count_ > 0 && IsSetWarp0()) {
-      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-      asm volatile("fence.proxy.async.global;" ::: "memory");
-      __syncwarp();
-    }
-    if (set_thread == 0) {
+    if (IsSetWarp0()) {
+      if (pending_count_ > 0) {
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        __syncwarp();
+      }
       if constexpr (kCoopHandoff) {
         hand_over(pending_group_, pending_count_, last);
       } else {
-        signal(pending_group_, pending_count_);
+        signal(pending_group_, pending_count_, cutlass::canonical_lane_idx() == 0);
       }
     }
     pending_group_ = -1;
     pending_count_ = 0;
   }
 
-  CUTLASS_DEVICE void signal(int group, uint32_t count) {
+  // Adds `count` to the group's counter (release, GPU scope) if `issue`: a predicate of the
+  // instruction, not a branch, so that a whole warp can call it for one lane.
+  CUTLASS_DEVICE void signal(int group, uint32_t count, bool issue = true) {
     uint32_t* ctr = p_->counters + group;
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ctr), "r"(count) : "memory");
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %2, 0;\n\t"
+        "@p red.release.gpu.global.add.u32 [%0], %1;\n\t}"
+        ::"l"(ctr), "r"(count), "r"(int(issue)) : "memory");
   }
 
-  // Thread 0 of the consumers: waits until the signal warp has read the previous handoff (long
-  // done: it follows a whole tile's mainloop), fills the next one and arrives (release, CTA
-  // scope). A handoff per barrier phase, strictly alternating, so neither side can run a phase
-  // ahead of the other.
+  // Warp 0 of the consumers, all lanes: waits until the signal warp has read the previous
+  // handoff (long done: it follows a whole tile's mainloop), fills the next one (every lane
+  // writes the same values; __syncwarp orders them before lane 0) and lane 0 arrives (release,
+  // CTA scope; a predicate, not a branch). The barrier expects one arrival per phase. A handoff
+  // per barrier phase, strictly alternating, so neither side can run a phase ahead of the other.
   CUTLASS_DEVICE void hand_over(int group, uint32_t count, bool last) {
     SignalHandoff& h = *handoff_;
     if (handoffs_ > 0) h.empty.wait((handoffs_ - 1) & 1);
     h.group = group;
     h.count = count;
     h.last = last ? 1 : 0;
-    h.full.arrive();
+    __syncwarp();
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.eq.u32 p, %1, 0;\n\t"
+        "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n\t}"
+        ::"r"(cute::cast_smem_ptr_to_uint(&h.full)), "r"(cutlass::canonical_lane_idx())
+        : "memory");
     ++handoffs_;
   }
 
@@ -713,7 +725,7 @@ class SignalingTmaEpilogue
   ExtraParams const* extra_params_;
   SignalHandoff* handoff_;       // kCoopHandoff: in shared memory
   PingpongSlot* slots_;          // kPingpongHandoff: in shared memory
-  uint32_t handoffs_ = 0;        // thread 0 (ping-pong: warp 0) of the consumers: handoffs made
+  uint32_t handoffs_ = 0;        // the consumers' warp 0 (ping-pong: each group's): handoffs
   int wg_tiles_ = 0;             // ping-pong consumers: tiles this warp group has stored
   bool has_pending_ = false;     // ping-pong consumers: a stored tile awaits its handoff
   bool saw_tile_ = false;        // the signal warp: this CTA's consumers store tiles
