@@ -14,6 +14,10 @@
 #   py-probe        dev/probes_py/$PROBE (its arguments: $PROBE_ARGS; $OUT is exported)
 #   sass-check      dev/sass_mainloop_check.py on the installed CUDA module (cuobjdump from PATH
 #                   or next to nvcc): every GEMM kernel's main loop in the uniform datapath
+#   selftest, gemm-probe  the carried .devbuild/gemm_selftest ($SELFTEST_ARGS, default --quick) and
+#                   .devbuild/gemm_probe ($PROBE_SHAPES: MxNxK ...), built here by
+#                   dev/lease/build_gemm_selftest.sh (carry both); they dlopen the cuBLAS wheel's
+#                   libcublasLt.so.13, whose folder goes on LD_LIBRARY_PATH
 #   refit           dev/fit_gemm_table.py on $REFIT_SWEEPS (sweep files by name, from $OUT, e.g. the
 #                   sweep step's, or benchmarks/results/): this GPU model's table and its report
 #                   into $OUT, and the table over the install, so later steps run with it
@@ -59,6 +63,17 @@ for step in ${STEPS:-tests}; do
                 cuobjdump=$(command -v cuobjdump || echo "$(dirname "$(command -v nvcc)")/cuobjdump")
                 python3 "$R/dev/sass_mainloop_check.py" "$so" --cuobjdump "$cuobjdump" 2>&1 \
                   | tee "$OUT/sass_check.log" | head -20;;
+    selftest|gemm-probe)
+           cublas=$(python3 -c 'import nvidia, glob, os
+print(next(os.path.dirname(p) for d in nvidia.__path__
+           for p in glob.glob(d + "/**/libcublasLt.so.13", recursive=True)))')
+           if [[ $step == selftest ]]; then
+             LD_LIBRARY_PATH="$cublas:${LD_LIBRARY_PATH:-}" timeout ${SELFTEST_TIMEOUT:-300} \
+               "$R/.devbuild/gemm_selftest" ${SELFTEST_ARGS:---quick} 2>&1 | tee "$OUT/gemm_selftest.log" | tail -30
+           else
+             LD_LIBRARY_PATH="$cublas:${LD_LIBRARY_PATH:-}" timeout ${PROBE_TIMEOUT:-300} \
+               "$R/.devbuild/gemm_probe" ${PROBE_SHAPES:-} 2>&1 | tee "$OUT/gemm_probe.log"
+           fi;;
     info) python3 -m fo_jax.info 2>&1 | tee "$OUT/info.log";;
     bench-overlap) timeout ${BENCH_TIMEOUT:-300} python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" \
                      ${BENCH_ARGS:-} 2>&1 | tail -30;;
