@@ -374,10 +374,9 @@ class SignalingTmaEpilogue
 
   // The producer's epilogue warp, once per tile. kSignalWarp: it notes that the consumers will
   // store tiles (cooperative: and so hand over a last signal); its signals wait for load_tail().
-  // kSource: the
-  // tile's source rows are the addend's rows of its tile-row if it adds it (after the addend's
-  // flag is set), else rows past the addend's end, which TMA fills with zeros without reading
-  // memory. Without either, nothing calls it.
+  // kSource: the tile's source rows are the addend's rows of its tile-row if it adds it (after
+  // the addend's flag is set), else rows past the addend's end, which TMA fills with zeros
+  // without reading memory. Without either, nothing calls it.
   template <class ProblemShapeMNKL, class TileShapeMNK, class TileCoordMNKL, class TiledMma>
   CUTLASS_DEVICE auto load(LoadPipeline load_pipeline, LoadPipelineState load_state,
                            ProblemShapeMNKL problem_shape, TileShapeMNK tile_shape,
@@ -430,7 +429,7 @@ class SignalingTmaEpilogue
     // Ping-pong without a source: the warp group's previous tile is signalled now, whatever this
     // one is (see "When"); otherwise pending tiles are signalled when the group changes.
     if constexpr (kPingpongHandoff) {
-      if (has_pending_) hand_over_pending(thread_idx);
+      if (has_pending_) hand_over_pending();
     }
     // The logical row and its group matter for signals, the group-major layout and the tail
     // output; a plain GEMM skips the search.
@@ -490,7 +489,7 @@ class SignalingTmaEpilogue
       auto result = Inner::store_tail(load_pipeline, load_state, store_pipeline, store_state);
       if (has_pending_) {
         const int tile = 2 * wg_tiles_ + (cutlass::canonical_warp_group_idx() - 1);
-        if (!p_->defer_signals || tile + 2 >= CtaTiles()) hand_over_pending(-1);
+        if (!p_->defer_signals || tile + 2 >= CtaTiles()) hand_over_pending();
       }
       ++wg_tiles_;
       return result;
@@ -637,7 +636,7 @@ class SignalingTmaEpilogue
   }
 
   // Whether this thread's warp is warp 0 of its set of kTileThreads (the warp that issued the
-  // set's TMA stores): the same as set_thread < 32, but from the warp index broadcast by a
+  // set's TMA stores): threadIdx.x % kTileThreads < 32, but from the warp index broadcast by a
   // shuffle, which the compiler knows to be uniform in the warp. With a predicate on the thread
   // index it cannot tell that the branch keeps warps converged, and the ping-pong kernels' main
   // loop, which follows it in the tile loop, then computes its operand descriptors per thread
@@ -656,10 +655,10 @@ class SignalingTmaEpilogue
   // Ping-pong: all kTileThreads threads of the warp group call this together (the pending state
   // is uniform). Every lane of warp 0 (which issued the TMA stores) waits until none of its bulk
   // async-groups is pending (full completion), fences the async proxy against the generic one,
-  // waits for the slot to be free (not before its first signal), and thread 0 fills it; then
-  // the lanes arrive at the slot's full barrier (PingpongHandoff).
-  CUTLASS_DEVICE void hand_over_pending(int thread_idx) {
-    const int set_thread = thread_idx >= 0 ? thread_idx : int(threadIdx.x) % kTileThreads;
+  // waits for the slot to be free (not before its first signal) and fills it (every lane writes
+  // the same values, as in hand_over); then the lanes arrive at the slot's full barrier
+  // (PingpongHandoff).
+  CUTLASS_DEVICE void hand_over_pending() {
     if (IsSetWarp0()) {
       const int slot = cutlass::canonical_warp_group_idx() - 1;
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -667,10 +666,8 @@ class SignalingTmaEpilogue
       if (handoffs_ > 0) {
         asm volatile("bar.sync %0, 64;" ::"r"(kSlotEmptyBarrier + slot) : "memory");
       }
-      if (set_thread == 0) {
-        slots_[slot].group = pending_group_;
-        slots_[slot].count = pending_count_;
-      }
+      slots_[slot].group = pending_group_;
+      slots_[slot].count = pending_count_;
       __syncwarp();  // bar.arrive is .aligned: the whole warp, converged
       asm volatile("bar.arrive %0, 64;" ::"r"(kSlotFullBarrier + slot) : "memory");
       ++handoffs_;
