@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the GEMM probes of dev/probes against the kernels of csrc/kernels only (no comm, no NCCL),
 # with static cudart, for running on the GPU machine: .devbuild/gemm_selftest (the signaling GEMM
-# self-test) and .devbuild/gemm_probe (fo_jax vs stock CUTLASS vs cuBLASLt timing). Both dlopen
-# cuBLAS. The same two are CMake targets with -DFO_JAX_BUILD_DEV=ON (dev/CMakeLists.txt); this
-# script compiles only the GEMM kernels they need, so it is faster from scratch.
+# self-test), .devbuild/gemm_probe (fo_jax vs stock CUTLASS vs cuBLASLt timing), both of which
+# dlopen cuBLAS, and .devbuild/signal_cost_probe (what the signals cost, per group count). The
+# same three are CMake targets with -DFO_JAX_BUILD_DEV=ON (dev/CMakeLists.txt); this script
+# compiles only the GEMM kernels they need, so it is faster from scratch.
 # Usage: dev/lease/build_gemm_selftest.sh [-j JOBS]   (CUTLASS_INCLUDE overrides the header path)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,7 +46,7 @@ for src in "${SRCS[@]}"; do
   while (( $(jobs -rp | wc -l) >= JOBS )); do sleep 1; done
 done
 for p in "${pids[@]}"; do wait "$p"; done
-for tool in gemm_selftest gemm_probe; do
+for tool in gemm_selftest gemm_probe signal_cost_probe; do
   "$NVCC" "${FLAGS[@]}" -I"$CUBLAS_INCLUDE" -c "dev/probes/$tool.cu" -o "$OBJ/main_$tool.o"
   "$NVCC" -gencode=arch=compute_90a,code=sm_90a -o ".devbuild/$tool" "$OBJ/main_$tool.o" \
     "$OBJ"/signaling_gemm.o "$OBJ"/gemm_*.o -cudart static -ldl

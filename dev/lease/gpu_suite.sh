@@ -18,6 +18,8 @@
 #                   .devbuild/gemm_probe ($PROBE_SHAPES: MxNxK ...), built here by
 #                   dev/lease/build_gemm_selftest.sh (carry both); they dlopen the cuBLAS wheel's
 #                   libcublasLt.so.13, whose folder goes on LD_LIBRARY_PATH
+#   signal-probe    the carried .devbuild/signal_cost_probe ($SIGNAL_PROBE_ARGS: see its top), built
+#                   by the same script
 #   refit           dev/fit_gemm_table.py on $REFIT_SWEEPS (sweep files by name, from $OUT, e.g. the
 #                   sweep step's, or benchmarks/results/): this GPU model's table and its report
 #                   into $OUT, and the table over the install, so later steps run with it
@@ -74,6 +76,8 @@ print(next(os.path.dirname(p) for d in nvidia.__path__
              LD_LIBRARY_PATH="$cublas:${LD_LIBRARY_PATH:-}" timeout ${PROBE_TIMEOUT:-300} \
                "$R/.devbuild/gemm_probe" ${PROBE_SHAPES:-} 2>&1 | tee "$OUT/gemm_probe.log"
            fi;;
+    signal-probe) timeout ${PROBE_TIMEOUT:-300} "$R/.devbuild/signal_cost_probe" ${SIGNAL_PROBE_ARGS:-} 2>&1 \
+                    | tee -a "$OUT/signal_cost_probe.log";;
     info) python3 -m fo_jax.info 2>&1 | tee "$OUT/info.log";;
     bench-overlap) timeout ${BENCH_TIMEOUT:-300} python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" \
                      ${BENCH_ARGS:-} 2>&1 | tail -30;;
