@@ -96,13 +96,8 @@ struct EpilogueParams {
 //
 // When: a signal is a release at GPU scope, whose fence waits for the signalling thread's writes
 // to reach L2, so a CTA adds up its consecutive tiles of one group and signals them with one add
-// of the count when its next tile belongs to another group, once that tile's stores are issued
-// (the wait leaves those kStoresPerTile bulk groups in flight; the pending tiles' are long
-// complete, so the wait is free), or in store_tail() at the end. Not before that tile's stores:
-// the full-completion wait invalidates the SM's L1 cache (CCTL.IVALL in the SASS), and the
-// cooperative fp8 kernels reload spilled registers from it early in their epilogue; after the
-// wait each reload went to L2, about 0.3 us per signal on the critical path (docs/performance.md,
-// "fp8"). After the stores the next reload follows the next tile's spill, which refills L1.
+// of the count when its next tile belongs to another group, at the start of that tile's epilogue
+// (the stores are long complete by then, their wait is free), or in store_tail() at the end.
 // Tiles run group by group, so a group completes no later than with per-tile signals (its last
 // tile decides). Who issues the add:
 //  * Ping-pong with a source: lane 0 of the warp group's warp 0, in store_tail() after every
@@ -282,9 +277,6 @@ class SignalingTmaEpilogue
   static constexpr int kTileM = cute::size<0>(TileShape{});
   static constexpr int kTileN = cute::size<1>(TileShape{});
   static constexpr int kTileThreads = kPingpong ? 128 : 256;
-  // Bulk groups (TMA stores) one tile's store() commits from warp 0: one per epilogue subtile.
-  static constexpr int kStoresPerTile = cute::size(
-      cute::shape_div(cute::take<0, 2>(TileShape{}), typename Inner::EpilogueTile{}));
   static constexpr int kFirstBarrier = 8;  // cutlass::arch::ReservedNamedBarriers::FirstUserBarrier
   // PingpongHandoff's named barriers: full 8 and 9, empty 10 and 11 (slot 0, 1).
   static constexpr int kSlotFullBarrier = kFirstBarrier;
@@ -446,6 +438,9 @@ class SignalingTmaEpilogue
       m_idx = logical_tile_row(m_phys);
       g = group_of(m_idx);
     }
+    if (!kPingpongHandoff && valid && pending_count_ > 0 && g != pending_group_) {
+      flush_signal();
+    }
     auto shape = StoreShape(problem_shape, p);
     auto coord = make_coord(m_phys, n_idx, get<2>(tile_coord), 0);
     if (!kSource && p.batch > 1) {  // (the launcher gives a source batch 1 only)
@@ -475,11 +470,6 @@ class SignalingTmaEpilogue
       result = Inner::store(load_pipeline, load_state, store_pipeline, store_state, shape,
                             tile_shape, coord, accumulators, tiled_mma, thread_idx,
                             InnerStorage(shared), rest...);
-    }
-    // A tile of another group: the pending tiles are signalled now, after this tile's stores
-    // were issued (see "When"), those stores left in flight.
-    if (!kPingpongHandoff && valid && pending_count_ > 0 && g != pending_group_) {
-      flush_signal(/*last=*/false, cute::get<1>(result).count() - store_state.count());
     }
     if (valid && p.counters != nullptr) {
       pending_group_ = g;
@@ -580,19 +570,13 @@ class SignalingTmaEpilogue
   // what lane 0's handoff made visible to it. The whole warp runs both, lane 0 acting through a
   // predicate inside the instruction: a branch on the lane, like one on the thread index, would
   // cost the compiler its proof that warps stay converged (IsSetWarp0). `last`: store_tail()'s
-  // call, which a signal warp waits for even when nothing is pending. `newer_stores`: bulk
-  // groups warp 0 committed after the pending tiles' (the current tile's, which need not
-  // complete); when they are a whole tile's, the wait leaves them in flight.
-  CUTLASS_DEVICE void flush_signal(bool last = false, uint32_t newer_stores = 0) {
+  // call, which a signal warp waits for even when nothing is pending.
+  CUTLASS_DEVICE void flush_signal(bool last = false) {
     const bool hand_over_last = kCoopHandoff && last && p_->counters != nullptr;
     if (pending_count_ == 0 && !hand_over_last) return;
     if (IsSetWarp0()) {
       if (pending_count_ > 0) {
-        if (newer_stores >= kStoresPerTile) {
-          asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kStoresPerTile) : "memory");
-        } else {
-          asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-        }
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
         asm volatile("fence.proxy.async.global;" ::: "memory");
         __syncwarp();
       }
