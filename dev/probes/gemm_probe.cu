@@ -369,14 +369,6 @@ __global__ void MaxAbs(const uint16_t* got, const uint16_t* want, size_t n, unsi
   atomicMax(ref, __float_as_uint(r));
 }
 
-// Keeps the GPU busy while the host prepares the next launch, so that the event pair times the
-// kernel alone (fo_jax's launcher builds its parameters per launch; CUTLASS's adapter and
-// cuBLASLt have theirs ready).
-__global__ void Sleep(unsigned ns) {
-  unsigned t = 0;
-  while (t < ns) { __nanosleep(1000); t += 1000; }
-}
-
 int main(int argc, char** argv) {
   std::vector<std::string> shapes;
   for (int i = 1; i < argc; ++i) shapes.push_back(argv[i]);
@@ -524,7 +516,7 @@ int main(int argc, char** argv) {
     }
     for (int round = 0; round < 35; ++round) {
       for (Runner& r : rs) {
-        Sleep<<<1, 1, 0, s>>>(50000);
+        SleepNs<<<1, 1, 0, s>>>(50000);  // fo_jax's launcher builds its parameters per launch
         CK(cudaEventRecord(e0, s));
         if (!r.run(s)) { r.ms.clear(); continue; }
         CK(cudaEventRecord(e1, s));

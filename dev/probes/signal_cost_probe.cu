@@ -58,11 +58,6 @@ __global__ void CountEqual(const uint16_t* got, size_t count, uint16_t word, uns
   if (local) atomicAdd(equal, local);
 }
 
-// Holds the stream so that the host's launch work lies behind it, not inside the timed span.
-__global__ void Sleep(unsigned ns) {
-  for (unsigned t = 0; t < ns; t += 1000) __nanosleep(1000);
-}
-
 struct Case {
   std::string name;
   fo_jax::SignalingGemmArgs args;
@@ -197,6 +192,21 @@ int main(int argc, char** argv) {
                       size_t(m) * n, first ? "never stored" : "differ from its first case's");
           return 1;
         }
+        if (g.counters != nullptr) {  // every tile counted once
+          const int tile_n = fo_jax::GetGemmConfig(g.config).tile_n;
+          std::vector<uint32_t> got(g.num_groups);
+          CK(cudaMemcpy(got.data(), counters, got.size() * sizeof(uint32_t),
+                        cudaMemcpyDeviceToHost));
+          for (int q = 0; q < g.num_groups; ++q) {
+            const uint32_t want_count =
+                uint32_t(g.group_begin[q + 1] - g.group_begin[q]) * ((n + tile_n - 1) / tile_n);
+            if (got[q] != want_count) {
+              std::printf("%s: counter %d is %u, want %u\n", cases[i + j].name.c_str(), q,
+                          got[q], want_count);
+              return 1;
+            }
+          }
+        }
       }
       CK(cudaStreamSynchronize(s));
       if (ok) {
@@ -210,7 +220,7 @@ int main(int argc, char** argv) {
         if (c.args.counters != nullptr) {
           CK(cudaMemsetAsync(counters, 0, fo_jax::kMaxGemmGroups * sizeof(uint32_t), s));
         }
-        Sleep<<<1, 1, 0, s>>>(50000);
+        SleepNs<<<1, 1, 0, s>>>(50000);
         CK(cudaEventRecord(e0, s));
         if (fo_jax::LaunchSignalingGemm(s, c.args, &err) != cudaSuccess) {
           std::printf("%s: %s\n", c.name.c_str(), err.c_str());
@@ -221,20 +231,6 @@ int main(int argc, char** argv) {
         float ms;
         CK(cudaEventElapsedTime(&ms, e0, e1));
         if (round >= 5) c.ms.push_back(ms);
-        if (c.args.counters != nullptr && round == 0) {  // every tile counted once
-          const fo_jax::GemmTileConfig& t = fo_jax::GetGemmConfig(c.args.config);
-          std::vector<uint32_t> got(c.args.num_groups);
-          CK(cudaMemcpy(got.data(), counters, got.size() * sizeof(uint32_t),
-                        cudaMemcpyDeviceToHost));
-          const uint32_t tiles_n = (n + t.tile_n - 1) / t.tile_n;
-          for (int g = 0; g < c.args.num_groups; ++g) {
-            const uint32_t want = (c.args.group_begin[g + 1] - c.args.group_begin[g]) * tiles_n;
-            if (got[g] != want) {
-              std::printf("%s: counter %d is %u, want %u\n", c.name.c_str(), g, got[g], want);
-              return 1;
-            }
-          }
-        }
       }
     }
     std::printf("\n%s\n  %-40s %9s %9s %9s\n", sh.c_str(), "config, groups", "ms", "+sig ms",

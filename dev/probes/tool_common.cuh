@@ -1,5 +1,6 @@
 // Shared by the developer probes of dev/probes (not part of the library): the CUDA error check
-// that ends a tool, and the random 16-bit fill every tool uses for its operands.
+// that ends a tool, the sleep kernel ahead of an event-timed launch, and the random 16-bit fill
+// every tool uses for its operands.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,6 +24,12 @@
 __device__ __forceinline__ uint32_t Hash(uint64_t x) {
   x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
   return uint32_t(x);
+}
+
+// Keeps the GPU busy for about `ns` nanoseconds while the host prepares the next launch, so that
+// an event pair recorded after it times the launched kernel alone.
+__global__ void SleepNs(unsigned ns) {
+  for (unsigned t = 0; t < ns; t += 1000) __nanosleep(1000);
 }
 
 // Uniform in [-1, -1/8] U [1/8, 1] (never zero), rounded to bf16 (bf16 != 0) or fp16.
