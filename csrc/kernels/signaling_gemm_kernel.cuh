@@ -28,6 +28,7 @@
 #include "cutlass/pipeline/pipeline.hpp"
 #include "band_wait_mainloop.cuh"
 #include "epoch_compare.h"
+#include "group_cursor.h"
 #include "group_tile_scheduler.cuh"
 #include "signaling_gemm.h"
 #include "signaling_gemm_internal.h"
@@ -432,7 +433,7 @@ class SignalingTmaEpilogue
       if (has_pending_) hand_over_pending();
     }
     // The logical row and its group matter for signals, the group-major layout and the tail
-    // output; a plain GEMM skips the search.
+    // output; a plain GEMM skips the lookup.
     int m_idx = m_phys, g = 0;
     if (valid && (kSource || p.counters != nullptr || p.batch > 1)) {  // (uniform)
       m_idx = logical_tile_row(m_phys);
@@ -551,14 +552,9 @@ class SignalingTmaEpilogue
     addend_seen_group_ = g;
   }
 
-  CUTLASS_DEVICE int group_of(int m_idx) const {
-    EpilogueParams const& p = *p_;
-    int lo = 0, hi = p.num_groups - 1;
-    while (lo < hi) {
-      int mid = (lo + hi + 1) >> 1;
-      if (p.group_begin[mid] <= m_idx) lo = mid; else hi = mid - 1;
-    }
-    return lo;
+  // The group of a logical tile-row (GroupCursor: the tiles of a CTA visit the groups in order).
+  CUTLASS_DEVICE int group_of(int m_idx) {
+    return group_cursor_.find(p_->group_begin, p_->num_groups, m_idx);
   }
 
   // Signals the pending tiles now. All kTileThreads threads of the set call this together
@@ -728,6 +724,7 @@ class SignalingTmaEpilogue
   bool saw_tile_ = false;        // the signal warp: this CTA's consumers store tiles
   int pending_group_ = -1;  // group of the tiles stored but not yet signalled
   uint32_t pending_count_ = 0;
+  GroupCursor group_cursor_;     // group_of()'s last answer
   int addend_seen_group_ = -1;   // the addend group whose flag the epilogue warp saw set last
   bool addend_abandoned_ = false;  // ... and whether its call was released (abandoned) then
 };
