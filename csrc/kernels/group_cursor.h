@@ -1,10 +1,15 @@
 // GroupCursor: which entry of a non-decreasing table holds a value, remembered between lookups.
-// Included by the signaling GEMM's epilogue.
+// Included by the signaling GEMM's epilogue, and by its host test (tests/cpu/test_group_cursor.py),
+// so it needs no CUDA or CUTLASS header.
 #pragma once
 
 #include <climits>
 
-#include "cutlass/cutlass.h"
+#if defined(__CUDACC__)
+#define FO_JAX_CURSOR_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define FO_JAX_CURSOR_HOST_DEVICE inline
+#endif
 
 namespace fo_jax::detail {
 
@@ -25,7 +30,7 @@ struct GroupCursor {
   int lo = INT_MAX, hi = INT_MIN;  // entry `index` (empty before the first lookup)
   int next_hi = INT_MIN;           // the end of entry index + 1 (== hi when there is none)
 
-  CUTLASS_HOST_DEVICE int find(const int* begin, int count, int x) {
+  FO_JAX_CURSOR_HOST_DEVICE int find(const int* begin, int count, int x) {
     if (x >= lo && x < hi) return index;
     if (x >= hi && x < next_hi) {
       ++index;
