@@ -72,9 +72,8 @@ nb::dict OutcomeDict(const fo_jax::StuckCheckOutcome& r) {
 // The index of the GEMM config named `config`; -1 for "" (the check picks one).
 int ConfigIndexByName(const char* fn, const std::string& config) {
   if (config.empty()) return -1;
-  for (int i = 0; i < fo_jax::NumGemmConfigs(); ++i) {
-    if (config == fo_jax::GetGemmConfig(i).name) return i;
-  }
+  const int index = fo_jax::FindGemmConfig(config.c_str());
+  if (index >= 0) return index;
   throw std::invalid_argument(std::string(fn) + ": no GEMM config named " + config);
 }
 

@@ -1,6 +1,8 @@
-// GroupCursor: which entry of a non-decreasing table holds a value, remembered between lookups.
-// Included by the signaling GEMM's epilogue, and by its host test (tests/cpu/test_group_cursor.py),
-// so it needs no CUDA or CUTLASS header.
+// Which entry of a non-decreasing table holds a value: the binary search (LastEntryAtMost, the
+// GEMM scheduler's lookup of its unit table) and GroupCursor, which remembers its last answer
+// (the signaling epilogue's lookup of a tile-row's group). Included by the signaling GEMM's
+// scheduler and epilogue, and by the host test (tests/cpu/test_group_cursor.py), so it needs no
+// CUDA or CUTLASS header.
 #pragma once
 
 #include <climits>
@@ -14,8 +16,18 @@
 namespace fo_jax::detail {
 
 // Entry i of the table begin[0 .. count] (non-decreasing, count >= 1) is [begin[i], begin[i+1]).
-// find(begin, count, x) is the largest i < count with begin[i] <= x (0 if none), as a binary
-// search over the table finds it, so an empty entry is never the answer unless it is the last.
+// The largest i < count with begin[i] <= x (0 if none), so an empty entry is never the answer
+// unless it is the last.
+FO_JAX_CURSOR_HOST_DEVICE int LastEntryAtMost(const int* begin, int count, int x) {
+  int l = 0, h = count - 1;
+  while (l < h) {
+    const int mid = (l + h + 1) >> 1;
+    if (begin[mid] <= x) l = mid; else h = mid - 1;
+  }
+  return l;
+}
+
+// find(begin, count, x) answers LastEntryAtMost(begin, count, x).
 //
 // Why a cursor: the epilogue looks up the group of each tile's row when the kernel signals, and a
 // CTA's tiles visit the groups in order, so consecutive lookups mostly land in the entry of the
@@ -39,15 +51,10 @@ struct GroupCursor {
       next_hi = index + 2 <= count ? begin[index + 2] : hi;
       return index;
     }
-    int l = 0, h = count - 1;
-    while (l < h) {
-      const int mid = (l + h + 1) >> 1;
-      if (begin[mid] <= x) l = mid; else h = mid - 1;
-    }
-    index = l;
-    lo = begin[l];
-    hi = begin[l + 1];
-    next_hi = l + 2 <= count ? begin[l + 2] : hi;
+    index = LastEntryAtMost(begin, count, x);
+    lo = begin[index];
+    hi = begin[index + 1];
+    next_hi = index + 2 <= count ? begin[index + 2] : hi;
     return index;
   }
 };

@@ -13,6 +13,7 @@
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/kernel/sm90_tile_scheduler.hpp"
 #include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "group_cursor.h"
 #include "signaling_gemm.h"
 
 namespace fo_jax::detail {
@@ -325,11 +326,7 @@ class GroupOrderedScheduler {
     }
     if (u >= t.unit_start[t.num_groups]) return WorkTileInfo::invalid_work_tile();
     // Largest position with unit_start <= u (skips empty groups).
-    int lo = 0, hi = t.num_groups - 1;
-    while (lo < hi) {
-      int mid = (lo + hi + 1) >> 1;
-      if (t.unit_start[mid] <= u) lo = mid; else hi = mid - 1;
-    }
+    const int lo = LastEntryAtMost(t.unit_start, t.num_groups, u);
     int g = lo;
     if constexpr (kOrdered) g = t.group_order[lo];
     const int v = u - t.unit_start[lo];

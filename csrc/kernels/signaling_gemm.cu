@@ -44,11 +44,10 @@ bool KnownDtype(GemmDtype dtype) {
 
 const DtypeKernels& KernelsOf(GemmDtype dtype) { return kKernels[static_cast<int>(dtype)]; }
 
+// The library's own configurations by name (always in the table).
 int ConfigIndex(const char* name) {
-  for (int i = 0; i < kNumConfigs; ++i) {
-    if (std::strcmp(detail::kGemmConfigs[i].name, name) == 0) return i;
-  }
-  return 0;
+  const int i = FindGemmConfig(name);
+  return i < 0 ? 0 : i;
 }
 
 cudaError_t Fail(std::string* error, cudaError_t code, const std::string& message) {
@@ -153,6 +152,13 @@ std::string ConsumerProblem(const SignalingGemmArgs& args, int cfg) {
 }  // namespace
 
 int NumGemmConfigs() { return kNumConfigs; }
+
+int FindGemmConfig(const char* name) {
+  for (int i = 0; i < kNumConfigs; ++i) {
+    if (std::strcmp(detail::kGemmConfigs[i].name, name) == 0) return i;
+  }
+  return -1;
+}
 
 bool GemmConfigTakesAddends(int config) {
   return config >= 0 && config < kNumConfigs && detail::kRunGemmSource_bf16[config] != nullptr &&

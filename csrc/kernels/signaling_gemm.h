@@ -48,6 +48,8 @@ bool GemmConfigTakesAddends(int config);
 // Whether the configuration (index) has a consumer kernel (SignalingGemmArgs' wait_flags).
 bool GemmConfigHasConsumer(int config);
 const GemmTileConfig& GetGemmConfig(int index);
+// The index of the configuration named `name` (GemmTileConfig::name), or -1 if none is.
+int FindGemmConfig(const char* name);
 
 // Heuristic pick of a configuration for a problem (index into the table). Contract: every row
 // of the table that supports the dtype (GemmConfigSupportsDtype) serves every use of the kernel

@@ -517,12 +517,8 @@ int main(int argc, char** argv) {
     for (int round = 0; round < 35; ++round) {
       for (Runner& r : rs) {
         SleepNs<<<1, 1, 0, s>>>(50000);  // fo_jax's launcher builds its parameters per launch
-        CK(cudaEventRecord(e0, s));
-        if (!r.run(s)) { r.ms.clear(); continue; }
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
+        const float ms = EventTimedMs(s, e0, e1, [&] { return r.run(s); });
+        if (ms < 0) { r.ms.clear(); continue; }
         if (round >= 5) r.ms.push_back(ms);
       }
     }
@@ -530,8 +526,7 @@ int main(int argc, char** argv) {
     std::printf("\n%s\n", sh.c_str());
     for (Runner& r : rs) {
       if (r.ms.empty()) { std::printf("  %-32s cannot run\n", r.name.c_str()); continue; }
-      std::sort(r.ms.begin(), r.ms.end());
-      const float med = r.ms[r.ms.size() / 2];
+      const float med = Median(r.ms);
       std::printf("  %-32s %8.4f ms %7.1f TFLOP/s\n", r.name.c_str(), med, flop / med / 1e9);
     }
     CK(cudaFree(a)); CK(cudaFree(b)); CK(cudaFree(d));

@@ -264,12 +264,6 @@ static void RunCase(Cublas& cb, const Problem& p, int cfg, cudaStream_t s, cudaS
   cudaFree(src_row); cudaFree(ctr); cudaFree(observed); cudaFree(bad); cudaFree(maxerr);
 }
 
-// ---------------- timing ----------------
-static float Median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 int main(int argc, char** argv) {
   bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   cudaDeviceProp prop;
@@ -385,17 +379,15 @@ int main(int argc, char** argv) {
     for (int r = 0; r < 5 + rounds; ++r) {
       for (Variant& v : vs) {
         if (v.args.counters) CK(cudaMemsetAsync(v.args.counters, 0, 64 * 4, s));
-        CK(cudaEventRecord(e0, s));
-        if (v.cublas) {
+        const float ms = EventTimedMs(s, e0, e1, [&] {
+          if (!v.cublas) return fo_jax::LaunchSignalingGemm(s, v.args, &err) == cudaSuccess;
           cb.Gemm(s, GemmDtype::kBF16, t.m, t.n, t.k, a, b, d, false);
-        } else if (fo_jax::LaunchSignalingGemm(s, v.args, &err) != cudaSuccess) {
+          return true;
+        });
+        if (ms < 0) {
           std::printf("launch failed: %s\n", err.c_str());
           return 2;
         }
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
         if (r >= 5) v.ms.push_back(ms);
       }
     }

@@ -68,13 +68,6 @@ struct Case {
   std::vector<float> ms;
 };
 
-int ConfigIndex(const std::string& name) {
-  for (int i = 0; i < fo_jax::NumGemmConfigs(); ++i) {
-    if (name == fo_jax::GetGemmConfig(i).name) return i;
-  }
-  return -1;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -92,7 +85,7 @@ int main(int argc, char** argv) {
     } else if (a == "--no-counter-check") {
       check_counters = false;
     } else if (a == "--config") {
-      while (i + 1 < argc && argv[i + 1][0] != '-' && ConfigIndex(argv[i + 1]) >= 0) {
+      while (i + 1 < argc && argv[i + 1][0] != '-' && fo_jax::FindGemmConfig(argv[i + 1]) >= 0) {
         configs.push_back(argv[++i]);
       }
     } else {
@@ -142,7 +135,7 @@ int main(int argc, char** argv) {
     }
     std::vector<Case> cases;
     for (const std::string& name : configs) {
-      const int cfg = ConfigIndex(name);
+      const int cfg = fo_jax::FindGemmConfig(name.c_str());
       if (cfg < 0 || !fo_jax::GemmConfigSupportsDtype(cfg, dtype)) {
         std::printf("%s: no %s kernel\n", name.c_str(), fp8 ? "fp8" : "bf16");
         continue;
@@ -232,27 +225,20 @@ int main(int argc, char** argv) {
           CK(cudaMemsetAsync(counters, 0, fo_jax::kMaxGemmGroups * sizeof(uint32_t), s));
         }
         SleepNs<<<1, 1, 0, s>>>(50000);
-        CK(cudaEventRecord(e0, s));
-        if (fo_jax::LaunchSignalingGemm(s, c.args, &err) != cudaSuccess) {
+        const float ms = EventTimedMs(s, e0, e1, [&] {
+          return fo_jax::LaunchSignalingGemm(s, c.args, &err) == cudaSuccess;
+        });
+        if (ms < 0) {
           std::printf("%s: %s\n", c.name.c_str(), err.c_str());
           return 2;
         }
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
         if (round >= 5) c.ms.push_back(ms);
       }
     }
     std::printf("\n%s\n  %-40s %9s %9s %9s\n", sh.c_str(), "config, groups", "ms", "+sig ms",
                 "sig us");
     for (size_t i = 0; i + 1 < cases.size(); i += 2) {
-      float med[2];
-      for (int j = 0; j < 2; ++j) {
-        std::vector<float>& v = cases[i + j].ms;
-        std::sort(v.begin(), v.end());
-        med[j] = v[v.size() / 2];
-      }
+      const float med[2] = {Median(cases[i].ms), Median(cases[i + 1].ms)};
       std::printf("  %-40s %9.4f %9.4f %+9.2f\n", cases[i].name.c_str(), med[0], med[1],
                   1e3f * (med[1] - med[0]));
     }

@@ -1,15 +1,17 @@
 // Shared by the developer probes of dev/probes (not part of the library): the CUDA error check
-// that ends a tool, the sleep kernel ahead of an event-timed launch, and the random 16-bit fill
-// every tool uses for its operands.
+// that ends a tool, the sleep kernel ahead of an event-timed launch, the event timing itself and
+// its median, and the random 16-bit fill every tool uses for its operands.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #define CK(x)                                                                          \
   do {                                                                                 \
@@ -30,6 +32,25 @@ __device__ __forceinline__ uint32_t Hash(uint64_t x) {
 // an event pair recorded after it times the launched kernel alone.
 __global__ void SleepNs(unsigned ns) {
   for (unsigned t = 0; t < ns; t += 1000) __nanosleep(1000);
+}
+
+// Times one launch between two events on `s`: `launch()` enqueues it and returns whether it ran.
+// Milliseconds, or -1 if it did not run.
+template <class Launch>
+float EventTimedMs(cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1, Launch&& launch) {
+  CK(cudaEventRecord(e0, s));
+  if (!launch()) return -1.f;
+  CK(cudaEventRecord(e1, s));
+  CK(cudaEventSynchronize(e1));
+  float ms;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  return ms;
+}
+
+// The median of a tool's timings (of an even count, the upper middle one).
+inline float Median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 // Uniform in [-1, -1/8] U [1/8, 1] (never zero), rounded to bf16 (bf16 != 0) or fp16.

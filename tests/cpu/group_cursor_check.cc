@@ -1,8 +1,9 @@
-// Host check of csrc/kernels/group_cursor.h (run by test_group_cursor.py): GroupCursor::find must
-// answer exactly what a binary search of the table answers (the largest i < count with
-// begin[i] <= x), for random non-decreasing tables with empty entries and for query sequences
-// that stay, step to the next entry, jump ahead, go back, or leave the table's range.
+// Host check of csrc/kernels/group_cursor.h (run by test_group_cursor.py): LastEntryAtMost and
+// GroupCursor::find must both answer the largest i < count with begin[i] <= x (0 if none; here
+// from std::upper_bound), for random non-decreasing tables with empty entries and for query
+// sequences that stay, step to the next entry, jump ahead, go back, or leave the table's range.
 // Prints "ok <lookups>" or the first disagreement, and exits 1 on one.
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -11,13 +12,9 @@
 
 namespace {
 
-int Search(const std::vector<int>& begin, int count, int x) {
-  int l = 0, h = count - 1;
-  while (l < h) {
-    const int mid = (l + h + 1) >> 1;
-    if (begin[mid] <= x) l = mid; else h = mid - 1;
-  }
-  return l;
+int Reference(const std::vector<int>& begin, int count, int x) {
+  const int after = int(std::upper_bound(begin.begin(), begin.begin() + count, x) - begin.begin());
+  return after > 0 ? after - 1 : 0;
 }
 
 }  // namespace
@@ -44,11 +41,13 @@ int main() {
         case 4: x = begin[0] - 2 + int(rng() % (begin[count] - begin[0] + 5)); break;  // anywhere
         default: x = begin[int(rng() % (count + 1))]; break;                 // a boundary
       }
-      const int got = cursor.find(begin.data(), count, x), want = Search(begin, count, x);
+      const int want = Reference(begin, count, x);
+      const int searched = fo_jax::detail::LastEntryAtMost(begin.data(), count, x);
+      const int got = cursor.find(begin.data(), count, x);
       ++lookups;
-      if (got != want) {
-        std::printf("table %d (count %d), lookup %d of x = %d: cursor %d, search %d\n", table,
-                    count, q, x, got, want);
+      if (got != want || searched != want) {
+        std::printf("table %d (count %d), lookup %d of x = %d: cursor %d, search %d, want %d\n",
+                    table, count, q, x, got, searched, want);
         return 1;
       }
     }
