@@ -190,6 +190,24 @@ def test_paths_and_reasons():
 
 
 @needs_module
+@pytest.mark.parametrize("size", [2, 4])
+def test_the_copy_engine_floor_applies_to_the_copy_engine_all_gather(size):
+    """4096x8192x2048 gathered (an estimated GEMM of 176 us, between the copy engine's 100 us
+    floor and NCCL's 250 us) overlaps on the copy engine, where it measured 1.20x (TP=2) and
+    1.23x (TP=4) of XLA's all-gather + dot, and stays XLA's on NCCL; 2048 gathered rows (88 us)
+    stay XLA's on both."""
+    auto = fo_jax.OverlapConfig(all_gather="overlap")
+    nccl = fo_jax.OverlapConfig(all_gather="overlap", transport="nccl")
+    ce = _choose(4096 // size, 8192, 2048, auto, size=size)
+    assert ce.path == "cuda" and ce.transport == "copy_engine", ce.reason
+    on_nccl = _choose(4096 // size, 8192, 2048, nccl, size=size)
+    assert on_nccl.path == "xla" and "< 250 us" in on_nccl.reason, on_nccl.reason
+    for config in (auto, nccl):
+        small = _choose(2048 // size, 8192, 2048, config, size=size)
+        assert small.path == "xla" and "too small to gain" in small.reason, small.reason
+
+
+@needs_module
 def test_explicit_requests_that_cannot_run_raise():
     with pytest.raises(ValueError, match="transport='copy_engine'.*2 to 16 ranks"):
         _choose(128, 8192, 8192, fo_jax.OverlapConfig(all_gather="overlap",
