@@ -19,9 +19,9 @@ SMI
 chmod +x "$BIN/nvidia-smi"
 PATH="$BIN:$PATH" OUT="$OUT" XLA_FLAGS="--xla_force_host_platform_device_count=$NGPU" \
   FO_JAX_COMMIT=dry SKIP_BUILD=1 TRAIN_REQUIRE= TRAIN_D_MODEL=256 TRAIN_STEPS=2 \
-  OVERLAP_TESTS_TIMEOUT=120 BENCH_TIMEOUT=60 TRAIN_TIMEOUT=200 RELIABILITY_TIMEOUT=60 \
+  OVERLAP_TESTS_TIMEOUT=120 BENCH_TIMEOUT=60 TRAIN_TIMEOUT=200 RELIABILITY_TIMEOUT=60 PROCESSES_TIMEOUT=60 \
   MULTIPROCESS_TIMEOUT=60 MULTIPROCESS_ARGS="--shapes 256x512x512" FP8_BENCH_TIMEOUT=60 \
-  STEPS="${STEPS:-overlap-tests bench train reliability multiprocess fp8-bench}" \
+  STEPS="${STEPS:-overlap-tests bench train processes reliability multiprocess fp8-bench}" \
   bash "$(dirname "${BASH_SOURCE[0]}")/multi_gpu_runs.sh"
 rc=$?; rm -rf "$BIN"
 # A step that could not start its command (rc 126/127) is the failure this run looks for.
