@@ -66,7 +66,10 @@ GPU_SIZES = dict(layers=4, d_model=4096, heads=32, d_ff=16384, seq=2048, batch=4
 CPU_SIZES = dict(layers=2, d_model=64, heads=4, d_ff=256, seq=32, batch=2)
 CPU_TP = 4
 LOSS_RTOL = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
-STEP_RATIO = 1.15  # the full step's acceptance criterion: jax.baseline step / fo_jax step
+# The full step's acceptance criterion, jax.baseline step / fo_jax step, set for TP=4 (at TP=2
+# each GPU holds twice the GEMM work and moves fewer bytes: less to hide).
+STEP_RATIO = 1.15
+STEP_RATIO_TP = 4
 EPSILON = 1e-6  # the norms' epsilon (flax's default)
 
 
@@ -278,10 +281,12 @@ def run(a, mesh, platform: str, note: str | None) -> tuple:
           f"{median['jax.baseline']:.2f} ms; step-time ratio (baseline / fo_jax) "
           f"{median['jax.baseline'] / median['fo_jax']:.3f}x")
     ratio = median["jax.baseline"] / median["fo_jax"]
-    # The criterion is about GPUs: a CPU run's times say nothing about it, so it gets no verdict.
-    verdict = ("PASS" if ratio >= STEP_RATIO else "FAIL") if platform == "gpu" else "NOT CHECKED"
-    print(f"{verdict} train_tp_transformer: step-time ratio >= {STEP_RATIO}x (measured "
-          f"{ratio:.3f}x, all_gather {a.all_gather}, {platform})")
+    # The criterion is about GPUs at TP=4: a CPU run's times, or another TP's, get no verdict.
+    checked = platform == "gpu" and tp == STEP_RATIO_TP
+    verdict = ("PASS" if ratio >= STEP_RATIO else "FAIL") if checked else "NOT CHECKED"
+    print(f"{verdict} train_tp_transformer: step-time ratio >= {STEP_RATIO}x at "
+          f"TP={STEP_RATIO_TP} (measured {ratio:.3f}x at TP={tp}, all_gather {a.all_gather}, "
+          f"{platform})")
     for row in rows:
         row["max_rel_loss_diff"] = worst
     return rows, worst, losses
