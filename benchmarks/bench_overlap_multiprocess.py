@@ -16,14 +16,24 @@ processes"). The processes run with JAX's preallocated pool (one allocation per 
 copy-engine all-reduce maps in its peers), each a share of its GPU. Process 0 writes JSON Lines + a markdown table
 (overlap_tp{N}_processes{N}_{date}{tag}.*).
 
+Then, once those processes have ended, one process with all N GPUs times fo_jax and jax.baseline
+on the same shapes the same way (rows with "processes": 1, added to the same files), and the
+markdown gets the comparison: per shape N-process / one-process time of fo_jax, and per
+collective a PASS/FAIL line, every shape within 5% (fo_jax/bench/criteria.py,
+processes_summary; issue 33's criterion at TP=4; NOT CHECKED off GPUs). --no-one-process skips it.
+
 Usage: python benchmarks/bench_overlap_multiprocess.py [--processes N] [--shapes MxNxK ...]
        [--collectives reduce_scatter all_reduce] [--out benchmarks/results] [--tag TAG]
+       [--no-one-process]
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -72,30 +82,49 @@ def launch(args) -> int:
         codes.append(p.returncode)
         if p.returncode and out:
             print(f"--- process {i} (exit {p.returncode}) ---\n{out[-4000:]}", file=sys.stderr)
-    return next((c for c in codes if c), 0)
+    failed = next((c for c in codes if c), 0)
+    if failed or args.no_one_process:
+        return failed
+    # One process for all N GPUs, after the N processes have freed them. Host-platform (CPU)
+    # devices per process multiply, so that a dry run's one process has the TP of the N.
+    one_env = dict(env, XLA_FLAGS=re.sub(
+        r"--xla_force_host_platform_device_count=(\d+)",
+        lambda mt: f"--xla_force_host_platform_device_count={int(mt.group(1)) * n}",
+        env.get("XLA_FLAGS", "")))
+    p = subprocess.Popen([*worker, "0", *passed, "--one-process"], env=one_env, text=True)
+    try:
+        return p.wait(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        sys.exit(f"{sys.argv[0]}: the one-process run ran past {TIMEOUT_S} s (killed)")
 
 
 def work(args, proc: int) -> None:
-    """One process: initialize jax.distributed, time every (collective, shape)."""
+    """One process: initialize jax.distributed, time every (collective, shape); with
+    --one-process, the one process for all GPUs after the N, and the comparison."""
     import jax  # noqa: PLC0415
 
-    jax.distributed.initialize(f"127.0.0.1:{args.port}", num_processes=args.processes,
-                               process_id=proc, local_device_ids=[proc])
+    if not args.one_process:
+        jax.distributed.initialize(f"127.0.0.1:{args.port}", num_processes=args.processes,
+                                   process_id=proc, local_device_ids=[proc])
     import jax.numpy as jnp  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: PLC0415
 
     import fo_jax  # noqa: PLC0415
-    from fo_jax.bench import core  # noqa: PLC0415
+    from fo_jax.bench import core, criteria  # noqa: PLC0415
 
     devices = jax.devices()
     mesh = Mesh(np.array(devices), ("tp",))
     tp, dtype = len(devices), jnp.bfloat16
+    layout = 1 if args.one_process else args.processes
     base = {**core.device_info(devices), "dtype": "bfloat16", "tp": tp,
-            "processes": args.processes, "platform": devices[0].platform}
+            "processes": layout, "platform": devices[0].platform}
     res = core.Results(base, echo=proc == 0)
     copy_engine = fo_jax.OverlapConfig(transport="copy_engine")  # raises where it cannot run
-    configs = {"fo_jax": copy_engine, "fo_jax.nccl": fo_jax.OverlapConfig(transport="nccl")}
+    configs = {"fo_jax": copy_engine}
+    if not args.one_process:  # the one-process NCCL rows are bench_overlap.py's
+        configs["fo_jax.nccl"] = fo_jax.OverlapConfig(transport="nccl")
 
     def operand(shape, spec, seed):
         # Each process draws only its own shard (a global draw would hold all of x per process).
@@ -133,26 +162,73 @@ def work(args, proc: int) -> None:
         for name, ms in times.items():
             extra = {"path": "cuda/copy_engine"} if name == "fo_jax" else {}
             res.add(M=m, N=n, K=k, collective=collective, method=name, ms=round(ms, 4), **extra)
+    if args.one_process:
+        _compare(args, res.rows, base, core, criteria)
+        return
     if proc == 0:
         stem = os.path.join(args.out, f"overlap_tp{tp}_processes{args.processes}_"
                                       f"{base['date']}{args.tag}")
         res.write_jsonl(stem + ".jsonl")
-        rows = []
-        for r in res.rows:
-            if r["ms"] is None or r["method"] == "jax.baseline":
-                continue
-            b = next(q for q in res.rows if q["method"] == "jax.baseline" and q["M"] == r["M"]
-                     and q["N"] == r["N"] and q["K"] == r["K"]
-                     and q["collective"] == r["collective"])
-            speed = f"{b['ms'] / r['ms']:.3f}x" if b["ms"] else "-"
-            rows.append((r["collective"], f"{r['M']}x{r['N']}x{r['K']}", r["method"], r["ms"],
-                         b["ms"], speed))
-        table = core.markdown_table(
-            ("collective", "MxNxK", "method", "ms", "jax.baseline ms", "speedup"), rows)
         res.write_markdown(stem + ".md", f"# {core.provenance(base)}, {args.processes} "
-                           f"processes\n\n{table}")
+                           f"processes\n\n{_speedup_table(res.rows, core)}")
         core.progress(f"wrote {stem}.jsonl and .md")
     jax.distributed.shutdown()
+
+
+def _speedup_table(rows: list, core) -> str:
+    """Markdown: each method's time against jax.baseline of the same layout and shape."""
+    out = []
+    for r in rows:
+        if r["ms"] is None or r["method"] == "jax.baseline":
+            continue
+        b = next(q for q in rows if q["method"] == "jax.baseline" and q["M"] == r["M"]
+                 and q["N"] == r["N"] and q["K"] == r["K"]
+                 and q["collective"] == r["collective"])
+        speed = f"{b['ms'] / r['ms']:.3f}x" if b["ms"] else "-"
+        out.append((r["collective"], f"{r['M']}x{r['N']}x{r['K']}", r["method"], r["ms"],
+                    b["ms"], speed))
+    return core.markdown_table(
+        ("collective", "MxNxK", "method", "ms", "jax.baseline ms", "speedup"), out)
+
+
+def _compare(args, one_rows: list, base: dict, core, criteria) -> None:
+    """The one-process rows added to the N-process run's files (its newest JSON Lines file in
+    --out), the markdown rewritten with both tables, the comparison and the PASS/FAIL lines."""
+    found = glob.glob(os.path.join(args.out, f"overlap_tp*_processes{args.processes}_*"
+                                             f"{args.tag}.jsonl"))
+    if not found:
+        sys.exit(f"{sys.argv[0]}: no {args.processes}-process rows in {args.out} to compare with")
+    path = max(found, key=os.path.getmtime)
+    with open(path) as f:
+        many_rows = [json.loads(line) for line in f if line.strip()]
+    many_tp = many_rows[0].get("tp") if many_rows else None
+    if many_tp != base["tp"]:
+        sys.exit(f"{sys.argv[0]}: the one process sees {base['tp']} devices, the "
+                 f"{args.processes} processes had TP={many_tp}: no comparison")
+    with open(path, "a") as f:
+        for r in one_rows:
+            f.write(json.dumps(r) + "\n")
+    rows = many_rows + one_rows
+    compared = criteria.processes_comparison(rows)
+    table = core.markdown_table(
+        ("collective", "MxNxK", "fo_jax one process, ms", f"{args.processes} processes, ms",
+         "ratio"), [(c, s, one, many, f"{ratio:.3f}") for c, s, one, many, ratio in compared])
+    lines = criteria.processes_summary(rows, args.processes, platform=base["platform"])
+    many_head = {k: many_rows[0][k] for k in ("device", "num_devices", "date", "commit",
+                                              "fo_jax_version", "jax_version", "jaxlib_version")
+                 if many_rows and k in many_rows[0]}
+    text = (f"# {core.provenance(many_head or base)}, {args.processes} processes\n\n"
+            f"{_speedup_table(many_rows, core)}\n\n"
+            f"## One process for all {base['tp']} devices, right after (same shapes, same timing)"
+            f"\n\n{_speedup_table(one_rows, core)}\n\n"
+            f"## fo_jax in {args.processes} processes against one process\n\n{table}\n\n"
+            "```\n" + "\n".join(lines) + "\n```\n")
+    md = path[:-len(".jsonl")] + ".md"
+    with open(md, "w") as f:
+        f.write(text)
+    for line in lines:
+        print(line, flush=True)
+    core.progress(f"added the one-process rows to {path} and the comparison to {md}")
 
 
 def main() -> None:
@@ -164,6 +240,9 @@ def main() -> None:
                     choices=["reduce_scatter", "all_reduce"])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--tag", default="")
+    ap.add_argument("--no-one-process", action="store_true",
+                    help="skip the one-process run and the comparison after the N processes")
+    ap.add_argument("--one-process", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()

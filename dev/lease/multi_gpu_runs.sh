@@ -22,7 +22,8 @@
 #                  for the overlap tests and $PROCESSES_K for the step above, narrows it further
 #                  (a pytest -k expression, e.g. the tests a cut-off run did not reach)
 #   multiprocess   benchmarks/bench_overlap_multiprocess.py --processes <GPU count>, the
-#                  reduce-scatter and the (requested) copy-engine all-reduce
+#                  reduce-scatter and the (requested) copy-engine all-reduce, then the same in one
+#                  process, and per collective the PASS/FAIL line: within 5% of one process
 #   fp8-bench      benchmarks/bench_fp8_overlap.py, all three collectives (the all-gather opted in)
 #   cpu-tests      tests/cpu (the rest of the suite), FO_JAX_REQUIRE_GPU=1
 # Every result file lands in $OUT with <device>x<GPUs>_<date>_<commit> in its name; the PASS/FAIL
@@ -130,7 +131,9 @@ for step in ${STEPS:-overlap-tests bench train processes reliability multiproces
       run "$step" "${MULTIPROCESS_TIMEOUT:-420}" "bench_multiprocess_$NAME.log" \
         python3 "$R/benchmarks/bench_overlap_multiprocess.py" --processes "$NGPU" \
         --collectives reduce_scatter all_reduce --out "$OUT/mp.tmp" ${MULTIPROCESS_ARGS:-}
-      collect "$OUT/mp.tmp"; tail -12 "$OUT/bench_multiprocess_$NAME.log";;
+      collect "$OUT/mp.tmp"; tail -12 "$OUT/bench_multiprocess_$NAME.log"
+      grep -E "^(PASS|FAIL|NOT CHECKED) " "$OUT/bench_multiprocess_$NAME.log" \
+        | sed 's/^/multiprocess: /' | tee -a "$SUMMARY";;
     fp8-bench)
       run "$step" "${FP8_BENCH_TIMEOUT:-420}" "bench_fp8_overlap_$NAME.log" \
         python3 "$R/benchmarks/bench_fp8_overlap.py" --collectives reduce_scatter all_reduce \

@@ -110,3 +110,48 @@ def summary(rows: Sequence[dict]) -> list:
 
 def _verdict(ok: bool, collective: str, what: str) -> str:
     return f"{'PASS' if ok else 'FAIL'} {collective}: {what}"
+
+
+# One process per GPU against one process for all GPUs (issue 33): "fo_jax" (the copy engine) in
+# N processes within this fraction of its one-process time on every shape of the run.
+PROCESSES_TOLERANCE = 0.05
+
+
+def processes_comparison(rows: Sequence[dict], method: str = METHOD) -> list:
+    """[(collective, shape, one-process ms, N-process ms, N / one)] for every (collective, shape)
+    with a `method` time in both layouts: rows carry "processes" (1 for the one-process run)."""
+    by: dict = {}
+    for r in rows:
+        if r.get("method") == method and r.get("ms") is not None:
+            one = r.get("processes", 1) == 1
+            by.setdefault((r["collective"], _shape(r)), {})["one" if one else "many"] = r["ms"]
+    return [(c, s, t["one"], t["many"], t["many"] / t["one"])
+            for (c, s), t in by.items() if "one" in t and "many" in t]
+
+
+def processes_summary(rows: Sequence[dict], processes: int, platform: str = "gpu",
+                      tolerance: float = PROCESSES_TOLERANCE) -> list:
+    """Per collective of the N-process rows: a "PASS"/"FAIL" line, fo_jax in `processes`
+    processes within `tolerance` of one process on every shape (a shape without both times is a
+    FAIL that names it). Off GPUs the times say nothing about the criterion: "NOT CHECKED"."""
+    compared = processes_comparison(rows)
+    lines = []
+    for collective in dict.fromkeys(r["collective"] for r in rows
+                                    if r.get("processes", 1) != 1):
+        mine = [c for c in compared if c[0] == collective]
+        shapes = dict.fromkeys(_shape(r) for r in rows if r["collective"] == collective
+                               and r.get("processes", 1) != 1)
+        missing = [s for s in shapes if s not in {c[1] for c in mine}]
+        what = (f"{METHOD} in {processes} processes within {tolerance:.0%} of one process on "
+                f"every shape")
+        if mine:
+            worst = max(mine, key=lambda c: abs(c[4] - 1))
+            what += f" (worst {worst[4] - 1:+.1%} at {worst[1]})"
+        if missing:
+            what += f" (no time in both layouts: {', '.join(missing)})"
+        ok = bool(mine) and not missing and all(abs(c[4] - 1) <= tolerance for c in mine)
+        if platform != "gpu":
+            lines.append(f"NOT CHECKED {collective}: {what}, {platform}")
+        else:
+            lines.append(_verdict(ok, collective, what))
+    return lines

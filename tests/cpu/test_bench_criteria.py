@@ -97,3 +97,47 @@ def test_single_gpu_rows_get_no_verdicts():
     rows = [dict(collective="all_gather", M=64, N=48, K=32, method=m, ms=0.1, tp=1)
             for m in ("fo_jax", "jax.baseline")]
     assert "Criteria" not in report.markdown(rows, "title", None)
+
+
+def _layouts(collective, one, many, processes=4):
+    """{shape: ms} of one process and of `processes` -> rows of both runs."""
+    rows = []
+    for layout, per_shape in ((1, one), (processes, many)):
+        for shape, ms in per_shape.items():
+            m, n, k = (int(v) for v in shape.split("x"))
+            rows.append(dict(collective=collective, M=m, N=n, K=k, method="fo_jax", ms=ms,
+                             processes=layout))
+            rows.append(dict(collective=collective, M=m, N=n, K=k, method="jax.baseline",
+                             ms=2 * ms, processes=layout))
+    return rows
+
+
+def test_processes_within_five_percent_of_one_process():
+    one = {s: 1.0 for s in SHAPES}
+    many = dict(one, **{SHAPES[2]: 1.049, SHAPES[3]: 0.952})
+    rows = _layouts("reduce_scatter", one, many) + _layouts("all_reduce", one, dict(
+        one, **{SHAPES[0]: 1.06}))
+    lines = criteria.processes_summary(rows, 4)
+    assert lines[0].startswith("PASS reduce_scatter: fo_jax in 4 processes within 5%")
+    assert "worst +4.9% at 8192x8192x7168" in lines[0]
+    assert lines[1].startswith("FAIL all_reduce") and "worst +6.0% at 4096x8192x2048" in lines[1]
+    compared = criteria.processes_comparison(rows)
+    assert len(compared) == 10 and all(c[2] == 1.0 for c in compared)
+
+
+def test_processes_summary_names_what_is_missing_and_is_not_judged_off_gpus():
+    one = {s: 1.0 for s in SHAPES}
+    many = {s: 1.0 for s in SHAPES}
+    rows = _layouts("reduce_scatter", one, many)
+    rows = [r for r in rows if not (r["processes"] == 1 and r["M"] == 4096)]  # failed there
+    lines = criteria.processes_summary(rows, 4)
+    assert lines == ["FAIL reduce_scatter: fo_jax in 4 processes within 5% of one process on "
+                     "every shape (worst +0.0% at 8192x8192x2048) (no time in both layouts: "
+                     "4096x8192x2048)"]
+    cpu = criteria.processes_summary(_layouts("all_reduce", one, many), 2, platform="cpu")
+    assert cpu[0].startswith("NOT CHECKED all_reduce: fo_jax in 2 processes") and "cpu" in cpu[0]
+    # Nothing timed in N processes (the copy engine refused every call): a FAIL, not a PASS.
+    nothing = [r for r in _layouts("all_reduce", one, many) if r["processes"] == 1]
+    nothing.append(dict(collective="all_reduce", M=4096, N=8192, K=2048, method="fo_jax",
+                        ms=None, processes=4))
+    assert criteria.processes_summary(nothing, 4)[0].startswith("FAIL all_reduce")
