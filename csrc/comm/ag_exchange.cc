@@ -51,6 +51,13 @@ void InitTable(AgExchangeTable* t, int nranks) {
 
 // Whether process `pid` still runs: gone, or a zombie its parent has not reaped yet (a launcher
 // that waits for its children in order reaps a failed one late), is not.
+// "2.5 s": a wait's limit as the peers' timeout messages write it.
+std::string Seconds(std::chrono::milliseconds t) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g s", t.count() / 1000.0);
+  return text;
+}
+
 bool Alive(int pid) {
   if (pid <= 0) return true;
   if (kill(pid, 0) != 0 && errno == ESRCH) return false;
@@ -254,7 +261,7 @@ std::string AgExchange::AwaitEntry(int me, int q, uint32_t e, std::chrono::milli
       }
       if (std::chrono::steady_clock::now() >= until) {
         FailLocked("rank " + std::to_string(q) + " did not reach all-gather call " +
-                   std::to_string(e) + " within " + std::to_string(timeout.count()) + " ms");
+                   std::to_string(e) + " within " + Seconds(timeout));
         break;
       }
       WaitSliceLocked(until);
@@ -309,8 +316,7 @@ std::string AgExchange::AwaitRingSlot(int me, uint32_t e, std::chrono::milliseco
       }
       if (std::chrono::steady_clock::now() >= until) {
         FailLocked("a peer's copy thread did not take all-gather call " +
-                   std::to_string(previous) + " within " + std::to_string(timeout.count()) +
-                   " ms");
+                   std::to_string(previous) + " within " + Seconds(timeout));
         break;
       }
       WaitSliceLocked(until);

@@ -2,7 +2,6 @@
 #include "comm/all_gather_copy_engine.h"
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdint>
 #include <map>
@@ -10,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "comm/ag_exchange.h"
 #include "comm/copy_engine_graphs.h"
 #include "comm/device_memory.h"
 #include "comm/host_worker.h"
@@ -22,7 +22,9 @@ namespace {
 
 // "Call started" events per rank, reused round-robin: rank r re-records slot e % kRing for call e
 // only once every peer's copy thread has enqueued its wait on call e - kRing's.
-constexpr int kRing = 8;
+constexpr int kRing = kAgRing;
+static_assert(kAgMaxRanks == kMaxCopyEngineRanks, "the exchange holds every rank of a group");
+static_assert(sizeof(cudaIpcEventHandle_t) == kAgEventHandleBytes, "an event's IPC handle");
 // A host wait on a peer (its entry, or its copy thread's progress) longer than this fails the
 // call: the peer stopped calling (a rank that failed, or a program whose ranks disagree). The
 // progress watchdog's limit where one is set (FO_JAX_COMM_TIMEOUT_S), else 300 s.
@@ -31,13 +33,8 @@ std::chrono::milliseconds PeerTimeout() {
   return std::chrono::milliseconds(limit > 0 ? static_cast<int64_t>(limit * 1000) : 300000);
 }
 
-std::string PeerTimeoutText() {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g s", PeerTimeout().count() / 1000.0);
-  return text;
-}
-
-// What rank r published for its call `epoch`.
+// What rank r published for its call `epoch`, as this process uses it (its AgEntry's addresses,
+// which are this process's: every rank of the group is in it).
 struct Entry {
   uint32_t epoch = 0;
   void* gathered = nullptr;
@@ -46,19 +43,22 @@ struct Entry {
   int device = -1;  // its local ordinal
 };
 
-// The group's shared table (one per communicator clique of this process).
-struct Exchange {
-  std::mutex mu;
-  std::condition_variable cv;
-  Entry entry[kMaxCopyEngineRanks][kRing];
-  // waited[q][r]: the latest call of rank q whose event rank r's copy thread has waited on.
-  uint32_t waited[kMaxCopyEngineRanks][kMaxCopyEngineRanks] = {};
-  // released[r][q]: the latest call for which rank r stopped waiting for rank q's entry and set
-  // its own flags of q's bands itself; q then writes nothing into r for that call (r's call may
-  // have ended, and XLA reused its buffers).
-  uint32_t released[kMaxCopyEngineRanks][kMaxCopyEngineRanks] = {};
-  std::string failure;  // "" while healthy: set once, every later wait ends with it
-};
+Entry FromShared(const AgEntry& a) {
+  return Entry{a.epoch, reinterpret_cast<void*>(a.gathered), reinterpret_cast<uint32_t*>(a.flags),
+               reinterpret_cast<cudaEvent_t>(a.event), a.device};
+}
+
+AgEntry ToShared(const Entry& e) {
+  AgEntry a;
+  a.epoch = e.epoch;
+  a.device = e.device;
+  a.gathered = reinterpret_cast<uint64_t>(e.gathered);
+  a.flags = reinterpret_cast<uint64_t>(e.flags);
+  a.event = reinterpret_cast<uint64_t>(e.started);
+  return a;
+}
+
+using Exchange = AgExchange;
 
 // One rank's copy-engine all-gather state (created on first use, never destroyed: its streams,
 // events and device word may be in use by queued work).
@@ -69,7 +69,7 @@ struct AgState {
   uint32_t epoch = 0;               // calls made (under the communicator's lock)
   CopyGraphs graphs;
   bool peer_ready[kMaxCopyEngineRanks] = {};  // peer access enabled towards that rank's GPU
-  std::shared_ptr<Exchange> exchange;
+  std::shared_ptr<Exchange> exchange;  // the group's (ag_exchange.h)
   std::unique_ptr<HostWorker> worker;
   std::mutex failure_mu;
   std::string failure;  // the copy thread's first failure
@@ -119,18 +119,15 @@ Status GetAgState(CommState& state, cudaStream_t xla_stream, AgState** out) {
   // peers' waits for its entries end at once (not after PeerTimeout()) and every rank's call
   // raises. It retries on its next call; the exchange stays failed.
   std::shared_ptr<Exchange>& ex = (*exchanges)[state.group.get()];
-  if (!ex) ex = std::make_shared<Exchange>();
+  if (!ex) {
+    ex = std::shared_ptr<Exchange>(AgExchange::CreateLocal(state.nranks));
+    if (!ex) return Status::Internal("creating the copy-engine all-gather's exchange failed");
+  }
   auto s = std::make_unique<AgState>();
   const Status created = CreateAgState(state, xla_stream, *s);
   if (!created.ok()) {
-    {
-      std::lock_guard<std::mutex> failure_lock(ex->mu);
-      if (ex->failure.empty()) {
-        ex->failure = "rank " + std::to_string(state.rank) + " of the group could not create "
-                      "its copy-engine all-gather state: " + created.message();
-      }
-    }
-    ex->cv.notify_all();
+    ex->Fail("rank " + std::to_string(state.rank) + " of the group could not create its "
+             "copy-engine all-gather state: " + created.message());
     return created;
   }
   s->exchange = ex;
@@ -141,34 +138,14 @@ Status GetAgState(CommState& state, cudaStream_t xla_stream, AgState** out) {
 }
 
 // Waits on the host until rank q's entry for call e is there; its copy, or the failure. On a
-// failure rank `me` gives up on q for call e (Exchange::released): the caller must then set its
-// own flags of q's bands.
+// failure rank `me` gives up on q for call e (the exchange's `released`): the caller must then
+// set its own flags of q's bands.
 Status AwaitEntry(Exchange& ex, int me, int q, uint32_t e, Entry* out) {
-  std::unique_lock<std::mutex> lock(ex.mu);
-  const Entry& slot = ex.entry[q][e % kRing];
-  ex.cv.wait_for(lock, PeerTimeout(), [&] { return slot.epoch == e || !ex.failure.empty(); });
-  if (slot.epoch == e) {  // even after a failure: the caller releases that peer's flags
-    *out = slot;
-    return Status::Ok();
-  }
-  ex.released[me][q] = e;
-  if (!ex.failure.empty()) return Status::Internal(ex.failure);
-  ex.failure = "rank " + std::to_string(q) + " did not reach all-gather call " +
-               std::to_string(e) + " within " + PeerTimeoutText();
-  ex.cv.notify_all();
-  return Status::Internal(ex.failure);
-}
-
-// Rank `me` gives up on every peer for call e (its XLA stream sets all of its flags).
-void ReleaseAllPeers(Exchange& ex, int P, int me, uint32_t e) {
-  std::lock_guard<std::mutex> lock(ex.mu);
-  for (int q = 0; q < P; ++q) ex.released[me][q] = e;
-}
-
-// Whether rank q gave up on rank `me` for call e (then `me` writes nothing into q's buffers).
-bool PeerGaveUp(Exchange& ex, int q, int me, uint32_t e) {
-  std::lock_guard<std::mutex> lock(ex.mu);
-  return ex.released[q][me] == e;
+  AgEntry got;
+  const std::string failed = ex.AwaitEntry(me, q, e, PeerTimeout(), &got);
+  if (!failed.empty()) return Status::Internal(failed);
+  *out = FromShared(got);
+  return Status::Ok();
 }
 
 void Fail(AgState& ag, const Status& status) {
@@ -202,13 +179,7 @@ void RunJob(AgState& ag, const Job& job) {
     status = Status::Internal("enqueueing the copies failed " +
                               InjectedFailureMessage(FailStage::kCopy));
   }
-  auto note_waited = [&](int q) {
-    {
-      std::lock_guard<std::mutex> lock(ex.mu);
-      ex.waited[q][job.me] = job.epoch;
-    }
-    ex.cv.notify_all();
-  };
+  auto note_waited = [&](int q) { ex.NoteWaited(q, job.me, job.epoch); };
   // A release (EnqueueBandRelease) fills rows with NaNs only where the copy stream is ordered
   // after that call's start: before it, XLA may still use the memory for earlier work. Its flags
   // are written either way (the GEMM waits for them).
@@ -235,7 +206,7 @@ void RunJob(AgState& ag, const Job& job) {
       release(job.own_gathered, job.own_flags, q * job.bands.per_rank, own_ready.ok());
       continue;
     }
-    if (PeerGaveUp(ex, q, job.me, job.epoch)) continue;  // its call may be over: nothing into it
+    if (ex.PeerGaveUp(q, job.me, job.epoch)) continue;  // its call may be over: nothing into it
     // Always, even after a failure: a flag written before the peer zeroed its flags would be
     // lost, and the peer's GEMM would wait for it forever.
     const Status started =
@@ -259,25 +230,9 @@ void RunJob(AgState& ag, const Job& job) {
 
 // XLA's thread, before re-recording ring slot e % kRing: every copy thread of the group (this
 // rank's too) has waited on call e - kRing's event.
-Status AwaitRingSlot(Exchange& ex, int P, int me, uint32_t e) {
-  if (e <= kRing) return Status::Ok();
-  const uint32_t previous = e - kRing;
-  std::unique_lock<std::mutex> lock(ex.mu);
-  const bool ready = ex.cv.wait_for(lock, PeerTimeout(), [&] {
-    if (!ex.failure.empty()) return true;
-    for (int r = 0; r < P; ++r) {
-      if (static_cast<int32_t>(ex.waited[me][r] - previous) < 0) return false;
-    }
-    return true;
-  });
-  if (!ex.failure.empty()) return Status::Internal(ex.failure);
-  if (!ready) {
-    ex.failure = "a peer's copy thread did not take all-gather call " + std::to_string(previous) +
-                 " within " + PeerTimeoutText();
-    ex.cv.notify_all();
-    return Status::Internal(ex.failure);
-  }
-  return Status::Ok();
+Status AwaitRingSlot(Exchange& ex, int me, uint32_t e) {
+  const std::string failed = ex.AwaitRingSlot(me, e, PeerTimeout());
+  return failed.empty() ? Status::Ok() : Status::Internal(failed);
 }
 
 Status PreparePeers(AgState& ag, int device, int P, int me, uint32_t e,
@@ -384,7 +339,7 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   const AllGatherBands bands = AllGatherBandsOf(plan, shape);
   const uint32_t e = ++ag->epoch;
   const int slot = static_cast<int>(e % kRing);
-  FO_JAX_RETURN_IF_ERROR(AwaitRingSlot(ex, P, me, e));
+  FO_JAX_RETURN_IF_ERROR(AwaitRingSlot(ex, me, e));
 
   // XLA's stream: the flags zeroed, the own rows and their flags (all_gather_nccl.h), then the
   // event after which the peers may write this call's buffers.
@@ -403,18 +358,14 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   }
   FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(ag->started[slot], xla_stream),
                                     "recording the all-gather's start"));
-  std::string failed;  // the group's failure when this call published ("" while healthy)
-  {
-    std::lock_guard<std::mutex> lock(ex.mu);
-    ex.entry[me][slot] =
-        Entry{e, buffers.gathered, buffers.flags, ag->started[slot], state.device};
-    failed = ex.failure;
-  }
-  ex.cv.notify_all();
+  // The group's failure when this call published ("" while healthy).
+  const std::string failed =
+      ex.Publish(me, ToShared(Entry{e, buffers.gathered, buffers.flags, ag->started[slot],
+                                    state.device}));
   if (!failed.empty()) {
     // A peer's copy thread may have given up on this call before it was published: nothing
     // might write these flags, so they are released here.
-    ReleaseAllPeers(ex, P, me, e);
+    ex.ReleaseAllPeers(me, e);
     FO_JAX_RETURN_IF_ERROR(ReleaseOtherRanks(xla_stream, buffers, bands, P, me, band_bytes));
   }
 
@@ -425,7 +376,7 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   const Status prepared = PreparePeers(*ag, state.device, P, me, e, bands, band_bytes, buffers.x);
   if (!prepared.ok()) {
     Fail(*ag, prepared);
-    ReleaseAllPeers(ex, P, me, e);
+    ex.ReleaseAllPeers(me, e);
     FO_JAX_RETURN_IF_ERROR(ReleaseOtherRanks(xla_stream, buffers, bands, P, me, band_bytes));
   }
 
