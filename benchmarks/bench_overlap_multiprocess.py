@@ -30,13 +30,14 @@ Usage: python benchmarks/bench_overlap_multiprocess.py [--processes N] [--shapes
 from __future__ import annotations
 
 import argparse
-import glob
+import atexit
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import tempfile
 
 DESIGN_SHAPES = ["4096x8192x2048", "8192x8192x2048", "8192x8192x7168", "16384x8192x7168",
                  "16384x8192x2048"]  # fo_jax/bench/core.py's (not imported: no JAX in the parent)
@@ -60,8 +61,13 @@ def launch(args) -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     worker = [sys.executable, os.path.abspath(__file__), "--worker"]
+    # Process 0 names its files here, for the one-process run that adds to them.
+    fd, stem_file = tempfile.mkstemp(prefix="fo_jax_processes_", suffix=".stem")
+    os.close(fd)
+    atexit.register(lambda: os.path.exists(stem_file) and os.remove(stem_file))
     passed = ["--shapes", *args.shapes, "--collectives", *args.collectives, "--out", args.out,
-              "--tag", args.tag, "--processes", str(n), "--port", str(port)]
+              "--tag", args.tag, "--processes", str(n), "--port", str(port),
+              "--stem-file", stem_file]
     # JAX's preallocated pool (the copy-engine all-reduce maps each peer's), a part of each GPU
     # small enough for every process even if each claimed every GPU it sees.
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="true",
@@ -171,6 +177,8 @@ def work(args, proc: int) -> None:
         res.write_jsonl(stem + ".jsonl")
         res.write_markdown(stem + ".md", f"# {core.provenance(base)}, {args.processes} "
                            f"processes\n\n{_speedup_table(res.rows, core)}")
+        with open(args.stem_file, "w") as f:
+            f.write(stem)
         core.progress(f"wrote {stem}.jsonl and .md")
     jax.distributed.shutdown()
 
@@ -192,13 +200,13 @@ def _speedup_table(rows: list, core) -> str:
 
 
 def _compare(args, one_rows: list, base: dict, core, criteria) -> None:
-    """The one-process rows added to the N-process run's files (its newest JSON Lines file in
-    --out), the markdown rewritten with both tables, the comparison and the PASS/FAIL lines."""
-    found = glob.glob(os.path.join(args.out, f"overlap_tp*_processes{args.processes}_*"
-                                             f"{args.tag}.jsonl"))
-    if not found:
-        sys.exit(f"{sys.argv[0]}: no {args.processes}-process rows in {args.out} to compare with")
-    path = max(found, key=os.path.getmtime)
+    """The one-process rows added to the N-process run's files (named in --stem-file by its
+    process 0), the markdown rewritten with both tables, the comparison and the PASS/FAIL lines."""
+    with open(args.stem_file) as f:
+        stem = f.read().strip()
+    if not stem:
+        sys.exit(f"{sys.argv[0]}: the {args.processes} processes wrote no rows to compare with")
+    path = stem + ".jsonl"
     with open(path) as f:
         many_rows = [json.loads(line) for line in f if line.strip()]
     many_tp = many_rows[0].get("tp") if many_rows else None
@@ -214,16 +222,13 @@ def _compare(args, one_rows: list, base: dict, core, criteria) -> None:
         ("collective", "MxNxK", "fo_jax one process, ms", f"{args.processes} processes, ms",
          "ratio"), [(c, s, one, many, f"{ratio:.3f}") for c, s, one, many, ratio in compared])
     lines = criteria.processes_summary(rows, args.processes, platform=base["platform"])
-    many_head = {k: many_rows[0][k] for k in ("device", "num_devices", "date", "commit",
-                                              "fo_jax_version", "jax_version", "jaxlib_version")
-                 if many_rows and k in many_rows[0]}
-    text = (f"# {core.provenance(many_head or base)}, {args.processes} processes\n\n"
+    text = (f"# {core.provenance(base)}, {args.processes} processes\n\n"
             f"{_speedup_table(many_rows, core)}\n\n"
             f"## One process for all {base['tp']} devices, right after (same shapes, same timing)"
             f"\n\n{_speedup_table(one_rows, core)}\n\n"
             f"## fo_jax in {args.processes} processes against one process\n\n{table}\n\n"
             "```\n" + "\n".join(lines) + "\n```\n")
-    md = path[:-len(".jsonl")] + ".md"
+    md = stem + ".md"
     with open(md, "w") as f:
         f.write(text)
     for line in lines:
@@ -245,6 +250,7 @@ def main() -> None:
     ap.add_argument("--one-process", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--stem-file", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is None:
         sys.exit(launch(args))

@@ -11,6 +11,7 @@
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/cutlass.h"
+#include "cutlass/fast_math.h"
 #include "cutlass/gemm/kernel/sm90_tile_scheduler.hpp"
 #include "cutlass/gemm/kernel/tile_scheduler.hpp"
 #include "group_cursor.h"
@@ -121,6 +122,13 @@ class GroupOrderedScheduler {
 
   struct Params {
     Table table;
+    // Division by the raster chunk (swizzle * tiles_n units) and by swizzle as a multiply and a
+    // shift, as CUTLASS's own scheduler divides (set from the table by to_underlying_arguments):
+    // an integer division by a runtime divisor is about 20 instructions around a reciprocal, and
+    // every warp role computes its next tile's coordinates, the consumers of a cooperative
+    // kernel between two tiles with no MMA running.
+    cutlass::FastDivmod chunk_div;
+    cutlass::FastDivmod swizzle_div;
     float* partials = nullptr;
     uint32_t* split_flags = nullptr;
     int32_t log_swizzle_size_ = 0;                // read by the kernel's get_grid_shape only
@@ -133,6 +141,8 @@ class GroupOrderedScheduler {
                                         void* = nullptr, uint32_t = 1, uint32_t = 1) {
     Params p;
     if (args.table != nullptr) p.table = *args.table;
+    p.chunk_div = cutlass::FastDivmod(p.table.swizzle * p.table.tiles_n);
+    p.swizzle_div = cutlass::FastDivmod(p.table.swizzle);
     p.partials = args.partials;
     p.split_flags = args.split_flags;
     return p;
@@ -332,14 +342,23 @@ class GroupOrderedScheduler {
     const int v = u - t.unit_start[lo];
     const int srows = t.sgroup_begin[g + 1] - t.sgroup_begin[g];
     const int seq_rows = t.batch * srows;
-    const int chunk = t.swizzle * t.tiles_n;
-    const int c = v / chunk;
-    const int rem = v - c * chunk;
-    const int h = min(t.swizzle, seq_rows - c * t.swizzle);
-    const int seq = c * t.swizzle + rem % h;
-    const int col = rem / h;
-    const int l = seq / srows;
-    const int srow = t.sgroup_begin[g] + (seq - l * srows);
+    int c, rem;  // raster chunk c, and the unit's place in it
+    params_->chunk_div(c, rem, v);
+    const int h = min(t.swizzle, seq_rows - c * t.swizzle);  // the chunk's rows (the last: fewer)
+    int col, r;
+    if (h == t.swizzle) {
+      params_->swizzle_div(col, r, rem);
+    } else {
+      col = rem / h;
+      r = rem - col * h;
+    }
+    const int seq = c * t.swizzle + r;
+    int l = 0, srow_in_group = seq;  // batch-major: seq runs over batch 0's rows, then 1's, ...
+    if (t.batch > 1) {
+      l = seq / srows;
+      srow_in_group = seq - l * srows;
+    }
+    const int srow = t.sgroup_begin[g] + srow_in_group;
     int row = srow * kClusterM;  // rotate and tiles_m are multiples of kClusterM: a cluster's
     if (t.rotate != 0) {         // tile-rows stay together
       const int base = row / t.period * t.period;
