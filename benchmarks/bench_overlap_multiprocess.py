@@ -1,19 +1,22 @@
-"""Overlapped reduce-scatter and all-reduce with one JAX process per GPU (jax.distributed on one host), against
-plain JAX: the rows of bench_overlap.py for that launch mode, each with "processes": N.
+"""Overlapped reduce-scatter, all-reduce and all-gather with one JAX process per GPU (jax.distributed
+on one host), against plain JAX: the rows of bench_overlap.py for that launch mode, each with
+"processes": N.
 
 Starts N processes (one GPU each, local_device_ids=[i]) that build a TP=N mesh over all of them
-and time, per shape (bf16; per-GPU x[M, K] @ w[K, N], K sharded over "tp"):
+and time, per shape (bf16; per-GPU x[M, K] @ w[K, N], K sharded over "tp"; the all-gather as
+bench_overlap.py's: x[M, K] rows sharded, w[K, N] per GPU, the overlapped all-gather opted in):
   fo_jax             overlapped_matmul on the copy-engine transport across processes (CUDA IPC;
-                     OverlapConfig(transport="copy_engine"): a call it cannot take fails its row
-                     instead of running on NCCL; unrequested, the reduce-scatter takes it wherever
-                     the lowering-time CUDA IPC probe passes)
+                     OverlapConfig(transport="copy_engine", allow_fallback=False): a call it
+                     cannot take fails its row instead of running on NCCL or XLA's path;
+                     unrequested, the reduce-scatter takes it wherever the lowering-time CUDA
+                     IPC probe passes)
   fo_jax.nccl        the same on the NCCL transport
-  jax.baseline       XLA dot + psum_scatter inside shard_map
+  jax.baseline       XLA dot + psum_scatter / psum, or all_gather + dot, inside shard_map
 Each method is checked against jax.baseline first; times are the median of 5 x 20 back-to-back
 calls, trials interleaved (fo_jax/bench/core.py), the same method as bench_overlap.py, so a row
 compares with the single-process rows of the same shape (docs/design.md, "Copy engine across
 processes"). The processes run with JAX's preallocated pool (one allocation per GPU, which the
-copy-engine all-reduce maps in its peers), each a share of its GPU. Process 0 writes JSON Lines + a markdown table
+copy-engine all-reduce and all-gather map in their peers), each a share of its GPU. Process 0 writes JSON Lines + a markdown table
 (overlap_tp{N}_processes{N}_{date}{tag}.*).
 
 Then, once those processes have ended, one process with all N GPUs times fo_jax and jax.baseline
@@ -23,7 +26,7 @@ collective a PASS/FAIL line, every shape within 5% (fo_jax/bench/criteria.py,
 processes_summary; issue 33's criterion at TP=4; NOT CHECKED off GPUs). --no-one-process skips it.
 
 Usage: python benchmarks/bench_overlap_multiprocess.py [--processes N] [--shapes MxNxK ...]
-       [--collectives reduce_scatter all_reduce] [--out benchmarks/results] [--tag TAG]
+       [--collectives reduce_scatter all_reduce all_gather] [--out benchmarks/results] [--tag TAG]
        [--no-one-process]
 """
 
@@ -127,7 +130,9 @@ def work(args, proc: int) -> None:
     base = {**core.device_info(devices), "dtype": "bfloat16", "tp": tp,
             "processes": layout, "platform": devices[0].platform}
     res = core.Results(base, echo=proc == 0)
-    copy_engine = fo_jax.OverlapConfig(transport="copy_engine")  # raises where it cannot run
+    # Raises where the copy engine cannot run, and never hands a shape to XLA's path: every
+    # fo_jax row on GPUs is the copy engine's.
+    copy_engine = fo_jax.OverlapConfig(transport="copy_engine", allow_fallback=False)
     configs = {"fo_jax": copy_engine}
     if not args.one_process:  # the one-process NCCL rows are bench_overlap.py's
         configs["fo_jax.nccl"] = fo_jax.OverlapConfig(transport="nccl")
@@ -148,8 +153,12 @@ def work(args, proc: int) -> None:
 
     for i, (collective, s) in enumerate((c, s) for c in args.collectives for s in args.shapes):
         m, n, k = core.parse_shape(s)
-        x = operand((m, tp * k), P(None, "tp"), 2 * i)
-        w = operand((tp * k, n), P("tp", None), 2 * i + 1)
+        if collective == "all_gather":  # bench_overlap.py's operands (core.gather_operands)
+            x = operand((m, k), P("tp", None), 2 * i)
+            w = operand((k, tp * n), P(None, "tp"), 2 * i + 1)
+        else:
+            x = operand((m, tp * k), P(None, "tp"), 2 * i)
+            w = operand((tp * k, n), P("tp", None), 2 * i + 1)
         fns = {name: core.build(mesh, collective, "fo_jax", cfg) for name, cfg in configs.items()}
         fns["jax.baseline"] = core.build(mesh, collective, "baseline")
         ref = fns["jax.baseline"](x, w)
@@ -166,7 +175,8 @@ def work(args, proc: int) -> None:
                         error=repr(e)[:500])
         times = core.time_ms_interleaved(ok, x, w)
         for name, ms in times.items():
-            extra = {"path": "cuda/copy_engine"} if name == "fo_jax" else {}
+            on_gpu = devices[0].platform == "gpu"
+            extra = {"path": "cuda/copy_engine"} if name == "fo_jax" and on_gpu else {}
             res.add(M=m, N=n, K=k, collective=collective, method=name, ms=round(ms, 4), **extra)
     if args.one_process:
         _compare(args, res.rows, base, core, criteria)
@@ -242,7 +252,7 @@ def main() -> None:
                     help="processes (one GPU each; default: every GPU nvidia-smi lists)")
     ap.add_argument("--shapes", nargs="*", default=DESIGN_SHAPES)
     ap.add_argument("--collectives", nargs="*", default=["reduce_scatter"],
-                    choices=["reduce_scatter", "all_reduce"])
+                    choices=["reduce_scatter", "all_reduce", "all_gather"])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--tag", default="")
     ap.add_argument("--no-one-process", action="store_true",

@@ -5,13 +5,14 @@ With several processes the copy engine reaches a peer's memory through CUDA IPC:
 exports what fo_jax itself allocated (receive buffers, flag words) and the peers map it
 (csrc/comm/peer_memory_ipc.h). That covers the reduce-scatter, direct form and ring: every byte
 it sends lands in fo_jax-owned memory. The all-reduce also stores into each peer's per-call XLA
-output buffer: each process maps its peers' XLA memory pool once (a virtual-memory allocation
-exported as a file descriptor, csrc/comm/xla_pool_ipc.h), which needs JAX's preallocated pool
-(one allocation per GPU) and an allocation the driver can export; xla_pool_problem checks both
-in this process, without an exchange. It is opt-in (OverlapConfig(transport='copy_engine')): its
-speed and its failure handling across processes have yet to be measured on GPUs at TP=4, so
-unrequested the all-reduce keeps NCCL. The all-gather's copy engine takes its peers' per-call
-outputs from a table shared within one process, so it keeps NCCL. CUDA IPC reaches only GPUs of
+output buffer, and the all-gather pushes its rows into each peer's per-call gathered output: each
+process maps its peers' XLA memory pool once (a virtual-memory allocation exported as a file
+descriptor, csrc/comm/xla_pool_ipc.h), which needs JAX's preallocated pool (one allocation per
+GPU) and an allocation the driver can export; xla_pool_problem checks both in this process,
+without an exchange. (The all-gather's per-call table of those outputs is then a shared-memory
+segment, csrc/comm/all_gather_peers.h.) Both are opt-in (OverlapConfig(transport='copy_engine')):
+their speed and their failure handling across processes have yet to be measured on GPUs at TP=4
+(the all-gather's not at all yet), so unrequested they keep NCCL. CUDA IPC reaches only GPUs of
 one host: every process must be on this host.
 
 The choice is made at lowering, before any call has mapped its peers' memory, so the first
@@ -43,8 +44,12 @@ from fo_jax import _env
 from fo_jax.config import OverlapConfig
 
 # Collectives whose copy-engine form crosses processes: the reduce-scatter writes only into
-# fo_jax-owned peer memory, the all-reduce also into the peers' mapped XLA memory.
-IPC_COLLECTIVES = ("reduce_scatter", "all_reduce")
+# fo_jax-owned peer memory, the all-reduce and the all-gather also into the peers' mapped XLA
+# memory (XLA_COLLECTIVES), which makes them opt-in across processes.
+IPC_COLLECTIVES = ("reduce_scatter", "all_reduce", "all_gather")
+XLA_COLLECTIVES = ("all_reduce", "all_gather")
+_WHAT_INTO_XLA = {"all_reduce": "its band sums store into the peers' mapped XLA memory",
+                  "all_gather": "its rows are pushed into the peers' mapped XLA memory"}
 
 _lock = threading.Lock()
 # Set by without_exchanges(): the rule answers from what this process already knows.
@@ -173,7 +178,8 @@ def process_ipc_problem() -> Optional[str]:
 
 def allocator_problem(environ=os.environ) -> Optional[str]:
     """Why JAX's allocator settings keep this process's XLA buffers out of one allocation that
-    its peer processes can map once (the copy-engine all-reduce stores into them), or None."""
+    its peer processes can map once (the copy-engine all-reduce and all-gather write into
+    them), or None."""
     allocator = environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default").lower()
     if allocator not in ("default", "bfc"):
         return (f"XLA_PYTHON_CLIENT_ALLOCATOR={allocator}: XLA's buffers are not one "
@@ -186,7 +192,8 @@ def allocator_problem(environ=os.environ) -> Optional[str]:
 
 def _pool_export_problem() -> Optional[str]:
     """The export of the allocation that holds a small XLA buffer on this process's first GPU,
-    as the all-reduce's first call exports its output's: None when it works."""
+    as the all-reduce's and all-gather's first calls export their outputs': None when it
+    works."""
     import jax.numpy as jnp  # noqa: PLC0415
 
     from fo_jax import _cuda  # noqa: PLC0415
@@ -205,8 +212,8 @@ def _pool_export_problem() -> Optional[str]:
 
 
 def xla_pool_problem() -> Optional[str]:
-    """Why this process's peers could not map its XLA memory for the copy-engine all-reduce, or
-    None: allocator_problem, then a trial export. Once per process; asks no other process (the
+    """Why this process's peers could not map its XLA memory for the copy-engine all-reduce or
+    all-gather, or None: allocator_problem, then a trial export. Once per process; asks no other process (the
     processes of one program share their JAX settings, and plan agreement catches any that do
     not)."""
     global _pool
@@ -259,15 +266,14 @@ def multiprocess_problem(collective: str, process_count: int, config: Optional[O
     if process_count == 1:
         return None
     if collective not in IPC_COLLECTIVES:
-        return (f"with {process_count} processes the copy-engine {collective} would need each "
-                "call's peer output addresses on the host, from a table shared only within one "
-                "process; the reduce-scatter and the all-reduce cross processes")
+        return (f"with {process_count} processes the copy-engine transport has no {collective}")
     if config is not None and not config.copy_engine_multiprocess:
         return (f"with {process_count} processes the copy engine (CUDA IPC between the "
                 "processes) was turned off: OverlapConfig(copy_engine_multiprocess=False)")
-    if collective == "all_reduce" and (config is None or config.transport != "copy_engine"):
-        return (f"with {process_count} processes the copy-engine all-reduce (its band sums "
-                "store into the peers' mapped XLA memory) is opt-in: "
+    if collective in XLA_COLLECTIVES and (config is None or config.transport != "copy_engine"):
+        name = collective.replace("_", "-")
+        return (f"with {process_count} processes the copy-engine {name} "
+                f"({_WHAT_INTO_XLA[collective]}) is opt-in: "
                 "OverlapConfig(transport='copy_engine')")
     known_hosts = hosts()
     if known_hosts is None:  # not exchanged yet (without_exchanges): pending_note() says so
@@ -278,9 +284,11 @@ def multiprocess_problem(collective: str, process_count: int, config: Optional[O
     problem = ipc()
     if problem is not None:
         return f"the CUDA IPC probe between the processes failed: {problem}"
-    if collective == "all_reduce":
+    if collective in XLA_COLLECTIVES:
         problem = pool()
         if problem is not None:
-            return ("the copy-engine all-reduce across processes stores into the peers' XLA "
+            name = collective.replace("_", "-")
+            verb = "stores into" if collective == "all_reduce" else "writes into"
+            return (f"the copy-engine {name} across processes {verb} the peers' XLA "
                     f"memory, which they could not map from this process: {problem}")
     return None

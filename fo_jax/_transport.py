@@ -6,8 +6,9 @@ The copy-engine transport lets the GEMM keep every SM and, with the GEMM visitin
 destination band (own band last), leaves only the band sums after the GEMM; an all-reduce
 adds an all-gather of the summed bands (SM stores into the peers' outputs), overlapped with the
 GEMM by visiting the output in rounds (`copy_engine_rounds`). It needs: every rank of the
-axis in this process (JAX's one-process-per-host mode; a reduce-scatter may span the processes
-of one host: fo_jax/_process_layout.py); peer access between every pair of this
+axis in this process (JAX's one-process-per-host mode), or, with one process per GPU, every
+process on this host (the reduce-scatter by default, the all-reduce and all-gather on request:
+fo_jax/_process_layout.py); peer access between every pair of this
 process's GPUs (NVLink / NVSwitch machines); 2 to 16 ranks; rows of the output band of each rank
 (M / P) a multiple of the GEMM tile's rows times its cluster; fo_jax's own group partition (no
 user partition: fo_jax/_ce_model.py chooses how many groups each band is).
@@ -147,15 +148,17 @@ def choose(fn: str, collective: str, size: int, dtype, m_total: int, n: int, k: 
     return "nccl", f"NCCL transport ({problem})"
 
 
-def all_gather_copy_engine_problem(size: int) -> Optional[str]:
+def all_gather_copy_engine_problem(size: int, config: Optional[OverlapConfig] = None
+                                   ) -> Optional[str]:
     """Why the copy-engine all-gather cannot take a call over `size` ranks, or None: the other
-    collectives' rule (every rank in this process, peer access between every pair; its bands
-    were checked by the planner)."""
+    collectives' rule (with several processes, fo_jax/_process_layout.py: opt-in, as the
+    all-reduce, since it writes into the peers' XLA memory; peer access between every pair of
+    this process's GPUs; its bands were checked by the planner)."""
     if not 2 <= size <= MAX_RANKS:
         return f"the copy-engine transport needs 2 to {MAX_RANKS} ranks, the axis has {size}"
-    if jax.process_count() != 1:
-        return ("the copy-engine transport needs every rank in one process (this program runs "
-                f"{jax.process_count()} processes)")
+    problem = _process_layout.multiprocess_problem("all_gather", jax.process_count(), config)
+    if problem is not None:
+        return problem
     problem = _peer_access_problem(_local_gpu_ordinals())
     if problem:
         return f"no peer access between this process's GPUs ({problem})"
@@ -169,7 +172,7 @@ def choose_all_gather(fn: str, size: int, config: Optional[OverlapConfig]) -> tu
     requested = config.transport if config is not None else None
     if requested == "nccl":
         return "nccl", "NCCL transport (requested)"
-    problem = all_gather_copy_engine_problem(size)
+    problem = all_gather_copy_engine_problem(size, config)
     if requested == "copy_engine":
         if problem is not None:
             raise ValueError(f"{fn}: OverlapConfig(transport='copy_engine'): {problem}")

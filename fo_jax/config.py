@@ -109,10 +109,10 @@ class OverlapConfig:
         processes (each maps the others' memory and writes into it); where any pair cannot,
         every process takes NCCL instead (warned once; `describe()` says why). True (the
         default): the copy engine wherever the probe passes; False: NCCL whenever the program
-        runs several processes. Unrequested, the all-reduce keeps NCCL with several processes;
-        requested, it needs JAX's preallocated memory pool (the default), which each process
-        maps in its peers. The all-gather keeps NCCL with several processes whatever this says
-        (docs/design.md, "Copy engine across processes").
+        runs several processes. Unrequested, the all-reduce and the overlapped all-gather keep
+        NCCL with several processes; requested, they need JAX's preallocated memory pool (the
+        default), which each process maps in its peers (docs/design.md, "Copy engine across
+        processes").
       k_splits: `matmul` only (its forward GEMM, as `gemm_config`): divide each output tile's K
         among this many units of work on different SMs, the last adding the others' float32
         partial sums in a fixed order (deterministic), for GEMMs of few output tiles and long K.

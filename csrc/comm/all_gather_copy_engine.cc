@@ -10,6 +10,7 @@
 #include <string>
 
 #include "comm/ag_exchange.h"
+#include "comm/all_gather_peers.h"
 #include "comm/copy_engine_graphs.h"
 #include "comm/device_memory.h"
 #include "comm/host_worker.h"
@@ -33,8 +34,9 @@ std::chrono::milliseconds PeerTimeout() {
   return std::chrono::milliseconds(limit > 0 ? static_cast<int64_t>(limit * 1000) : 300000);
 }
 
-// What rank r published for its call `epoch`, as this process uses it (its AgEntry's addresses,
-// which are this process's: every rank of the group is in it).
+// What rank r published for its call `epoch`, as this process uses it: for a rank in this process
+// its AgEntry's own addresses and event, for one in another process the addresses in this
+// process's mapping of its XLA allocation and the event of its ring opened here (Resolve).
 struct Entry {
   uint32_t epoch = 0;
   void* gathered = nullptr;
@@ -60,16 +62,29 @@ AgEntry ToShared(const Entry& e) {
 
 using Exchange = AgExchange;
 
+// A call's gathered output and band flags, in bytes (the same on every rank).
+uint64_t GatheredBytes(const AllGatherBands& bands, size_t band_bytes) {
+  return static_cast<uint64_t>(bands.count) * band_bytes;
+}
+uint64_t FlagBytes(const AllGatherBands& bands) {
+  return static_cast<uint64_t>(bands.count) * sizeof(uint32_t);
+}
+
 // One rank's copy-engine all-gather state (created on first use, never destroyed: its streams,
 // events and device word may be in use by queued work).
 struct AgState {
   cudaStream_t copy_stream = nullptr;
   cudaEvent_t started[kRing] = {};
   uint32_t* copies_done = nullptr;  // device word: the latest call whose copies all ended
+  bool copies_done_zeroed = false;  // by the first call, in XLA's stream order
   uint32_t epoch = 0;               // calls made (under the communicator's lock)
   CopyGraphs graphs;
   bool peer_ready[kMaxCopyEngineRanks] = {};  // peer access enabled towards that rank's GPU
   std::shared_ptr<Exchange> exchange;  // the group's (ag_exchange.h)
+  // Whether a peer lives in another process, and how this rank reaches those peers
+  // (all_gather_peers.h); the exchange is then this rank's mapping of the shared segment.
+  bool spans_processes = false;
+  AgPeers peers;
   std::unique_ptr<HostWorker> worker;
   std::mutex failure_mu;
   std::string failure;  // the copy thread's first failure
@@ -81,7 +96,7 @@ std::mutex& RegistryMu() {
 }
 
 // Creates this rank's state (streams, events, the device word) on its first call.
-Status CreateAgState(CommState& state, cudaStream_t xla_stream, AgState& s) {
+Status CreateAgState(CommState& state, bool interprocess, AgState& s) {
   if (TestFailureAt(FailStage::kSetup, state.rank)) {
     return Status::Internal("creating the copy-engine all-gather's state failed " +
                             InjectedFailureMessage(FailStage::kSetup));
@@ -93,59 +108,145 @@ Status CreateAgState(CommState& state, cudaStream_t xla_stream, AgState& s) {
     err = cudaStreamCreateWithPriority(&s.copy_stream, cudaStreamNonBlocking, greatest);
   }
   for (int i = 0; i < kRing && err == cudaSuccess; ++i) {
-    err = cudaEventCreateWithFlags(&s.started[i], cudaEventDisableTiming);
+    // Peers in other processes wait on them through their IPC handles.
+    err = cudaEventCreateWithFlags(&s.started[i], cudaEventDisableTiming |
+                                                      (interprocess ? cudaEventInterprocess : 0));
   }
   FO_JAX_RETURN_IF_ERROR(CudaStatus(err, "creating the copy-engine all-gather's state"));
   // Now, not at a failure: releases fill the bands that will not come with NaNs from it.
   FO_JAX_RETURN_IF_ERROR(PrepareNanFill());
-  FO_JAX_RETURN_IF_ERROR(DeviceAlloc(state.device, "copy-engine all-gather word",
-                                     sizeof(uint32_t), reinterpret_cast<void**>(&s.copies_done)));
-  // Zero in XLA's stream order, before the first call's "call started", which the copy stream
-  // waits on before it writes the word (no device synchronization: peers may be mid-call).
-  return CudaStatus(cudaMemsetAsync(s.copies_done, 0, sizeof(uint32_t), xla_stream),
-                    "creating the copy-engine all-gather's state");
+  // Zeroed by the first call (EnqueueAllGatherCopyEngine), in XLA's stream order.
+  return DeviceAlloc(state.device, "copy-engine all-gather word", sizeof(uint32_t),
+                     reinterpret_cast<void**>(&s.copies_done));
 }
 
-Status GetAgState(CommState& state, cudaStream_t xla_stream, AgState** out) {
+std::map<const CommState*, std::unique_ptr<AgState>>& States() {
   static auto* states = new std::map<const CommState*, std::unique_ptr<AgState>>();
-  static auto* exchanges = new std::map<const CommGroup*, std::shared_ptr<Exchange>>();
+  return *states;
+}
+
+// This rank's state, or nullptr before PrepareAllGatherCopyEngine made it.
+AgState* FindAgState(const CommState& state) {
   std::lock_guard<std::mutex> lock(RegistryMu());
-  auto it = states->find(&state);
-  if (it != states->end()) {
-    *out = it->second.get();
-    return Status::Ok();
+  auto it = States().find(&state);
+  return it == States().end() ? nullptr : it->second.get();
+}
+
+// Where a rank's peers live, learnt once (a collective) on its first call; and for a group
+// that spans processes, why its connection failed (every rank fails it together, so every rank
+// then stops trying, and no rank waits in a collective the others skip).
+struct AgLayout {
+  bool other_process[kMaxCopyEngineRanks] = {};
+  bool spans = false;
+  std::string failed;
+};
+
+std::map<const CommState*, AgLayout>& Layouts() {
+  static auto* layouts = new std::map<const CommState*, AgLayout>();
+  return *layouts;
+}
+
+// This rank's state, created with the group's exchange on its first call (every rank of the
+// group makes it, so the collectives below, none under the registry's lock, see every rank: two
+// ranks of this process meet in them). In one process a rank that cannot create its state
+// tries again on its next call, alone.
+Status SetUpAgState(CommState& state, const AllGatherBuffers& buffers, uint64_t gathered_bytes) {
+  static auto* exchanges = new std::map<const CommGroup*, std::shared_ptr<Exchange>>();
+  if (FindAgState(state) != nullptr) return Status::Ok();
+  AgLayout layout;
+  bool known = false;
+  {
+    std::lock_guard<std::mutex> lock(RegistryMu());
+    auto it = Layouts().find(&state);
+    if (it != Layouts().end()) {
+      layout = it->second;
+      known = true;
+    }
   }
-  // The group's exchange first: a rank that cannot create its state fails the exchange, so its
-  // peers' waits for its entries end at once (not after PeerTimeout()) and every rank's call
-  // raises. It retries on its next call; the exchange stays failed.
-  std::shared_ptr<Exchange>& ex = (*exchanges)[state.group.get()];
-  if (!ex) {
-    ex = std::shared_ptr<Exchange>(AgExchange::CreateLocal(state.nranks));
-    if (!ex) return Status::Internal("creating the copy-engine all-gather's exchange failed");
+  if (!known) {
+    FO_JAX_RETURN_IF_ERROR(AllGatherProcessLayout(state, layout.other_process, &layout.spans));
+    std::lock_guard<std::mutex> lock(RegistryMu());
+    Layouts()[&state] = layout;
   }
+  if (!layout.failed.empty()) return Status::Internal(layout.failed);
+  const bool* other_process = layout.other_process;
   auto s = std::make_unique<AgState>();
-  const Status created = CreateAgState(state, xla_stream, *s);
-  if (!created.ok()) {
-    ex->Fail("rank " + std::to_string(state.rank) + " of the group could not create its "
-             "copy-engine all-gather state: " + created.message());
-    return created;
+  if (layout.spans) {
+    // Every rank creates its state first and reports it in the connection's all-gathers, so the
+    // group connects or fails together; a failed group raises on every later call.
+    const Status created = CreateAgState(state, /*interprocess=*/true, *s);
+    std::unique_ptr<Exchange> shared;
+    Status connected = Status::Ok();
+    if (created.ok()) {
+      connected = ConnectAllGatherPeers(state, buffers.gathered, gathered_bytes, s->started,
+                                        other_process, &shared, &s->peers);
+    } else {
+      // Joins the connection's all-gathers as a failed rank (MapPeerPools cannot export).
+      connected = ConnectAllGatherPeers(state, nullptr, 0, s->started, other_process, &shared,
+                                        &s->peers);
+    }
+    const Status failed = created.ok() ? connected : created;
+    if (!failed.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(RegistryMu());
+        Layouts()[&state].failed = failed.message();
+      }
+      FailCommGroup(state, "copy-engine all-gather: " + failed.message());
+      return failed;
+    }
+    s->exchange = std::shared_ptr<Exchange>(std::move(shared));
+    s->spans_processes = true;
+  } else {
+    std::lock_guard<std::mutex> lock(RegistryMu());
+    // The group's exchange first: a rank that cannot create its state fails the exchange, so
+    // its peers' waits for its entries end at once (not after PeerTimeout()) and every rank's
+    // call raises. It retries on its next call; the exchange stays failed.
+    std::shared_ptr<Exchange>& ex = (*exchanges)[state.group.get()];
+    if (!ex) {
+      ex = std::shared_ptr<Exchange>(AgExchange::CreateLocal(state.nranks));
+      if (!ex) return Status::Internal("creating the copy-engine all-gather's exchange failed");
+    }
+    const Status created = CreateAgState(state, /*interprocess=*/false, *s);
+    if (!created.ok()) {
+      ex->Fail("rank " + std::to_string(state.rank) + " of the group could not create its "
+               "copy-engine all-gather state: " + created.message());
+      return created;
+    }
+    s->exchange = ex;
   }
-  s->exchange = ex;
   s->worker = std::make_unique<HostWorker>(state.device);
-  *out = s.get();
-  (*states)[&state] = std::move(s);
+  std::lock_guard<std::mutex> lock(RegistryMu());
+  States()[&state] = std::move(s);
+  return Status::Ok();
+}
+
+// Rank q's entry as this process reaches it: its own addresses and event for a rank in this
+// process; for one in another process its gathered output and flags in this process's mapping of
+// its XLA allocation (the ranges checked: a buffer outside it fails) and the slot of its ring.
+Status Resolve(const AgState& ag, int q, const AgEntry& a, uint64_t gathered_bytes,
+               uint64_t flag_bytes, Entry* out) {
+  Entry e = FromShared(a);
+  if (ag.spans_processes && ag.peers.other_process[q]) {
+    e.gathered = PeerAddressHere(ag.peers, q, a.gathered, gathered_bytes);
+    e.flags = static_cast<uint32_t*>(PeerAddressHere(ag.peers, q, a.flags, flag_bytes));
+    e.started = ag.peers.events[q][a.epoch % kRing];
+    e.device = -1;  // its ordinal means nothing here; the mapping gave this GPU access
+    if (e.gathered == nullptr || e.flags == nullptr) {
+      return Status::Internal("rank " + std::to_string(q) + "'s all-gather buffers lie outside "
+                              "the XLA memory this process mapped at the group's first call");
+    }
+  }
+  *out = e;
   return Status::Ok();
 }
 
 // Waits on the host until rank q's entry for call e is there; its copy, or the failure. On a
 // failure rank `me` gives up on q for call e (the exchange's `released`): the caller must then
-// set its own flags of q's bands.
-Status AwaitEntry(Exchange& ex, int me, int q, uint32_t e, Entry* out) {
-  AgEntry got;
-  const std::string failed = ex.AwaitEntry(me, q, e, PeerTimeout(), &got);
-  if (!failed.empty()) return Status::Internal(failed);
-  *out = FromShared(got);
-  return Status::Ok();
+// set its own flags of q's bands. The caller checks PeerGaveUp before it resolves the entry: a
+// rank whose buffers its peers cannot reach gives up on every peer before it publishes.
+Status AwaitEntry(Exchange& ex, int me, int q, uint32_t e, AgEntry* out) {
+  const std::string failed = ex.AwaitEntry(me, q, e, PeerTimeout(), out);
+  return failed.empty() ? Status::Ok() : Status::Internal(failed);
 }
 
 void Fail(AgState& ag, const Status& status) {
@@ -196,8 +297,8 @@ void RunJob(AgState& ag, const Job& job) {
   note_waited(job.me);
   for (int s = 1; s < job.P; ++s) {
     const int q = (job.me + s) % job.P;
-    Entry peer;
-    const Status got = AwaitEntry(ex, job.me, q, job.epoch, &peer);
+    AgEntry published;
+    const Status got = AwaitEntry(ex, job.me, q, job.epoch, &published);
     if (!got.ok()) {
       if (status.ok()) status = got;
       // Without its entry the peer has not launched its GEMM for this call and may never send
@@ -207,6 +308,16 @@ void RunJob(AgState& ag, const Job& job) {
       continue;
     }
     if (ex.PeerGaveUp(q, job.me, job.epoch)) continue;  // its call may be over: nothing into it
+    Entry peer;
+    const Status resolved = Resolve(ag, q, published, GatheredBytes(job.bands, job.band_bytes),
+                                    FlagBytes(job.bands), &peer);
+    if (!resolved.ok()) {
+      // Unreachable where the owner checked its buffers before publishing (it then gave up on
+      // every peer, above); the group fails, and nothing goes into memory this rank cannot map.
+      ex.Fail(resolved.message());
+      if (status.ok()) status = resolved;
+      continue;
+    }
     // Always, even after a failure: a flag written before the peer zeroed its flags would be
     // lost, and the peer's GEMM would wait for it forever.
     const Status started =
@@ -247,8 +358,17 @@ Status PreparePeers(AgState& ag, int device, int P, int me, uint32_t e,
       }
     }
     if (ag.peer_ready[q] && graphs_built) continue;
+    AgEntry published;
+    FO_JAX_RETURN_IF_ERROR(AwaitEntry(*ag.exchange, me, q, e, &published));
+    if (ag.exchange->PeerGaveUp(q, me, e)) continue;  // nothing goes into it this call
     Entry peer;
-    FO_JAX_RETURN_IF_ERROR(AwaitEntry(*ag.exchange, me, q, e, &peer));
+    FO_JAX_RETURN_IF_ERROR(Resolve(ag, q, published, GatheredBytes(bands, band_bytes),
+                                   FlagBytes(bands), &peer));
+    // A peer in another process: this GPU reaches its memory through the mapping
+    // (all_gather_peers.h), which granted access.
+    if (!ag.peer_ready[q] && ag.spans_processes && ag.peers.other_process[q]) {
+      ag.peer_ready[q] = true;
+    }
     if (!ag.peer_ready[q]) {
       int ok = 0;
       cudaError_t err = cudaDeviceCanAccessPeer(&ok, device, peer.device);
@@ -329,14 +449,33 @@ Status EnqueueBandRelease(cudaStream_t stream, char* gathered, uint32_t* flags, 
   return first.Within("releasing all-gather bands");
 }
 
+Status PrepareAllGatherCopyEngine(CommState& state, const OverlapPlan& plan,
+                                  const OverlapShape& shape, const AllGatherBuffers& buffers) {
+  const AllGatherBands bands = AllGatherBandsOf(plan, shape);
+  const size_t band_bytes = static_cast<size_t>(bands.rows * shape.k) * GemmInputBytes(shape.dtype);
+  return SetUpAgState(state, buffers, GatheredBytes(bands, band_bytes));
+}
+
 Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
                                   const OverlapPlan& plan, const OverlapShape& shape,
                                   SignalingGemmArgs gemm, const AllGatherBuffers& buffers) {
-  AgState* ag = nullptr;
-  FO_JAX_RETURN_IF_ERROR(GetAgState(state, xla_stream, &ag));
-  Exchange& ex = *ag->exchange;
   const int P = state.nranks, me = state.rank;
   const AllGatherBands bands = AllGatherBandsOf(plan, shape);
+  const size_t band_bytes = static_cast<size_t>(bands.rows * shape.k) * GemmInputBytes(shape.dtype);
+  AgState* const ag = FindAgState(state);
+  if (ag == nullptr) {
+    return Status::Internal("the copy-engine all-gather ran before its setup "
+                            "(PrepareAllGatherCopyEngine)");
+  }
+  if (!ag->copies_done_zeroed) {
+    // Before the first call's "call started", which the copy stream waits on before it writes
+    // the word (no device synchronization: peers may be mid-call).
+    FO_JAX_RETURN_IF_ERROR(CudaStatus(
+        cudaMemsetAsync(ag->copies_done, 0, sizeof(uint32_t), xla_stream),
+        "zeroing the copy-engine all-gather's word"));
+    ag->copies_done_zeroed = true;
+  }
+  Exchange& ex = *ag->exchange;
   const uint32_t e = ++ag->epoch;
   const int slot = static_cast<int>(e % kRing);
   FO_JAX_RETURN_IF_ERROR(AwaitRingSlot(ex, me, e));
@@ -346,7 +485,6 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   FO_JAX_RETURN_IF_ERROR(
       CudaStatus(cudaMemsetAsync(buffers.flags, 0, bands.count * sizeof(uint32_t), xla_stream),
                  "zeroing the band flags"));
-  const size_t band_bytes = static_cast<size_t>(bands.rows * shape.k) * GemmInputBytes(shape.dtype);
   FO_JAX_RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(static_cast<char*>(buffers.gathered) + me * bands.per_rank * band_bytes,
                       buffers.x, bands.per_rank * band_bytes, cudaMemcpyDeviceToDevice,
@@ -358,6 +496,20 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   }
   FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(ag->started[slot], xla_stream),
                                     "recording the all-gather's start"));
+  // Peers in other processes reach this call's buffers through their mapping of this rank's XLA
+  // allocation: buffers outside it (JAX's preallocation off) fail the group and give up on every
+  // peer before the entry goes out, so the peers write nothing into them (PeerGaveUp) and this
+  // rank releases its own flags below; its own rows still go to the peers.
+  if (ag->spans_processes && (!InOwnPool(ag->peers, buffers.gathered,
+                                         GatheredBytes(bands, band_bytes)) ||
+                              !InOwnPool(ag->peers, buffers.flags, FlagBytes(bands)))) {
+    ex.Fail("rank " + std::to_string(me) + "'s all-gather buffers lie outside the XLA memory "
+            "that its peers in other processes mapped at the group's first call (JAX's memory "
+            "preallocation is off, XLA_PYTHON_CLIENT_PREALLOCATE=false, or another allocator "
+            "is in use, so XLA's memory is not one allocation); use "
+            "OverlapConfig(transport='nccl') for this all-gather");
+    ex.ReleaseAllPeers(me, e);  // before the entry: no peer resolves it
+  }
   // The group's failure when this call published ("" while healthy).
   const std::string failed =
       ex.Publish(me, ToShared(Entry{e, buffers.gathered, buffers.flags, ag->started[slot],

@@ -1,10 +1,10 @@
 // The all-gather's copy-engine transport (docs/design.md, "The all-gather"): every rank pushes
 // its rows into each peer's gathered output (the peer's XLA result of this very call) with
 // copy-engine writes, each followed by the peer's band flag (a stream write, which fences the
-// copy); no SM moves data, so the consumer GEMM may use every SM. Every rank of the group is in
-// this process (the transport's choice rule), so the per-call destination is exchanged on the
-// host: each rank's handler publishes (epoch, gathered output, flags, "call started" event) in
-// the group's shared table, and each rank's copy thread waits on the host for the peer's entry
+// copy); no SM moves data, so the consumer GEMM may use every SM. The per-call destination is
+// exchanged on the host: each rank's handler publishes (epoch, gathered output, flags, "call
+// started" event) in the group's table (ag_exchange.h: in this process, or a shared-memory
+// segment where the group spans processes of this host, all_gather_peers.h), and each rank's copy thread waits on the host for the peer's entry
 // and on the GPU for its event (the peer's stream has zeroed the flags and may be written),
 // then launches its copy graphs (copy_engine_graphs.h: never a call that can block on a
 // driver lock while a peer drains). XLA's stream waits (a stream memory operation, not an event
@@ -24,7 +24,15 @@
 
 namespace fo_jax {
 
-// Enqueues the whole call: on XLA's stream the flags zeroed, the own rows and their flags, the
+// Before the call (OverlapCall::Prepare, where the other copy-engine collectives make their
+// exchange): on this rank's first call, its state (copy stream, ring of events, device word)
+// and the group's exchange; when the group spans processes, the connection to the peers in the
+// other processes (all_gather_peers.h), collective: every rank of the group makes it in the
+// same call. Afterwards a no-op.
+Status PrepareAllGatherCopyEngine(CommState& state, const OverlapPlan& plan,
+                                  const OverlapShape& shape, const AllGatherBuffers& buffers);
+
+// Enqueues the whole call (after PrepareAllGatherCopyEngine): on XLA's stream the flags zeroed, the own rows and their flags, the
 // "call started" event, the consumer GEMM, then the wait for this rank's copies; the copies on
 // the copy thread. Returns, after the call ran, the copy thread's first failure if it had one.
 // `gemm` as for EnqueueAllGatherNccl.

@@ -47,11 +47,11 @@ bool HasPeersInOtherProcesses(const CommState& s, const CopyEngineBuffers& b) {
   return false;
 }
 
-Status MapOutputPools(CommState& s, CopyEngineBuffers& b, const void* out, uint64_t out_bytes) {
-  if (b.out_pools_mapped) return Status::Ok();
+Status MapPeerPools(CommState& s, const void* buffer, uint64_t bytes,
+                    const std::string& collective, PeerPools* out) {
   const int P = s.nranks, me = s.rank;
   PoolExport ex;
-  Status problem = ExportPoolOf(out, out_bytes, &ex);
+  Status problem = ExportPoolOf(buffer, bytes, &ex);
   FdServer server;
   std::string name;
   if (problem.ok()) problem = server.Listen(&name);
@@ -107,12 +107,31 @@ Status MapOutputPools(CommState& s, CopyEngineBuffers& b, const void* out, uint6
     }
   }
   if (!problem.ok()) {
-    return Status::Internal("the copy-engine all-reduce across processes: " + problem.message() +
-                            "; every rank fails this call" + kNccl);
+    return Status::Internal("the copy-engine " + collective + " across processes: " +
+                            problem.message() + "; every rank fails this call; use "
+                            "OverlapConfig(transport='nccl') for this " + collective);
   }
-  b.out_pool_base = ex.base;
-  b.out_pool_size = ex.size;
-  for (int q = 0; q < P; ++q) b.out_pool_at_peer[q] = q == me ? 0 : verdicts[q].mapped_at[me];
+  PeerPools pools;
+  pools.own_base = ex.base;
+  pools.own_size = ex.size;
+  for (int q = 0; q < P; ++q) {
+    const bool other = q != me && all[q].pid != mine.pid;
+    pools.base[q] = all[q].base;
+    pools.size[q] = all[q].size;
+    pools.here[q] = other ? verdict.mapped_at[q] : 0;
+    pools.at_peer[q] = other ? verdicts[q].mapped_at[me] : 0;
+  }
+  *out = pools;
+  return Status::Ok();
+}
+
+Status MapOutputPools(CommState& s, CopyEngineBuffers& b, const void* out, uint64_t out_bytes) {
+  if (b.out_pools_mapped) return Status::Ok();
+  PeerPools pools;
+  FO_JAX_RETURN_IF_ERROR(MapPeerPools(s, out, out_bytes, "all-reduce", &pools));
+  b.out_pool_base = pools.own_base;
+  b.out_pool_size = pools.own_size;
+  for (int q = 0; q < s.nranks; ++q) b.out_pool_at_peer[q] = pools.at_peer[q];
   b.out_pools_mapped = true;
   return Status::Ok();
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "comm/comm_registry.h"
 #include "comm/copy_engine_buffers.h"
@@ -16,6 +17,25 @@ namespace fo_jax {
 
 // Whether any peer of the group lives in another process (its memory reached over CUDA IPC).
 bool HasPeersInOtherProcesses(const CommState& state, const CopyEngineBuffers& buffers);
+
+// Every rank's XLA allocation as this rank reaches it (MapPeerPools). Peers in this process (and
+// this rank) use their own addresses: `here` and `at_peer` are 0 for them.
+struct PeerPools {
+  uint64_t own_base = 0, own_size = 0;         // this rank's allocation, at its own addresses
+  uint64_t base[kMaxCopyEngineRanks] = {};     // each rank's allocation, at its owner's addresses
+  uint64_t size[kMaxCopyEngineRanks] = {};
+  uint64_t here[kMaxCopyEngineRanks] = {};     // this process's mapping of it
+  uint64_t at_peer[kMaxCopyEngineRanks] = {};  // each peer's mapping of this rank's allocation
+};
+
+// Collective (every rank of the group, in the same call): exports the allocation holding this
+// rank's [buffer, buffer + bytes), hands its descriptor to each peer in another process over a
+// Unix socket, maps each such peer's, and tells every peer where it mapped theirs (two
+// all-gathers over the communicator). A rank whose export, hand-over or mapping fails reports it
+// in the second all-gather, so every rank fails the call (none enqueues work that waits for
+// another); `collective` names the call in that error ("all-reduce").
+Status MapPeerPools(CommState& state, const void* buffer, uint64_t bytes,
+                    const std::string& collective, PeerPools* out);
 
 // On the group's first all-reduce with peers in other processes (every rank makes the same
 // calls, so every rank joins): exports the allocation holding this rank's `out`, hands its

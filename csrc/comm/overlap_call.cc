@@ -12,6 +12,18 @@
 #include "comm/test_failures.h"
 
 namespace fo_jax {
+namespace {
+
+// An all-gather's buffers: the workspace is the gathered x, the counters its band flags.
+AllGatherBuffers AllGatherBuffersOf(const OverlapBuffers& b) {
+  AllGatherBuffers ag;
+  ag.x = b.x;
+  ag.gathered = b.workspace;
+  ag.flags = b.counters;
+  return ag;
+}
+
+}  // namespace
 
 OverlapCall::OverlapCall(const OverlapPlan& plan, const OverlapShape& shape,
                          const OverlapBuffers& buffers, const OverlapPlace& place,
@@ -86,7 +98,8 @@ Status OverlapCall::Prepare() {
     gemm_.a = buffers_.workspace;  // the gathered x; the rest is all_gather_nccl.h's
     gemm_.d = buffers_.out;
     gemm_.counters = nullptr;
-    return Status::Ok();
+    return copy_engine ? PrepareAllGatherCopyEngine(*state_, plan_, shape_, AllGatherBuffersOf(buffers_))
+                       : Status::Ok();
   }
   if (copy_engine) {
     FO_JAX_RETURN_IF_ERROR(
@@ -114,10 +127,7 @@ Status OverlapCall::EnqueueParts(cudaStream_t stream) {
   CommState& state = *state_;
   if (copy_engine && TestFailureAt(FailStage::kStop, place_.rank)) return Status::Ok();
   if (plan_.collective == Collective::kAllGather) {
-    AllGatherBuffers ag;
-    ag.x = buffers_.x;
-    ag.gathered = buffers_.workspace;
-    ag.flags = buffers_.counters;
+    const AllGatherBuffers ag = AllGatherBuffersOf(buffers_);
     FO_JAX_RETURN_IF_ERROR(
         copy_engine ? EnqueueAllGatherCopyEngine(state, stream, plan_, shape_, gemm_, ag)
                     : EnqueueAllGatherNccl(state, stream, plan_, shape_, gemm_, ag));

@@ -130,7 +130,7 @@ for step in ${STEPS:-overlap-tests bench train processes reliability multiproces
     multiprocess)
       run "$step" "${MULTIPROCESS_TIMEOUT:-420}" "bench_multiprocess_$NAME.log" \
         python3 "$R/benchmarks/bench_overlap_multiprocess.py" --processes "$NGPU" \
-        --collectives reduce_scatter all_reduce --out "$OUT/mp.tmp" ${MULTIPROCESS_ARGS:-}
+        --collectives reduce_scatter all_reduce all_gather --out "$OUT/mp.tmp" ${MULTIPROCESS_ARGS:-}
       collect "$OUT/mp.tmp"; tail -12 "$OUT/bench_multiprocess_$NAME.log"
       grep -E "^(PASS|FAIL|NOT CHECKED) " "$OUT/bench_multiprocess_$NAME.log" \
         | sed 's/^/multiprocess: /' | tee -a "$SUMMARY";;

@@ -101,11 +101,35 @@ def test_all_reduce_crosses_processes_when_requested_where_xla_memory_maps(proce
     assert _choose("reduce_scatter", None)[0] == "copy_engine"  # needs no XLA memory mapped
 
 
+AG_ON = dict(all_gather="overlap", allow_fallback=False)  # the overlapped all-gather's opt-in
+
+
 @needs_module
-def test_all_gather_keeps_nccl_with_several_processes(processes):
+def test_all_gather_crosses_processes_when_requested_where_xla_memory_maps(processes,
+                                                                        monkeypatch):
+    """As the all-reduce: its rows go into the peers' mapped XLA memory, so with several
+    processes the copy engine takes it only on request, and only where that memory maps."""
+    choose = _transport.choose_all_gather
     processes(4)
-    why = _process_layout.multiprocess_problem("all_gather", 4, DEFAULT)
-    assert "table shared only within one process" in why, why
+    for config in (fo_jax.OverlapConfig(**AG_ON), None):  # unrequested: NCCL, saying why
+        transport, why = choose("fo_jax.all_gather_matmul", 4, config)
+        assert transport == "nccl", why
+        assert "copy-engine all-gather (its rows are pushed into the peers' mapped XLA memory) " \
+               "is opt-in: OverlapConfig(transport='copy_engine')" in why, why
+    requested = fo_jax.OverlapConfig(transport="copy_engine", **AG_ON)
+    assert choose("fo_jax.all_gather_matmul", 4, requested)[0] == "copy_engine"
+    with pytest.raises(ValueError, match="turned off"):
+        choose("fo_jax.all_gather_matmul", 4,
+               fo_jax.OverlapConfig(transport="copy_engine", copy_engine_multiprocess=False,
+                                    **AG_ON))
+    monkeypatch.setattr(_process_layout, "_pool", "JAX's memory preallocation is off ...")
+    with pytest.raises(ValueError, match="all-gather across processes writes into the peers' "
+                                         "XLA memory, which they could not map from this "
+                                         "process: JAX's memory preallocation is off"):
+        choose("fo_jax.all_gather_matmul", 4, requested)
+    processes(1)  # one process: the copy engine unrequested, as before
+    assert choose("fo_jax.all_gather_matmul", 4, fo_jax.OverlapConfig(**AG_ON))[0] == \
+        "copy_engine"
 
 
 @needs_module
@@ -121,7 +145,8 @@ def test_multiprocess_problem_rule():
     two_hosts = lambda: ("h", "g")  # noqa: E731
     rule = _process_layout.multiprocess_problem
     assert rule("all_reduce", 1, None, two_hosts) is None  # one process: not this rule's case
-    assert "shared only within one process" in rule("all_gather", 2, DEFAULT, one_host)
+    assert "opt-in" in rule("all_gather", 2, DEFAULT, one_host)  # asks no probe or pool
+    assert "has no broadcast" in rule("broadcast", 2, DEFAULT, one_host)
     assert "turned off" in rule("reduce_scatter", 2, OPT_OUT, one_host)
     assert "turned off" in rule("all_reduce", 2, OPT_OUT, one_host)
     assert "opt-in" in rule("all_reduce", 2, None, one_host)  # asks no host, probe or pool
@@ -144,6 +169,12 @@ def test_multiprocess_problem_rule():
     # XLA's memory is tried last: after the hosts and the probe.
     assert "span 2 hosts" in rule("all_reduce", 2, REQUESTED, two_hosts, not_probed, not_asked)
     assert "probe" in rule("all_reduce", 2, REQUESTED, one_host, failed, not_asked)
+    assert rule("all_gather", 2, REQUESTED, one_host, passed, passed) is None
+    why = rule("all_gather", 2, REQUESTED, one_host, passed, no_pool)
+    assert why == ("the copy-engine all-gather across processes writes into the peers' XLA "
+                   "memory, which they could not map from this process: "
+                   "XLA_PYTHON_CLIENT_ALLOCATOR=platform: ...")
+    assert "probe" in rule("all_gather", 2, REQUESTED, one_host, failed, not_asked)
 
     for config in (None, DEFAULT):
         assert rule("reduce_scatter", 2, config, one_host, passed) is None
@@ -152,7 +183,7 @@ def test_multiprocess_problem_rule():
     # The probe runs last: only where the hosts allow CUDA IPC, and not when turned off.
     assert "span 2 hosts" in rule("reduce_scatter", 2, None, two_hosts, not_probed)
     assert "turned off" in rule("reduce_scatter", 2, OPT_OUT, one_host, not_probed)
-    assert "one process" in rule("all_gather", 2, None, one_host, not_probed)
+    assert "opt-in" in rule("all_gather", 2, None, one_host, not_probed)
 
 
 def test_allocator_settings_that_keep_xla_memory_from_mapping():
@@ -197,7 +228,7 @@ def test_the_hosts_are_not_asked_for_when_turned_off():
 
     assert "turned off" in _process_layout.multiprocess_problem("reduce_scatter", 4, OPT_OUT,
                                                                no_store)
-    assert "one process" in _process_layout.multiprocess_problem("all_gather", 4, None, no_store)
+    assert "opt-in" in _process_layout.multiprocess_problem("all_gather", 4, None, no_store)
 
 
 class _Store:

@@ -28,6 +28,17 @@ AR_CASES = (
     ("ar_grown_four_rounds", 32768, 1024, 512, 4),
 )
 
+# Overlapped all-gather cases (name, rows of x per rank, N per rank, K, bands per rank), after
+# AR_CASES: the first one maps every peer's XLA memory and opens the group's shared exchange;
+# the later ones push through the same mappings. AG_CALLS back-to-back calls each: more than the
+# ring of "call started" events (8), so every peer's ring is reused across the processes.
+AG_CASES = (
+    ("ag_one_band", 512, 768, 1024, 1),
+    ("ag_two_bands", 1024, 512, 2048, 2),
+    ("ag_odd_n_k", 512, 392, 136, 4),
+)
+AG_CALLS = 20
+
 
 def config(ring: bool) -> "fo_jax.OverlapConfig":
     """The copy engine requested (a call it cannot take raises instead of running on NCCL)."""
@@ -39,6 +50,47 @@ def ar_config(rounds: int) -> "fo_jax.OverlapConfig":
     """The copy-engine all-reduce requested, in `rounds` rounds."""
     return fo_jax.OverlapConfig(allow_fallback=False, transport="copy_engine",
                                 copy_engine_rounds=rounds)
+
+
+def ag_config(bands: int) -> "fo_jax.OverlapConfig":
+    """The overlapped all-gather on the copy engine requested (opt-in across processes), with
+    `bands` bands per rank; small shapes, so no fallback to XLA's path."""
+    return fo_jax.OverlapConfig(all_gather="overlap", allow_fallback=False,
+                                transport="copy_engine", num_groups=bands)
+
+
+def ag_fn(mesh, cfg):
+    """all_gather_matmul over "tp" on x sharded by rows and w by columns, jitted: (y, gathered
+    x), y [M, N] sharded by columns, the gathered x stacked by rank."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    return jax.jit(jax.shard_map(
+        lambda a, b: fo_jax.all_gather_matmul(a, b, axis_name="tp", config=cfg),
+        mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
+        out_specs=(P(None, "tp"), P("tp", None))))
+
+
+def ag_operands(rows: int, n: int, k: int, nproc: int, seed: int):
+    """Global x[rows * nproc, k] and w[k, n * nproc] as bf16 NumPy arrays, and their float64
+    product (the reference)."""
+    rng = np.random.default_rng(seed)
+    x = np.asarray(jnp.asarray(rng.standard_normal((rows * nproc, k)) / np.sqrt(k),
+                               jnp.bfloat16))
+    w = np.asarray(jnp.asarray(rng.standard_normal((k, n * nproc)), jnp.bfloat16))
+    return x, w, np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+
+
+def shard_ag_operands(mesh, x, w):
+    """Global x (rows sharded over "tp") and w (columns sharded) from NumPy arrays every process
+    holds whole."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    return (jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("tp", None)),
+                                         lambda i: x[i]),
+            jax.make_array_from_callback(w.shape, NamedSharding(mesh, P(None, "tp")),
+                                         lambda i: w[i]))
 
 
 def lowered_transport(f, *args) -> int:
@@ -109,8 +161,15 @@ def sharded_call(nproc: int, transport: str = "copy_engine",
     """(f, (x, w), float64 product) for the failure workers, after jax.distributed.initialize:
     the copy-engine `collective` across processes (a reduce-scatter in the direct form; transport
     "nccl": the NCCL transport's) over a mesh of every process's GPU, on the operands of
-    4096 x 1024 with 512 columns of K per rank (seed 5), sharded for it."""
+    4096 x 1024 with 512 columns of K per rank (seed 5), sharded for it; "all_gather": the
+    overlapped all-gather's product (AG_CASES' first shape, one band per rank)."""
     mesh = tp_mesh()
+    if collective == "all_gather":  # its product only (the gathered x is checked elsewhere)
+        x, w, ref = ag_operands(512, 768, 1024, nproc, 5)
+        cfg = ag_config(1) if transport == "copy_engine" else fo_jax.OverlapConfig(
+            all_gather="overlap", allow_fallback=False, transport=transport)
+        both = ag_fn(mesh, cfg)
+        return (lambda a, b: both(a, b)[0]), shard_ag_operands(mesh, x, w), ref
     x, w, ref = operands(4096, 1024, 512, nproc, 5)
     if transport != "copy_engine":
         cfg = fo_jax.OverlapConfig(allow_fallback=False, transport=transport)

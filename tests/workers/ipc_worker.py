@@ -4,8 +4,11 @@ the copy engine requested, each CALLS times; every call must give the same bits,
 process saves its shard (bf16 bits) under $FO_JAX_IPC_OUT for the test to compare with the
 single-process copy engine. Then the all-reduce cases (AR_CASES, the copy engine requested: its
 band sums store into the peers' mapped XLA memory), saved the same way (each process's output is
-the whole product); and the all-reduce with the default config, on NCCL (the copy engine across
-processes is opt-in for it), against the float64 reference."""
+the whole product); the overlapped all-gather cases (AG_CASES, the copy engine requested: its rows
+pushed into the peers' mapped XLA memory, the per-call table in shared memory), each process's
+column block of the product saved the same way and its gathered x checked against x; then the
+all-gather and the all-reduce with the default transport, on NCCL (the copy engine across
+processes is opt-in for both), against the float64 reference."""
 
 import os
 import sys
@@ -17,8 +20,9 @@ proc, nproc, port = (int(a) for a in sys.argv[1:4])
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=proc,
                            local_device_ids=[proc])
 import fo_jax  # noqa: E402
-from ipc_cases import (AR_CASES, CALLS, CASES, ar_config, check_shard, config,  # noqa: E402
-                       lowered_transport, operands, shard_operands, tp_fn, tp_mesh)
+from ipc_cases import (AG_CALLS, AG_CASES, AR_CASES, CALLS, CASES, ag_config,  # noqa: E402
+                       ag_fn, ag_operands, ar_config, check_shard, config, lowered_transport,
+                       operands, shard_ag_operands, shard_operands, tp_fn, tp_mesh)
 
 out_dir = os.environ["FO_JAX_IPC_OUT"]
 mesh = tp_mesh()
@@ -54,6 +58,31 @@ for seed, (name, m, n, k_rank, rounds) in enumerate(AR_CASES, start=len(CASES)):
     err = check_shard(f(xg, wg), ref, name)
     np.save(os.path.join(out_dir, f"{name}_{proc}.npy"), first)
     print(f"process {proc}: {name} ok (rel err {err:.2e})", flush=True)
+
+for seed, (name, rows, n, k, bands) in enumerate(AG_CASES, start=len(CASES) + len(AR_CASES)):
+    x, w, ref = ag_operands(rows, n, k, nproc, seed)
+    xg, wg = shard_ag_operands(mesh, x, w)
+    f = ag_fn(mesh, ag_config(bands))
+    assert lowered_transport(f, xg, wg) == transports["copy_engine"].value, name
+    first = None
+    for call in range(AG_CALLS):
+        y, g = f(xg, wg)
+        bits = np.asarray(y.addressable_shards[0].data).view(np.uint16)
+        if first is None:
+            first = bits
+        assert np.array_equal(bits, first), f"{name}: call {call} differs from call 0"
+    (gathered,) = g.addressable_shards
+    assert np.array_equal(np.asarray(gathered.data).view(np.uint16),
+                          x.view(np.uint16)), f"{name}: the gathered x differs from x"
+    err = check_shard(y, ref, name)
+    np.save(os.path.join(out_dir, f"{name}_{proc}.npy"), first)
+    print(f"process {proc}: {name} ok (rel err {err:.2e})", flush=True)
+
+x, w, ref = ag_operands(512, 768, 1024, nproc, 98)
+xg, wg = shard_ag_operands(mesh, x, w)
+f = ag_fn(mesh, fo_jax.OverlapConfig(all_gather="overlap", allow_fallback=False))
+assert lowered_transport(f, xg, wg) == transports["nccl"].value, "the copy engine is opt-in"
+check_shard(f(xg, wg)[0], ref, "all-gather on NCCL")
 
 x, w, ref = operands(4096, 1024, 512, nproc, 99)
 xg, wg = shard_operands(mesh, x, w)

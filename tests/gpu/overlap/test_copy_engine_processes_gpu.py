@@ -1,12 +1,16 @@
-"""The copy-engine reduce-scatter and all-reduce with one JAX process per GPU (CUDA IPC between the processes,
-the default on one host, OverlapConfig.copy_engine_multiprocess; docs/design.md, "Copy engine
-across processes"): tests/workers/ipc_worker.py runs the cases of tests/workers/ipc_cases.py in one
-process per GPU, and each process's shard must equal, bit for bit, what the single-process copy
-engine computes here from the same operands with the same plan (the ring and the direct form,
-before and after the receive buffers grow; the all-reduce, whose band sums store into the peers'
-mapped XLA memory, in one round and in rounds). The worker also runs the NCCL all-reduce. tests/workers/ipc_probe_worker.py runs the lowering-time CUDA IPC probe, with every
-GPU visible to every process and with each process seeing only its own;
-tests/workers/describe_one_process_worker.py calls describe() in one process only."""
+"""The copy-engine reduce-scatter, all-reduce and overlapped all-gather with one JAX process per
+GPU (CUDA IPC between the processes, the default on one host for the reduce-scatter,
+OverlapConfig.copy_engine_multiprocess; docs/design.md, "Copy engine across processes"):
+tests/workers/ipc_worker.py runs the cases of tests/workers/ipc_cases.py in one process per GPU,
+and each process's shard must equal, bit for bit, what the single-process copy engine computes
+here from the same operands with the same plan (the ring and the direct form, before and after
+the receive buffers grow; the all-reduce, whose band sums store into the peers' mapped XLA
+memory, in one round and in rounds; the all-gather, whose rows go into the peers' mapped XLA
+memory through a per-call table in shared memory: each process's columns of the product). The
+worker also runs the NCCL all-reduce and all-gather. tests/workers/ipc_probe_worker.py runs the
+lowering-time CUDA IPC probe, with every GPU visible to every process and with each process
+seeing only its own; tests/workers/describe_one_process_worker.py calls describe() in one process
+only."""
 
 import os
 import re
@@ -26,7 +30,8 @@ from test_overlap_gpu import _one_process_per_gpu
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
                                 "workers"))
-from ipc_cases import AR_CASES, CASES, ar_config, config, operands  # noqa: E402
+from ipc_cases import (AG_CASES, AR_CASES, CASES, ag_config, ag_fn, ag_operands,  # noqa: E402
+                       ar_config, config, operands)
 
 pytestmark = pytest.mark.gpu
 
@@ -69,6 +74,18 @@ def test_copy_engine_across_processes_matches_one_process(tmp_path):
             theirs = np.load(tmp_path / f"{name}_{proc}.npy")
             assert np.array_equal(theirs, mine), (
                 f"{name}: process {proc}'s output differs from the single-process copy engine "
+                f"in {int((theirs != mine).sum())} of {mine.size} elements")
+    start = len(CASES) + len(AR_CASES)
+    for seed, (name, rows, n, k, bands) in enumerate(AG_CASES, start=start):
+        x, w, ref = ag_operands(rows, n, k, tp, seed)
+        y, _ = ag_fn(mesh, ag_config(bands))(jnp.asarray(x), jnp.asarray(w))
+        assert_close(y, ref, jnp.bfloat16)
+        bits = np.asarray(y).view(np.uint16)
+        for proc in range(tp):
+            theirs = np.load(tmp_path / f"{name}_{proc}.npy")
+            mine = bits[:, proc * n:(proc + 1) * n]
+            assert np.array_equal(theirs, mine), (
+                f"{name}: process {proc}'s columns differ from the single-process copy engine "
                 f"in {int((theirs != mine).sum())} of {mine.size} elements")
 
 
