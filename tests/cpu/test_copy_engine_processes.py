@@ -506,6 +506,50 @@ def test_lowering_with_several_processes(processes, monkeypatch):
     assert any(key.startswith("fo_jax/nccl_unique_id/") for key in store.values)
 
 
+def _lowered_all_gather_transport(config):
+    """The transport in the plan attribute of an overlapped all-gather lowered for CUDA from CPU
+    devices (the layout mocked by the caller): the design shape 8192x8192x2048 per rank."""
+    from jax.sharding import PartitionSpec as P
+
+    from conftest import cpu_mesh
+
+    mesh = cpu_mesh((4,), ("tp",))
+    f = jax.jit(jax.shard_map(
+        lambda x, w: fo_jax.all_gather_matmul(x, w, axis_name="tp", config=config),
+        mesh=mesh, in_specs=(P("tp", None), P(None, "tp")),
+        out_specs=(P(None, "tp"), P("tp", None))))
+    x = jax.ShapeDtypeStruct((SHAPE["m"], SHAPE["k"]), BF16)
+    w = jax.ShapeDtypeStruct((SHAPE["k"], SHAPE["n"] * 4), BF16)
+    text = f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    assert "fo_jax_overlapped_matmul_v2" in text, "the all-gather took XLA's path"
+    found = re.search(r"transport = (\d+) : i32", text)
+    assert found, "no transport in the lowered plan"
+    return int(found.group(1))
+
+
+@needs_module
+def test_all_gather_lowering_with_several_processes(processes, monkeypatch):
+    """With 4 processes (mocked, as above) the overlapped all-gather lowers on NCCL unless it
+    requests the copy engine, and a requested one where XLA's memory cannot be mapped raises at
+    trace time; with one process it lowers on the copy engine unrequested, as before."""
+    from fo_jax import _bootstrap
+
+    mod = fo_jax._cuda.module()
+    store = _Store()
+    monkeypatch.setattr(_bootstrap, "_distributed_client", lambda: store)
+    monkeypatch.setattr(_bootstrap, "_unique_ids", {})
+    processes(4)
+    default = fo_jax.OverlapConfig(**AG_ON)
+    requested = fo_jax.OverlapConfig(transport="copy_engine", **AG_ON)
+    assert _lowered_all_gather_transport(default) == mod.Transport["nccl"].value
+    assert _lowered_all_gather_transport(requested) == mod.Transport["copy_engine"].value
+    monkeypatch.setattr(_process_layout, "_pool", "XLA_PYTHON_CLIENT_ALLOCATOR=platform: ...")
+    with pytest.raises(ValueError, match="XLA_PYTHON_CLIENT_ALLOCATOR=platform"):
+        _lowered_all_gather_transport(requested)
+    processes(1)
+    assert _lowered_all_gather_transport(default) == mod.Transport["copy_engine"].value
+
+
 # --- describe(): no exchange with the other processes ---
 
 
@@ -561,6 +605,14 @@ def test_describe_exchanges_nothing_with_the_other_processes(processes, monkeypa
     c = _describe_on_4_processes(collective="all_reduce")
     assert c.transport == "nccl" and "not yet checked" not in c.reason, c.reason
     c = _describe_on_4_processes(REQUESTED, collective="all_reduce")
+    assert c.transport == "copy_engine" and "not yet checked" in c.reason, c.reason
+    # The overlapped all-gather as the all-reduce (x [8192, 2048] and w [2048, 8192] per rank
+    # are its operands too).
+    c = _describe_on_4_processes(fo_jax.OverlapConfig(**AG_ON), collective="all_gather")
+    assert c.transport == "nccl" and "opt-in" in c.reason, c.reason
+    assert "not yet checked" not in c.reason, c.reason
+    c = _describe_on_4_processes(fo_jax.OverlapConfig(transport="copy_engine", **AG_ON),
+                                 collective="all_gather")
     assert c.transport == "copy_engine" and "not yet checked" in c.reason, c.reason
     # After the lowering's exchanges: their answers, without the note.
     monkeypatch.setattr(_process_layout, "_hosts", ("node-a",) * 4)
