@@ -35,7 +35,7 @@ AR_CASES = (
 AG_CASES = (
     ("ag_one_band", 512, 768, 1024, 1),
     ("ag_two_bands", 1024, 512, 2048, 2),
-    ("ag_odd_n_k", 512, 392, 136, 4),
+    ("ag_odd_n_k", 1024, 392, 136, 4),
 )
 AG_CALLS = 20
 
