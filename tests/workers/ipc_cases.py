@@ -32,10 +32,10 @@ AR_CASES = (
 # AR_CASES: the first one maps every peer's XLA memory and opens the group's shared exchange;
 # the later ones push through the same mappings. AG_CALLS back-to-back calls each: more than the
 # ring of "call started" events (8), so every peer's ring is reused across the processes.
-AG_CASES = (
-    ("ag_one_band", 512, 768, 1024, 1),
-    ("ag_two_bands", 1024, 512, 2048, 2),
-    ("ag_odd_n_k", 1024, 392, 136, 4),
+AG_CASES = (  # test_all_gather_gpu.py's SHAPES (None: the planner's bands)
+    ("ag_planned_bands", 512, 1024, 2048, None),
+    ("ag_odd_n_k", 1024, 392, 136, 2),
+    ("ag_four_bands", 2048, 4096, 1024, 4),
 )
 AG_CALLS = 20
 
@@ -52,9 +52,10 @@ def ar_config(rounds: int) -> "fo_jax.OverlapConfig":
                                 copy_engine_rounds=rounds)
 
 
-def ag_config(bands: int) -> "fo_jax.OverlapConfig":
+def ag_config(bands) -> "fo_jax.OverlapConfig":
     """The overlapped all-gather on the copy engine requested (opt-in across processes), with
-    `bands` bands per rank; small shapes, so no fallback to XLA's path."""
+    `bands` bands per rank (None: the planner's); small shapes, so no fallback to XLA's
+    path."""
     return fo_jax.OverlapConfig(all_gather="overlap", allow_fallback=False,
                                 transport="copy_engine", num_groups=bands)
 
@@ -162,11 +163,11 @@ def sharded_call(nproc: int, transport: str = "copy_engine",
     the copy-engine `collective` across processes (a reduce-scatter in the direct form; transport
     "nccl": the NCCL transport's) over a mesh of every process's GPU, on the operands of
     4096 x 1024 with 512 columns of K per rank (seed 5), sharded for it; "all_gather": the
-    overlapped all-gather's product (AG_CASES' first shape, one band per rank)."""
+    overlapped all-gather's product (AG_CASES' first shape, the planner's bands)."""
     mesh = tp_mesh()
     if collective == "all_gather":  # its product only (the gathered x is checked elsewhere)
-        x, w, ref = ag_operands(512, 768, 1024, nproc, 5)
-        cfg = ag_config(1) if transport == "copy_engine" else fo_jax.OverlapConfig(
+        x, w, ref = ag_operands(512, 1024, 2048, nproc, 5)
+        cfg = ag_config(None) if transport == "copy_engine" else fo_jax.OverlapConfig(
             all_gather="overlap", allow_fallback=False, transport=transport)
         both = ag_fn(mesh, cfg)
         return (lambda a, b: both(a, b)[0]), shard_ag_operands(mesh, x, w), ref

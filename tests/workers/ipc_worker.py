@@ -78,7 +78,7 @@ for seed, (name, rows, n, k, bands) in enumerate(AG_CASES, start=len(CASES) + le
     np.save(os.path.join(out_dir, f"{name}_{proc}.npy"), first)
     print(f"process {proc}: {name} ok (rel err {err:.2e})", flush=True)
 
-x, w, ref = ag_operands(512, 768, 1024, nproc, 98)
+x, w, ref = ag_operands(512, 1024, 2048, nproc, 98)
 xg, wg = shard_ag_operands(mesh, x, w)
 f = ag_fn(mesh, fo_jax.OverlapConfig(all_gather="overlap", allow_fallback=False))
 assert lowered_transport(f, xg, wg) == transports["nccl"].value, "the copy engine is opt-in"
