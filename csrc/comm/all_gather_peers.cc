@@ -143,18 +143,4 @@ Status ConnectAllGatherPeers(CommState& s, const void* gathered, uint64_t gather
   return Status::Ok();
 }
 
-void* PeerAddressHere(const AgPeers& peers, int q, uint64_t addr, uint64_t bytes) {
-  const PeerPools& p = peers.pools;
-  if (addr < p.base[q] || bytes > p.size[q] || addr - p.base[q] > p.size[q] - bytes) {
-    return nullptr;
-  }
-  return reinterpret_cast<void*>(p.here[q] + (addr - p.base[q]));
-}
-
-bool InOwnPool(const AgPeers& peers, const void* ptr, uint64_t bytes) {
-  const PeerPools& p = peers.pools;
-  const uint64_t a = reinterpret_cast<uint64_t>(ptr);
-  return a >= p.own_base && bytes <= p.own_size && a - p.own_base <= p.own_size - bytes;
-}
-
 }  // namespace fo_jax

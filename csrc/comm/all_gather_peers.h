@@ -47,10 +47,14 @@ Status ConnectAllGatherPeers(CommState& state, const void* gathered, uint64_t ga
                              std::unique_ptr<AgExchange>* exchange, AgPeers* peers);
 
 // Rank q's [addr, addr + bytes) (the owner's addresses) in this process's mapping of its XLA
-// allocation; nullptr where the range leaves the allocation. Pure arithmetic on `peers`.
-void* PeerAddressHere(const AgPeers& peers, int q, uint64_t addr, uint64_t bytes);
+// allocation; nullptr where the range leaves the allocation (peer_pools.h).
+inline void* PeerAddressHere(const AgPeers& peers, int q, uint64_t addr, uint64_t bytes) {
+  return reinterpret_cast<void*>(PeerAddressHere(peers.pools, q, addr, bytes));
+}
 
 // Whether this rank's [ptr, ptr + bytes) lies in its own allocation that the peers mapped.
-bool InOwnPool(const AgPeers& peers, const void* ptr, uint64_t bytes);
+inline bool InOwnPool(const AgPeers& peers, const void* ptr, uint64_t bytes) {
+  return InOwnPool(peers.pools, reinterpret_cast<uint64_t>(ptr), bytes);
+}
 
 }  // namespace fo_jax

@@ -11,6 +11,7 @@
 
 #include "comm/comm_registry.h"
 #include "comm/copy_engine_buffers.h"
+#include "comm/peer_pools.h"
 #include "comm/status.h"
 
 namespace fo_jax {
@@ -18,15 +19,7 @@ namespace fo_jax {
 // Whether any peer of the group lives in another process (its memory reached over CUDA IPC).
 bool HasPeersInOtherProcesses(const CommState& state, const CopyEngineBuffers& buffers);
 
-// Every rank's XLA allocation as this rank reaches it (MapPeerPools). Peers in this process (and
-// this rank) use their own addresses: `here` and `at_peer` are 0 for them.
-struct PeerPools {
-  uint64_t own_base = 0, own_size = 0;         // this rank's allocation, at its own addresses
-  uint64_t base[kMaxCopyEngineRanks] = {};     // each rank's allocation, at its owner's addresses
-  uint64_t size[kMaxCopyEngineRanks] = {};
-  uint64_t here[kMaxCopyEngineRanks] = {};     // this process's mapping of it
-  uint64_t at_peer[kMaxCopyEngineRanks] = {};  // each peer's mapping of this rank's allocation
-};
+static_assert(kPeerPoolRanks == kMaxCopyEngineRanks, "a pool per rank of a group");
 
 // Collective (every rank of the group, in the same call): exports the allocation holding this
 // rank's [buffer, buffer + bytes), hands its descriptor to each peer in another process over a
@@ -38,12 +31,8 @@ Status MapPeerPools(CommState& state, const void* buffer, uint64_t bytes,
                     const std::string& collective, PeerPools* out);
 
 // On the group's first all-reduce with peers in other processes (every rank makes the same
-// calls, so every rank joins): exports the allocation holding this rank's `out`, hands its
-// descriptor to each peer in another process over a Unix socket, maps each such peer's, and
-// tells every peer where it mapped theirs (two all-gathers over the communicator). A rank whose
-// export, hand-over or mapping fails reports it in the second all-gather, so every rank fails
-// the call (none enqueues work that waits for another) and the next all-reduce tries again.
-// Afterwards a no-op.
+// calls, so every rank joins): MapPeerPools for this rank's `out`, kept in `buffers`; after a
+// failure the next all-reduce tries again. Afterwards a no-op.
 Status MapOutputPools(CommState& state, CopyEngineBuffers& buffers, const void* out,
                       uint64_t out_bytes);
 
