@@ -4,9 +4,10 @@ plain JAX: the rows of bench_overlap.py for that launch mode, each with "process
 Starts N processes (one GPU each, local_device_ids=[i]) that build a TP=N mesh over all of them
 and time, per shape (bf16; per-GPU x[M, K] @ w[K, N], K sharded over "tp"):
   fo_jax             overlapped_matmul on the copy-engine transport across processes (CUDA IPC;
-                     OverlapConfig(transport="copy_engine"): a call it cannot take fails its row
-                     instead of running on NCCL; unrequested, the reduce-scatter takes it wherever
-                     the lowering-time CUDA IPC probe passes)
+                     OverlapConfig(transport="copy_engine", allow_fallback=False): a call it
+                     cannot take fails its row instead of running on NCCL or XLA's path;
+                     unrequested, the reduce-scatter takes it wherever the lowering-time CUDA
+                     IPC probe passes)
   fo_jax.nccl        the same on the NCCL transport
   jax.baseline       XLA dot + psum_scatter inside shard_map
 Each method is checked against jax.baseline first; times are the median of 5 x 20 back-to-back
@@ -127,7 +128,9 @@ def work(args, proc: int) -> None:
     base = {**core.device_info(devices), "dtype": "bfloat16", "tp": tp,
             "processes": layout, "platform": devices[0].platform}
     res = core.Results(base, echo=proc == 0)
-    copy_engine = fo_jax.OverlapConfig(transport="copy_engine")  # raises where it cannot run
+    # Raises where the copy engine cannot run, and never hands a shape to XLA's path: every
+    # fo_jax row on GPUs is the copy engine's.
+    copy_engine = fo_jax.OverlapConfig(transport="copy_engine", allow_fallback=False)
     configs = {"fo_jax": copy_engine}
     if not args.one_process:  # the one-process NCCL rows are bench_overlap.py's
         configs["fo_jax.nccl"] = fo_jax.OverlapConfig(transport="nccl")
@@ -166,7 +169,8 @@ def work(args, proc: int) -> None:
                         error=repr(e)[:500])
         times = core.time_ms_interleaved(ok, x, w)
         for name, ms in times.items():
-            extra = {"path": "cuda/copy_engine"} if name == "fo_jax" else {}
+            on_gpu = devices[0].platform == "gpu"
+            extra = {"path": "cuda/copy_engine"} if name == "fo_jax" and on_gpu else {}
             res.add(M=m, N=n, K=k, collective=collective, method=name, ms=round(ms, 4), **extra)
     if args.one_process:
         _compare(args, res.rows, base, core, criteria)
