@@ -134,6 +134,8 @@ def work(args, proc: int) -> None:
     # fo_jax row on GPUs is the copy engine's.
     copy_engine = fo_jax.OverlapConfig(transport="copy_engine", allow_fallback=False)
     configs = {"fo_jax": copy_engine}
+    # The fo_jax rows' path: the copy engine's on GPUs; on CPU devices the reference path runs.
+    path = {"path": "cuda/copy_engine"} if base["platform"] == "gpu" else {}
     if not args.one_process:  # the one-process NCCL rows are bench_overlap.py's
         configs["fo_jax.nccl"] = fo_jax.OverlapConfig(transport="nccl")
 
@@ -175,8 +177,7 @@ def work(args, proc: int) -> None:
                         error=repr(e)[:500])
         times = core.time_ms_interleaved(ok, x, w)
         for name, ms in times.items():
-            on_gpu = devices[0].platform == "gpu"
-            extra = {"path": "cuda/copy_engine"} if name == "fo_jax" and on_gpu else {}
+            extra = path if name == "fo_jax" else {}
             res.add(M=m, N=n, K=k, collective=collective, method=name, ms=round(ms, 4), **extra)
     if args.one_process:
         _compare(args, res.rows, base, core, criteria)
