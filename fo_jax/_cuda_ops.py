@@ -287,7 +287,7 @@ def overlapped_matmul_fp8_cuda(x: jax.Array, w_nk: jax.Array, x_scale: jax.Array
 
 
 def all_gather_matmul_cuda(x: jax.Array, w: jax.Array, axis_name: str,
-                           plan: OverlapPlan) -> tuple:
+                           plan: OverlapPlan, config=None) -> tuple:
     """(all_gather(x) @ w, all_gather(x)) by the overlapped CUDA pipeline (the consumer GEMM
     reading the gathered rows as NCCL brings them), as `plan` says (fo_jax/_plan.py,
     plan_all_gather). The gathered x is the call's second result, an XLA buffer."""
@@ -298,7 +298,8 @@ def all_gather_matmul_cuda(x: jax.Array, w: jax.Array, axis_name: str,
         _result_aval((x,), (m, k), x.dtype),  # the gathered x: x's varying axes, as all_gather
         _result_aval((x, w), (plan.num_groups,), np.uint32),  # one flag per band
     )
-    outs = overlap_p.bind(x, w, result_avals=result_avals, axis_name=axis_name, plan=plan)
+    outs = overlap_p.bind(x, w, result_avals=result_avals, axis_name=axis_name, plan=plan,
+                          explicit=_bootstrap.explicit_config(config))
     return outs[0], outs[1]
 
 

@@ -501,7 +501,8 @@ def _all_gather_forward(x, w, axis_name: str, config, size: int) -> tuple:
     plan = _plan.plan_overlap(fn, "all_gather", size, jnp.dtype(x.dtype), m, n, k, config,
                               choice.transport)
     log.debug("%s: plan: %s", fn, plan.describe())
-    cuda = functools.partial(all_gather_matmul_cuda, axis_name=axis_name, plan=plan)
+    cuda = functools.partial(all_gather_matmul_cuda, axis_name=axis_name, plan=plan,
+                             config=config)
     return jax.lax.platform_dependent(x, w, cuda=cuda, default=ref)
 
 
