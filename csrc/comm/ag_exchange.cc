@@ -3,13 +3,16 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -24,21 +27,27 @@ std::string Errno(const std::string& what) {
   return what + ": " + std::strerror(errno);
 }
 
-// Process-shared, robust mutex and process-shared condition variable on CLOCK_MONOTONIC.
+// Process-shared, robust mutex (the futex word needs no setup: zero).
 std::string InitPrimitives(AgExchangeTable* t) {
   pthread_mutexattr_t ma;
-  pthread_condattr_t ca;
-  if (pthread_mutexattr_init(&ma) != 0 || pthread_condattr_init(&ca) != 0) {
-    return "initializing the exchange's lock attributes failed";
-  }
+  if (pthread_mutexattr_init(&ma) != 0) return "initializing the exchange's lock attributes failed";
   const bool ok = pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED) == 0 &&
                   pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST) == 0 &&
-                  pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED) == 0 &&
-                  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
-                  pthread_mutex_init(&t->mu, &ma) == 0 && pthread_cond_init(&t->cv, &ca) == 0;
+                  pthread_mutex_init(&t->mu, &ma) == 0;
   pthread_mutexattr_destroy(&ma);
-  pthread_condattr_destroy(&ca);
   return ok ? "" : "initializing the exchange's process-shared lock failed";
+}
+
+// Not FUTEX_PRIVATE: the word may be shared between processes (keyed by the mapped page then).
+void FutexWait(uint32_t* word, uint32_t seen, std::chrono::nanoseconds timeout) {
+  const int64_t ns = std::max<int64_t>(0, timeout.count());
+  timespec relative{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  syscall(SYS_futex, word, FUTEX_WAIT, seen, &relative, nullptr, 0);  // woken, timed out or
+                                                                    // the word moved: all alike
+}
+
+void FutexWakeAll(uint32_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 void InitTable(AgExchangeTable* t, int nranks) {
@@ -96,7 +105,6 @@ AgExchange::~AgExchange() {
   if (shared_) {
     munmap(table_, bytes_);
   } else {
-    pthread_cond_destroy(&table_->cv);
     pthread_mutex_destroy(&table_->mu);
     delete table_;
   }
@@ -185,7 +193,7 @@ std::string AgExchange::OpenShared(const std::string& name, int nranks, int rank
     // mappings last as long as the processes.
     if (++t->opened == nranks) shm_unlink(name.c_str());
   }
-  pthread_cond_broadcast(&t->cv);
+  ex->Notify();
   *out = std::move(ex);
   return "";
 }
@@ -202,7 +210,7 @@ void AgExchange::Fail(const std::string& why) {
     Lock lock(*this);
     FailLocked(why);
   }
-  pthread_cond_broadcast(&table_->cv);
+  Notify();
 }
 
 std::string AgExchange::failure() {
@@ -224,15 +232,19 @@ std::string AgExchange::DeadPeerLocked(int me) {
 }
 
 void AgExchange::WaitSliceLocked(std::chrono::steady_clock::time_point until) {
-  const auto slice = std::chrono::steady_clock::now() + std::chrono::milliseconds(kAgPollMs);
-  const auto wake = std::min(until, slice);
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      wake - std::chrono::steady_clock::now());
-  const int64_t ns = std::max<int64_t>(0, left.count()) + now.tv_nsec;
-  timespec at{now.tv_sec + static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-  if (pthread_cond_timedwait(&table_->cv, &table_->mu, &at) == EOWNERDEAD) OwnerDied();
+  const auto now = std::chrono::steady_clock::now();
+  const auto wake = std::min(until, now + std::chrono::milliseconds(kAgPollMs));
+  // Read under the lock, after the caller's check: a change made after it bumps the word first,
+  // and then the wait below returns at once.
+  const uint32_t seen = __atomic_load_n(&table_->wakeups, __ATOMIC_SEQ_CST);
+  pthread_mutex_unlock(&table_->mu);
+  FutexWait(&table_->wakeups, seen, wake - now);
+  if (pthread_mutex_lock(&table_->mu) == EOWNERDEAD) OwnerDied();
+}
+
+void AgExchange::Notify() {
+  __atomic_add_fetch(&table_->wakeups, 1, __ATOMIC_SEQ_CST);
+  FutexWakeAll(&table_->wakeups);
 }
 
 std::string AgExchange::Publish(int rank, const AgEntry& entry) {
@@ -242,7 +254,7 @@ std::string AgExchange::Publish(int rank, const AgEntry& entry) {
     table_->entry[rank][entry.epoch % kAgRing] = entry;
     failed = table_->failure;
   }
-  pthread_cond_broadcast(&table_->cv);
+  Notify();
   return failed;
 }
 
@@ -273,7 +285,7 @@ std::string AgExchange::AwaitEntry(int me, int q, uint32_t e, std::chrono::milli
     table_->released[me][q] = e;
     failed = table_->failure;
   }
-  pthread_cond_broadcast(&table_->cv);
+  Notify();
   return failed;
 }
 
@@ -292,7 +304,7 @@ void AgExchange::NoteWaited(int q, int r, uint32_t e) {
     Lock lock(*this);
     table_->waited[q][r] = e;
   }
-  pthread_cond_broadcast(&table_->cv);
+  Notify();
 }
 
 std::string AgExchange::AwaitRingSlot(int me, uint32_t e, std::chrono::milliseconds timeout) {
@@ -323,7 +335,7 @@ std::string AgExchange::AwaitRingSlot(int me, uint32_t e, std::chrono::milliseco
     }
     failed = table_->failure;
   }
-  if (!failed.empty()) pthread_cond_broadcast(&table_->cv);
+  if (!failed.empty()) Notify();
   return failed;
 }
 

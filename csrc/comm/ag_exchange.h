@@ -6,14 +6,17 @@
 // gives up on a peer for a call records it (the peer then writes nothing into it for that call);
 // the first failure is the group's and ends every later wait.
 //
-// The table is plain data guarded by a process-shared, robust pthread mutex and a process-shared
-// condition variable, so it can live in the heap (one process) or in a POSIX shared-memory
-// segment that every process of the group maps. Across processes a rank's process can end at any
-// point: waits wake every kPollMs and check the peers' processes (kill(pid, 0)), so a peer that
-// ended fails the wait at once instead of after the caller's timeout, and a process that ended
-// while holding the mutex leaves it to the next locker as a failure (EOWNERDEAD). Host-only: no
-// CUDA here (the event travels as its IPC handle's bytes; ag_exchange_check.cc tests this file
-// with the system compiler).
+// The table is plain data guarded by a process-shared, robust pthread mutex, with a futex word
+// that every change bumps and wakes, so it can live in the heap (one process) or in a POSIX
+// shared-memory segment that every process of the group maps. Across processes a rank's process
+// can end at any point: waits wake every kAgPollMs and check the peers' processes (kill(pid, 0)),
+// so a peer that ended fails the wait at once instead of after the caller's timeout; a process
+// that ended while holding the mutex leaves it to the next locker as a failure (EOWNERDEAD); and
+// a thread that ends inside a wait leaves nothing behind, since a futex keeps its waiters in the
+// kernel (a process-shared condition variable keeps a count of them in the shared memory, and a
+// waiter killed there blocks a later broadcast forever). Linux, host-only: no CUDA here (the
+// event travels as its IPC handle's bytes; ag_exchange_check.cc tests this file with the system
+// compiler).
 #pragma once
 
 #include <pthread.h>
@@ -48,7 +51,7 @@ struct AgExchangeTable {
   int32_t opened;  // processes that have mapped the segment (the last one unlinks its name)
   int32_t pid[kAgMaxRanks];  // each rank's process
   pthread_mutex_t mu;
-  pthread_cond_t cv;
+  uint32_t wakeups;  // bumped after every change under mu, and woken (a futex word)
   AgEntry entry[kAgMaxRanks][kAgRing];
   // waited[q][r]: the latest call of rank q whose event rank r's copy thread has waited on.
   uint32_t waited[kAgMaxRanks][kAgMaxRanks];
@@ -114,8 +117,11 @@ class AgExchange {
   // Under the lock: the first peer whose process has ended, as a failure ("" if none).
   std::string DeadPeerLocked(int me);
   void FailLocked(const std::string& why);
-  // Waits on the condition variable up to `until` or kAgPollMs, whichever comes first.
+  // Under the lock: lets go of it and sleeps until the next Notify, `until` or kAgPollMs,
+  // whichever comes first, then takes it again.
   void WaitSliceLocked(std::chrono::steady_clock::time_point until);
+  // After a change to the table (made under the lock): wakes every waiter.
+  void Notify();
 
   AgExchangeTable* table_;
   bool shared_;

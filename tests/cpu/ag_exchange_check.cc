@@ -240,6 +240,52 @@ int main() {
     ++cases;
   }
 
+  // A waiter that ends inside its wait while its process lives on (a dying process loses its
+  // threads first, and a CUDA process's teardown can take seconds): the other ranks' calls go on
+  // at their pace. With a process-shared condition variable the dead waiter's count stayed in
+  // the table, and the second broadcast after it (rank 0's second entry, with rank 1 waiting)
+  // blocked forever.
+  {
+    const std::string name = Name("killed_waiter");
+    Expect(AllZero(Fork(3, [&](int r) {
+             auto ex = Open(name, 3, r);
+             if (r == 2) {
+               const pid_t waiter = fork();
+               if (waiter == 0) {
+                 AgEntry got;
+                 ex->AwaitEntry(2, 0, 1, kLong, &got);
+                 _exit(0);
+               }
+               std::this_thread::sleep_for(milliseconds(300));
+               kill(waiter, SIGKILL);
+               waitpid(waiter, nullptr, 0);
+               std::this_thread::sleep_for(milliseconds(3000));  // alive, and silent
+               return;
+             }
+             std::this_thread::sleep_for(milliseconds(600));  // rank 2's waiter is gone
+             const auto since = std::chrono::steady_clock::now();
+             for (uint32_t e = 1; e <= 3; ++e) {
+               if (r == 0) {
+                 const std::string why = ex->Publish(0, EntryOf(0, e));
+                 if (!why.empty()) Die("publish: " + why);
+                 ex->NoteWaited(0, 0, e);
+                 std::this_thread::sleep_for(milliseconds(100));
+               } else {
+                 AgEntry got;
+                 const std::string why = ex->AwaitEntry(1, 0, e, kLong, &got);
+                 if (!why.empty()) Die("entry of rank 0: " + why);
+                 if (!Same(got, EntryOf(0, e))) Die("rank 0's entry differs");
+                 ex->NoteWaited(0, 1, e);
+               }
+             }
+             if (std::chrono::steady_clock::now() - since > milliseconds(2000)) {
+               Die("the calls after a killed waiter were slow");
+             }
+           })),
+           "a waiter killed inside its wait");
+    ++cases;
+  }
+
   // One process: the same table in the heap, every rank a thread's role.
   {
     auto ex = AgExchange::CreateLocal(2);

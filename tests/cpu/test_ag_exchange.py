@@ -1,8 +1,9 @@
 """The copy-engine all-gather's exchange across processes (csrc/comm/ag_exchange.h): built here
 with the system C++ compiler (the file needs no CUDA) and run as forked processes, one rank each
 (tests/cpu/ag_exchange_check.cc): 200 calls in lockstep through the 8-slot ring, a peer whose
-process ends (between calls, and holding the exchange's lock), a silent peer, the ring waiting
-for the slowest copy thread, and the same table within one process."""
+process ends (between calls, and holding the exchange's lock), a waiter killed inside its wait, a
+silent peer, the ring waiting for the slowest copy thread, and the same table within one
+process."""
 
 from __future__ import annotations
 
@@ -31,4 +32,4 @@ def test_exchange_across_processes(tmp_path):
     assert build.returncode == 0, build.stderr
     result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.startswith("ok 6 cases"), result.stdout
+    assert result.stdout.startswith("ok 7 cases"), result.stdout
