@@ -11,8 +11,9 @@ descriptor, csrc/comm/xla_pool_ipc.h), which needs JAX's preallocated pool (one 
 GPU) and an allocation the driver can export; xla_pool_problem checks both in this process,
 without an exchange. (The all-gather's per-call table of those outputs is then a shared-memory
 segment, csrc/comm/all_gather_peers.h.) Both are opt-in (OverlapConfig(transport='copy_engine')):
-their speed and their failure handling across processes have yet to be measured on GPUs at TP=4
-(the all-gather's not at all yet), so unrequested they keep NCCL. CUDA IPC reaches only GPUs of
+their speed and their failure handling across processes have yet to be measured on GPUs at TP=4,
+so unrequested they keep NCCL; and both need one GPU per process (a process that drives several
+keeps NCCL for them). CUDA IPC reaches only GPUs of
 one host: every process must be on this host.
 
 The choice is made at lowering, before any call has mapped its peers' memory, so the first
@@ -24,7 +25,9 @@ passes the probe where the driver allows IPC across the visibility split, as on 
 machines the tests ran on. OverlapConfig(copy_engine_multiprocess=False) keeps NCCL with
 several processes (and skips the probe). The rule gives the same answer in every process (it
 reads only the config, the collective, the hosts and the probe's verdicts that every process
-publishes), and plan agreement (fo_jax/_bootstrap.py) checks that the plans agree.
+publishes; and, for the all-reduce and all-gather, this process's device count and XLA pool,
+alike in processes launched alike), and plan agreement (fo_jax/_bootstrap.py) checks that the
+plans agree.
 """
 
 from __future__ import annotations
@@ -256,10 +259,16 @@ def hosts_problem(hosts: Sequence[str]) -> Optional[str]:
             "maps memory only between processes of one host")
 
 
+def local_device_count() -> int:
+    """The devices this process drives (a test stands in for it)."""
+    return jax.local_device_count()
+
+
 def multiprocess_problem(collective: str, process_count: int, config: Optional[OverlapConfig],
                          hosts: Callable[[], Optional[Sequence[str]]] = process_hosts,
                          ipc: Callable[[], Optional[str]] = process_ipc_problem,
-                         pool: Callable[[], Optional[str]] = xla_pool_problem
+                         pool: Callable[[], Optional[str]] = xla_pool_problem,
+                         local_devices: Optional[Callable[[], int]] = None
                          ) -> Optional[str]:
     """Why the copy-engine transport cannot take a `collective` call of a program running
     `process_count` JAX processes, or None. One process: None (nothing to check here)."""
@@ -275,6 +284,13 @@ def multiprocess_problem(collective: str, process_count: int, config: Optional[O
         return (f"with {process_count} processes the copy-engine {name} "
                 f"({_WHAT_INTO_XLA[collective]}) is opt-in: "
                 "OverlapConfig(transport='copy_engine')")
+    if collective in XLA_COLLECTIVES:
+        # Its peer mappings and per-call table serve one rank per process.
+        count = (local_devices or local_device_count)()
+        if count > 1:
+            name = collective.replace("_", "-")
+            return (f"the copy-engine {name} across processes runs one GPU per process; this "
+                    f"process drives {count} (launch one process per GPU, or take NCCL)")
     known_hosts = hosts()
     if known_hosts is None:  # not exchanged yet (without_exchanges): pending_note() says so
         return None

@@ -36,6 +36,7 @@ def processes(monkeypatch):
         monkeypatch.setattr(_process_layout, "_hosts", hosts)
         monkeypatch.setattr(_process_layout, "_ipc", "")  # the IPC probe passed
         monkeypatch.setattr(_process_layout, "_pool", "")  # XLA's memory can be mapped
+        monkeypatch.setattr(_process_layout, "local_device_count", lambda: 1)  # a GPU each
 
     return set_layout
 
@@ -139,8 +140,9 @@ def test_a_mesh_spanning_hosts_keeps_nccl(processes):
     assert transport == "nccl" and "span 2 hosts (node-a, node-b)" in why, why
 
 
-def test_multiprocess_problem_rule():
+def test_multiprocess_problem_rule(monkeypatch):
     """The rule itself, without the rest of the choice: the order of its reasons."""
+    monkeypatch.setattr(_process_layout, "local_device_count", lambda: 1)  # a GPU each
     one_host = lambda: ("h",) * 2  # noqa: E731
     two_hosts = lambda: ("h", "g")  # noqa: E731
     rule = _process_layout.multiprocess_problem
@@ -175,6 +177,18 @@ def test_multiprocess_problem_rule():
                    "memory, which they could not map from this process: "
                    "XLA_PYTHON_CLIENT_ALLOCATOR=platform: ...")
     assert "probe" in rule("all_gather", 2, REQUESTED, one_host, failed, not_asked)
+    # The all-reduce and all-gather across processes serve one GPU per process: a process that
+    # drives two keeps NCCL for them, before its hosts, probe or memory are asked; the
+    # reduce-scatter does not care.
+    one = lambda: 1  # noqa: E731
+    two = lambda: 2  # noqa: E731
+    for collective in ("all_reduce", "all_gather"):
+        assert rule(collective, 2, REQUESTED, one_host, passed, passed, one) is None
+        why = rule(collective, 2, REQUESTED, not_probed, not_probed, not_asked, two)
+        name = collective.replace("_", "-")
+        assert why == (f"the copy-engine {name} across processes runs one GPU per process; this "
+                       "process drives 2 (launch one process per GPU, or take NCCL)"), why
+    assert rule("reduce_scatter", 2, None, one_host, passed, not_asked, two) is None
 
     for config in (None, DEFAULT):
         assert rule("reduce_scatter", 2, config, one_host, passed) is None
