@@ -307,7 +307,10 @@ void RunJob(AgState& ag, const Job& job) {
       release(job.own_gathered, job.own_flags, q * job.bands.per_rank, own_ready.ok());
       continue;
     }
-    if (ex.PeerGaveUp(q, job.me, job.epoch)) continue;  // its call may be over: nothing into it
+    if (ex.PeerGaveUp(q, job.me, job.epoch)) {  // its call may be over: nothing into it
+      note_waited(q);  // nothing here waits on its event: its ring slot is free to reuse
+      continue;
+    }
     Entry peer;
     const Status resolved = Resolve(ag, q, published, GatheredBytes(job.bands, job.band_bytes),
                                     FlagBytes(job.bands), &peer);
@@ -467,35 +470,41 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
     return Status::Internal("the copy-engine all-gather ran before its setup "
                             "(PrepareAllGatherCopyEngine)");
   }
+  Exchange& ex = *ag->exchange;
+  // A failure before this call's entry goes out is the group's at once: the peers' waits for
+  // the entry end with it instead of after PeerTimeout().
+  auto before_entry = [&](const Status& st) {
+    if (!st.ok()) ex.Fail("rank " + std::to_string(me) + ": " + st.message());
+    return st;
+  };
   if (!ag->copies_done_zeroed) {
     // Before the first call's "call started", which the copy stream waits on before it writes
     // the word (no device synchronization: peers may be mid-call).
-    FO_JAX_RETURN_IF_ERROR(CudaStatus(
+    FO_JAX_RETURN_IF_ERROR(before_entry(CudaStatus(
         cudaMemsetAsync(ag->copies_done, 0, sizeof(uint32_t), xla_stream),
-        "zeroing the copy-engine all-gather's word"));
+        "zeroing the copy-engine all-gather's word")));
     ag->copies_done_zeroed = true;
   }
-  Exchange& ex = *ag->exchange;
   const uint32_t e = ++ag->epoch;
   const int slot = static_cast<int>(e % kRing);
   FO_JAX_RETURN_IF_ERROR(AwaitRingSlot(ex, me, e));
 
   // XLA's stream: the flags zeroed, the own rows and their flags (all_gather_nccl.h), then the
   // event after which the peers may write this call's buffers.
-  FO_JAX_RETURN_IF_ERROR(
+  FO_JAX_RETURN_IF_ERROR(before_entry(
       CudaStatus(cudaMemsetAsync(buffers.flags, 0, bands.count * sizeof(uint32_t), xla_stream),
-                 "zeroing the band flags"));
-  FO_JAX_RETURN_IF_ERROR(CudaStatus(
+                 "zeroing the band flags")));
+  FO_JAX_RETURN_IF_ERROR(before_entry(CudaStatus(
       cudaMemcpyAsync(static_cast<char*>(buffers.gathered) + me * bands.per_rank * band_bytes,
                       buffers.x, bands.per_rank * band_bytes, cudaMemcpyDeviceToDevice,
                       xla_stream),
-      "the own rows into the gathered output"));
+      "the own rows into the gathered output")));
   for (int c = 0; c < bands.per_rank; ++c) {
-    FO_JAX_RETURN_IF_ERROR(EnqueueWriteValue(xla_stream, buffers.flags + me * bands.per_rank + c,
-                                             1));
+    FO_JAX_RETURN_IF_ERROR(before_entry(
+        EnqueueWriteValue(xla_stream, buffers.flags + me * bands.per_rank + c, 1)));
   }
-  FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(ag->started[slot], xla_stream),
-                                    "recording the all-gather's start"));
+  FO_JAX_RETURN_IF_ERROR(before_entry(CudaStatus(cudaEventRecord(ag->started[slot], xla_stream),
+                                                 "recording the all-gather's start")));
   // Peers in other processes reach this call's buffers through their mapping of this rank's XLA
   // allocation: buffers outside it (JAX's preallocation off) fail the group and give up on every
   // peer before the entry goes out, so the peers write nothing into them (PeerGaveUp) and this
