@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
+#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -37,9 +39,14 @@ struct Hello {
 };
 static_assert(std::is_trivially_copyable<Hello>::value, "travels as raw bytes");
 
+// Random past the pid and the group's count: a name left behind by a process that ended
+// between creating and removing it cannot block a later process given the same pid.
 std::string SegmentName() {
   static std::atomic<int> groups{0};
-  return "/fo_jax_ag_" + std::to_string(getpid()) + "_" + std::to_string(groups++);
+  std::random_device random;
+  char tag[17];
+  std::snprintf(tag, sizeof(tag), "%08x%08x", random(), random());
+  return "/fo_jax_ag_" + std::to_string(getpid()) + "_" + std::to_string(groups++) + "_" + tag;
 }
 
 const char kNccl[] = "; use OverlapConfig(transport='nccl') for this all-gather";
