@@ -1,6 +1,6 @@
-"""Overlapped reduce-scatter, all-reduce and all-gather with one JAX process per GPU (jax.distributed
-on one host), against plain JAX: the rows of bench_overlap.py for that launch mode, each with
-"processes": N.
+"""Overlapped reduce-scatter, all-reduce and all-gather with one JAX process per GPU
+(jax.distributed on one host), against plain JAX: the rows of bench_overlap.py for that launch
+mode, each with "processes": N.
 
 Starts N processes (one GPU each, local_device_ids=[i]) that build a TP=N mesh over all of them
 and time, per shape (bf16; per-GPU x[M, K] @ w[K, N], K sharded over "tp"; the all-gather as
@@ -16,8 +16,8 @@ Each method is checked against jax.baseline first; times are the median of 5 x 2
 calls, trials interleaved (fo_jax/bench/core.py), the same method as bench_overlap.py, so a row
 compares with the single-process rows of the same shape (docs/design.md, "Copy engine across
 processes"). The processes run with JAX's preallocated pool (one allocation per GPU, which the
-copy-engine all-reduce and all-gather map in their peers), each a share of its GPU. Process 0 writes JSON Lines + a markdown table
-(overlap_tp{N}_processes{N}_{date}{tag}.*).
+copy-engine all-reduce and all-gather map in their peers), each a share of its GPU. Process 0
+writes JSON Lines + a markdown table (overlap_tp{N}_processes{N}_{date}{tag}.*).
 
 Then, once those processes have ended, one process with all N GPUs times fo_jax and jax.baseline
 on the same shapes the same way (rows with "processes": 1, added to the same files), and the

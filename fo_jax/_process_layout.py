@@ -13,8 +13,8 @@ without an exchange. (The all-gather's per-call table of those outputs is then a
 segment, csrc/comm/all_gather_peers.h.) Both are opt-in (OverlapConfig(transport='copy_engine')):
 their speed and their failure handling across processes have yet to be measured on GPUs at TP=4,
 so unrequested they keep NCCL; and both need one GPU per process (a process that drives several
-keeps NCCL for them). CUDA IPC reaches only GPUs of
-one host: every process must be on this host.
+keeps NCCL for them). CUDA IPC reaches only GPUs of one host: every process must be on this
+host.
 
 The choice is made at lowering, before any call has mapped its peers' memory, so the first
 reduce-scatter lowering of a process probes CUDA IPC between all processes (ipc_probe: each
@@ -216,9 +216,9 @@ def _pool_export_problem() -> Optional[str]:
 
 def xla_pool_problem() -> Optional[str]:
     """Why this process's peers could not map its XLA memory for the copy-engine all-reduce or
-    all-gather, or None: allocator_problem, then a trial export. Once per process; asks no other process (the
-    processes of one program share their JAX settings, and plan agreement catches any that do
-    not)."""
+    all-gather, or None: allocator_problem, then a trial export. Once per process; asks no other
+    process (the processes of one program share their JAX settings, and plan agreement catches
+    any that do not)."""
     global _pool
     with _lock:
         if _pool is None:
@@ -279,16 +279,16 @@ def multiprocess_problem(collective: str, process_count: int, config: Optional[O
     if config is not None and not config.copy_engine_multiprocess:
         return (f"with {process_count} processes the copy engine (CUDA IPC between the "
                 "processes) was turned off: OverlapConfig(copy_engine_multiprocess=False)")
-    if collective in XLA_COLLECTIVES and (config is None or config.transport != "copy_engine"):
-        name = collective.replace("_", "-")
-        return (f"with {process_count} processes the copy-engine {name} "
-                f"({_WHAT_INTO_XLA[collective]}) is opt-in: "
-                "OverlapConfig(transport='copy_engine')")
-    if collective in XLA_COLLECTIVES:
+    name = collective.replace("_", "-")
+    into_xla = collective in XLA_COLLECTIVES
+    if into_xla:
+        if config is None or config.transport != "copy_engine":
+            return (f"with {process_count} processes the copy-engine {name} "
+                    f"({_WHAT_INTO_XLA[collective]}) is opt-in: "
+                    "OverlapConfig(transport='copy_engine')")
         # Its peer mappings and per-call table serve one rank per process.
         count = (local_devices or local_device_count)()
         if count > 1:
-            name = collective.replace("_", "-")
             return (f"the copy-engine {name} across processes runs one GPU per process; this "
                     f"process drives {count} (launch one process per GPU, or take NCCL)")
     known_hosts = hosts()
@@ -300,10 +300,9 @@ def multiprocess_problem(collective: str, process_count: int, config: Optional[O
     problem = ipc()
     if problem is not None:
         return f"the CUDA IPC probe between the processes failed: {problem}"
-    if collective in XLA_COLLECTIVES:
+    if into_xla:
         problem = pool()
         if problem is not None:
-            name = collective.replace("_", "-")
             verb = "stores into" if collective == "all_reduce" else "writes into"
             return (f"the copy-engine {name} across processes {verb} the peers' XLA "
                     f"memory, which they could not map from this process: {problem}")

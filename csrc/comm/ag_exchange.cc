@@ -58,8 +58,6 @@ void InitTable(AgExchangeTable* t, int nranks) {
   }
 }
 
-// Whether process `pid` still runs: gone, or a zombie its parent has not reaped yet (a launcher
-// that waits for its children in order reaps a failed one late), is not.
 // "2.5 s": a wait's limit as the peers' timeout messages write it.
 std::string Seconds(std::chrono::milliseconds t) {
   char text[32];
@@ -67,6 +65,8 @@ std::string Seconds(std::chrono::milliseconds t) {
   return text;
 }
 
+// Whether process `pid` still runs: gone, or a zombie its parent has not reaped yet (a launcher
+// that waits for its children in order reaps a failed one late), is not.
 bool Alive(int pid) {
   if (pid <= 0) return true;
   if (kill(pid, 0) != 0 && errno == ESRCH) return false;

@@ -175,16 +175,12 @@ Status SetUpAgState(CommState& state, const AllGatherBuffers& buffers, uint64_t 
     // Every rank creates its state first and reports it in the connection's all-gathers, so the
     // group connects or fails together; a failed group raises on every later call.
     const Status created = CreateAgState(state, /*interprocess=*/true, *s);
+    // A rank without its state joins the connection's all-gathers as a failed one (no buffer:
+    // MapPeerPools cannot export).
     std::unique_ptr<Exchange> shared;
-    Status connected = Status::Ok();
-    if (created.ok()) {
-      connected = ConnectAllGatherPeers(state, buffers.gathered, gathered_bytes, s->started,
-                                        other_process, &shared, &s->peers);
-    } else {
-      // Joins the connection's all-gathers as a failed rank (MapPeerPools cannot export).
-      connected = ConnectAllGatherPeers(state, nullptr, 0, s->started, other_process, &shared,
-                                        &s->peers);
-    }
+    const Status connected = ConnectAllGatherPeers(
+        state, created.ok() ? buffers.gathered : nullptr, created.ok() ? gathered_bytes : 0,
+        s->started, other_process, &shared, &s->peers);
     const Status failed = created.ok() ? connected : created;
     if (!failed.ok()) {
       {
@@ -455,8 +451,7 @@ Status EnqueueBandRelease(cudaStream_t stream, char* gathered, uint32_t* flags, 
 Status PrepareAllGatherCopyEngine(CommState& state, const OverlapPlan& plan,
                                   const OverlapShape& shape, const AllGatherBuffers& buffers) {
   const AllGatherBands bands = AllGatherBandsOf(plan, shape);
-  const size_t band_bytes = static_cast<size_t>(bands.rows * shape.k) * GemmInputBytes(shape.dtype);
-  return SetUpAgState(state, buffers, GatheredBytes(bands, band_bytes));
+  return SetUpAgState(state, buffers, GatheredBytes(bands, bands.band_bytes));
 }
 
 Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
@@ -464,7 +459,7 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
                                   SignalingGemmArgs gemm, const AllGatherBuffers& buffers) {
   const int P = state.nranks, me = state.rank;
   const AllGatherBands bands = AllGatherBandsOf(plan, shape);
-  const size_t band_bytes = static_cast<size_t>(bands.rows * shape.k) * GemmInputBytes(shape.dtype);
+  const size_t band_bytes = bands.band_bytes;
   AgState* const ag = FindAgState(state);
   if (ag == nullptr) {
     return Status::Internal("the copy-engine all-gather ran before its setup "

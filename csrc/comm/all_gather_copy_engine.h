@@ -4,11 +4,12 @@
 // copy); no SM moves data, so the consumer GEMM may use every SM. The per-call destination is
 // exchanged on the host: each rank's handler publishes (epoch, gathered output, flags, "call
 // started" event) in the group's table (ag_exchange.h: in this process, or a shared-memory
-// segment where the group spans processes of this host, all_gather_peers.h), and each rank's copy thread waits on the host for the peer's entry
-// and on the GPU for its event (the peer's stream has zeroed the flags and may be written),
-// then launches its copy graphs (copy_engine_graphs.h: never a call that can block on a
-// driver lock while a peer drains). XLA's stream waits (a stream memory operation, not an event
-// the thread records later) until this rank's copies have read x.
+// segment where the group spans processes of this host, all_gather_peers.h), and each rank's
+// copy thread waits on the host for the peer's entry and on the GPU for its event (the peer's
+// stream has zeroed the flags and may be written), then launches its copy graphs
+// (copy_engine_graphs.h: never a call that can block on a driver lock while a peer drains).
+// XLA's stream waits (a stream memory operation, not an event the thread records later) until
+// this rank's copies have read x.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,9 +33,9 @@ namespace fo_jax {
 Status PrepareAllGatherCopyEngine(CommState& state, const OverlapPlan& plan,
                                   const OverlapShape& shape, const AllGatherBuffers& buffers);
 
-// Enqueues the whole call (after PrepareAllGatherCopyEngine): on XLA's stream the flags zeroed, the own rows and their flags, the
-// "call started" event, the consumer GEMM, then the wait for this rank's copies; the copies on
-// the copy thread. Returns, after the call ran, the copy thread's first failure if it had one.
+// Enqueues the whole call (after PrepareAllGatherCopyEngine): on XLA's stream the flags zeroed,
+// the own rows and their flags, the "call started" event, the consumer GEMM, then the wait for
+// this rank's copies; the copies on the copy thread. Returns, after the call ran, the copy thread's first failure if it had one.
 // `gemm` as for EnqueueAllGatherNccl.
 Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
                                   const OverlapPlan& plan, const OverlapShape& shape,

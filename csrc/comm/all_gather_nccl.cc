@@ -17,9 +17,9 @@ namespace {
 // others' flags 0 (a flag of an earlier call must not pass: the buffer is XLA's, reused), the
 // own bands' 1. All on XLA's stream, before inputs_ready: the comm stream, which writes the
 // others' flags, starts only after this.
-Status EnqueueOwnRows(cudaStream_t xla_stream, const OverlapShape& shape,
-                      const AllGatherBands& bands, int rank, const AllGatherBuffers& buffers) {
-  const size_t band_bytes = static_cast<size_t>(bands.rows * shape.k) * GemmInputBytes(shape.dtype);
+Status EnqueueOwnRows(cudaStream_t xla_stream, const AllGatherBands& bands, int rank,
+                      const AllGatherBuffers& buffers) {
+  const size_t band_bytes = bands.band_bytes;
   char* own = static_cast<char*>(buffers.gathered) +
               static_cast<size_t>(rank) * bands.per_rank * band_bytes;
   cudaError_t err =
@@ -83,7 +83,7 @@ Status EnqueueAllGatherNccl(CommState& state, cudaStream_t xla_stream, const Ove
         std::to_string(gemm.sm_budget) + " of this GPU's " + std::to_string(sms) +
         " SMs (pass OverlapConfig.sm_budget below the SM count, or leave it unset)");
   }
-  FO_JAX_RETURN_IF_ERROR(EnqueueOwnRows(xla_stream, shape, bands, state.rank, buffers));
+  FO_JAX_RETURN_IF_ERROR(EnqueueOwnRows(xla_stream, bands, state.rank, buffers));
   FO_JAX_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(state.inputs_ready, xla_stream),
                                     "recording the all-gather's inputs_ready"));
   // The comm stream's work is enqueued before the GEMM that waits for it: if enqueueing fails

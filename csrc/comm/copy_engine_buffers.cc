@@ -213,8 +213,9 @@ Status GrowCopyEngineBuffers(CommState& s, CopyEngineBuffers& b, size_t recv_byt
 void OutputAddressesForPeers(const CopyEngineBuffers& b, int P, const void* out, uint64_t* at) {
   const uint64_t own = reinterpret_cast<uint64_t>(out);
   for (int q = 0; q < P; ++q) {
-    at[q] = b.peer_ipc[q] && b.out_pools_mapped ? own - b.out_pool_base + b.out_pool_at_peer[q]
-                                                : own;
+    at[q] = b.peer_ipc[q] && b.out_pools_mapped
+                ? own - b.out_pools.own_base + b.out_pools.at_peer[q]
+                : own;
   }
 }
 

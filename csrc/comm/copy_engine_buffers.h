@@ -14,6 +14,7 @@
 
 #include "comm/comm_registry.h"
 #include "comm/copy_engine_flags.h"
+#include "comm/peer_pools.h"
 #include "comm/status.h"
 
 namespace fo_jax {
@@ -35,8 +36,7 @@ struct CopyEngineBuffers {
   // allocation that those peers have mapped, and each one's address of it (0 for peers in this
   // process, which use this rank's own addresses).
   bool out_pools_mapped = false;
-  uint64_t out_pool_base = 0, out_pool_size = 0;
-  uint64_t out_pool_at_peer[kMaxCopyEngineRanks] = {};
+  PeerPools out_pools;
   // The epoch of "no call yet": every flag starts at it and the state's epoch counts on from it
   // (0; SetTestEpochStartForTests moves it near the 32-bit wrap).
   uint32_t epoch_start = 0;

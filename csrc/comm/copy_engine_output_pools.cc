@@ -127,11 +127,7 @@ Status MapPeerPools(CommState& s, const void* buffer, uint64_t bytes,
 
 Status MapOutputPools(CommState& s, CopyEngineBuffers& b, const void* out, uint64_t out_bytes) {
   if (b.out_pools_mapped) return Status::Ok();
-  PeerPools pools;
-  FO_JAX_RETURN_IF_ERROR(MapPeerPools(s, out, out_bytes, "all-reduce", &pools));
-  b.out_pool_base = pools.own_base;
-  b.out_pool_size = pools.own_size;
-  for (int q = 0; q < s.nranks; ++q) b.out_pool_at_peer[q] = pools.at_peer[q];
+  FO_JAX_RETURN_IF_ERROR(MapPeerPools(s, out, out_bytes, "all-reduce", &b.out_pools));
   b.out_pools_mapped = true;
   return Status::Ok();
 }
@@ -139,9 +135,7 @@ Status MapOutputPools(CommState& s, CopyEngineBuffers& b, const void* out, uint6
 Status OutputInPeersMapping(const CommState& s, const CopyEngineBuffers& b, const void* out,
                             uint64_t out_bytes) {
   if (!HasPeersInOtherProcesses(s, b)) return Status::Ok();
-  const uint64_t p = reinterpret_cast<uint64_t>(out);
-  if (b.out_pools_mapped && p >= b.out_pool_base &&
-      p + out_bytes <= b.out_pool_base + b.out_pool_size) {
+  if (b.out_pools_mapped && InOwnPool(b.out_pools, reinterpret_cast<uint64_t>(out), out_bytes)) {
     return Status::Ok();
   }
   return Status::Internal(

@@ -98,8 +98,8 @@ Status OverlapCall::Prepare() {
     gemm_.a = buffers_.workspace;  // the gathered x; the rest is all_gather_nccl.h's
     gemm_.d = buffers_.out;
     gemm_.counters = nullptr;
-    return copy_engine ? PrepareAllGatherCopyEngine(*state_, plan_, shape_, AllGatherBuffersOf(buffers_))
-                       : Status::Ok();
+    if (!copy_engine) return Status::Ok();
+    return PrepareAllGatherCopyEngine(*state_, plan_, shape_, AllGatherBuffersOf(buffers_));
   }
   if (copy_engine) {
     FO_JAX_RETURN_IF_ERROR(

@@ -126,6 +126,7 @@ AllGatherBands AllGatherBandsOf(const OverlapPlan& plan, const OverlapShape& sha
   b.rows = int64_t(plan.tiles_chunk) * GetGemmConfig(plan.gemm.config).tile_m;
   b.per_rank = b.rows > 0 ? static_cast<int>(shape.m / plan.axis_size / b.rows) : 0;
   b.count = b.per_rank * plan.axis_size;
+  b.band_bytes = static_cast<size_t>(b.rows * shape.k) * GemmInputBytes(shape.dtype);
   return b;
 }
 

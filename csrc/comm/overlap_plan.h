@@ -93,7 +93,8 @@ int ChunkFirstGroup(const GemmPlan& gemm, int tiles_chunk, int chunk);
 struct AllGatherBands {
   int per_rank = 0;
   int64_t rows = 0;
-  int count = 0;  // P * per_rank
+  int count = 0;          // P * per_rank
+  size_t band_bytes = 0;  // one band of x: rows x K elements of the GEMM's input
 };
 AllGatherBands AllGatherBandsOf(const OverlapPlan& plan, const OverlapShape& shape);
 // The rank whose rows arrive at step s on rank `rank` (step 0: its own).

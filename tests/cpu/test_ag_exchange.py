@@ -7,29 +7,16 @@ process."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-COMPILER = next((c for c in (os.environ.get("CXX"), "c++", "g++", "clang++")
-                 if c and shutil.which(c)), None)
+from host_cxx import build_and_run, needs_compiler
 
 
-@pytest.mark.skipif(COMPILER is None, reason="no C++ compiler on PATH (c++, g++ or clang++)")
+@needs_compiler
 @pytest.mark.skipif(not sys.platform.startswith("linux"),
-                    reason="POSIX shared memory, robust mutexes and /proc: Linux")
+                    reason="POSIX shared memory, robust mutexes, futexes and /proc: Linux")
 def test_exchange_across_processes(tmp_path):
-    exe = tmp_path / "ag_exchange_check"
-    build = subprocess.run(
-        [COMPILER, "-std=c++17", "-O2", "-pthread", "-I", os.path.join(ROOT, "csrc"),
-         os.path.join(ROOT, "csrc", "comm", "ag_exchange.cc"),
-         os.path.join(ROOT, "tests", "cpu", "ag_exchange_check.cc"), "-o", str(exe), "-lrt"],
-        capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.startswith("ok 7 cases"), result.stdout
+    out = build_and_run(tmp_path, ["csrc/comm/ag_exchange.cc", "tests/cpu/ag_exchange_check.cc"],
+                        timeout=300, flags=["-pthread"], libs=["-lrt"])
+    assert out.startswith("ok 7 cases"), out

@@ -162,21 +162,17 @@ def test_multiprocess_problem_rule(monkeypatch):
     def not_asked():
         raise AssertionError("XLA's memory was tried")
 
-    assert rule("all_reduce", 2, REQUESTED, one_host, passed, passed) is None
     assert rule("reduce_scatter", 2, None, one_host, passed, not_asked) is None
-    why = rule("all_reduce", 2, REQUESTED, one_host, passed, no_pool)
-    assert why == ("the copy-engine all-reduce across processes stores into the peers' XLA "
-                   "memory, which they could not map from this process: "
-                   "XLA_PYTHON_CLIENT_ALLOCATOR=platform: ...")
-    # XLA's memory is tried last: after the hosts and the probe.
-    assert "span 2 hosts" in rule("all_reduce", 2, REQUESTED, two_hosts, not_probed, not_asked)
-    assert "probe" in rule("all_reduce", 2, REQUESTED, one_host, failed, not_asked)
-    assert rule("all_gather", 2, REQUESTED, one_host, passed, passed) is None
-    why = rule("all_gather", 2, REQUESTED, one_host, passed, no_pool)
-    assert why == ("the copy-engine all-gather across processes writes into the peers' XLA "
-                   "memory, which they could not map from this process: "
-                   "XLA_PYTHON_CLIENT_ALLOCATOR=platform: ...")
-    assert "probe" in rule("all_gather", 2, REQUESTED, one_host, failed, not_asked)
+    for collective, verb in (("all_reduce", "stores into"), ("all_gather", "writes into")):
+        assert rule(collective, 2, REQUESTED, one_host, passed, passed) is None
+        why = rule(collective, 2, REQUESTED, one_host, passed, no_pool)
+        name = collective.replace("_", "-")
+        assert why == (f"the copy-engine {name} across processes {verb} the peers' XLA "
+                       "memory, which they could not map from this process: "
+                       "XLA_PYTHON_CLIENT_ALLOCATOR=platform: ...")
+        # XLA's memory is tried last: after the hosts and the probe.
+        assert "span 2 hosts" in rule(collective, 2, REQUESTED, two_hosts, not_probed, not_asked)
+        assert "probe" in rule(collective, 2, REQUESTED, one_host, failed, not_asked)
     # The all-reduce and all-gather across processes serve one GPU per process: a process that
     # drives two keeps NCCL for them, before its hosts, probe or memory are asked; the
     # reduce-scatter does not care.

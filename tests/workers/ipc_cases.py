@@ -75,23 +75,15 @@ def ag_fn(mesh, cfg):
 def ag_operands(rows: int, n: int, k: int, nproc: int, seed: int):
     """Global x[rows * nproc, k] and w[k, n * nproc] as bf16 NumPy arrays, and their float64
     product (the reference)."""
-    rng = np.random.default_rng(seed)
-    x = np.asarray(jnp.asarray(rng.standard_normal((rows * nproc, k)) / np.sqrt(k),
-                               jnp.bfloat16))
-    w = np.asarray(jnp.asarray(rng.standard_normal((k, n * nproc)), jnp.bfloat16))
-    return x, w, np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    return _bf16_operands((rows * nproc, k), (k, n * nproc), seed)
 
 
 def shard_ag_operands(mesh, x, w):
     """Global x (rows sharded over "tp") and w (columns sharded) from NumPy arrays every process
     holds whole."""
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import PartitionSpec as P
 
-    return (jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("tp", None)),
-                                         lambda i: x[i]),
-            jax.make_array_from_callback(w.shape, NamedSharding(mesh, P(None, "tp")),
-                                         lambda i: w[i]))
+    return _global(mesh, x, P("tp", None)), _global(mesh, w, P(None, "tp"))
 
 
 def lowered_transport(f, *args) -> int:
@@ -104,14 +96,20 @@ def lowered_transport(f, *args) -> int:
     return int(found.group(1))
 
 
+def _bf16_operands(x_shape, w_shape, seed: int):
+    """x and w of these shapes as bf16 NumPy arrays (x scaled by 1/sqrt(K)), and their float64
+    product."""
+    rng = np.random.default_rng(seed)
+    x = np.asarray(jnp.asarray(rng.standard_normal(x_shape) / np.sqrt(x_shape[1]),
+                               jnp.bfloat16))
+    w = np.asarray(jnp.asarray(rng.standard_normal(w_shape), jnp.bfloat16))
+    return x, w, np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+
+
 def operands(m: int, n: int, k_rank: int, nproc: int, seed: int):
     """Global x[m, k_rank * nproc] and w[k_rank * nproc, n] as bf16 NumPy arrays, and their float64
     product (the reference)."""
-    rng = np.random.default_rng(seed)
-    k = k_rank * nproc
-    x = np.asarray(jnp.asarray(rng.standard_normal((m, k)) / np.sqrt(k), jnp.bfloat16))
-    w = np.asarray(jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16))
-    return x, w, np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    return _bf16_operands((m, k_rank * nproc), (k_rank * nproc, n), seed)
 
 
 def tp_mesh():
@@ -122,16 +120,20 @@ def tp_mesh():
     return Mesh(np.array(jax.devices()), ("tp",))
 
 
+def _global(mesh, a, spec):
+    """A global array sharded by `spec` from a NumPy array every process holds whole."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    return jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec), lambda i: a[i])
+
+
 def shard_operands(mesh, x, w):
     """Global x (K sharded over "tp") and w (rows sharded) from NumPy arrays every process
     holds whole."""
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import PartitionSpec as P
 
-    return (jax.make_array_from_callback(x.shape, NamedSharding(mesh, P(None, "tp")),
-                                         lambda i: x[i]),
-            jax.make_array_from_callback(w.shape, NamedSharding(mesh, P("tp", None)),
-                                         lambda i: w[i]))
+    return _global(mesh, x, P(None, "tp")), _global(mesh, w, P("tp", None))
 
 
 def tp_fn(mesh, cfg, collective: str = "reduce_scatter"):

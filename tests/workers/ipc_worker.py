@@ -28,55 +28,51 @@ out_dir = os.environ["FO_JAX_IPC_OUT"]
 mesh = tp_mesh()
 transports = fo_jax._cuda.module().Transport
 
+
+def same_bits_every_call(f, args, calls, name, shard_of=lambda out: out):
+    """Calls f(*args) `calls` times; each call's shard (shard_of(out)) must hold call 0's bits.
+    Returns (call 0's bits, the last call's output)."""
+    first = None
+    for call in range(calls):
+        out = f(*args)
+        bits = np.asarray(shard_of(out).addressable_shards[0].data).view(np.uint16)
+        if first is None:
+            first = bits
+        assert np.array_equal(bits, first), f"{name}: call {call} differs from call 0"
+    return first, out
+
+
+def save(name, bits, err):
+    np.save(os.path.join(out_dir, f"{name}_{proc}.npy"), bits)
+    print(f"process {proc}: {name} ok (rel err {err:.2e})", flush=True)
+
+
 for seed, (name, m, n, k_rank, ring) in enumerate(CASES):
     x, w, ref = operands(m, n, k_rank, nproc, seed)
     xg, wg = shard_operands(mesh, x, w)
     f = tp_fn(mesh, config(ring))
     assert lowered_transport(f, xg, wg) == transports["copy_engine"].value, name
-    first = None
-    for call in range(CALLS):
-        out = f(xg, wg)
-        bits = np.asarray(out.addressable_shards[0].data).view(np.uint16)
-        if first is None:
-            first = bits
-        assert np.array_equal(bits, first), f"{name}: call {call} differs from call 0"
-    err = check_shard(out, ref, name)
-    np.save(os.path.join(out_dir, f"{name}_{proc}.npy"), first)
-    print(f"process {proc}: {name} ok (rel err {err:.2e})", flush=True)
+    first, out = same_bits_every_call(f, (xg, wg), CALLS, name)
+    save(name, first, check_shard(out, ref, name))
 
 for seed, (name, m, n, k_rank, rounds) in enumerate(AR_CASES, start=len(CASES)):
     x, w, ref = operands(m, n, k_rank, nproc, seed)
     xg, wg = shard_operands(mesh, x, w)
     f = tp_fn(mesh, ar_config(rounds), "all_reduce")
     assert lowered_transport(f, xg, wg) == transports["copy_engine"].value, name
-    first = None
-    for call in range(CALLS):
-        bits = np.asarray(f(xg, wg).addressable_shards[0].data).view(np.uint16)
-        if first is None:
-            first = bits
-        assert np.array_equal(bits, first), f"{name}: call {call} differs from call 0"
-    err = check_shard(f(xg, wg), ref, name)
-    np.save(os.path.join(out_dir, f"{name}_{proc}.npy"), first)
-    print(f"process {proc}: {name} ok (rel err {err:.2e})", flush=True)
+    first, out = same_bits_every_call(f, (xg, wg), CALLS, name)
+    save(name, first, check_shard(out, ref, name))
 
 for seed, (name, rows, n, k, bands) in enumerate(AG_CASES, start=len(CASES) + len(AR_CASES)):
     x, w, ref = ag_operands(rows, n, k, nproc, seed)
     xg, wg = shard_ag_operands(mesh, x, w)
     f = ag_fn(mesh, ag_config(bands))
     assert lowered_transport(f, xg, wg) == transports["copy_engine"].value, name
-    first = None
-    for call in range(AG_CALLS):
-        y, g = f(xg, wg)
-        bits = np.asarray(y.addressable_shards[0].data).view(np.uint16)
-        if first is None:
-            first = bits
-        assert np.array_equal(bits, first), f"{name}: call {call} differs from call 0"
+    first, (y, g) = same_bits_every_call(f, (xg, wg), AG_CALLS, name, shard_of=lambda o: o[0])
     (gathered,) = g.addressable_shards
     assert np.array_equal(np.asarray(gathered.data).view(np.uint16),
                           x.view(np.uint16)), f"{name}: the gathered x differs from x"
-    err = check_shard(y, ref, name)
-    np.save(os.path.join(out_dir, f"{name}_{proc}.npy"), first)
-    print(f"process {proc}: {name} ok (rel err {err:.2e})", flush=True)
+    save(name, first, check_shard(y, ref, name))
 
 x, w, ref = ag_operands(512, 1024, 2048, nproc, 98)
 xg, wg = shard_ag_operands(mesh, x, w)
