@@ -65,6 +65,7 @@ Status OverlapCall::Prepare() {
   options.max_ctas = copy_engine ? 0 : plan_.nccl_max_ctas;
   FO_JAX_RETURN_IF_ERROR(GetOrCreateCommState(place_.device, place_.id, plan_.axis_size,
                                               place_.rank, options, &state_));
+  if (copy_engine) state_->copy_engine_calls.store(true);
 
   // A failed group (comm_registry.h): the call still runs, so that no other rank waits for this
   // one, and then reports the failure; unless this rank's communicator cannot run the NCCL
