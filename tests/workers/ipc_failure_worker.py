@@ -22,7 +22,9 @@ from leave_together import leave_together  # noqa: E402
 CALLS = 6
 f, (xg, wg), ref = sharded_call(nproc, os.environ.get("FAILURE_WORKER_TRANSPORT", "copy_engine"),
                                 os.environ.get("FAILURE_WORKER_COLLECTIVE", "reduce_scatter"))
-# the failure watch polls once a second
-report_calls(f, (xg, wg), CALLS, pause_s=1.5, expected=ref)
+# The failure watch polls once a second: after 2.5 s every process's watch has handled the failure
+# before its next call, so the calls after it run on a group the watch failed (not aborted: a
+# copy-engine group keeps running in step), the order in which an abort would leave peers waiting.
+report_calls(f, (xg, wg), CALLS, pause_s=2.5, expected=ref)
 print(f"WORKER OK process {proc}", flush=True)
 leave_together()
