@@ -289,14 +289,27 @@ std::string AgExchange::AwaitEntry(int me, int q, uint32_t e, std::chrono::milli
   return failed;
 }
 
-void AgExchange::ReleaseAllPeers(int me, uint32_t e) {
+uint32_t AgExchange::ReleaseAllPeers(int me, uint32_t e) {
   Lock lock(*this);
-  for (int q = 0; q < table_->nranks; ++q) table_->released[me][q] = e;
+  uint32_t given_up = 0;
+  for (int q = 0; q < table_->nranks; ++q) {
+    if (q == me || table_->taken[me][q] == e) continue;
+    table_->released[me][q] = e;
+    given_up |= uint32_t{1} << q;
+  }
+  return given_up;
 }
 
 bool AgExchange::PeerGaveUp(int q, int me, uint32_t e) {
   Lock lock(*this);
   return table_->released[q][me] == e;
+}
+
+bool AgExchange::TakeEntry(int q, int me, uint32_t e) {
+  Lock lock(*this);
+  if (table_->released[q][me] == e) return false;
+  table_->taken[q][me] = e;
+  return true;
 }
 
 void AgExchange::NoteWaited(int q, int r, uint32_t e) {

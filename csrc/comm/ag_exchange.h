@@ -2,9 +2,10 @@
 // the processes of one host (docs/design.md, "The all-gather"; issue 33). Each rank's handler
 // publishes per call an entry (its gathered output, its band flags, its "call started" event);
 // each rank's copy thread waits for the peer's entry before it pushes into the peer, and notes
-// that it waited on the peer's event (the peer may then re-record that ring slot); a rank that
-// gives up on a peer for a call records it (the peer then writes nothing into it for that call);
-// the first failure is the group's and ends every later wait.
+// that it waited on the peer's event (the peer may then re-record that ring slot); a copy thread
+// takes a peer's call before it writes into it, and a rank that gives up on a peer for a call
+// records it unless the peer took it (the peer then writes nothing into it, or the rank's call
+// waits for the peer's bands); the first failure is the group's and ends every later wait.
 //
 // The table is plain data guarded by a process-shared, robust pthread mutex, with a futex word
 // that every change bumps and wakes, so it can live in the heap (one process) or in a POSIX
@@ -33,6 +34,7 @@ inline constexpr int kAgRing = 8;              // "call started" events per rank
 inline constexpr int kAgEventHandleBytes = 64;  // sizeof(cudaIpcEventHandle_t)
 inline constexpr int kAgFailureBytes = 512;
 inline constexpr int kAgPollMs = 100;          // the longest a wait goes without a liveness check
+static_assert(kAgMaxRanks <= 32, "ReleaseAllPeers returns the ranks as a 32-bit mask");
 
 // What rank r published for its call `epoch`: plain data, readable in another process.
 struct AgEntry {
@@ -55,8 +57,12 @@ struct AgExchangeTable {
   AgEntry entry[kAgMaxRanks][kAgRing];
   // waited[q][r]: the latest call of rank q whose event rank r's copy thread has waited on.
   uint32_t waited[kAgMaxRanks][kAgMaxRanks];
-  // released[r][q]: the latest call for which rank r stopped waiting for rank q's entry.
+  // released[r][q]: the latest call for which rank r gave up on rank q (released q's bands
+  // itself): q writes nothing into it.
   uint32_t released[kAgMaxRanks][kAgMaxRanks];
+  // taken[q][r]: the latest call of rank q that rank r's copy thread took to write its bands
+  // into: a later give-up of q's leaves those bands to r, and q's call waits for them.
+  uint32_t taken[kAgMaxRanks][kAgMaxRanks];
   char failure[kAgFailureBytes];  // "" while healthy: set once
 };
 
@@ -90,10 +96,17 @@ class AgExchange {
   std::string AwaitEntry(int me, int q, uint32_t e, std::chrono::milliseconds timeout,
                          AgEntry* out);
 
-  // Rank `me` gives up on every peer for call e.
-  void ReleaseAllPeers(int me, uint32_t e);
+  // Rank `me` gives up on every peer for call e that has not taken it (TakeEntry). Returns the
+  // peers given up on (bit q), whose bands `me` must release itself; a peer that took the call
+  // writes its bands into it (its rows, or after a failure of its own NaNs and their flags), and
+  // the call must wait for them: released, its memory could be XLA's again before they land.
+  uint32_t ReleaseAllPeers(int me, uint32_t e);
   // Whether rank q gave up on rank `me` for call e (then `me` writes nothing into q).
   bool PeerGaveUp(int q, int me, uint32_t e);
+  // Rank me's copy thread, before it writes into rank q's call e: false if q gave up on `me`
+  // for it (then `me` writes nothing into it); otherwise records that `me` writes its bands
+  // into it (ReleaseAllPeers then leaves them to `me`) and returns true.
+  bool TakeEntry(int q, int me, uint32_t e);
   // Rank r's copy thread has waited on rank q's event of call e.
   void NoteWaited(int q, int r, uint32_t e);
   // Before rank `me` re-records ring slot e % kAgRing: every rank's copy thread has waited on

@@ -238,8 +238,8 @@ Status Resolve(const AgState& ag, int q, const AgEntry& a, uint64_t gathered_byt
 
 // Waits on the host until rank q's entry for call e is there; its copy, or the failure. On a
 // failure rank `me` gives up on q for call e (the exchange's `released`): the caller must then
-// set its own flags of q's bands. The caller checks PeerGaveUp before it resolves the entry: a
-// rank whose buffers its peers cannot reach gives up on every peer before it publishes.
+// set its own flags of q's bands. The caller takes the entry (TakeEntry) before it resolves it:
+// a rank whose buffers its peers cannot reach gives up on every peer before it publishes.
 Status AwaitEntry(Exchange& ex, int me, int q, uint32_t e, AgEntry* out) {
   const std::string failed = ex.AwaitEntry(me, q, e, PeerTimeout(), out);
   return failed.empty() ? Status::Ok() : Status::Internal(failed);
@@ -303,7 +303,10 @@ void RunJob(AgState& ag, const Job& job) {
       release(job.own_gathered, job.own_flags, q * job.bands.per_rank, own_ready.ok());
       continue;
     }
-    if (ex.PeerGaveUp(q, job.me, job.epoch)) {  // its call may be over: nothing into it
+    // From here on q's call waits for this rank's bands (a give-up of q's leaves them to this
+    // thread): every path below writes them, rows or after a failure NaNs and flags, but for a
+    // peer whose memory this rank cannot map (unreachable, below).
+    if (!ex.TakeEntry(q, job.me, job.epoch)) {  // q gave up: its call may be over, nothing into it
       note_waited(q);  // nothing here waits on its event: its ring slot is free to reuse
       continue;
     }
@@ -399,15 +402,16 @@ Status PreparePeers(AgState& ag, int device, int P, int me, uint32_t e,
   return Status::Ok();
 }
 
-// Rank `me`, giving up on every peer for this call: releases on XLA's stream (before the GEMM)
-// the bands of every other rank (EnqueueBandRelease: their rows NaNs); its own are there. A peer
-// that took this call's entry before may still push its rows over the NaNs, so each element of
-// the call's results is then either right or NaN.
+// Rank `me`, having given up on the peers in `given_up` (bit q; ReleaseAllPeers) for this
+// call: releases on XLA's stream (before the GEMM) their bands (EnqueueBandRelease: their rows
+// NaNs); its own are there, and a peer that took the call's entry first writes its own bands,
+// which the GEMM, and so the call, waits for: nothing lands in this call's buffers after it.
 Status ReleaseOtherRanks(cudaStream_t xla_stream, const AllGatherBuffers& buffers,
-                         const AllGatherBands& bands, int P, int me, size_t band_bytes) {
+                         const AllGatherBands& bands, int P, uint32_t given_up,
+                         size_t band_bytes) {
   Status first = Status::Ok();
   for (int q = 0; q < P; ++q) {
-    if (q == me) continue;
+    if (!(given_up >> q & 1)) continue;
     const Status released =
         EnqueueBandRelease(xla_stream, static_cast<char*>(buffers.gathered), buffers.flags,
                            q * bands.per_rank, bands.per_rank, band_bytes);
@@ -512,7 +516,7 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
             "preallocation is off, XLA_PYTHON_CLIENT_PREALLOCATE=false, or another allocator "
             "is in use, so XLA's memory is not one allocation); use "
             "OverlapConfig(transport='nccl') for this all-gather");
-    ex.ReleaseAllPeers(me, e);  // before the entry: no peer resolves it
+    (void)ex.ReleaseAllPeers(me, e);  // before the entry: no peer takes it
   }
   // The group's failure when this call published ("" while healthy).
   const std::string failed =
@@ -520,9 +524,9 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
                                     state.device}));
   if (!failed.empty()) {
     // A peer's copy thread may have given up on this call before it was published: nothing
-    // might write these flags, so they are released here.
-    ex.ReleaseAllPeers(me, e);
-    FO_JAX_RETURN_IF_ERROR(ReleaseOtherRanks(xla_stream, buffers, bands, P, me, band_bytes));
+    // might write these flags, so they are released here (but a peer's that took the entry).
+    FO_JAX_RETURN_IF_ERROR(ReleaseOtherRanks(xla_stream, buffers, bands, P,
+                                             ex.ReleaseAllPeers(me, e), band_bytes));
   }
 
   // First use of a peer: peer access towards its GPU (the stream writes of its flags need it).
@@ -532,8 +536,8 @@ Status EnqueueAllGatherCopyEngine(CommState& state, cudaStream_t xla_stream,
   const Status prepared = PreparePeers(*ag, state.device, P, me, e, bands, band_bytes, buffers.x);
   if (!prepared.ok()) {
     Fail(*ag, prepared);
-    ex.ReleaseAllPeers(me, e);
-    FO_JAX_RETURN_IF_ERROR(ReleaseOtherRanks(xla_stream, buffers, bands, P, me, band_bytes));
+    FO_JAX_RETURN_IF_ERROR(ReleaseOtherRanks(xla_stream, buffers, bands, P,
+                                             ex.ReleaseAllPeers(me, e), band_bytes));
   }
 
   Job job;

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -283,6 +284,39 @@ int main() {
              }
            })),
            "a waiter killed inside its wait");
+    ++cases;
+  }
+
+  // The take handshake (one process; the table's logic is the same shared): a rank that gives
+  // up on its peers for a call after publishing it leaves the bands of a peer that took the call
+  // to that peer, and a peer cannot take a call given up on. Raced: exactly one of the two owns
+  // the peer's bands of each call, never both (rows landing after the call) or neither (a hang).
+  {
+    auto ex = AgExchange::CreateLocal(3);
+    Expect(ex != nullptr, "a local exchange");
+    Expect(ex->TakeEntry(0, 1, 1), "a take before the give-up");
+    Expect(ex->ReleaseAllPeers(0, 1) == 0b100u, "the give-up leaves a taker's bands to it");
+    Expect(!ex->TakeEntry(0, 2, 1), "no take after the give-up");
+    Expect(!ex->PeerGaveUp(0, 1, 1) && ex->PeerGaveUp(0, 2, 1), "given up on the other only");
+    Expect(ex->TakeEntry(0, 1, 2) && ex->TakeEntry(0, 2, 2) && ex->ReleaseAllPeers(0, 2) == 0,
+           "every peer took: nothing to release");
+    for (uint32_t e = 3; e < 3003; ++e) {
+      std::atomic<int> ready{0};
+      bool took = false;
+      std::thread peer([&] {
+        ready.fetch_add(1);
+        while (ready.load() < 2) {
+        }
+        took = ex->TakeEntry(0, 1, e);
+      });
+      ready.fetch_add(1);
+      while (ready.load() < 2) {
+      }
+      const uint32_t given_up = ex->ReleaseAllPeers(0, e);
+      peer.join();
+      Expect(took != bool(given_up & 0b10u), "call " + std::to_string(e) +
+                                                 ": the bands owned by both or by neither");
+    }
     ++cases;
   }
 
