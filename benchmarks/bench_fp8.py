@@ -30,12 +30,12 @@ Every fp8 result is checked against the float32 product of the dequantized opera
 Frobenius error <= 1e-2: bf16 output rounding and the accumulation's own error); a failing
 method's row carries "error" and no time.
 
-Timing ("ms"): GPU kernel time per call from JAX profiler traces (trace_timing.py), every method
-of a shape in the same traces, interleaved call by call in rotated order, median over --rounds
-rounds of --calls calls: the timing of bench_gemm_sweep.py. The markdown's ratio columns (> 1: the second faster): XLA's fp8
-dot over fo_jax's fp8 kernel with the same accumulation (precision HIGHEST against fo_jax's
-default, default precision against fp8_fast_accumulation), fo_jax's bf16 over fo_jax's fp8 (the
-fp8 speedup, both accumulations) and XLA's bf16 over XLA's fp8.
+Timing ("ms"): GPU kernel time per call from JAX profiler traces (trace_timing.py), every method of
+a shape in the same traces, interleaved call by call in rotated order, median over --rounds rounds
+of --calls calls: the timing of bench_gemm_sweep.py. The markdown's ratio columns (> 1: the second
+faster): XLA's fp8 dot over fo_jax's fp8 kernel with the same accumulation (precision HIGHEST
+against fo_jax's default, default precision against fp8_fast_accumulation), fo_jax's bf16 over
+fo_jax's fp8 (the fp8 speedup, both accumulations) and XLA's bf16 over XLA's fp8.
 
 Output (--out DIR): gemm_fp8_<gpu>_<date>_<commit>.jsonl (rows {"suite": "gemm_fp8", "device",
 "date", "commit", "dtype", "M", "N", "K", "method", "ms", "tflops", "kernel", "config", and for

@@ -8,12 +8,13 @@ kernel_ms_interleaved):
   <dtype>.1group     the kernel with one group, no counters (what fo_jax.matmul runs)
   <dtype>.8groups    8 groups in the overlap's tile order, no counters
   <dtype>.signal     8 groups with counters: the overlap's producer
-Reports the signaling overhead (signal / 8groups - 1: the counters' cost, the criterion of issue
-31: <= 2%; it includes the memset that zeroes the counters before the kernel, about 0.8 us,
-which a kernel without counters does not run) and the group order's (8groups / 1group - 1). "producer runs": whether an overlapped
-call with this per-GPU GEMM runs the producer at all (its estimated GEMM reaches the overlap's
-lowest floor; below it nothing signals): the verdicts count those rows only, the table shows all.
-Each method's result is checked against XLA's dot of the same (dequantized) operands first.
+Reports the signaling overhead (signal / 8groups - 1: the counters' cost, the criterion of issue 31:
+<= 2%; it includes the memset that zeroes the counters before the kernel, about 0.8 us, which a
+kernel without counters does not run) and the group order's (8groups / 1group - 1). "producer runs":
+whether an overlapped call with this per-GPU GEMM runs the producer at all (its estimated GEMM
+reaches the overlap's lowest floor; below it nothing signals): the verdicts count those rows only,
+the table shows all. Each method's result is checked against XLA's dot of the same (dequantized)
+operands first.
 
 fp8 runs twice: fo_jax's default pick and its pick with OverlapConfig(fp8_fast_accumulation=True)
 (--no-fast: the default only). --fp8-configs all|NAME ...: also every named fp8 tile

@@ -37,7 +37,8 @@ XLA's dot; the geometric mean of a shape's readings replaces its XLA_POINTS entr
 report lists every replaced point.
 
 Usage: python3 dev/fit_gemm_table.py SWEEP.jsonl [...] [--recheck PLAIN.jsonl ...]
-         [--out fo_jax/_gemm_tables/<model>.py] [--report REPORT.md] [--xla-threshold 0.98] [--sms 132]
+         [--out fo_jax/_gemm_tables/<model>.py] [--report REPORT.md] [--xla-threshold 0.98]
+         [--sms 132]
 """
 
 from __future__ import annotations

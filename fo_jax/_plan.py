@@ -175,7 +175,8 @@ def split_k_sizes(plan: GemmPlan, m: int, n: int, sms: Optional[int] = None) -> 
     if plan.k_splits <= 1:
         return 0, 0
     cm = plan.cluster_m
-    units = plan.batch * -(-(-(-m // plan.tile_m)) // cm) * (-(-n // plan.tile_n))
+    row_tiles = -(-m // plan.tile_m)
+    units = plan.batch * -(-row_tiles // cm) * -(-n // plan.tile_n)
     slots = _gemm_choice.resolve_sms(plan.sm_budget, sms or _gemm_choice.device_sms()) // cm
     tiles = min(units, max(slots - 1, 0)) * cm
     return tiles, tiles * (plan.k_splits - 1) * plan.tile_m * plan.tile_n

@@ -118,8 +118,8 @@ class OverlapConfig:
         partial sums in a fixed order (deterministic), for GEMMs of few output tiles and long K.
         Needs `gemm_config` naming a cooperative configuration (e.g. "coop_128x128x64_c1");
         at most 16, and at most one split per k-tile of the configuration (a shorter K splits
-        less). None: fo_jax chooses (docs/performance.md, "Split K"); 1: never. Refused by the overlapped calls, whose GEMM
-        signals whole tiles.
+        less). None: fo_jax chooses (docs/performance.md, "Split K"); 1: never. Refused by the
+        overlapped calls, whose GEMM signals whole tiles.
     """
 
     gemm_config: Optional[str] = None

@@ -78,7 +78,8 @@ def owner(d):
                       for n, b, s, o in regions}
     row["one_region"] = len({b for _, b, _, _ in regions}) == 1
     _, base, size, off = regions[0]
-    row["legacy_ipc_capable"] = _attr(cu, 10, base)  # CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
+    # CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
+    row["legacy_ipc_capable"] = _attr(cu, 10, base)
     row["allowed_handle_types"] = _attr(cu, 14, base)  # CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES
     handle = (ctypes.c_char * HANDLE_BYTES)()
     rc = cu.cuIpcGetMemHandle(ctypes.byref(handle), ctypes.c_uint64(base))

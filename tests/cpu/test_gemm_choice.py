@@ -321,7 +321,8 @@ def test_recheck_takes_the_readings_of_the_gemm_matmul_runs(monkeypatch):
     assert math.isclose(got[split_shape], round(math.sqrt(1.25 * 1.5), 4))
     assert math.isclose(got[plain_shape], round(math.sqrt(0.8 * 0.96), 4))  # own rows only
     assert got[(4096, 1536, 4096)] == 0.9
-    assert f"{split_shape[0]}x{split_shape[1]}x{split_shape[2]} | {names[split_shape]} | 4 |" in text
+    m, n, k = split_shape
+    assert f"{m}x{n}x{k} | {names[split_shape]} | 4 |" in text
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The address arithmetic of the copy engine across processes (csrc/comm/peer_pools.h): a
 peer's buffer in this process's mapping of its XLA allocation, and this rank's own buffers in
 the allocation its peers mapped, at the allocation's edges and where a naive sum would overflow.
-Built here with the system C++ compiler (the header needs no CUDA; tests/cpu/peer_pools_check.cc)."""
+Built here with the system C++ compiler (the header needs no CUDA;
+tests/cpu/peer_pools_check.cc)."""
 
 from __future__ import annotations
 

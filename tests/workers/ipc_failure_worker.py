@@ -1,11 +1,12 @@
 """One JAX process per GPU with the copy engine across processes, or with the NCCL transport if
-FAILURE_WORKER_TRANSPORT=nccl; the reduce-scatter, or the all-reduce or the overlapped
-all-gather if FAILURE_WORKER_COLLECTIVE=all_reduce or all_gather (launched by tests/gpu/overlap/test_reliability_gpu.py with
-FO_JAX_TEST_FAIL=<stage>:<last rank>): the last rank fails at that stage on every call, after its
-peers in the other processes may wait for it. It releases what they wait for and fails its group;
-the other processes learn the failure through JAX's key-value store (fo_jax/_failure_watch.py) and
-their later calls raise. Prints "CALL <i> RAISED|RETURNED <seconds> <first line>" per call and
-"WORKER OK process <p>", then leaves with the others (leave_together.py)."""
+FAILURE_WORKER_TRANSPORT=nccl; the reduce-scatter, or the all-reduce or the overlapped all-gather if
+FAILURE_WORKER_COLLECTIVE=all_reduce or all_gather (launched by
+tests/gpu/overlap/test_reliability_gpu.py with FO_JAX_TEST_FAIL=<stage>:<last rank>): the last rank
+fails at that stage on every call, after its peers in the other processes may wait for it. It
+releases what they wait for and fails its group; the other processes learn the failure through JAX's
+key-value store (fo_jax/_failure_watch.py) and their later calls raise. Prints "CALL <i>
+RAISED|RETURNED <seconds> <first line>" per call and "WORKER OK process <p>", then leaves with the
+others (leave_together.py)."""
 
 import os
 import sys

@@ -106,7 +106,8 @@ def test_the_ipc_probe_chooses_one_transport_for_every_process(hide):
         lines.append(re.search(r"PROBE (.*)", out).group(1))
     assert len(set(lines)) == 1, lines
     if hide:
-        warnings.warn(f"CUDA IPC probe with each process seeing only its GPU: {lines[0]}")
+        warnings.warn(f"CUDA IPC probe with each process seeing only its GPU: {lines[0]}",
+                      stacklevel=1)
     else:
         assert lines[0] == "transport copy_engine, verdict ''", lines[0]
 

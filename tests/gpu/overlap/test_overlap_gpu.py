@@ -3,11 +3,9 @@ several shapes (M per rank not a multiple of the tile too), 1000 back-to-back ca
 collectives in the same jit, a 2x2 mesh, and one process per GPU."""
 
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +16,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 import fo_jax
 from conftest import gpu_devices_or_skip, tp_or_skip
 from numerics import REL_TOL, assert_close, explain_mismatch, random_operands, rel_err
+from worker_processes import wait_all, with_stack_dumps
 
 pytestmark = pytest.mark.gpu
 
@@ -405,10 +404,9 @@ def test_2x2_mesh_two_communicators(collective):
 
 def _one_process_per_gpu(worker: str, hang: str, **env_extra) -> list:
     """Runs tests/<worker> in one process per GPU (tp_or_skip() of them) and returns their outputs;
-    fails with `hang` if any runs past FO_JAX_TEST_PROCESS_TIMEOUT_S (240 s), the message then
-    holding every process's last output and Python stacks (faulthandler, on SIGABRT)."""
+    fails with `hang` (each process's last output and Python stacks) if any runs past 240 s
+    (FO_JAX_TEST_PROCESS_TIMEOUT_S)."""
     nproc = tp_or_skip()
-    limit = float(os.environ.get("FO_JAX_TEST_PROCESS_TIMEOUT_S", "240"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -417,40 +415,16 @@ def _one_process_per_gpu(worker: str, hang: str, **env_extra) -> list:
     # JAX's preallocated pool, as users run (the copy-engine all-reduce across processes maps
     # it, and needs it to be one allocation), but small: this process's JAX already holds most
     # of every GPU's memory.
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", XLA_PYTHON_CLIENT_PREALLOCATE="true",
-               XLA_PYTHON_CLIENT_MEM_FRACTION="0.05", PYTHONFAULTHANDLER="1")
+    env = with_stack_dumps(dict(os.environ, NCCL_NVLS_ENABLE="0",
+                                XLA_PYTHON_CLIENT_PREALLOCATE="true",
+                                XLA_PYTHON_CLIENT_MEM_FRACTION="0.05"))
     env.pop("XLA_CLIENT_MEM_FRACTION", None)
     env.update(env_extra)
     env.pop("XLA_FLAGS", None)
     procs = [subprocess.Popen([sys.executable, path, str(i), str(nproc), str(port)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(nproc)]
-    deadline = time.monotonic() + limit
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{hang} (stopped after {limit:.0f} s)\n" + _stop_and_report(procs))
-        outs.append((p.returncode, out))
-    return outs
-
-
-def _stop_and_report(procs) -> str:
-    """Ends every process still running (SIGABRT first: faulthandler prints its Python stacks)
-    and returns each one's last output."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGABRT)
-    reports = []
-    for i, p in enumerate(procs):
-        try:
-            out, _ = p.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-        reports.append(f"---- process {i} (exit {p.returncode}):\n{(out or '')[-6000:]}")
-    return "\n".join(reports)
+    return wait_all(procs, 240, hang)
 
 
 def test_one_process_per_gpu():

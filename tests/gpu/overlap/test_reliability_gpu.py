@@ -22,6 +22,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 import fo_jax
 from conftest import gpu_devices_or_skip, tp_or_skip
 from numerics import assert_close, random_operands
+from worker_processes import wait_all, with_stack_dumps
 
 pytestmark = pytest.mark.gpu
 
@@ -40,25 +41,20 @@ def _free_port() -> int:
 def _process_env(**env_extra) -> dict:
     """The environment of the worker processes: no preallocation (this process's JAX
     holds most of every GPU), no NVLink multicast, this fo_jax, no XLA_FLAGS."""
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", NCCL_NVLS_ENABLE="0",
-               PYTHONPATH=_FO_JAX_ROOT, **env_extra)
+    env = with_stack_dumps(dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
+                                NCCL_NVLS_ENABLE="0", PYTHONPATH=_FO_JAX_ROOT, **env_extra))
     env.pop("XLA_FLAGS", None)
     return env
 
 
 def _worker(name, n_gpus, timeout_s=300, args=(), **env_extra):
     """Runs tests/workers/<name> on the first n_gpus GPUs in a process of its own; returns
-    (returncode, output) or fails the test if it hangs."""
+    (returncode, output) or fails the test if it hangs (its last output and Python stacks)."""
     env = _process_env(CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(n_gpus)),
                        **env_extra)
     p = subprocess.Popen([sys.executable, os.path.join(WORKERS, name), *args], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = p.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        pytest.fail(f"{name} hung (killed after {timeout_s} s)")
-    return p.returncode, out
+    return wait_all([p], timeout_s, f"{name} hung")[0]
 
 
 def test_capture_guard_refuses_a_capturing_stream():
@@ -151,13 +147,7 @@ def test_plan_agreement_across_gpu_processes():
                                str(i), str(nproc), str(port), "gpu", str(4 if i else 2)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for i in range(nproc)]
-    for i, p in enumerate(procs):
-        try:
-            out, _ = p.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a process hung after a plan mismatch")
+    for i, (_, out) in enumerate(wait_all(procs, 180, "a process hung after a plan mismatch")):
         assert f"RAISED {i} ValueError" in out and "plan mismatch" in out, out[-3000:]
 
 
@@ -238,14 +228,8 @@ def test_known_failure_in_another_process_ends_the_wait_without_a_timeout():
                                str(i), str(nproc), str(port)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for i in range(nproc)]
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a process hung after another one's communicator failed")
+    outs = [out for _, out in wait_all(procs, 240,
+                                       "a process hung after another one's communicator failed")]
     for i, out in enumerate(outs):
         assert f"process {i}: RAISED" in out, out[-3000:]
         if i != nproc - 1:
