@@ -267,8 +267,7 @@ def local_device_count() -> int:
 def multiprocess_problem(collective: str, process_count: int, config: Optional[OverlapConfig],
                          hosts: Callable[[], Optional[Sequence[str]]] = process_hosts,
                          ipc: Callable[[], Optional[str]] = process_ipc_problem,
-                         pool: Callable[[], Optional[str]] = xla_pool_problem,
-                         local_devices: Optional[Callable[[], int]] = None
+                         pool: Callable[[], Optional[str]] = xla_pool_problem
                          ) -> Optional[str]:
     """Why the copy-engine transport cannot take a `collective` call of a program running
     `process_count` JAX processes, or None. One process: None (nothing to check here)."""
@@ -287,7 +286,7 @@ def multiprocess_problem(collective: str, process_count: int, config: Optional[O
                     f"({_WHAT_INTO_XLA[collective]}) is opt-in: "
                     "OverlapConfig(transport='copy_engine')")
         # Its peer mappings and per-call table serve one rank per process.
-        count = (local_devices or local_device_count)()
+        count = local_device_count()
         if count > 1:
             return (f"the copy-engine {name} across processes runs one GPU per process; this "
                     f"process drives {count} (launch one process per GPU, or take NCCL)")

@@ -402,9 +402,7 @@ void AbortGroupForKnownFailure(const std::string& id, const std::string& failure
     std::lock_guard<std::mutex> lock(group->mu);
     if (group->members.empty()) return;
     first = group->members.front();
-    for (CommState* m : group->members) {
-      copy_engine = copy_engine || m->copy_engine != nullptr || m->copy_engine_calls.load();
-    }
+    for (CommState* m : group->members) copy_engine = copy_engine || m->copy_engine_calls.load();
   }
   FailGroup(*group, failure);
   // The copy engine's calls keep running in step after a failure (a failed call releases its

@@ -43,8 +43,9 @@ struct CommState {
   cudaEvent_t comm_done = nullptr;     // recorded on the comm stream, waited on by XLA's stream
   std::shared_ptr<CopyEngineState> copy_engine;  // created on the transport's first use
   // A copy-engine call (any collective, the all-gather's included, whose state lives in
-  // all_gather_copy_engine.cc) has run on this communicator: a known failure then fails the group
-  // without aborting it (AbortGroupForKnownFailure), so that its calls keep running in step.
+  // all_gather_copy_engine.cc) has run on this communicator, set before the call creates any
+  // state: a known failure then fails the group without aborting it (AbortGroupForKnownFailure),
+  // so that its calls keep running in step.
   std::atomic<bool> copy_engine_calls{false};
   // Why this rank's group could not set up the copy engine ("" while none failed): set on every
   // rank of the group in the same call (copy_engine.cc), so all of them refuse later calls alike.

@@ -176,15 +176,15 @@ def test_multiprocess_problem_rule(monkeypatch):
     # The all-reduce and all-gather across processes serve one GPU per process: a process that
     # drives two keeps NCCL for them, before its hosts, probe or memory are asked; the
     # reduce-scatter does not care.
-    one = lambda: 1  # noqa: E731
-    two = lambda: 2  # noqa: E731
     for collective in ("all_reduce", "all_gather"):
-        assert rule(collective, 2, REQUESTED, one_host, passed, passed, one) is None
-        why = rule(collective, 2, REQUESTED, not_probed, not_probed, not_asked, two)
+        assert rule(collective, 2, REQUESTED, one_host, passed, passed) is None
+    monkeypatch.setattr(_process_layout, "local_device_count", lambda: 2)
+    for collective in ("all_reduce", "all_gather"):
+        why = rule(collective, 2, REQUESTED, not_probed, not_probed, not_asked)
         name = collective.replace("_", "-")
         assert why == (f"the copy-engine {name} across processes runs one GPU per process; this "
                        "process drives 2 (launch one process per GPU, or take NCCL)"), why
-    assert rule("reduce_scatter", 2, None, one_host, passed, not_asked, two) is None
+    assert rule("reduce_scatter", 2, None, one_host, passed, not_asked) is None
 
     for config in (None, DEFAULT):
         assert rule("reduce_scatter", 2, config, one_host, passed) is None

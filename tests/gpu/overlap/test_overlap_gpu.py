@@ -3,7 +3,6 @@ several shapes (M per rank not a multiple of the tile too), 1000 back-to-back ca
 collectives in the same jit, a 2x2 mesh, and one process per GPU."""
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import fo_jax
-from conftest import gpu_devices_or_skip, tp_or_skip
+from conftest import free_port, gpu_devices_or_skip, tp_or_skip
 from numerics import REL_TOL, assert_close, explain_mismatch, random_operands, rel_err
 from worker_processes import wait_all, with_stack_dumps
 
@@ -407,9 +406,7 @@ def _one_process_per_gpu(worker: str, hang: str, **env_extra) -> list:
     fails with `hang` (each process's last output and Python stacks) if any runs past 240 s
     (FO_JAX_TEST_PROCESS_TIMEOUT_S)."""
     nproc = tp_or_skip()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "workers",
                         worker)
     # JAX's preallocated pool, as users run (the copy-engine all-reduce across processes maps

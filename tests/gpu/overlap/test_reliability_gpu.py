@@ -9,7 +9,6 @@ GEMM launch fails."""
 
 import os
 import re
-import socket
 import subprocess
 import sys
 
@@ -20,7 +19,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import fo_jax
-from conftest import gpu_devices_or_skip, tp_or_skip
+from conftest import free_port, gpu_devices_or_skip, tp_or_skip
 from numerics import assert_close, random_operands
 from worker_processes import wait_all, with_stack_dumps
 
@@ -30,12 +29,6 @@ WORKERS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__)
 WRAP_START = 2**32 - 8
 # The workers import the fo_jax this process imported (not another one installed).
 _FO_JAX_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _process_env(**env_extra) -> dict:
@@ -141,7 +134,7 @@ def test_plan_agreement_across_gpu_processes():
     entry would give): every process raises 'plan mismatch' at lowering, none hangs."""
     gpu_devices_or_skip(2)
     nproc = 2
-    port = _free_port()
+    port = free_port()
     env = _process_env(FO_JAX_PLAN_TIMEOUT_S="60")
     procs = [subprocess.Popen([sys.executable, os.path.join(WORKERS, "plan_agreement_worker.py"),
                                str(i), str(nproc), str(port), "gpu", str(4 if i else 2)],
@@ -220,7 +213,7 @@ def test_known_failure_in_another_process_ends_the_wait_without_a_timeout():
     failed process. No process hangs."""
     gpu_devices_or_skip(2)
     nproc = 2
-    port = _free_port()
+    port = free_port()
     env = _process_env()
     env.pop("FO_JAX_COMM_TIMEOUT_S", None)
     procs = [subprocess.Popen([sys.executable, os.path.join(WORKERS,
@@ -422,7 +415,7 @@ def test_a_killed_process_releases_its_copy_engine_peers(tmp_path):
     import time
 
     nproc = tp_or_skip()
-    port = _free_port()
+    port = free_port()
     env = _process_env(FO_JAX_COMM_TIMEOUT_S="5")
     logs = [open(tmp_path / f"process{i}.log", "w+") for i in range(nproc)]
     procs = [subprocess.Popen([sys.executable, os.path.join(WORKERS, "ipc_killed_peer_worker.py"),
