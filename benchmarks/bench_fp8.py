@@ -2,7 +2,8 @@
 
 Shapes: the five design shapes and LLM tensor-parallel shapes (bench_gemm_sweep.py's picks),
 including K = 7168 with M >= 8192, where XLA's fp8 dot is measured 1.27-1.58x faster than its
-bf16 dot and below which it is slower (docs/performance.md, "fp8"). `--shapes MxNxK ...`: yours.
+bf16 dot and below which it is slower (docs/gemm_performance.md, "fp8"). `--shapes MxNxK ...`:
+yours.
 
 Methods per shape (x[M, K] ~ N(0, 1/K), w[K, N] ~ N(0, 1); fp8 operands from
 fo_jax.quantize_fp8 of the same values, scales float32 device scalars):

@@ -7,7 +7,7 @@ call (`schedule`: every method once per pass, forward and backward in turn, the 
 from pair to pair), each call blocked on before the next. A GPU that clocks down as a trace
 goes on (H100s and H200s at their power cap, on long GEMMs) then slows every method alike:
 with each method's calls back to back instead, the methods late in a trace of 16 at M >= 8192
-read up to 18% slower than the same kernel early in it (docs/performance.md, "GEMM coverage").
+read up to 18% slower than the same kernel early in it (docs/gemm_performance.md, "The choice").
 Each kernel is attributed to its method by, in this order:
   1. the XLA module named in the kernel event's stats: every function is jitted under its own
      name (`named_jit`), so its kernels carry "jit_trace_f<key>" (hlo_module, or the raw XLA

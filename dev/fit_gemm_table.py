@@ -7,7 +7,7 @@ Input: JSON Lines of `benchmarks/bench_gemm_sweep.py --configs all` (rows "fo_ja
 "config", "xla.dot", "fo_jax.matmul"; one or more files, one device).
 
 Timing drift: the sweep times every method of a shape in the same traces, so a kernel timed early
-in a trace can run at a higher clock than one timed late (docs/performance.md, 'GEMM coverage').
+in a trace can run at a higher clock than one timed late (docs/gemm_performance.md, 'The choice').
 The sweep times fo_jax.matmul's configuration twice (as "fo_jax.matmul" and as its
 "fo_jax.gemm" row); where the two readings differ by more than DRIFT, the shape's rows are not
 comparable across methods: such shapes are left out of the fit and of XLA_POINTS (and reported).

@@ -5,7 +5,7 @@ An sm90 GEMM's main loop issues its MMAs (HGMMA, QGMMA) with operand descriptors
 registers. When the compiler cannot prove the loop's state warp-uniform (e.g. after a branch on
 the thread index elsewhere in the tile loop), it computes the descriptors per thread and moves
 them with R2UR before every MMA, and syncs the warp in the loop: dozens of extra instructions per
-k-tile, a few percent of a short-K GEMM (docs/performance.md, "GEMM coverage"). This script
+k-tile, a few percent of a short-K GEMM (docs/gemm_performance.md, "The residual gap"). This script
 disassembles binaries (the fo_jax CUDA module, `.devbuild/gemm_selftest`, `.devbuild/gemm_probe`,
 a `.cubin`) with cuobjdump and reports, per kernel with MMAs: its instructions, the span from its
 first to its last MMA, and the R2UR and WARPSYNC instructions in that span (from 30 before the

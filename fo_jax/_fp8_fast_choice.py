@@ -4,7 +4,7 @@ fp8_fast_accumulation): a wave model over the two compiled fast rows.
 A persistent kernel's time is its waves (cluster tiles over the co-resident cluster slots,
 rounded up: a last partial wave costs nearly a whole one) times the cost of one wave. A wave of
 ping-pong 128x192 tiles (2x1 clusters) costs WAVE_COST_192 times a wave of ping-pong 128x128
-tiles for 1.5x the work, measured on one H100 (docs/performance.md, "fp8"); the cheaper one is
+tiles for 1.5x the work, measured on one H100 (docs/gemm_performance.md, "fp8"); the cheaper one is
 the pick. The accurate fp8 rows have the same model in the kernel library (SelectGemmConfig,
 csrc/kernels/signaling_gemm.cu).
 """

@@ -43,8 +43,8 @@ from fo_jax import _cuda, _gemm_tables
 DEFAULT_SMS = 132  # H100 SXM / H200: when no GPU is visible at trace time
 TIE = 0.01  # relative: predictions this close to the fastest count as ties
 # log2 units: a measured shape informs queries up to a factor 4 away in one of M, N, K (less in
-# several). Chosen by cross-validating the predicate on the sweep (docs/performance.md, 'GEMM
-# coverage'): with all shapes of one (N, K) held out, a radius of 1 finds no neighbour for half
+# several). Chosen by cross-validating the predicate on the sweep (docs/gemm_performance.md, 'The
+# choice'): with all shapes of one (N, K) held out, a radius of 1 finds no neighbour for half
 # of them and keeps fo_jax's GEMM where XLA's is faster; 2 predicts them about as well as shapes
 # of a measured (N, K).
 RADIUS = 2.0
@@ -189,7 +189,7 @@ def xla_dot_reason(m: int, n: int, k: int, dtype) -> Optional[str]:
 # wave costs beyond its share of K (the final unit waits for the others and reads their fp32
 # partial tiles; every unit fills its pipeline): SPLIT_WAVE_US per 128x128 of tile area plus
 # SPLIT_PER_SPLIT_US per extra split, fitted to the model's own predictions on one H200
-# (docs/performance.md, "Split K"). A split is taken only where it is predicted at least
+# (docs/gemm_performance.md, "Split K"). A split is taken only where it is predicted at least
 # SPLIT_MARGIN faster than the best unsplit configuration.
 SPLIT_WAVE_US = 1.5
 SPLIT_PER_SPLIT_US = 0.8

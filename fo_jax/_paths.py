@@ -135,7 +135,7 @@ def _choose_overlapped(dtype, config, m: int, n: int, k: int, platform: str, col
 
 def choose_fp8(op: str, config, m: int, n: int, k: int, platform: str, **extra) -> PathChoice:
     """The path of an fp8 GEMM x[m, k] @ w[k, n]: fo_jax's fp8 kernel on CUDA devices (no fp8
-    table is measured yet, so XLA's fp8 dot is never chosen; docs/performance.md, "fp8"), the
+    table is measured yet, so XLA's fp8 dot is never chosen; docs/gemm_performance.md, "fp8"), the
     dequantizing reference elsewhere."""
     extra = dict(extra, platform=platform)
     off = _off_cuda(op, config, platform, extra)

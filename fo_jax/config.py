@@ -99,7 +99,7 @@ class OverlapConfig:
         fp8 GEMMs with fast accumulation, the whole K sum kept in the tensor cores' accumulator,
         whose additions keep fewer mantissa bits than float32 (what XLA's fp8 dot does at
         default precision, and TransformerEngine's forward GEMM). Faster (1.1-1.5x fo_jax's
-        default fp8 GEMM on one H100, docs/performance.md "fp8"), less accurate as K grows.
+        default fp8 GEMM on one H100, docs/gemm_performance.md "fp8"), less accurate as K grows.
         False (the default): partial sums of 256 products (every 256 of K) are added into
         float32. The reference path always accumulates in float32.
       copy_engine_multiprocess: with one JAX process per GPU (jax.distributed), let the
@@ -118,7 +118,7 @@ class OverlapConfig:
         partial sums in a fixed order (deterministic), for GEMMs of few output tiles and long K.
         Needs `gemm_config` naming a cooperative configuration (e.g. "coop_128x128x64_c1");
         at most 16, and at most one split per k-tile of the configuration (a shorter K splits
-        less). None: fo_jax chooses (docs/performance.md, "Split K"); 1: never. Refused by the
+        less). None: fo_jax chooses (docs/gemm_performance.md, "Split K"); 1: never. Refused by the
         overlapped calls, whose GEMM signals whole tiles.
     """
 

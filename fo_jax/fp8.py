@@ -37,7 +37,7 @@ FP8_DTYPE = jnp.dtype(jnp.float8_e4m3fn)
 # Output dtypes of the fp8 GEMM: the CUDA kernel writes bfloat16 only.
 FP8_OUT_DTYPES = (jnp.dtype(jnp.bfloat16),)
 # fo_jax's fp8 kernel against its bf16 kernel on one H100 where an overlap can pay (K >= 2048:
-# 1.37-1.74x; docs/performance.md, "fp8"): scales the bf16 GEMM-time estimate where an fp8 call
+# 1.37-1.74x; docs/gemm_performance.md, "fp8"): scales the bf16 GEMM-time estimate where an fp8 call
 # decides whether its overlap pays.
 GEMM_SPEEDUP_OVER_BF16 = 1.41
 # The same with OverlapConfig.fp8_fast_accumulation (K >= 2048: 1.52-1.97x, most shapes 1.75x

@@ -72,7 +72,7 @@ CONFIGS: list[GemmConfig] = [
 # model in SelectGemmConfig picks among them (benchmarks/bench_fp8.py --configs all).
 # Promotion every 2 k-tiles (256 of K): CUTLASS's mainloop waits for every MMA in flight before
 # each promotion, and halving those stalls makes the kernels faster, while the partial sums' error
-# stays far below the operands' own fp8 rounding (docs/performance.md, "fp8", "Promotion
+# stays far below the operands' own fp8 rounding (docs/gemm_performance.md, "fp8", "Promotion
 # interval": what was measured, and what still needs a committed result).
 FP8_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8_coop_128x128x128_c1", 128, 128, 128, 1, 1, False, promotion_k_tiles=2),

@@ -35,8 +35,9 @@ FO_JAX_CURSOR_HOST_DEVICE int LastEntryAtMost(const int* begin, int count, int x
 // registers: those lookups load nothing, and the advance loads the end after next, which only
 // the lookup after it needs. Anything else runs the binary search. In a cooperative kernel the
 // lookup sits between two tiles' main loops, on the consumers' path, where each step of a search
-// is a dependent constant load (docs/performance.md, "fp8"). (The scheduler's search of its
-// unit table stays a search: a cursor there costs the fp8 cooperative kernel spilled registers.)
+// is a dependent constant load (docs/gemm_performance.md, "The producer's signals"). (The
+// scheduler's search of its unit table stays a search: a cursor there costs the fp8 cooperative
+// kernel spilled registers.)
 struct GroupCursor {
   int index = 0;
   int lo = INT_MAX, hi = INT_MIN;  // entry `index` (empty before the first lookup)

@@ -112,17 +112,18 @@ struct EpilogueParams {
 //    store_tail(), where it hides behind the other warp group's mainloop at long K; but at short
 //    K, where a turn is as long as that mainloop, it does not (8 signalling groups cost +18% of
 //    the GEMM at 4096x4096x512 with the wait and the fence in the turn, +11% with the handoff
-//    and the deferral below: docs/performance.md, "fp8"). With EpilogueParams::defer_signals
-//    (K of at most kDeferSignalsMaxKTiles k-tiles) a tile is handed over one turn later, at the
-//    start of the warp group's next tile's store() (its stores are complete by then: the wait
-//    is free), or in store_tail() if it is the warp group's last tile; its signal comes up to
-//    one short mainloop later.
+//    and the deferral below: docs/gemm_performance.md, "The producer's signals"). With
+//    EpilogueParams::defer_signals (K of at most kDeferSignalsMaxKTiles k-tiles) a tile is
+//    handed over one turn later, at the start of the warp group's next tile's store() (its
+//    stores are complete by then: the wait is free), or in store_tail() if it is the warp
+//    group's last tile; its signal comes up to one short mainloop later.
 //  * Cooperative (without a source): both warp groups would wait for the fence, as no MMA runs
 //    during a cooperative epilogue (+2.4-3.5% for fp8 at 4096x8192x2048). Warp 0 instead hands
 //    (group, count) over through shared memory (SignalHandoff: two mbarriers, release/acquire at
 //    CTA scope, so the handed-over writes happen-before what the receiver does next) to the
 //    producer warp group's epilogue warp, idle without a source, whose add then releases them at
-//    GPU scope (a release is cumulative). Measured: +0.0-0.3% (docs/performance.md, "fp8").
+//    GPU scope (a release is cumulative). Measured: +0.0-0.3% (docs/gemm_performance.md,
+//    "The producer's signals").
 // ---------------------------------------------------------------------------------------------
 // kSource: CUTLASS's epilogue with a source C (D = acc + C, C loaded by TMA in the producer's
 // epilogue warp), for SignalingGemmArgs' addend, a [rows, n] matrix. Every tile loads it, at its

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Diagnostic builds of one GEMM kernel for signal_cost_probe: each variant removes or weakens one
-# step of the cooperative signal path (docs/performance.md, "fp8": what the cooperative fp8
-# kernel's signals cost), so the variants are wrong as a library (their signals may come before
-# the data, or not at all) and exist only to be timed. Each is
+# step of the cooperative signal path (docs/gemm_performance.md, "The producer's signals": what
+# the cooperative fp8 kernel's signals cost), so the variants are wrong as a library (their
+# signals may come before the data, or not at all) and exist only to be timed. Each is
 # .devbuild/variants/signal_cost_probe_NAME: the probe linked with the objects of
 # build_gemm_selftest.sh (run that first), the one kernel recompiled from a copy of csrc/ with the
 # variant's edits. `base` is the unedited kernel.

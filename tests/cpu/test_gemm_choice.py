@@ -414,7 +414,7 @@ def test_committed_predicate_agrees_with_clear_measurements(committed):
     # Where the sweep measured fo_jax's chosen configuration clearly slower than XLA's dot
     # (below 0.90x) fo_jax.matmul hands the shape to XLA; where clearly faster it keeps its own
     # GEMM. "Clearly" is beyond the readings' noise: one kernel's ratio moves by up to 5% from
-    # run to run (docs/performance.md, "GEMM coverage"), and the predicate weighs a shape's
+    # run to run (docs/gemm_performance.md, "The choice"), and the predicate weighs a shape's
     # neighbours too, so a point of 1.02 among slower neighbours may go either way.
     for name, dtype in (("bfloat16", BF16), ("float16", F16)):
         points = committed.XLA_POINTS[name]
