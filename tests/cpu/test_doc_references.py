@@ -17,13 +17,15 @@ import subprocess
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+THIS_FILE = os.path.relpath(os.path.abspath(__file__), REPO).replace(os.sep, "/")
 SOURCE_SUFFIXES = (".py", ".md", ".cc", ".cu", ".h", ".cuh", ".sh", ".toml", ".inc")
 SKIPPED_PREFIXES = ("benchmarks/results/", "docs/archive/")
 
-# `name.md, "Section"` or `name.md "Section"`, then any further quoted names (`"fp8",
-# "Promotion interval"`), read in text whose line breaks (with a comment's marker) are spaces.
+# `name.md, "Section"`, `name.md "Section"` or `[name.md](path), "Section"`, then any further
+# quoted names (`"fp8", "Promotion interval"`), read in text whose line breaks (with a comment's
+# marker) are spaces.
 CITATION = re.compile(
-    r"([\w./-]*\w\.md)(?:,\s*|\s+)"
+    r"([\w./-]*\w\.md)(?:\]\([^)\s]*\))?(?:,\s*|\s+)"
     r"((?:\"[^\"]{1,60}\"|'[^']{1,60}')(?:,\s*(?:\"[^\"]{1,60}\"|'[^']{1,60}'))*)")
 QUOTED = re.compile(r"\"([^\"]+)\"|'([^']+)'")
 LINE_BREAK = re.compile(r"\s*\n\s*(?:#+(?!#)|//+|\*(?!\*))?\s*")
@@ -86,6 +88,8 @@ def test_cited_sections_exist(repo_files):
     files, docs = repo_files
     missing = []
     for path in files:
+        if path == THIS_FILE:
+            continue  # its examples are not references
         for m in CITATION.finditer(_joined(_read(path))):
             doc = _resolve(m.group(1), path, docs)
             if doc is None:
@@ -120,13 +124,15 @@ def test_the_checks_see_citations():
     """The patterns match the forms the repository uses, so the tests above check something."""
     sample = ('see docs/gemm_performance.md, "fp8", "Promotion interval" and README.md, '
               "'Install'; (docs/performance.md, 'GEMM\n# coverage') [a](design.md#the-all-gather) "
-              "f\"(docs/troubleshooting.md, 'Hardware \"\n    f\"queues')\"")
+              "f\"(docs/troubleshooting.md, 'Hardware \"\n    f\"queues')\" "
+              "[docs/design.md](docs/design.md), \"The all-gather\"")
     cited = [(m.group(1), QUOTED.findall(m.group(2)))
              for m in CITATION.finditer(_joined(sample))]
     assert cited == [("docs/gemm_performance.md", [("fp8", ""), ("Promotion interval", "")]),
                      ("README.md", [("", "Install")]),
                      ("docs/performance.md", [("", "GEMM coverage")]),
-                     ("docs/troubleshooting.md", [("", "Hardware queues")])]
+                     ("docs/troubleshooting.md", [("", "Hardware queues")]),
+                     ("docs/design.md", [("The all-gather", "")])]
     assert LINK.search(sample).groups() == ("design.md", "the-all-gather")
     assert _slug("The producer's signals") == "the-producers-signals"
     assert _slug("32 hardware queues") == "32-hardware-queues"
