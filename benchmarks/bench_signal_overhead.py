@@ -2,26 +2,28 @@
 overlap's 8 groups and their counters against the same kernel and groups without counters.
 
 Per shape (x[M, K] @ w[K, N] on one GPU; fp8: float8_e4m3fn operands from fo_jax.quantize_fp8,
-the weight stored [N, K], bf16 output), in GPU kernel time (JAX profiler traces, median of 3
-rounds of 8 back-to-back calls per method, methods in rotated order: benchlib.
-kernel_ms_interleaved):
+the weight stored [N, K], bf16 output), in GPU kernel time (JAX profiler traces, --rounds rounds
+of --calls back-to-back calls per method, methods in rotated order: benchlib.kernel_ms_samples;
+a method's time is its median over the rounds):
   <dtype>.1group     the kernel with one group, no counters (what fo_jax.matmul runs)
   <dtype>.8groups    8 groups in the overlap's tile order, no counters
   <dtype>.signal     8 groups with counters: the overlap's producer
 Reports the signaling overhead (signal / 8groups - 1: the counters' cost, the criterion of issue 31:
 <= 2%; it includes the memset that zeroes the counters before the kernel, about 0.8 us, which a
-kernel without counters does not run) and the group order's (8groups / 1group - 1). "producer runs":
-whether an overlapped call with this per-GPU GEMM runs the producer at all (its estimated GEMM
-reaches the overlap's lowest floor; below it nothing signals): the verdicts count those rows only,
-the table shows all. Each method's result is checked against XLA's dot of the same (dequantized)
-operands first.
+kernel without counters does not run) and the group order's (8groups / 1group - 1), each the
+median over rounds of that round's two samples' ratio (taken next to each other), with the
+lowest and highest round beside the signaling overhead: the spread a single reading carries.
+"producer runs": whether an overlapped call with this per-GPU GEMM runs the producer at all (its
+estimated GEMM reaches the overlap's lowest floor; below it nothing signals): the verdicts count
+those rows only, the table shows all. Each method's result is checked against XLA's dot of the same
+(dequantized) operands first.
 
 fp8 runs twice: fo_jax's default pick and its pick with OverlapConfig(fp8_fast_accumulation=True)
 (--no-fast: the default only). --fp8-configs all|NAME ...: also every named fp8 tile
 configuration (gemm_config) as the producer, one table row each (which row signals cheapest).
 
 Usage: python benchmarks/bench_signal_overhead.py [--out benchmarks/results] [--shapes MxNxK ...]
-         [--fp8-configs all|NAME ...] [--no-fast]
+         [--fp8-configs all|NAME ...] [--no-fast] [--rounds 3] [--calls 8]
 """
 
 from __future__ import annotations
@@ -99,8 +101,13 @@ def main() -> None:
                     help="also these fp8 tile configurations as the producer ('all': every one)")
     ap.add_argument("--no-fast", action="store_true",
                     help="skip the fp8 rows with fast accumulation (fo_jax's fast pick)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="timing rounds per method (more: a tighter median and spread)")
+    ap.add_argument("--calls", type=int, default=8, help="back-to-back calls per round")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
+    if args.rounds < 1 or args.calls < 1:
+        ap.error("--rounds and --calls must be at least 1")
     from fo_jax import _plan  # noqa: PLC0415
 
     fp8_names = [c["name"] for c in _plan.gemm_configs()
@@ -125,22 +132,27 @@ def main() -> None:
                 got = np.asarray(f(a, b).astype(jnp.float32))
                 err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
                 assert err < 3e-2, f"{s} {name}: rel err {err:.2e} against XLA's dot"
-            gpu = benchlib.kernel_ms_interleaved(fns, a, b)
+            samples = benchlib.kernel_ms_samples(fns, a, b, calls=args.calls,
+                                                 rounds=args.rounds)
             prefix = next(iter(fns)).split(".")[0]
-            one, eight, sig = (gpu[f"{prefix}.{v}"] for v in ("1group", "8groups", "signal"))
-            for name, ms in gpu.items():
+            one, eight, sig = (samples[f"{prefix}.{v}"] for v in ("1group", "8groups", "signal"))
+            for name, ms in samples.items():
                 res.add(suite="signal_overhead", dtype=dt, M=m, N=n, K=k, method=name,
-                        gpu_ms=round(ms, 4), config=config, chosen=forced is None,
+                        gpu_ms=round(benchlib.median(ms), 4),
+                        gpu_ms_rounds=[round(v, 4) for v in ms], config=config,
+                        chosen=forced is None,
                         fast_accumulation=fast or config.startswith("fp8fast"))
-            overhead = sig / eight - 1
+            overhead, low, high = benchlib.paired_overhead(sig, eight)
+            order = benchlib.paired_overhead(eight, one)[0]
             runs = producer_runs(dt, m, n, k, fast)
             if forced is None and runs:  # the criterion: what fo_jax runs as the producer
                 worst[label] = max(worst.get(label, -1.0), overhead)
             lines.append([s, dt, config + ("" if forced is None else " (forced)"),
-                          "yes" if runs else "no", f"{one:.4f}", f"{eight:.4f}", f"{sig:.4f}",
-                          f"{eight / one - 1:+.1%}", f"{overhead:+.1%}"])
+                          "yes" if runs else "no"]
+                         + [f"{benchlib.median(v):.4f}" for v in (one, eight, sig)]
+                         + [f"{order:+.1%}", f"{overhead:+.1%}", f"{low:+.1%} .. {high:+.1%}"])
     header = ["MxNxK", "dtype", "config", "producer runs", "1 group ms", "8 groups ms",
-              "8 groups + signals ms", "group order", "signaling"]
+              "8 groups + signals ms", "group order", "signaling", "signaling, rounds"]
     table = benchlib.markdown_table(header, lines)
     verdicts = [f"{'PASS' if w <= LIMIT else 'FAIL'} signaling overhead {dt}: worst "
                 f"{w:+.1%} (limit +{LIMIT:.0%}) where the producer runs" for dt, w in worst.items()]
@@ -151,8 +163,10 @@ def main() -> None:
                                   f"{res.base['commit']}{args.tag}")
     res.write_jsonl(stem + ".jsonl")
     title = f"# {benchlib.provenance(res.base)}\n\n"
-    res.write_markdown(stem + ".md", title + "GPU kernel time per call (JAX profiler, median of "
-                       "interleaved rounds).\n\n" + table + "\n"
+    res.write_markdown(stem + ".md", title + f"GPU kernel time per call (JAX profiler, median of "
+                       f"{args.rounds} interleaved rounds of {args.calls} calls; the ratios are "
+                       f"medians of each round's ratio, the last column its lowest and highest "
+                       f"round).\n\n" + table + "\n"
                        + "\n".join(f"- {v}" for v in verdicts) + "\n")
     print(f"wrote {stem}.jsonl and .md", file=sys.stderr)
 

@@ -108,12 +108,11 @@ def kernel_label(name: str) -> str:
     return name.split("(")[0].split("<")[0].strip()[:48]
 
 
-def kernel_ms_interleaved(fns: dict, *args, calls: int = 8, rounds: int = 3) -> dict:
+def kernel_ms_samples(fns: dict, *args, calls: int = 8, rounds: int = 3) -> dict:
     """GPU kernel time per call (sum of the durations of every kernel and memset a call runs on
-    GPU 0, from JAX profiler traces), median over `rounds` traces of `calls` back-to-back calls,
-    the methods alternating in rotated order. Unlike wall clock it holds no host or queue time,
-    so small differences between kernels (a signal's cost) are not lost in the harness's noise.
-    {name: ms}."""
+    GPU 0, from JAX profiler traces), one sample per round: `rounds` traces of `calls`
+    back-to-back calls per method, the methods alternating in rotated order, so that a round's
+    samples of two methods are taken next to each other. {name: [ms per round]}."""
     samples: dict = {name: [] for name in fns}
     names = list(fns)
     for r in range(rounds):
@@ -125,7 +124,31 @@ def kernel_ms_interleaved(fns: dict, *args, calls: int = 8, rounds: int = 3) -> 
             if not events:
                 raise RuntimeError(f"{name}: the profiler recorded no GPU kernel")
             samples[name].append(sum(e[2] - e[1] for e in events) / 1e6 / calls)
-    return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
+    return samples
+
+
+def median(values) -> float:
+    """The middle value (the upper one of an even count), as the timing helpers report."""
+    v = sorted(values)
+    return v[len(v) // 2]
+
+
+def kernel_ms_interleaved(fns: dict, *args, calls: int = 8, rounds: int = 3) -> dict:
+    """kernel_ms_samples' median per method. Unlike wall clock it holds no host or queue time,
+    so small differences between kernels (a signal's cost) are not lost in the harness's noise.
+    {name: ms}."""
+    return {name: median(v) for name, v in
+            kernel_ms_samples(fns, *args, calls=calls, rounds=rounds).items()}
+
+
+def paired_overhead(samples: list, baseline: list) -> tuple:
+    """(median, lowest, highest) over rounds of samples[r] / baseline[r] - 1: the cost of one
+    method over another, each round's two samples taken next to each other, so that the clock's
+    drift over a run moves both."""
+    if len(samples) != len(baseline) or not samples:
+        raise ValueError(f"paired_overhead: {len(samples)} samples against {len(baseline)}")
+    ratios = [a / b - 1 for a, b in zip(samples, baseline)]
+    return median(ratios), min(ratios), max(ratios)
 
 
 def dispatch_and_wall_ms(f, *args, calls: int = 20) -> tuple:
