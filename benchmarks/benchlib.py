@@ -28,6 +28,7 @@ from fo_jax.bench.core import (  # noqa: F401 (re-exports)
     commit,
     device_info,
     markdown_table,
+    median,
     provenance,
     rotated,
     time_ms,
@@ -125,12 +126,6 @@ def kernel_ms_samples(fns: dict, *args, calls: int = 8, rounds: int = 3) -> dict
                 raise RuntimeError(f"{name}: the profiler recorded no GPU kernel")
             samples[name].append(sum(e[2] - e[1] for e in events) / 1e6 / calls)
     return samples
-
-
-def median(values) -> float:
-    """The middle value (the upper one of an even count), as the timing helpers report."""
-    v = sorted(values)
-    return v[len(v) // 2]
 
 
 def kernel_ms_interleaved(fns: dict, *args, calls: int = 8, rounds: int = 3) -> dict:

@@ -84,6 +84,13 @@ def rotated(names: list, r: int) -> list:
     return order[s:] + order[:s]
 
 
+def median(values) -> float:
+    """The middle value of `values` (the upper one of an even count): what the timing helpers
+    report of their samples."""
+    v = sorted(values)
+    return v[len(v) // 2]
+
+
 def time_ms_interleaved(fns: dict, *args, reps: int = 20, trials: int = 5,
                         warmup: int = 3) -> dict:
     """time_ms for several functions of the same arguments, their trials interleaved and the order
@@ -102,7 +109,7 @@ def time_ms_interleaved(fns: dict, *args, reps: int = 20, trials: int = 5,
             outs = [f(*args) for _ in range(reps)]
             jax.block_until_ready(outs)
             samples[name].append((time.perf_counter() - t0) * 1e3 / reps)
-    return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
+    return {name: median(v) for name, v in samples.items()}
 
 
 def time_ms(f: Callable, *args, reps: int = 20, trials: int = 5, warmup: int = 3) -> float:

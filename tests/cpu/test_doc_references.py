@@ -86,6 +86,7 @@ def repo_files():
 
 def test_cited_sections_exist(repo_files):
     files, docs = repo_files
+    sections_of = {doc: _sections(text) for doc, text in docs.items()}
     missing = []
     for path in files:
         if path == THIS_FILE:
@@ -94,7 +95,7 @@ def test_cited_sections_exist(repo_files):
             doc = _resolve(m.group(1), path, docs)
             if doc is None:
                 continue  # a document outside the repository (DESIGN.md of the issues, etc.)
-            sections = _sections(docs[doc])
+            sections = sections_of[doc]
             for q in QUOTED.finditer(m.group(2)):
                 name = (q.group(1) or q.group(2)).strip().rstrip(".:").lower()
                 if not any(s == name or s.startswith(name) for s in sections):
