@@ -17,7 +17,8 @@ tensor-parallel transformer layer, built as 11 layer shapes (N, K) x 6 token cou
   run's time): tokens per GPU from one short sequence to a large micro-batch.
 `--quick`: 6 of them. `--shapes MxNxK ...`: your own.
 
-Methods (operands random normal, x scaled by 1/sqrt(K); both in the timed dtype, asserted):
+Methods in bfloat16 and float16 (operands random normal, x scaled by 1/sqrt(K); both in the
+timed dtype, asserted):
   xla.dot          jax.jit(jnp.dot) in the input dtype: what users write (XLA's autotuned
                    cuBLASLt or Triton GEMM, fp32 accumulation, one rounding)
   fo_jax.matmul    jax.jit(fo_jax.matmul): fo_jax's default choice for the shape ("config" says
@@ -33,6 +34,22 @@ Methods (operands random normal, x scaled by 1/sqrt(K); both in the timed dtype,
   fo_jax.producer  --producer: the overlap's producer, 8 groups and counters, per configuration
 Every fo_jax result is checked against xla.dot first (relative error; a wrong kernel's time is
 not recorded: its row carries "error").
+
+Methods in float8_e4m3fn (`--dtype float8_e4m3fn`; output bf16): the same x and w quantized by
+fo_jax.quantize_fp8 (per-tensor scales, float32 device scalars), the weight stored [N, K] for
+every method, the layout both fp8 GEMMs read without a transpose:
+  xla.dot            lax.dot_general(xq, wq, preferred_element_type=bfloat16) times the two
+                     scales: XLA's fp8 dot (cuBLASLt's fp8 GEMM) at default precision, where
+                     XLA asks for fast accumulation (the whole K sum in the tensor cores'
+                     accumulator)
+  xla.dot_fp32acc    the same at precision HIGHEST: partial sums promoted to fp32, the
+                     accumulation of fo_jax's default
+  fo_jax.matmul      fo_jax.matmul(xq, wq, x_scale=, w_scale=, w_transposed=True)
+  fo_jax.matmul_fast the same with OverlapConfig(fp8_fast_accumulation=True): XLA's default
+                     accumulation
+Every fp8 result is checked against the float32 product of the dequantized operands (relative
+error <= 1e-2). --own, --configs and --producer are 16-bit only (bench_fp8.py --configs times
+every fp8 configuration).
 
 Timing ("ms"): GPU kernel time per call from JAX profiler traces (trace_timing.py): per round
 ONE trace holds --calls calls of every method of the shape in both dtypes, interleaved call by
@@ -55,7 +72,8 @@ Output (--out DIR): gemm_sweep_<gpu>_<date>_<commit>.jsonl (rows {"suite": "gemm
 dtype: xla.dot / fo_jax.matmul per shape and the geomean; with --configs the best measured
 configuration per shape) and .png (ratio vs M) when matplotlib is installed. Progress on stderr.
 
-Usage: python3 benchmarks/bench_gemm_sweep.py [--dtype bfloat16|float16|both] [--quick]
+Usage: python3 benchmarks/bench_gemm_sweep.py [--dtype bfloat16|float16|both|float8_e4m3fn]
+         [--quick]
          [--own] [--configs all|NAME|NAME/kS ...] [--splits S ...]
          [--configs-dtype bfloat16|float16|both] [--producer]
          [--rounds 3] [--calls 8] [--out DIR]
@@ -97,8 +115,10 @@ LAYERS = [  # (model, layer, tp)
 TOKENS = (512, 1024, 2048, 4096, 8192)
 QUICK = ["1024x1280x8192", "512x4096x512", "2048x5120x1728", "2048x8192x7168", "8192x8192x2048",
          "4096x2304x16384"]
-DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}
-TOLERANCE = {"bfloat16": 2e-2, "float16": 5e-3}  # relative Frobenius error against xla.dot
+FP8 = "float8_e4m3fn"
+DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, FP8: jnp.float8_e4m3fn}
+# Relative Frobenius error: 16-bit against xla.dot, fp8 against the dequantized float32 product.
+TOLERANCE = {"bfloat16": 2e-2, "float16": 5e-3, FP8: 1e-2}
 
 
 def layer_nk(model: str, layer: str, tp: int) -> tuple:
@@ -131,25 +151,66 @@ def parse_shapes(specs: list) -> list:
 # The sweep
 # ------------------------------------------------------------------------------------------
 def operands(m: int, n: int, k: int, dtype, seed: int) -> tuple:
-    """x [m, k] ~ N(0, 1/k) and w [k, n] ~ N(0, 1), drawn on the default device."""
+    """The arguments of every method: x [m, k] ~ N(0, 1/k) and w [k, n] ~ N(0, 1), drawn on the
+    default device; for fp8 (xq, wq [n, k], x_scale, w_scale), quantized from the same draws."""
     kx, kw = jax.random.split(jax.random.key(seed))
     scale = 1.0 / math.sqrt(k)  # a Python float: weak, keeps the dtype
-    draw = jax.jit(lambda kx, kw: ((jax.random.normal(kx, (m, k), jnp.float32) * scale)
-                                   .astype(dtype),
-                                   jax.random.normal(kw, (k, n), jnp.float32).astype(dtype)))
-    x, w = draw(kx, kw)
+    x32 = lambda kx: jax.random.normal(kx, (m, k), jnp.float32) * scale  # noqa: E731
+    w32 = lambda kw: jax.random.normal(kw, (k, n), jnp.float32)  # noqa: E731
+    if dtype == jnp.dtype(FP8):
+        def draw(kx, kw):
+            (xq, xs), (wq, ws) = fo_jax.quantize_fp8(x32(kx)), fo_jax.quantize_fp8(w32(kw))
+            return xq, wq.T, xs, ws
+        args = jax.jit(draw)(kx, kw)
+        assert args[0].dtype == dtype and args[1].dtype == dtype, (args[0].dtype, args[1].dtype)
+        return args
+    x, w = jax.jit(lambda kx, kw: (x32(kx).astype(dtype), w32(kw).astype(dtype)))(kx, kw)
     assert x.dtype == dtype and w.dtype == dtype, (x.dtype, w.dtype)
     return x, w
 
 
-def chosen_config(fn, x, w, dtype, m: int, n: int, k: int) -> str:
+def xla_fp8_dot(xq, wq, xs, ws, precision=None):
+    """XLA's fp8 dot of x [M, K] and a weight stored [N, K], then the two scales."""
+    y = jax.lax.dot_general(xq, wq, (((1,), (1,)), ((), ())), precision=precision,
+                            preferred_element_type=jnp.bfloat16)
+    return (y * (xs * ws).astype(jnp.bfloat16)).astype(jnp.bfloat16)
+
+
+def fo_jax_fp8_matmul(fast: bool):
+    """fo_jax.matmul of x [M, K] and a weight stored [N, K], with fast accumulation if `fast`."""
+    config = fo_jax.OverlapConfig(fp8_fast_accumulation=fast)
+    return lambda xq, wq, xs, ws: fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws,
+                                                w_transposed=True, config=config)
+
+
+def fp8_methods() -> list:
+    """[(method, None, function of (xq, wq, x_scale, w_scale))]: the fp8 methods."""
+    return [
+        ("xla.dot", None, xla_fp8_dot),
+        ("xla.dot_fp32acc", None,
+         lambda xq, wq, xs, ws: xla_fp8_dot(xq, wq, xs, ws, jax.lax.Precision.HIGHEST)),
+        ("fo_jax.matmul", None, fo_jax_fp8_matmul(fast=False)),
+        ("fo_jax.matmul_fast", None, fo_jax_fp8_matmul(fast=True)),
+    ]
+
+
+def reference(args: tuple, dtype):
+    """What every fp8 method is checked against: the float32 product of the dequantized
+    operands; None for 16-bit dtypes (checked against xla.dot)."""
+    if dtype != jnp.dtype(FP8):
+        return None
+    xq, wq, xs, ws = args
+    return fo_jax.reference.fp8_matmul(xq, wq.T, xs, ws)
+
+
+def chosen_config(fn, args: tuple, dtype, m: int, n: int, k: int, config=None) -> str:
     """What fo_jax.matmul runs for this shape: "xla.dot" when its program holds no fo_jax GEMM,
-    else the tile configuration of its plan."""
+    else the tile configuration of its plan (under `config`)."""
     from fo_jax import _plan  # noqa: PLC0415
 
-    if "fo_jax_gemm" not in fn.lower(x, w).as_text():
+    if "fo_jax_gemm" not in fn.lower(*args).as_text():
         return "xla.dot"
-    plan = _plan.plan_matmul("fo_jax.matmul", dtype, m, n, k, None)
+    plan = _plan.plan_matmul("fo_jax.matmul", dtype, m, n, k, config)
     return plan.config_name + (f"/k{plan.k_splits}" if plan.k_splits > 1 else "")
 
 
@@ -161,9 +222,11 @@ def config_of(name: str) -> fo_jax.OverlapConfig:
 
 def methods_for(dtype, m: int, n: int, k: int, configs: list, producer: bool,
                 own: bool = False) -> list:
-    """[(method, config or None, function of (x, w))] for one shape and dtype."""
+    """[(method, config or None, function of the operands)] for one shape and dtype."""
     from fo_jax import _cuda_ops, _plan  # noqa: PLC0415
 
+    if dtype == jnp.dtype(FP8):
+        return fp8_methods()
     out = [("xla.dot", None, jnp.dot), ("fo_jax.matmul", None, fo_jax.matmul)]
     if own:
         plan = _plan.plan_matmul("fo_jax.matmul", dtype, m, n, k, None)
@@ -185,35 +248,40 @@ def methods_for(dtype, m: int, n: int, k: int, configs: list, producer: bool,
 
 def prepare(shape: tuple, dtype_name: str, configs: list, producer: bool, first_key: int,
             times: dict, own: bool = False) -> list:
-    """The methods of one shape and dtype, compiled, checked against xla.dot and warmed up:
-    [(key, method, config, jitted function, (x, w), error or None)]; times["compile"] += s."""
+    """The methods of one shape and dtype, compiled, checked (16-bit against xla.dot, fp8
+    against the dequantized float32 product) and warmed up:
+    [(key, method, config, jitted function, operands, error or None)]; times["compile"] += s."""
     m, n, k, _ = shape
     dtype = jnp.dtype(DTYPES[dtype_name])
     t0 = time.perf_counter()
-    x, w = operands(m, n, k, dtype, seed=m * 7 + n * 3 + k)
-    out, ref = [], None
+    args = operands(m, n, k, dtype, seed=m * 7 + n * 3 + k)
+    ref = reference(args, dtype)
+    against = "xla.dot" if ref is None else "the dequantized float32 product"
+    out_dtype = jnp.dtype(jnp.bfloat16) if dtype == jnp.dtype(FP8) else dtype
+    out = []
     for j, (method, config, f) in enumerate(methods_for(dtype, m, n, k, configs, producer,
                                                         own)):
         key = first_key + j
         fn = trace_timing.named_jit(f, key)
         error = None
         try:
-            y = fn(x, w)
-            assert y.dtype == dtype, f"result dtype {y.dtype}"
-            if ref is None:  # xla.dot comes first
+            y = fn(*args)
+            assert y.dtype == out_dtype, f"result dtype {y.dtype}"
+            if ref is None:  # 16-bit: xla.dot comes first
                 ref = y
             else:
                 err = float(_benchcore.rel_err(y, ref))
                 if not err <= TOLERANCE[dtype_name]:
-                    raise AssertionError(f"relative error {err:.2e} against xla.dot")
-            if method == "fo_jax.matmul":
-                config = chosen_config(fn, x, w, dtype, m, n, k)
+                    raise AssertionError(f"relative error {err:.2e} against {against}")
+            if method in ("fo_jax.matmul", "fo_jax.matmul_fast"):
+                config = chosen_config(fn, args, dtype, m, n, k, fo_jax.OverlapConfig(
+                    fp8_fast_accumulation=True) if method == "fo_jax.matmul_fast" else None)
             for _ in range(3):
-                jax.block_until_ready(fn(x, w))
+                jax.block_until_ready(fn(*args))
         except Exception as e:  # noqa: BLE001 (one bad configuration must not end the sweep)
             error = f"{type(e).__name__}: {e}"[:300]
             print(f"    {dtype_name} {method} {config or ''}: {error}", file=sys.stderr)
-        out.append((key, method, config, fn, (x, w), error))
+        out.append((key, method, config, fn, args, error))
     times["compile"] += time.perf_counter() - t0
     return out
 
@@ -263,7 +331,8 @@ def measure(res: benchlib.Results, shape: tuple, dtypes: list, configs_for: dict
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    ap.add_argument("--dtype", choices=["bfloat16", "float16", "both"], default="both")
+    ap.add_argument("--dtype", choices=["bfloat16", "float16", "both", FP8], default="both",
+                    help=f"both: bfloat16 and float16; {FP8}: the fp8 methods")
     ap.add_argument("--quick", action="store_true", help="6 shapes instead of 66")
     ap.add_argument("--shapes", nargs="*", default=None, help="MxNxK ... instead of the sweep")
     ap.add_argument("--configs", nargs="*", default=[],
@@ -294,6 +363,9 @@ def main() -> None:
     shapes = (parse_shapes(args.shapes) if args.shapes
               else parse_shapes(QUICK) if args.quick else sweep_shapes())
     dtypes = ["bfloat16", "float16"] if args.dtype == "both" else [args.dtype]
+    if args.dtype == FP8 and (args.own or args.configs or args.producer):
+        sys.exit("bench_gemm_sweep.py: --own, --configs and --producer are 16-bit only "
+                 "(benchmarks/bench_fp8.py --configs times every fp8 configuration)")
     config_dtypes = (["bfloat16", "float16"] if args.configs_dtype == "both"
                      else [args.configs_dtype])
 
@@ -320,6 +392,11 @@ def main() -> None:
             part = (f"{dtype_name} xla.dot {xla or float('nan'):.4f} ms, fo_jax.matmul "
                     f"{fo or float('nan'):.4f} ms ({xla / fo if xla and fo else float('nan'):.3f}x"
                     f", {s.get('config')})")
+            fast, acc = s.get("fo_jax.matmul_fast"), s.get("xla.dot_fp32acc")
+            if fast and xla:
+                part += f"; like with like: fast {xla / fast:.3f}x"
+            if acc and fo:
+                part += f", HIGHEST {acc / fo:.3f}x"
             timed = {key: v for key, v in s.items() if key.startswith("fo_jax.gemm[")}
             if timed and xla:
                 best = min(timed, key=timed.get)

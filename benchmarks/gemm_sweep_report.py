@@ -1,7 +1,9 @@
 """Report of benchmarks/bench_gemm_sweep.py: markdown tables and a plot from its result rows.
 
-Ratio = ms(xla.dot) / ms(fo_jax method) per (dtype, shape): above 1, fo_jax is faster. Also a
-script: `python3 benchmarks/gemm_sweep_report.py RESULTS.jsonl` rewrites RESULTS.md (and .png).
+Ratio = ms(xla.dot) / ms(fo_jax method) per (dtype, shape): above 1, fo_jax is faster. fp8 rows
+also compare like with like: XLA's fp8 dot at HIGHEST against fo_jax's default (both promote
+partial sums to fp32) and XLA's default against fo_jax with fast accumulation. Also a script:
+`python3 benchmarks/gemm_sweep_report.py RESULTS.jsonl` rewrites RESULTS.md (and .png).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fo_jax.bench.core import markdown_table  # noqa: E402
 
 FLOOR = 0.95  # the issue's "no shape below" line
+FP8_FROM_M = 4096  # fp8's floor holds from this many rows on
 
 
 def file_stem(base: dict) -> str:
@@ -38,7 +41,7 @@ def _shape(r: dict) -> tuple:
 
 def by_shape(rows: Sequence[dict], dtype: str) -> dict:
     """{(M, N, K): {"label", "xla.dot", "fo_jax.matmul", "config", "fo_jax.own", "own_config",
-    "gemm": {config: ms}}}."""
+    "xla.dot_fp32acc", "fo_jax.matmul_fast", "fast_config", "gemm": {config: ms}}}."""
     out: dict = {}
     for r in rows:
         if r.get("dtype") != dtype or r.get("ms") is None:
@@ -53,13 +56,43 @@ def by_shape(rows: Sequence[dict], dtype: str) -> dict:
         elif r["method"] == "fo_jax.own":
             d["fo_jax.own"] = r["ms"]
             d["own_config"] = r.get("config")
+        elif r["method"] == "xla.dot_fp32acc":
+            d["xla.dot_fp32acc"] = r["ms"]
+        elif r["method"] == "fo_jax.matmul_fast":
+            d["fo_jax.matmul_fast"] = r["ms"]
+            d["fast_config"] = r.get("config")
     return out
 
 
-def ratios(rows: Sequence[dict], dtype: str) -> list:
-    """[(M, N, K, xla.dot / fo_jax.matmul)] of the shapes where both were timed."""
-    return [(*s, d["xla.dot"] / d["fo_jax.matmul"]) for s, d in by_shape(rows, dtype).items()
-            if d.get("xla.dot") and d.get("fo_jax.matmul")]
+def ratios(rows: Sequence[dict], dtype: str, xla: str = "xla.dot",
+           fo: str = "fo_jax.matmul") -> list:
+    """[(M, N, K, xla / fo)] of the shapes where both methods were timed."""
+    return [(*s, d[xla] / d[fo]) for s, d in by_shape(rows, dtype).items()
+            if d.get(xla) and d.get(fo)]
+
+
+# fp8's three readings: (what, XLA's method, fo_jax's method).
+FP8_PAIRS = [
+    ("fo_jax.matmul (fp32 promotion) against XLA's default fp8 dot (fast accumulation)",
+     "xla.dot", "fo_jax.matmul"),
+    ("Like with like, fp32 promotion: fo_jax.matmul against XLA's fp8 dot at HIGHEST",
+     "xla.dot_fp32acc", "fo_jax.matmul"),
+    ("Like with like, fast accumulation: fo_jax.matmul_fast against XLA's default fp8 dot",
+     "xla.dot", "fo_jax.matmul_fast"),
+]
+
+
+def _fp8_floor(pts: list, what: str) -> str:
+    """The fp8 target's reading: the lowest ratio from FP8_FROM_M rows on, and the shapes
+    under FLOOR there."""
+    big = [p for p in pts if p[0] >= FP8_FROM_M]
+    if not big:
+        return ""
+    low = min(big, key=lambda p: p[3])
+    under = [f"{m}x{n}x{k} ({r:.3f}x)" for m, n, k, r in sorted(big) if r < FLOOR]
+    return (f"{what}, M >= {FP8_FROM_M} ({len(big)} shapes): min {low[3]:.3f}x at "
+            f"{low[0]}x{low[1]}x{low[2]}; under {FLOOR:.2f}x: "
+            f"{', '.join(under) if under else 'none'}.\n")
 
 
 def _summary(values: Sequence[float], what: str) -> str:
@@ -85,6 +118,8 @@ def markdown(rows: Sequence[dict]) -> str:
         has_gemm = any(d["gemm"] for d in shapes.values())
         has_own = any(d.get("fo_jax.own") for d in shapes.values())
         has_split = any("/k" in c for d in shapes.values() for c in d["gemm"])
+        has_fp8 = any(d.get("fo_jax.matmul_fast") or d.get("xla.dot_fp32acc")
+                      for d in shapes.values())
         for (m, n, k), d in sorted(shapes.items()):
             xla, fo = d.get("xla.dot"), d.get("fo_jax.matmul")
             ratio = xla / fo if xla and fo else None
@@ -103,6 +138,12 @@ def markdown(rows: Sequence[dict]) -> str:
                 if unsplit and d["gemm"]:
                     unsplit_vals.append(xla / min(unsplit))
                     split_vals.append(xla / min(d["gemm"].values()))
+            if has_fp8:
+                acc, fast = d.get("xla.dot_fp32acc"), d.get("fo_jax.matmul_fast")
+                line += [d.get("fast_config") or "-", f"{acc:.4f}" if acc else "-",
+                         f"{fast:.4f}" if fast else "-",
+                         f"{acc / fo:.3f}" if acc and fo else "-",
+                         f"{xla / fast:.3f}" if xla and fast else "-"]
             if has_gemm:
                 if d["gemm"] and xla:
                     name = min(d["gemm"], key=d["gemm"].get)
@@ -116,10 +157,22 @@ def markdown(rows: Sequence[dict]) -> str:
                   "xla / fo_jax"]
         if has_own:
             header += ["own config", "xla / own"]
+        if has_fp8:
+            header += ["fast config", "xla.dot_fp32acc ms", "fo_jax.matmul_fast ms",
+                       "HIGHEST / fo_jax", "xla / fast"]
         if has_gemm:
             header += ["best measured config", "xla / best"]
         out.append(f"\n## {dtype}\n\n" + markdown_table(header, table))
-        out.append("\n" + _summary(main_vals, "fo_jax.matmul"))
+        if has_fp8:
+            out.append("\n")
+            for what, xla_m, fo_m in FP8_PAIRS:
+                pts = ratios(rows, dtype, xla_m, fo_m)
+                out.append(_summary([p[3] for p in pts], what))
+            out.append("\n")
+            for what, xla_m, fo_m in FP8_PAIRS:
+                out.append(_fp8_floor(ratios(rows, dtype, xla_m, fo_m), what))
+        else:
+            out.append("\n" + _summary(main_vals, "fo_jax.matmul"))
         if has_own:
             out.append(_summary(own_vals, "fo_jax's own kernel (fo_jax.own: its choice of "
                                 "configuration and split, never XLA's dot)"))
@@ -146,8 +199,8 @@ def markdown(rows: Sequence[dict]) -> str:
 
 
 def plot(rows: Sequence[dict], path: str) -> Optional[str]:
-    """Ratio xla.dot / fo_jax.matmul against M (log scale), one series per dtype; None
-    without matplotlib."""
+    """Ratio xla.dot / fo_jax.matmul against M (log scale), one series per dtype (fp8: also
+    fo_jax.matmul_fast); None without matplotlib."""
     try:
         import matplotlib
 
@@ -162,6 +215,11 @@ def plot(rows: Sequence[dict], path: str) -> Optional[str]:
             continue
         ax.scatter([p[0] for p in pts], [p[3] for p in pts], marker=marker, alpha=0.7,
                    label=f"{dtype} (geomean {geomean([p[3] for p in pts]):.3f}x)")
+        fast = ratios(rows, dtype, "xla.dot", "fo_jax.matmul_fast")
+        if fast:  # fp8: the like-with-like reading beside the default's
+            ax.scatter([p[0] for p in fast], [p[3] for p in fast], marker="x", alpha=0.7,
+                       label=f"{dtype} fast accumulation "
+                             f"(geomean {geomean([p[3] for p in fast]):.3f}x)")
     ax.set_xscale("log", base=2)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.axhline(FLOOR, color="r", lw=0.8, ls="--")

@@ -39,9 +39,9 @@ WINDOW = "trace_timing_method_"
 
 
 def named_jit(fn, key: int):
-    """jax.jit of fn(x, w) under the name trace_f<key> (its XLA module: jit_trace_f<key>)."""
-    def wrapper(x, w):
-        return fn(x, w)
+    """jax.jit of fn(*args) under the name trace_f<key> (its XLA module: jit_trace_f<key>)."""
+    def wrapper(*args):
+        return fn(*args)
     wrapper.__name__ = wrapper.__qualname__ = f"trace_f{key}"
     return jax.jit(wrapper)
 
