@@ -12,7 +12,9 @@ fo_jax.quantize_fp8 of the same values, scales float32 device scalars):
     fo_jax.matmul      fo_jax.matmul(x, w)
   dtype float8_e4m3fn (output bf16):
     xla.dot            lax.dot_general(xq, wq, preferred_element_type=bfloat16), then the two
-                       scales (XLA's fp8 dot: cuBLASLt's fp8 GEMM where XLA rewrites it). At
+                       scales (XLA's fp8 dot: cuBLASLt's fp8 GEMM where XLA rewrites it), on the
+                       weight stored [N, K] as fo_jax.matmul_wt's (on a [K, N] weight XLA
+                       transposes it per call, which cost it 1.1-1.5x on the H200). At
                        default precision XLA asks cuBLASLt for fast accumulation
                        (CUBLASLT_MATMUL_DESC_FAST_ACCUM: the whole K sum in the tensor cores'
                        accumulator), which fo_jax does only with fp8_fast_accumulation
@@ -97,7 +99,8 @@ def operands(m: int, n: int, k: int, seed: int) -> dict:
 
 
 def xla_fp8_dot(xq, wq, xs, ws, precision=None):
-    y = jax.lax.dot_general(xq, wq, (((1,), (0,)), ((), ())), precision=precision,
+    """XLA's fp8 dot of x [M, K] and a weight stored [N, K], then the two scales."""
+    y = jax.lax.dot_general(xq, wq, (((1,), (1,)), ((), ())), precision=precision,
                             preferred_element_type=jnp.bfloat16)
     return (y * (xs * ws).astype(jnp.bfloat16)).astype(jnp.bfloat16)
 
@@ -129,8 +132,8 @@ def methods(configs: list) -> list:
     return [
         ("bfloat16", "xla.dot", "bf16", jnp.dot, None),
         ("bfloat16", "fo_jax.matmul", "bf16", fo_jax.matmul, None),
-        ("float8_e4m3fn", "xla.dot", "fp8", xla_fp8_dot, None),
-        ("float8_e4m3fn", "xla.dot_fp32acc", "fp8", xla_fp8_dot_fp32acc, None),
+        ("float8_e4m3fn", "xla.dot", "fp8_t", xla_fp8_dot, None),
+        ("float8_e4m3fn", "xla.dot_fp32acc", "fp8_t", xla_fp8_dot_fp32acc, None),
         ("float8_e4m3fn", "fo_jax.matmul", "fp8",
          lambda xq, wq, xs, ws: fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws), None),
         ("float8_e4m3fn", "fo_jax.matmul_wt", "fp8_t", matmul_wt(), None),
