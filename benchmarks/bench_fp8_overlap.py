@@ -15,6 +15,10 @@ all_gather x's M rows gathered over tp, w's N columns sharded):
                       scales), then XLA's collective
   fo_jax.bf16         overlapped_matmul on the bf16 operands of the same values (for scale)
   jax.baseline.bf16   XLA's bf16 dot + collective on those
+The fp8 weight is stored [N, K] (--w-layout nk, the default: the layout both fp8 GEMMs read;
+fo_jax's methods pass w_transposed=True, XLA's dot contracts the weight's last dimension) or
+[K, N] (--w-layout kn: each GEMM transposes it per call, which costs XLA's fp8 dot 1.3-3.2x and
+fo_jax's 1-38% on one H200, docs/gemm_performance.md "fp8"; the runs before 2026-11-30 used it).
 Every fp8 method is checked against jax.baseline first (relative Frobenius error < 2e-2: two
 different fp8 GEMMs, each rounding once to bf16, and the collective's bf16 sums), fo_jax.bf16
 against jax.baseline.bf16 (the fp8 quantization alone is ~4% from the bf16 values); a failing
@@ -23,9 +27,9 @@ wall time per call, trials interleaved with the order rotated), every overlap sh
 OverlapConfig(allow_fallback=False) so that the call overlaps whatever its size.
 
 Output (--out DIR): fp8_overlap_<gpu>_tp<tp>_<date>.jsonl (fo_jax.bench's row fields plus
-"collective", "M", "N", "K", "method", "ms") and .md.
+"collective", "M", "N", "K", "method", "ms", "w_layout") and .md.
 
-Usage: python3 benchmarks/bench_fp8_overlap.py [--tp 4] [--shapes MxNxK ...]
+Usage: python3 benchmarks/bench_fp8_overlap.py [--tp 4] [--shapes MxNxK ...] [--w-layout nk|kn]
        [--collectives reduce_scatter all_reduce all_gather] [--reps 20] [--trials 5] [--out DIR]
 """
 
@@ -39,7 +43,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 # An installed fo_jax (the one with the compiled CUDA module) comes first; this checkout only where
 # none is installed (its source tree has no CUDA module: every fo_jax method would time the
@@ -53,19 +57,29 @@ SHAPES = core.DESIGN_SHAPES
 NO_FALLBACK = dict(allow_fallback=False)
 
 
-def xla_fp8_dot(xq, wq, xs, ws):
-    y = jax.lax.dot_general(xq, wq, (((1,), (0,)), ((), ())),
+def xla_fp8_dot(xq, wq, xs, ws, w_transposed: bool = False):
+    """XLA's fp8 dot of x [M, K] and the weight ([K, N], or [N, K] with w_transposed), then the
+    two scales."""
+    y = jax.lax.dot_general(xq, wq, (((1,), (1 if w_transposed else 0,)), ((), ())),
                             preferred_element_type=jnp.bfloat16)
     return (y * (xs * ws).astype(jnp.bfloat16)).astype(jnp.bfloat16)
 
 
-def build(mesh, collective: str, method: str):
-    """A jitted shard_map function of (xq, wq, xs, ws, x16, w16)."""
+def weight_spec(collective: str, w_layout: str) -> P:
+    """The fp8 weight's sharding: K over tp (reduce-scatter, all-reduce) or N (all-gather), in
+    the stored layout."""
+    kn = P(None, "tp") if collective == "all_gather" else P("tp", None)
+    return kn if w_layout == "kn" else P(*reversed(tuple(kn)))
+
+
+def build(mesh, collective: str, method: str, w_layout: str = "nk"):
+    """A jitted shard_map function of (xq, wq, xs, ws, x16, w16); wq stored as `w_layout`."""
     ag = collective == "all_gather"
+    wt = w_layout == "nk"
     out = {"reduce_scatter": P("tp", None), "all_gather": P(None, "tp")}.get(collective, P())
     opt_in = dict(all_gather="overlap") if ag else {}
 
-    def then_collective(x, w, matmul):
+    def then_collective(x, w, matmul):  # matmul reads w in the stored layout
         if ag:
             return matmul(jax.lax.all_gather(x, "tp", axis=0, tiled=True), w)
         return fo_jax.reference.apply_collective(matmul(x, w), "tp", collective)
@@ -81,10 +95,10 @@ def build(mesh, collective: str, method: str):
             return fo_jax.overlapped_matmul(x16, w16, axis_name="tp", collective=collective,
                                             config=fo_jax.OverlapConfig(**NO_FALLBACK, **opt_in))
         elif method == "fo_jax.fp8_then_xla":
-            return then_collective(xq, wq, lambda x, w: fo_jax.matmul(x, w, x_scale=xs,
-                                                                      w_scale=ws))
+            return then_collective(xq, wq, lambda x, w: fo_jax.matmul(
+                x, w, x_scale=xs, w_scale=ws, w_transposed=wt))
         elif method == "jax.baseline":
-            return then_collective(xq, wq, lambda x, w: xla_fp8_dot(x, w, xs, ws))
+            return then_collective(xq, wq, lambda x, w: xla_fp8_dot(x, w, xs, ws, wt))
         elif method == "jax.baseline.bf16":
             if ag:
                 return fo_jax.reference.plain_all_gather_matmul(x16, w16, "tp")[0]
@@ -92,11 +106,11 @@ def build(mesh, collective: str, method: str):
         else:
             raise ValueError(method)
         return fo_jax.overlapped_matmul(xq, wq, axis_name="tp", collective=collective,
-                                        config=cfg, x_scale=xs, w_scale=ws)
+                                        config=cfg, x_scale=xs, w_scale=ws, w_transposed=wt)
 
     specs = (P("tp", None), P(None, "tp")) if ag else (P(None, "tp"), P("tp", None))
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(*specs, P(), P(), *specs),
-                                 out_specs=out))
+    in_specs = (specs[0], weight_spec(collective, w_layout), P(), P(), *specs)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out))
 
 
 METHODS = ("fo_jax", "fo_jax.nccl", "fo_jax.fast", "fo_jax.fp8_then_xla", "jax.baseline",
@@ -104,13 +118,18 @@ METHODS = ("fo_jax", "fo_jax.nccl", "fo_jax.fast", "fo_jax.fp8_then_xla", "jax.b
 BF16_METHODS = ("fo_jax.bf16", "jax.baseline.bf16")
 
 
-def operands(mesh, collective: str, m: int, n: int, k: int, seed: int) -> tuple:
+def operands(mesh, collective: str, m: int, n: int, k: int, seed: int,
+             w_layout: str = "nk") -> tuple:
     """(xq, wq, xs, ws, x16, w16): the bf16 operands of fo_jax.bench and their fp8 quantization
-    (one scale per tensor, over all ranks' shards: the all-gather's x_scale is replicated)."""
+    (one scale per tensor, over all ranks' shards: the all-gather's x_scale is replicated), wq
+    stored as `w_layout` (w16 stays [K, N])."""
     draw = core.gather_operands if collective == "all_gather" else core.random_operands
     x16, w16 = draw(mesh, m, n, k, jnp.bfloat16, seed=seed)
     quant = jax.jit(fo_jax.quantize_fp8)
     (xq, xs), (wq, ws) = quant(x16), quant(w16)
+    if w_layout == "nk":
+        wq = jax.device_put(jnp.transpose(wq),
+                            NamedSharding(mesh, weight_spec(collective, w_layout)))
     return xq, wq, xs, ws, x16, w16
 
 
@@ -122,6 +141,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--w-layout", choices=["nk", "kn"], default="nk",
+                    help="the fp8 weight stored [N, K] (read by both fp8 GEMMs as is) or [K, N]")
     args = ap.parse_args()
     devs = [d for d in jax.devices() if d.platform == "gpu"]
     tp = args.tp or min(len(devs), 8)
@@ -134,13 +155,14 @@ def main() -> None:
                  f"module ({_cuda.unavailable_reason()}): its methods would time the reference "
                  "path")
     mesh = Mesh(np.array(devs[:tp]), ("tp",))
-    base = core.device_info(devs[:tp]) | {"suite": "fp8_overlap", "tp": tp}
+    base = core.device_info(devs[:tp]) | {"suite": "fp8_overlap", "tp": tp,
+                                          "w_layout": args.w_layout}
     res = core.Results(base)
     table = []
     for i, (collective, s) in enumerate((c, s) for c in args.collectives for s in args.shapes):
         m, n, k = core.parse_shape(s)
-        ops = operands(mesh, collective, m, n, k, seed=i)
-        fns = {name: build(mesh, collective, name) for name in METHODS}
+        ops = operands(mesh, collective, m, n, k, seed=i, w_layout=args.w_layout)
+        fns = {name: build(mesh, collective, name, args.w_layout) for name in METHODS}
         ref = fns["jax.baseline"](*ops)
         ref16 = fns["jax.baseline.bf16"](*ops)
         ok = {}
@@ -170,7 +192,8 @@ def main() -> None:
     md = (f"# Overlapped fp8, {core.provenance(base)}, TP {tp}; ms per call (median of "
           f"{args.trials} trials of {args.reps} calls)\n\n"
           + "jax.baseline is XLA's fp8 dot at default precision, which accumulates fast (as "
-          "fo_jax.fast does; fo_jax accumulates in float32).\n\n"
+          "fo_jax.fast does; fo_jax accumulates in float32). The fp8 weight is stored "
+          f"{'[N, K]' if args.w_layout == 'nk' else '[K, N]'} for every fp8 method.\n\n"
           + core.markdown_table(["collective", "MxNxK", *METHODS, "baseline / fo_jax",
                                  "baseline / fo_jax.fast"], table))
     res.write_markdown(stem + ".md", md)

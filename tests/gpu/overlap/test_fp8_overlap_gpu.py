@@ -122,6 +122,30 @@ def test_fp8_overlap_matches_fp8_gemm_then_xla_collective(collective, transport,
 
 @pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
+def test_fp8_overlap_transposed_weight_bit_identical(collective, transport):
+    """The weight stored [N, K] (w_transposed=True, K sharded along its second dimension) gives
+    the bits of the same weight given [K, N]: the kernel reads [N, K] either way (the op
+    transposes a [K, N] weight first) and the plan is the same."""
+    tp = tp_or_skip()
+    mesh = _mesh(tp)
+    m, n, kl = SHAPES[0]
+    config = _config(collective, tp, transport, m, n, kl)
+    xq, xs, wq, ws = _operands(m, kl * tp, n, seed=11)
+    overlapped, _, _ = _calls(mesh, collective, config)
+
+    def transposed(x, wt, a, b):
+        return fo_jax.overlapped_matmul(x, wt, axis_name="tp", collective=collective,
+                                        config=config, x_scale=a, w_scale=b, w_transposed=True)
+
+    call = jax.jit(jax.shard_map(transposed, mesh=mesh,
+                                 in_specs=(P(None, "tp"), P(None, "tp"), P(), P()),
+                                 out_specs=_out_spec(collective)))
+    np.testing.assert_array_equal(np.asarray(call(xq, wq.T, xs, ws), np.float32),
+                                  np.asarray(overlapped(xq, wq, xs, ws), np.float32))
+
+
+@pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
 def test_fp8_overlap_two_gpus_bit_identical(collective, transport):
     """Over 2 GPUs a sum of two bf16 partials rounds once in any order: bit-identical."""
     mesh = _mesh(2)

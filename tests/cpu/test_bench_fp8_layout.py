@@ -1,0 +1,57 @@
+"""The fp8 benchmarks compare XLA's fp8 dot with fo_jax's on the same stored weight: XLA's fp8 dot
+on a [K, N] weight takes 1.3-3.2x as long as on [N, K] (one H200), so a comparison across layouts
+times different work (docs/gemm_performance.md, "fp8"). On CPU (fo_jax's reference path): which
+operands each method reads, and that every fp8 method of bench_fp8_overlap.py computes the same
+product in both layouts."""
+
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+import bench_fp8  # noqa: E402
+import bench_fp8_overlap  # noqa: E402
+
+from conftest import cpu_devices  # noqa: E402
+
+
+def test_bench_fp8_compares_xla_and_fo_jax_on_one_layout():
+    keys = {method: key for dtype, method, key, _, _ in bench_fp8.methods([])
+            if dtype == "float8_e4m3fn"}
+    # the ratio columns: XLA's two precisions against fo_jax.matmul_wt and fo_jax.matmul_fast
+    assert keys["xla.dot"] == keys["xla.dot_fp32acc"] == "fp8_t"
+    assert keys["fo_jax.matmul_wt"] == keys["fo_jax.matmul_fast"] == "fp8_t"
+    ops = bench_fp8.operands(32, 48, 64, seed=0)
+    xq, wq, xs, ws = ops["fp8"]
+    assert ops["fp8_t"][1].shape == (48, 64) and wq.shape == (64, 48)
+    ref = np.asarray(bench_fp8.xla_fp8_dot(*ops["fp8_t"]), np.float64)
+    exact = (np.asarray(xq, np.float64) * float(xs)) @ (np.asarray(wq, np.float64) * float(ws))
+    assert np.linalg.norm(ref - exact) <= 1e-2 * np.linalg.norm(exact)
+
+
+FP8_METHODS = ("fo_jax", "fo_jax.fast", "fo_jax.fp8_then_xla", "jax.baseline")
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce", "all_gather"])
+def test_bench_fp8_overlap_methods_agree_in_both_layouts(collective):
+    mesh = Mesh(np.array(cpu_devices(2)), ("tp",))
+    m, n, k = 64, 32, 64
+    out = {}
+    for layout in ("kn", "nk"):
+        ops = bench_fp8_overlap.operands(mesh, collective, m, n, k, seed=1, w_layout=layout)
+        wq = ops[1]
+        kn_shape = (k, 2 * n) if collective == "all_gather" else (2 * k, n)
+        assert wq.shape == (kn_shape if layout == "kn" else kn_shape[::-1])
+        assert wq.sharding.spec == bench_fp8_overlap.weight_spec(collective, layout)
+        for method in FP8_METHODS:
+            y = bench_fp8_overlap.build(mesh, collective, method, layout)(*ops)
+            out[layout, method] = np.asarray(jax.device_get(y), np.float64)
+    ref = out["kn", "jax.baseline"]
+    for (layout, method), y in out.items():
+        assert y.shape == ref.shape, (layout, method)
+        err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+        assert err < 2e-2, (layout, method, err)
