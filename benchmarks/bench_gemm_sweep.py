@@ -48,8 +48,9 @@ every method, the layout both fp8 GEMMs read without a transpose:
   fo_jax.matmul_fast the same with OverlapConfig(fp8_fast_accumulation=True): XLA's default
                      accumulation
 Every fp8 result is checked against the float32 product of the dequantized operands (relative
-error <= 1e-2). --own, --configs and --producer are 16-bit only (bench_fp8.py --configs times
-every fp8 configuration).
+error <= 1e-2). --configs and --splits name the fp8 rows here ("all": every fp8 row, each with
+its own accumulation; the report's best configuration per shape is read per accumulation,
+against XLA's dot of that accumulation); --own and --producer are 16-bit only.
 
 Timing ("ms"): GPU kernel time per call from JAX profiler traces (trace_timing.py): per round
 ONE trace holds --calls calls of every method of the shape in both dtypes, interleaved call by
@@ -183,6 +184,14 @@ def fo_jax_fp8_matmul(fast: bool):
                                                 w_transposed=True, config=config)
 
 
+def fo_jax_fp8_row(name: str):
+    """fo_jax.matmul of a weight stored [N, K] on the compiled fp8 row `name` (NAME or NAME/kS),
+    with the row's own accumulation."""
+    config = config_of(name)
+    return lambda xq, wq, xs, ws: fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws,
+                                                w_transposed=True, config=config)
+
+
 def fp8_methods() -> list:
     """[(method, None, function of (xq, wq, x_scale, w_scale))]: the fp8 methods."""
     return [
@@ -215,9 +224,12 @@ def chosen_config(fn, args: tuple, dtype, m: int, n: int, k: int, config=None) -
 
 
 def config_of(name: str) -> fo_jax.OverlapConfig:
-    """OverlapConfig of a --configs entry: NAME, or NAME/kS (split K in S)."""
+    """OverlapConfig of a --configs entry: NAME, or NAME/kS (split K in S); an fp8 row with its
+    own accumulation (_plan.row_config)."""
+    from fo_jax import _plan  # noqa: PLC0415
+
     base, _, split = name.partition("/k")
-    return fo_jax.OverlapConfig(gemm_config=base, k_splits=int(split) if split else None)
+    return _plan.row_config(base, k_splits=int(split) if split else None)
 
 
 def methods_for(dtype, m: int, n: int, k: int, configs: list, producer: bool,
@@ -226,7 +238,7 @@ def methods_for(dtype, m: int, n: int, k: int, configs: list, producer: bool,
     from fo_jax import _cuda_ops, _plan  # noqa: PLC0415
 
     if dtype == jnp.dtype(FP8):
-        return fp8_methods()
+        return fp8_methods() + [("fo_jax.gemm", name, fo_jax_fp8_row(name)) for name in configs]
     out = [("xla.dot", None, jnp.dot), ("fo_jax.matmul", None, fo_jax.matmul)]
     if own:
         plan = _plan.plan_matmul("fo_jax.matmul", dtype, m, n, k, None)
@@ -342,7 +354,8 @@ def main() -> None:
     ap.add_argument("--splits", nargs="*", type=int, default=[],
                     help="also time every cooperative configuration of --configs split in S")
     ap.add_argument("--configs-dtype", choices=["bfloat16", "float16", "both"],
-                    default="bfloat16", help="dtypes in which --configs are timed")
+                    default="bfloat16", help="dtypes in which --configs are timed (with "
+                    "--dtype float8_e4m3fn: the fp8 rows, in fp8)")
     ap.add_argument("--producer", action="store_true",
                     help="also time the overlap's producer (8 groups, counters) per config")
     ap.add_argument("--rounds", type=int, default=3, help="traces per shape (median)")
@@ -353,9 +366,11 @@ def main() -> None:
     gpus = benchlib.cuda_gpus_or_exit("bench_gemm_sweep.py")
     from fo_jax import _plan  # noqa: PLC0415
 
-    compiled = [c["name"] for c in _plan.gemm_configs_for(jnp.bfloat16)]  # the 16-bit rows
+    rows = _plan.gemm_configs_for(jnp.float8_e4m3fn if args.dtype == FP8 else jnp.bfloat16,
+                                  fast_accum=None)  # the rows of the timed dtypes
+    compiled = [c["name"] for c in rows]
     configs = compiled if args.configs == ["all"] else list(args.configs)
-    cooperative = {c["name"] for c in _plan.gemm_configs_for(jnp.bfloat16) if not c["pingpong"]}
+    cooperative = {c["name"] for c in rows if not c["pingpong"]}
     configs += [f"{c}/k{s}" for c in list(configs) if c in cooperative for s in args.splits]
     unknown = sorted({c.partition("/k")[0] for c in configs} - set(compiled))
     if unknown:
@@ -363,11 +378,10 @@ def main() -> None:
     shapes = (parse_shapes(args.shapes) if args.shapes
               else parse_shapes(QUICK) if args.quick else sweep_shapes())
     dtypes = ["bfloat16", "float16"] if args.dtype == "both" else [args.dtype]
-    if args.dtype == FP8 and (args.own or args.configs or args.producer):
-        sys.exit("bench_gemm_sweep.py: --own, --configs and --producer are 16-bit only "
-                 "(benchmarks/bench_fp8.py --configs times every fp8 configuration)")
-    config_dtypes = (["bfloat16", "float16"] if args.configs_dtype == "both"
-                     else [args.configs_dtype])
+    if args.dtype == FP8 and (args.own or args.producer):
+        sys.exit("bench_gemm_sweep.py: --own and --producer are 16-bit only")
+    config_dtypes = ([FP8] if args.dtype == FP8 else ["bfloat16", "float16"]
+                     if args.configs_dtype == "both" else [args.configs_dtype])
 
     info = benchlib.device_info(gpus[:1])
     info.pop("num_devices", None)

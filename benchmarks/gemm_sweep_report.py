@@ -82,6 +82,12 @@ FP8_PAIRS = [
 ]
 
 
+def is_fast_row(config: str) -> bool:
+    """Whether a compiled fp8 row (csrc/kernels/gemm_configs.py) accumulates fast: the
+    FP8_FAST_CONFIGS rows are named fp8fast_*."""
+    return config.startswith("fp8fast")
+
+
 def _fp8_floor(pts: list, what: str) -> str:
     """The fp8 target's reading: the lowest ratio from FP8_FROM_M rows on, and the shapes
     under FLOOR there."""
@@ -120,6 +126,7 @@ def markdown(rows: Sequence[dict]) -> str:
         has_split = any("/k" in c for d in shapes.values() for c in d["gemm"])
         has_fp8 = any(d.get("fo_jax.matmul_fast") or d.get("xla.dot_fp32acc")
                       for d in shapes.values())
+        fp8_best: dict = {False: [], True: []}
         for (m, n, k), d in sorted(shapes.items()):
             xla, fo = d.get("xla.dot"), d.get("fo_jax.matmul")
             ratio = xla / fo if xla and fo else None
@@ -133,7 +140,7 @@ def markdown(rows: Sequence[dict]) -> str:
                 if own and xla:
                     own_vals.append(xla / own)
                 line += [d.get("own_config") or "-", f"{xla / own:.3f}" if own and xla else "-"]
-            if has_split and xla:
+            if has_split and xla and not has_fp8:
                 unsplit = [v for c, v in d["gemm"].items() if "/k" not in c]
                 if unsplit and d["gemm"]:
                     unsplit_vals.append(xla / min(unsplit))
@@ -144,7 +151,17 @@ def markdown(rows: Sequence[dict]) -> str:
                          f"{fast:.4f}" if fast else "-",
                          f"{acc / fo:.3f}" if acc and fo else "-",
                          f"{xla / fast:.3f}" if xla and fast else "-"]
-            if has_gemm:
+            if has_gemm and has_fp8:  # the best row of each accumulation against XLA's
+                for fast_rows, ref, vals in ((False, d.get("xla.dot_fp32acc"), fp8_best[False]),
+                                             (True, xla, fp8_best[True])):
+                    mine = {c: v for c, v in d["gemm"].items() if is_fast_row(c) == fast_rows}
+                    if mine and ref:
+                        name = min(mine, key=mine.get)
+                        vals.append(ref / mine[name])
+                        line += [name, f"{ref / mine[name]:.3f}"]
+                    else:
+                        line += ["-", "-"]
+            elif has_gemm:
                 if d["gemm"] and xla:
                     name = min(d["gemm"], key=d["gemm"].get)
                     best = xla / d["gemm"][name]
@@ -160,7 +177,10 @@ def markdown(rows: Sequence[dict]) -> str:
         if has_fp8:
             header += ["fast config", "xla.dot_fp32acc ms", "fo_jax.matmul_fast ms",
                        "HIGHEST / fo_jax", "xla / fast"]
-        if has_gemm:
+        if has_gemm and has_fp8:
+            header += ["best fp32-promotion config", "HIGHEST / best", "best fast config",
+                       "xla / best fast"]
+        elif has_gemm:
             header += ["best measured config", "xla / best"]
         out.append(f"\n## {dtype}\n\n" + markdown_table(header, table))
         if has_fp8:
@@ -171,15 +191,20 @@ def markdown(rows: Sequence[dict]) -> str:
             out.append("\n")
             for what, xla_m, fo_m in FP8_PAIRS:
                 out.append(_fp8_floor(ratios(rows, dtype, xla_m, fo_m), what))
+            if has_gemm:
+                out.append("\n" + _summary(fp8_best[False], "Best measured fp32-promotion "
+                                            "configuration per shape against XLA at HIGHEST"))
+                out.append(_summary(fp8_best[True], "Best measured fast-accumulation "
+                                    "configuration per shape against XLA's default"))
         else:
             out.append("\n" + _summary(main_vals, "fo_jax.matmul"))
         if has_own:
             out.append(_summary(own_vals, "fo_jax's own kernel (fo_jax.own: its choice of "
                                 "configuration and split, never XLA's dot)"))
-        if has_split:
+        if has_split and not has_fp8:
             out.append(_summary(unsplit_vals, "Best measured configuration without a split"))
             out.append(_summary(split_vals, "Best measured configuration, splits included"))
-        if has_gemm:
+        if has_gemm and not has_fp8:
             out.append(_summary(best_vals, "Best measured config per shape, XLA's dot where it "
                                 "is faster (the bound of a perfect choice)"))
             wins: dict = {}

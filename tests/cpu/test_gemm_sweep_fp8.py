@@ -82,3 +82,19 @@ def test_report_of_16_bit_rows_has_no_fp8_columns():
             for meth, v in (("xla.dot", 0.2), ("fo_jax.matmul", 0.19))]
     md = gemm_sweep_report.markdown(rows)
     assert "HIGHEST" not in md and "fo_jax.matmul: geomean **1.053x** over 1 shapes" in md
+
+
+def test_report_reads_the_best_fp8_row_per_accumulation():
+    rows = _rows({(8192, 4096, 512): (0.050, 0.060, 0.054, 0.040)})
+    for config, ms in (("fp8_coop_128x128x128_c1", 0.058), ("fp8_coop_128x192x128_c2/k2", 0.048),
+                       ("fp8fast_pp_128x192x128_c2", 0.041), ("fp8fast_pp_128x128x128_c1", 0.045)):
+        rows.append(dict(rows[0], method="fo_jax.gemm", config=config, ms=ms))
+    md = gemm_sweep_report.markdown(rows)
+    # fp32 promotion's best (the split row) against HIGHEST, fast's best against XLA's default
+    assert "| fp8_coop_128x192x128_c2/k2 | 1.250 | fp8fast_pp_128x192x128_c2 | 1.220 |" in md
+    assert ("Best measured fp32-promotion configuration per shape against XLA at HIGHEST: "
+            "geomean **1.250x**") in md
+    assert ("Best measured fast-accumulation configuration per shape against XLA's default: "
+            "geomean **1.220x**") in md
+    # the 16-bit summaries, which would mix the two accumulations, are left out
+    assert "Best measured config per shape" not in md and "without a split" not in md
