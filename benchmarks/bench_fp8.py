@@ -76,14 +76,6 @@ SHAPES = _benchcore.DESIGN_SHAPES + [
 TOLERANCE = 1e-2
 
 
-def named_jit(fn, key: int):
-    """jax.jit of fn(*args) under the name trace_f<key> (trace_timing attributes kernels by it)."""
-    def wrapper(*args):
-        return fn(*args)
-    wrapper.__name__ = wrapper.__qualname__ = f"trace_f{key}"
-    return jax.jit(wrapper)
-
-
 def operands(m: int, n: int, k: int, seed: int) -> dict:
     kx, kw = jax.random.split(jax.random.key(seed))
 
@@ -98,15 +90,14 @@ def operands(m: int, n: int, k: int, seed: int) -> dict:
     return dict(bf16=(x, w), fp8=(xq, wq, xs, ws), fp8_t=(xq, wq_t, xs, ws))
 
 
-def xla_fp8_dot(xq, wq, xs, ws, precision=None):
-    """XLA's fp8 dot of x [M, K] and a weight stored [N, K], then the two scales."""
-    y = jax.lax.dot_general(xq, wq, (((1,), (1,)), ((), ())), precision=precision,
-                            preferred_element_type=jnp.bfloat16)
-    return (y * (xs * ws).astype(jnp.bfloat16)).astype(jnp.bfloat16)
+def xla_fp8_dot(xq, wq, xs, ws):
+    """XLA's fp8 dot at default precision of a weight stored [N, K]."""
+    return benchlib.xla_fp8_dot(xq, wq, xs, ws, w_transposed=True)
 
 
 def xla_fp8_dot_fp32acc(xq, wq, xs, ws):
-    return xla_fp8_dot(xq, wq, xs, ws, precision=jax.lax.Precision.HIGHEST)
+    return benchlib.xla_fp8_dot(xq, wq, xs, ws, w_transposed=True,
+                                precision=jax.lax.Precision.HIGHEST)
 
 
 def fp8_config_names(fast_accum=None) -> list:
@@ -121,9 +112,8 @@ def matmul_wt(name=None, fast=False):
     accumulation), or else fo_jax's choice, with fast accumulation if `fast`."""
     from fo_jax import _plan  # noqa: PLC0415
 
-    cfg = _plan.row_config(name) if name else fo_jax.OverlapConfig(fp8_fast_accumulation=fast)
-    return lambda xq, wt, xs, ws: fo_jax.matmul(xq, wt, x_scale=xs, w_scale=ws,
-                                                w_transposed=True, config=cfg)
+    return benchlib.fo_jax_fp8_nk(
+        _plan.row_config(name) if name else fo_jax.OverlapConfig(fp8_fast_accumulation=fast))
 
 
 def methods(configs: list) -> list:
@@ -157,7 +147,7 @@ def measure(res, shape: tuple, timer, first_key: int, configs: list) -> dict:
     ref = fo_jax.reference.fp8_matmul(xq, wq, xs, ws)
     entries, ok, errs = [], {}, {}
     for j, (dtype, method, key, f, name) in enumerate(methods(configs)):
-        fn = named_jit(f, first_key + j)
+        fn = trace_timing.named_jit(f, first_key + j)
         error = None
         try:
             y = fn(*ops[key])

@@ -57,14 +57,6 @@ SHAPES = core.DESIGN_SHAPES
 NO_FALLBACK = dict(allow_fallback=False)
 
 
-def xla_fp8_dot(xq, wq, xs, ws, w_transposed: bool = False):
-    """XLA's fp8 dot of x [M, K] and the weight ([K, N], or [N, K] with w_transposed), then the
-    two scales."""
-    y = jax.lax.dot_general(xq, wq, (((1,), (1 if w_transposed else 0,)), ((), ())),
-                            preferred_element_type=jnp.bfloat16)
-    return (y * (xs * ws).astype(jnp.bfloat16)).astype(jnp.bfloat16)
-
-
 def weight_spec(collective: str, w_layout: str) -> P:
     """The fp8 weight's sharding: K over tp (reduce-scatter, all-reduce) or N (all-gather), in
     the stored layout."""
@@ -98,7 +90,8 @@ def build(mesh, collective: str, method: str, w_layout: str = "nk"):
             return then_collective(xq, wq, lambda x, w: fo_jax.matmul(
                 x, w, x_scale=xs, w_scale=ws, w_transposed=wt))
         elif method == "jax.baseline":
-            return then_collective(xq, wq, lambda x, w: xla_fp8_dot(x, w, xs, ws, wt))
+            return then_collective(xq, wq, lambda x, w: core.xla_fp8_dot(
+                x, w, xs, ws, w_transposed=wt))
         elif method == "jax.baseline.bf16":
             if ag:
                 return fo_jax.reference.plain_all_gather_matmul(x16, w16, "tp")[0]

@@ -170,36 +170,18 @@ def operands(m: int, n: int, k: int, dtype, seed: int) -> tuple:
     return x, w
 
 
-def xla_fp8_dot(xq, wq, xs, ws, precision=None):
-    """XLA's fp8 dot of x [M, K] and a weight stored [N, K], then the two scales."""
-    y = jax.lax.dot_general(xq, wq, (((1,), (1,)), ((), ())), precision=precision,
-                            preferred_element_type=jnp.bfloat16)
-    return (y * (xs * ws).astype(jnp.bfloat16)).astype(jnp.bfloat16)
-
-
-def fo_jax_fp8_matmul(fast: bool):
-    """fo_jax.matmul of x [M, K] and a weight stored [N, K], with fast accumulation if `fast`."""
-    config = fo_jax.OverlapConfig(fp8_fast_accumulation=fast)
-    return lambda xq, wq, xs, ws: fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws,
-                                                w_transposed=True, config=config)
-
-
-def fo_jax_fp8_row(name: str):
-    """fo_jax.matmul of a weight stored [N, K] on the compiled fp8 row `name` (NAME or NAME/kS),
-    with the row's own accumulation."""
-    config = config_of(name)
-    return lambda xq, wq, xs, ws: fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws,
-                                                w_transposed=True, config=config)
+FP8_FAST = fo_jax.OverlapConfig(fp8_fast_accumulation=True)
 
 
 def fp8_methods() -> list:
-    """[(method, None, function of (xq, wq, x_scale, w_scale))]: the fp8 methods."""
+    """[(method, None, function of (xq, wq [N, K], x_scale, w_scale))]: the fp8 methods."""
+    xla = benchlib.xla_fp8_dot
     return [
-        ("xla.dot", None, xla_fp8_dot),
-        ("xla.dot_fp32acc", None,
-         lambda xq, wq, xs, ws: xla_fp8_dot(xq, wq, xs, ws, jax.lax.Precision.HIGHEST)),
-        ("fo_jax.matmul", None, fo_jax_fp8_matmul(fast=False)),
-        ("fo_jax.matmul_fast", None, fo_jax_fp8_matmul(fast=True)),
+        ("xla.dot", None, lambda xq, wq, xs, ws: xla(xq, wq, xs, ws, w_transposed=True)),
+        ("xla.dot_fp32acc", None, lambda xq, wq, xs, ws: xla(
+            xq, wq, xs, ws, w_transposed=True, precision=jax.lax.Precision.HIGHEST)),
+        ("fo_jax.matmul", None, benchlib.fo_jax_fp8_nk()),
+        ("fo_jax.matmul_fast", None, benchlib.fo_jax_fp8_nk(FP8_FAST)),
     ]
 
 
@@ -238,7 +220,8 @@ def methods_for(dtype, m: int, n: int, k: int, configs: list, producer: bool,
     from fo_jax import _cuda_ops, _plan  # noqa: PLC0415
 
     if dtype == jnp.dtype(FP8):
-        return fp8_methods() + [("fo_jax.gemm", name, fo_jax_fp8_row(name)) for name in configs]
+        return fp8_methods() + [("fo_jax.gemm", name, benchlib.fo_jax_fp8_nk(config_of(name)))
+                                for name in configs]
     out = [("xla.dot", None, jnp.dot), ("fo_jax.matmul", None, fo_jax.matmul)]
     if own:
         plan = _plan.plan_matmul("fo_jax.matmul", dtype, m, n, k, None)
@@ -286,8 +269,8 @@ def prepare(shape: tuple, dtype_name: str, configs: list, producer: bool, first_
                 if not err <= TOLERANCE[dtype_name]:
                     raise AssertionError(f"relative error {err:.2e} against {against}")
             if method in ("fo_jax.matmul", "fo_jax.matmul_fast"):
-                config = chosen_config(fn, args, dtype, m, n, k, fo_jax.OverlapConfig(
-                    fp8_fast_accumulation=True) if method == "fo_jax.matmul_fast" else None)
+                config = chosen_config(fn, args, dtype, m, n, k,
+                                       FP8_FAST if method == "fo_jax.matmul_fast" else None)
             for _ in range(3):
                 jax.block_until_ready(fn(*args))
         except Exception as e:  # noqa: BLE001 (one bad configuration must not end the sweep)

@@ -33,7 +33,15 @@ from fo_jax.bench.core import (  # noqa: F401 (re-exports)
     rotated,
     time_ms,
     time_ms_interleaved,
+    xla_fp8_dot,
 )
+
+
+def fo_jax_fp8_nk(config=None):
+    """fo_jax.matmul(xq, wq, x_scale=, w_scale=) of a weight stored [N, K] (w_transposed=True)
+    under `config`: a function of (xq, wq, x_scale, w_scale)."""
+    return lambda xq, wq, xs, ws: fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws,
+                                                w_transposed=True, config=config)
 
 
 def cuda_gpus_or_exit(script: str, minimum: int = 1) -> list:

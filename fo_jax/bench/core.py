@@ -150,6 +150,15 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
     return "\n".join(out) + "\n"
 
 
+def xla_fp8_dot(xq, wq, xs, ws, *, w_transposed: bool, precision=None) -> jax.Array:
+    """XLA's fp8 dot, the fp8 baseline of the benchmarks: lax.dot_general of x [M, K] and the
+    weight ([K, N], or [N, K] with w_transposed: the layout XLA's fp8 GEMM reads without a
+    transpose), bf16 out, then the two scales."""
+    y = jax.lax.dot_general(xq, wq, (((1,), (1 if w_transposed else 0,)), ((), ())),
+                            precision=precision, preferred_element_type=jnp.bfloat16)
+    return (y * (xs * ws).astype(jnp.bfloat16)).astype(jnp.bfloat16)
+
+
 def parse_shape(s: str) -> tuple:
     """"MxNxK" -> (M, N, K) ints (per-GPU x[M, K] @ w[K, N])."""
     try:
