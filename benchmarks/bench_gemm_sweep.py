@@ -50,7 +50,9 @@ every method, the layout both fp8 GEMMs read without a transpose:
 Every fp8 result is checked against the float32 product of the dequantized operands (relative
 error <= 1e-2). --configs and --splits name the fp8 rows here ("all": every fp8 row, each with
 its own accumulation; the report's best configuration per shape is read per accumulation,
-against XLA's dot of that accumulation); --own and --producer are 16-bit only.
+against XLA's dot of that accumulation); --own adds fo_jax.own and fo_jax.own_fast: the two
+fo_jax.matmul methods with allow_fallback=False, fo_jax's own kernel even where fo_jax.matmul
+hands the shape to XLA's fp8 dot; --producer is 16-bit only.
 
 Timing ("ms"): GPU kernel time per call from JAX profiler traces (trace_timing.py): per round
 ONE trace holds --calls calls of every method of the shape in both dtypes, interleaved call by
@@ -173,16 +175,24 @@ def operands(m: int, n: int, k: int, dtype, seed: int) -> tuple:
 FP8_FAST = fo_jax.OverlapConfig(fp8_fast_accumulation=True)
 
 
-def fp8_methods() -> list:
+FP8_OWN = {"fo_jax.own": fo_jax.OverlapConfig(allow_fallback=False),
+           "fo_jax.own_fast": fo_jax.OverlapConfig(allow_fallback=False,
+                                                   fp8_fast_accumulation=True)}
+
+
+def fp8_methods(own: bool = False) -> list:
     """[(method, None, function of (xq, wq [N, K], x_scale, w_scale))]: the fp8 methods."""
     xla = benchlib.xla_fp8_dot
-    return [
+    out = [
         ("xla.dot", None, lambda xq, wq, xs, ws: xla(xq, wq, xs, ws, w_transposed=True)),
         ("xla.dot_fp32acc", None, lambda xq, wq, xs, ws: xla(
             xq, wq, xs, ws, w_transposed=True, precision=jax.lax.Precision.HIGHEST)),
         ("fo_jax.matmul", None, benchlib.fo_jax_fp8_nk()),
         ("fo_jax.matmul_fast", None, benchlib.fo_jax_fp8_nk(FP8_FAST)),
     ]
+    if own:
+        out += [(name, None, benchlib.fo_jax_fp8_nk(cfg)) for name, cfg in FP8_OWN.items()]
+    return out
 
 
 def reference(args: tuple, dtype):
@@ -220,8 +230,8 @@ def methods_for(dtype, m: int, n: int, k: int, configs: list, producer: bool,
     from fo_jax import _cuda_ops, _plan  # noqa: PLC0415
 
     if dtype == jnp.dtype(FP8):
-        return fp8_methods() + [("fo_jax.gemm", name, benchlib.fo_jax_fp8_nk(config_of(name)))
-                                for name in configs]
+        return fp8_methods(own) + [("fo_jax.gemm", name, benchlib.fo_jax_fp8_nk(config_of(name)))
+                                   for name in configs]
     out = [("xla.dot", None, jnp.dot), ("fo_jax.matmul", None, fo_jax.matmul)]
     if own:
         plan = _plan.plan_matmul("fo_jax.matmul", dtype, m, n, k, None)
@@ -271,6 +281,8 @@ def prepare(shape: tuple, dtype_name: str, configs: list, producer: bool, first_
             if method in ("fo_jax.matmul", "fo_jax.matmul_fast"):
                 config = chosen_config(fn, args, dtype, m, n, k,
                                        FP8_FAST if method == "fo_jax.matmul_fast" else None)
+            elif method in FP8_OWN:
+                config = chosen_config(fn, args, dtype, m, n, k, FP8_OWN[method])
             for _ in range(3):
                 jax.block_until_ready(fn(*args))
         except Exception as e:  # noqa: BLE001 (one bad configuration must not end the sweep)
@@ -361,8 +373,8 @@ def main() -> None:
     shapes = (parse_shapes(args.shapes) if args.shapes
               else parse_shapes(QUICK) if args.quick else sweep_shapes())
     dtypes = ["bfloat16", "float16"] if args.dtype == "both" else [args.dtype]
-    if args.dtype == FP8 and (args.own or args.producer):
-        sys.exit("bench_gemm_sweep.py: --own and --producer are 16-bit only")
+    if args.dtype == FP8 and args.producer:
+        sys.exit("bench_gemm_sweep.py: --producer is 16-bit only")
     config_dtypes = ([FP8] if args.dtype == FP8 else ["bfloat16", "float16"]
                      if args.configs_dtype == "both" else [args.configs_dtype])
 

@@ -61,6 +61,9 @@ def by_shape(rows: Sequence[dict], dtype: str) -> dict:
         elif r["method"] == "fo_jax.matmul_fast":
             d["fo_jax.matmul_fast"] = r["ms"]
             d["fast_config"] = r.get("config")
+        elif r["method"] == "fo_jax.own_fast":
+            d["fo_jax.own_fast"] = r["ms"]
+            d["own_fast_config"] = r.get("config")
     return out
 
 
@@ -79,6 +82,13 @@ FP8_PAIRS = [
      "xla.dot_fp32acc", "fo_jax.matmul"),
     ("Like with like, fast accumulation: fo_jax.matmul_fast against XLA's default fp8 dot",
      "xla.dot", "fo_jax.matmul_fast"),
+]
+# With --own: fo_jax's own fp8 kernels (never XLA's fp8 dot), like with like.
+FP8_OWN_PAIRS = [
+    ("fo_jax's own fp32-promotion kernel (fo_jax.own) against XLA's fp8 dot at HIGHEST",
+     "xla.dot_fp32acc", "fo_jax.own"),
+    ("fo_jax's own fast-accumulation kernel (fo_jax.own_fast) against XLA's default fp8 dot",
+     "xla.dot", "fo_jax.own_fast"),
 ]
 
 
@@ -137,9 +147,14 @@ def markdown(rows: Sequence[dict]) -> str:
                     f"{ratio:.3f}" if ratio else "-"]
             if has_own:
                 own = d.get("fo_jax.own")
-                if own and xla:
-                    own_vals.append(xla / own)
-                line += [d.get("own_config") or "-", f"{xla / own:.3f}" if own and xla else "-"]
+                ref = d.get("xla.dot_fp32acc") if has_fp8 else xla  # the same accumulation
+                if own and ref:
+                    own_vals.append(ref / own)
+                line += [d.get("own_config") or "-", f"{ref / own:.3f}" if own and ref else "-"]
+                if has_fp8:
+                    own_fast = d.get("fo_jax.own_fast")
+                    line += [d.get("own_fast_config") or "-",
+                             f"{xla / own_fast:.3f}" if own_fast and xla else "-"]
             if has_split and xla and not has_fp8:
                 unsplit = [v for c, v in d["gemm"].items() if "/k" not in c]
                 if unsplit and d["gemm"]:
@@ -172,7 +187,9 @@ def markdown(rows: Sequence[dict]) -> str:
             table.append(line)
         header = ["M x N x K", "layer", "config", "xla.dot ms", "fo_jax.matmul ms",
                   "xla / fo_jax"]
-        if has_own:
+        if has_own and has_fp8:
+            header += ["own config", "HIGHEST / own", "own fast config", "xla / own fast"]
+        elif has_own:
             header += ["own config", "xla / own"]
         if has_fp8:
             header += ["fast config", "xla.dot_fp32acc ms", "fo_jax.matmul_fast ms",
@@ -189,7 +206,11 @@ def markdown(rows: Sequence[dict]) -> str:
                 pts = ratios(rows, dtype, xla_m, fo_m)
                 out.append(_summary([p[3] for p in pts], what))
             out.append("\n")
-            for what, xla_m, fo_m in FP8_PAIRS:
+            own_pairs = FP8_OWN_PAIRS if has_own else []
+            for what, xla_m, fo_m in own_pairs:
+                out.append(_summary([p[3] for p in ratios(rows, dtype, xla_m, fo_m)], what))
+            out.append("\n")
+            for what, xla_m, fo_m in FP8_PAIRS + own_pairs:
                 out.append(_fp8_floor(ratios(rows, dtype, xla_m, fo_m), what))
             if has_gemm:
                 out.append("\n" + _summary(fp8_best[False], "Best measured fp32-promotion "
@@ -198,7 +219,7 @@ def markdown(rows: Sequence[dict]) -> str:
                                     "configuration per shape against XLA's default"))
         else:
             out.append("\n" + _summary(main_vals, "fo_jax.matmul"))
-        if has_own:
+        if has_own and not has_fp8:
             out.append(_summary(own_vals, "fo_jax's own kernel (fo_jax.own: its choice of "
                                 "configuration and split, never XLA's dot)"))
         if has_split and not has_fp8:

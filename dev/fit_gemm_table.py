@@ -36,7 +36,13 @@ did not hand the shape to XLA), ms(xla.dot) / ms(that GEMM) is a direct reading 
 XLA's dot; the geometric mean of a shape's readings replaces its XLA_POINTS entry, and the
 report lists every replaced point.
 
+fp8 points (--fp8 FP8.jsonl ...): sweeps of `bench_gemm_sweep.py --dtype float8_e4m3fn`. One
+XLA_POINTS entry per accumulation (fp8_points): fo_jax's fp32-promoting kernel against XLA's fp8
+dot at precision HIGHEST, and its fast-accumulating kernel against XLA's default fp8 dot
+(_gemm_choice.points_key), so that a handover keeps the accumulation the call asked for.
+
 Usage: python3 dev/fit_gemm_table.py SWEEP.jsonl [...] [--recheck PLAIN.jsonl ...]
+         [--fp8 FP8.jsonl ...]
          [--out fo_jax/_gemm_tables/<model>.py] [--report REPORT.md] [--xla-threshold 0.98]
          [--sms 132]
 """
@@ -264,6 +270,71 @@ def recheck_points(points: list, rows: list, dt: str, configs: list, params: dic
             "shape to XLA's dot):\n\n"
             + summary("fo_jax.matmul", after))
     return new, text
+
+
+# fp8 XLA_POINTS (--fp8): {key: (fo_jax's methods that run its kernel, preferred first; XLA's
+# fp8 dot of the same accumulation)}. fo_jax.own* (--own) never hand the shape to XLA.
+FP8_POINTS = {
+    "float8_e4m3fn": (("fo_jax.own", "fo_jax.matmul"), "xla.dot_fp32acc"),
+    "float8_e4m3fn" + _gemm_choice.FP8_FAST_SUFFIX: (("fo_jax.own_fast", "fo_jax.matmul_fast"),
+                                                     "xla.dot"),
+}
+
+
+def fp8_points(paths: list, threshold: float) -> tuple:
+    """({key: ((M, N, K, ratio), ...)}, markdown) from fp8 sweeps (`bench_gemm_sweep.py --dtype
+    float8_e4m3fn`, module docstring "fp8"): per shape and accumulation, ms(XLA's fp8 dot of that
+    accumulation) / ms(fo_jax's fp8 kernel of that accumulation) from one trace: its fo_jax.own
+    row (--own), else fo_jax.matmul's where that ran fo_jax's kernel (its config is not
+    "xla.dot"); a shape's point is the geometric mean over the files. No fp8 configuration is
+    fitted: the kernel library's rule (SelectGemmConfig) picks fp8 tiles."""
+    traces = {}
+    for i, path in enumerate(paths):
+        for r in load([path]):
+            if r["dtype"] == "float8_e4m3fn":
+                traces.setdefault((r["M"], r["N"], r["K"], i), {})[r["method"]] = r
+    readings: dict = {key: {} for key in FP8_POINTS}
+    for (m, n, k, _), d in traces.items():
+        for key, (methods, xla) in FP8_POINTS.items():
+            kernel = [d[f] for f in methods if f in d and d[f].get("config") != "xla.dot"]
+            if kernel and d.get(xla):
+                a = kernel[0]
+                readings[key].setdefault((m, n, k), []).append((d[xla]["ms"] / a["ms"],
+                                                                a["config"]))
+    points = {key: tuple((*s, round(geomean([r for r, _ in got]), 4))
+                         for s, got in sorted(got_all.items()))
+              for key, got_all in readings.items() if got_all}
+    lines, after = [], {key: [] for key in points}
+    for s in sorted({s for got in readings.values() for s in got}):
+        cells = [f"{s[0]}x{s[1]}x{s[2]}"]
+        for key in FP8_POINTS:
+            got = readings[key].get(s)
+            if not got:
+                cells += ["-", "-", "-"]
+                continue
+            ratio = geomean([r for r, _ in got])
+            est = _gemm_choice.estimate_from(points[key], *s)
+            to_xla = est is not None and est < threshold
+            after[key].append((s[0], 1.0 if to_xla else ratio, ratio))
+            cells += [got[0][1], f"{ratio:.3f}", "XLA" if to_xla else "fo_jax"]
+        lines.append(cells)
+    if not lines:
+        return {}, ""
+    text = ("\n## float8_e4m3fn: XLA_POINTS per accumulation\n\n"
+            "Ratios are ms(XLA's fp8 dot) / ms(fo_jax's fp8 kernel) of the same accumulation "
+            "(fp32 promotion: fo_jax.matmul against XLA at precision HIGHEST; fast: "
+            "fo_jax.matmul_fast against XLA's default), from "
+            + ", ".join(os.path.basename(p) for p in paths) + "; \"runs\": what fo_jax.matmul "
+            f"runs with a weight stored [N, K] once the points are in the table (XLA where the "
+            f"estimate is below {threshold}).\n\n"
+            + table(["M x N x K", "config", "promotion", "runs", "fast config", "fast", "runs"],
+                    lines) + "\n")
+    for key, values in after.items():
+        for label, keep in (("", lambda m: True), (", M >= 4096", lambda m: m >= 4096)):
+            text += summary(f"{key}{label}: fo_jax's kernel", [r for m, _, r in values if keep(m)])
+            text += summary(f"{key}{label}: fo_jax.matmul with the points (1 where XLA takes "
+                            "the shape)", [a for m, a, _ in values if keep(m)])
+    return points, text
 
 
 def after_xla(ratio: float, estimate: Optional[float], threshold: float) -> float:
@@ -495,6 +566,8 @@ def main() -> None:
     ap.add_argument("--report", default=None, help="also write the report (markdown) here")
     ap.add_argument("--recheck", nargs="*", default=[],
                     help="plain sweeps (no --configs) whose ratios replace XLA_POINTS entries")
+    ap.add_argument("--fp8", nargs="*", default=[],
+                    help="fp8 sweeps (--dtype float8_e4m3fn) whose ratios become fp8 XLA_POINTS")
     ap.add_argument("--xla-threshold", type=float, default=0.98)
     ap.add_argument("--sms", type=int, default=None,
                     help="SMs of the swept GPU (default: the rows' 'sms', else 132)")
@@ -543,8 +616,14 @@ def main() -> None:
         if points:
             points_all[dt] = tuple(points)
             report.append(text)
+    if args.fp8:
+        if {r["device"] for r in load(args.fp8)} != {device}:
+            sys.exit(f"fit_gemm_table.py: the --fp8 sweeps are not of {device}")
+        fp8, text = fp8_points(args.fp8, args.xla_threshold)
+        points_all.update(fp8)
+        report.append(text)
     source = ", ".join(os.path.relpath(p, ROOT) if os.path.abspath(p).startswith(ROOT)
-                       else os.path.basename(p) for p in args.sweeps + args.recheck)
+                       else os.path.basename(p) for p in args.sweeps + args.recheck + args.fp8)
     write_table(out, device, source, model, points_all, args.xla_threshold)
     text = "".join(report)
     print(text)

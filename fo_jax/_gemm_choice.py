@@ -28,7 +28,10 @@ configuration slower than XLA's dot around this shape: the measured ratios xla /
 sweep shapes within RADIUS (Euclidean, in log2 of M, N and K) are averaged (geometric mean,
 nearer shapes weigh more) and compared with the table's XLA_THRESHOLD. Outside every measured
 neighbourhood fo_jax keeps its own GEMM. Only fo_jax.matmul may hand a GEMM to XLA: the
-overlap's producer must be fo_jax's kernel (it signals its tiles).
+overlap's producer must be fo_jax's kernel (it signals its tiles). fp8 GEMMs have points per
+accumulation (`points_key`): fo_jax's fp32-promoting kernel against XLA's fp8 dot at precision
+HIGHEST (which promotes too), its fast-accumulating kernel against XLA's default (fast) one, so
+a handover never changes the accumulation a call asked for.
 """
 
 from __future__ import annotations
@@ -159,25 +162,43 @@ def estimate_from(points: Sequence[tuple], m: int, n: int, k: int,
     return math.exp(num / den) if den else None
 
 
-def xla_dot_estimate(m: int, n: int, k: int, dtype) -> Optional[float]:
+FP8_FAST_SUFFIX = "_fast"
+
+
+def points_key(dtype, fast: bool = False) -> str:
+    """The XLA_POINTS entry of a dtype: its name, and for fp8 with fast accumulation the name
+    with FP8_FAST_SUFFIX (the fast kernel against XLA's default fp8 dot; without it, fo_jax's
+    fp32-promoting kernel against XLA's fp8 dot at precision HIGHEST)."""
+    name = _dtype_name(dtype)
+    return name + FP8_FAST_SUFFIX if fast and name.startswith("float8") else name
+
+
+def xla_dot_estimate(m: int, n: int, k: int, dtype, fast: bool = False) -> Optional[float]:
     """Estimated ms(xla.dot) / ms(fo_jax.matmul) at this shape from the measured neighbours
-    (module docstring), or None where none was measured within RADIUS."""
-    return estimate_from(table().XLA_POINTS.get(_dtype_name(dtype), ()), m, n, k)
+    (module docstring), or None where none was measured within RADIUS. fast: fp8 with fast
+    accumulation (points_key)."""
+    return estimate_from(table().XLA_POINTS.get(points_key(dtype, fast), ()), m, n, k)
 
 
-def prefer_xla_dot(m: int, n: int, k: int, dtype) -> bool:
+def prefer_xla_dot(m: int, n: int, k: int, dtype, fast: bool = False) -> bool:
     """Whether fo_jax.matmul should run x[m, k] @ w[k, n] as XLA's dot (measured faster here)."""
-    return xla_dot_reason(m, n, k, dtype) is not None
+    return xla_dot_reason(m, n, k, dtype, fast) is not None
 
 
-def xla_dot_reason(m: int, n: int, k: int, dtype) -> Optional[str]:
+def xla_dot_reason(m: int, n: int, k: int, dtype, fast: bool = False) -> Optional[str]:
     """Why fo_jax.matmul hands this GEMM to XLA's dot (for describe() and the DEBUG log), or
     None when fo_jax's own GEMM runs it."""
-    est = xla_dot_estimate(m, n, k, dtype)
+    est = xla_dot_estimate(m, n, k, dtype, fast)
     measured = table()
     if est is None or est >= measured.XLA_THRESHOLD:
         return None
-    return (f"XLA's dot measured faster around M={m}, N={n}, K={k} ({_dtype_name(dtype)}: "
+    name = _dtype_name(dtype)
+    if name.startswith("float8"):
+        what = ("XLA's fp8 dot (fast accumulation, as asked)" if fast else
+                "XLA's fp8 dot at precision HIGHEST (fp32 promotion, as fo_jax's default)")
+        return (f"{what} measured faster around M={m}, N={n}, K={k} ({name}: fo_jax's fp8 GEMM "
+                f"at ~{est:.2f}x of its speed on {measured.DEVICE})")
+    return (f"XLA's dot measured faster around M={m}, N={n}, K={k} ({name}: "
             f"fo_jax's GEMM at ~{est:.2f}x of its speed on {measured.DEVICE})")
 
 

@@ -46,13 +46,13 @@ def _cuda_blocker(dtype, m: int, n: int, k: int) -> Optional[str]:
     return None
 
 
-def _xla_dot_reason(dtype, config, m: int, n: int, k: int) -> Optional[str]:
+def _xla_dot_reason(dtype, config, m: int, n: int, k: int, fast: bool = False) -> Optional[str]:
     """Why a plain GEMM x[m, k] @ w[k, n] runs as XLA's dot on CUDA devices, or None: where the
     measured table says XLA's dot is faster, unless the config names a tile configuration or
-    forbids the fallback."""
+    forbids the fallback. fast: fp8 with fast accumulation."""
     if config is not None and (config.gemm_config is not None or not config.allow_fallback):
         return None
-    return _gemm_choice.xla_dot_reason(m, n, k, dtype)
+    return _gemm_choice.xla_dot_reason(m, n, k, dtype, fast)
 
 
 def _off_cuda(op: str, config, platform: str, extra: dict) -> Optional[PathChoice]:
@@ -133,10 +133,13 @@ def _choose_overlapped(dtype, config, m: int, n: int, k: int, platform: str, col
                       transport=transport, platform=platform, **extra)
 
 
-def choose_fp8(op: str, config, m: int, n: int, k: int, platform: str, **extra) -> PathChoice:
-    """The path of an fp8 GEMM x[m, k] @ w[k, n]: fo_jax's fp8 kernel on CUDA devices (no fp8
-    table is measured yet, so XLA's fp8 dot is never chosen; docs/gemm_performance.md, "fp8"), the
-    dequantizing reference elsewhere."""
+def choose_fp8(op: str, config, m: int, n: int, k: int, platform: str,
+               plain_nk: bool = False, **extra) -> PathChoice:
+    """The path of an fp8 GEMM x[m, k] @ w[k, n]: fo_jax's fp8 kernel on CUDA devices, the
+    dequantizing reference elsewhere. plain_nk: a plain GEMM (fo_jax.matmul) whose weight the
+    caller stores [N, K] (w_transposed=True), which XLA's fp8 dot may then take where the
+    measured table says it is faster for the call's accumulation (_gemm_choice.points_key; on a
+    [K, N] weight XLA's fp8 dot was measured 1.3-3.2x slower, so fo_jax keeps those)."""
     extra = dict(extra, platform=platform)
     off = _off_cuda(op, config, platform, extra)
     if off is not None:
@@ -144,9 +147,12 @@ def choose_fp8(op: str, config, m: int, n: int, k: int, platform: str, **extra) 
     blocker = fp8.blocker(m, n, k)
     if blocker is not None:
         return PathChoice(op, "reference", blocker, **extra)
-    fast = " with fast accumulation" if _plan.fast_accumulation(fp8.FP8_DTYPE, config) else ""
-    return PathChoice(op, "cuda", f"fo_jax's fp8 GEMM{fast} on CUDA devices (no measured fp8 "
-                      "table yet: XLA's fp8 dot is not chosen)", **extra)
+    fast = _plan.fast_accumulation(fp8.FP8_DTYPE, config)
+    why = _xla_dot_reason(fp8.FP8_DTYPE, config, m, n, k, fast) if plain_nk else None
+    if why is not None:
+        return PathChoice(op, "xla", why, **extra)
+    return PathChoice(op, "cuda", f"fo_jax's fp8 GEMM{' with fast accumulation' if fast else ''}"
+                      " on CUDA devices", **extra)
 
 
 def _choose_fp8_overlapped(config, m: int, n: int, k: int, platform: str, collective: str,

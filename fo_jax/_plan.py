@@ -275,7 +275,7 @@ def gemm_config_index(fn: str, dtype, m: int, n: int, k: int, batch: int,
         return [c["name"] for c in gemm_configs()].index(config.gemm_config)
     if fast:
         return _fp8_fast_choice.select(m * max(batch, 1), n, sm_budget, gemm_configs())
-    if dtype_name == "float8_e4m3fn":  # no measured fp8 table yet: the library's fp8 rule
+    if dtype_name == "float8_e4m3fn":  # no fitted fp8 tile model: the library's fp8 rule
         mod = _cuda.module()
         return int(mod.select_gemm_config(mod.GemmDtype[dtype_name], m, n, k, batch,
                                           max(sm_budget, 0)))

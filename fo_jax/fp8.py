@@ -9,8 +9,11 @@ devices fo_jax's fp8 kernel computes it (csrc/kernels/gemm_configs.py, the fp8_*
 reads both operands K-major, so the op hands the kernel w transposed ([N, K], one XLA transpose
 of the fp8 weight: K * N bytes read and written per call, which a caller can avoid by passing
 `w_transposed=True` with the weight already stored [N, K]); the scales are float32 device
-scalars applied in the kernel's epilogue (no host synchronization). Elsewhere the reference
-dequantizes both operands and multiplies in float32 (`reference.fp8_matmul`).
+scalars applied in the kernel's epilogue (no host synchronization). With the weight stored
+[N, K], fo_jax.matmul hands the GEMM to XLA's fp8 dot of the same accumulation where the
+measured table says that is faster (fo_jax/_xla_fp8.py, `describe` and the DEBUG log say so).
+Elsewhere the reference dequantizes both operands and multiplies in float32
+(`reference.fp8_matmul`).
 
 Derivatives: JAX gives an fp8 primal an fp8 cotangent, so the gradient with respect to an fp8
 operand is the float32 derivative (computed from the dequantized operands) rounded to e4m3 with
@@ -185,17 +188,25 @@ def _unbatched(x, w, xs, ws, out_dtype, w_transposed, config):
 
     r, k = x.shape
     n = w.shape[0] if w_transposed else w.shape[1]
-    if _paths.choose_fp8("matmul", config, r, n, k, "cuda").path != "cuda":
+    path = _paths.choose_fp8("matmul", config, r, n, k, "cuda", plain_nk=w_transposed).path
+    if path == "reference":
         return _reference(x, w, xs, ws, out_dtype, w_transposed)
-    from fo_jax import _plan, _vma, autodiff  # noqa: PLC0415
-    from fo_jax._cuda_ops import matmul_fp8_cuda  # noqa: PLC0415 (needs the module)
+    from fo_jax import _plan, _vma, _xla_fp8, autodiff  # noqa: PLC0415
 
-    plan = _plan.plan_matmul("fo_jax.matmul", x.dtype, r, n, k, config)
+    if path == "xla":  # measured faster here (w_transposed: w is [N, K])
+        fast = _plan.fast_accumulation(FP8_DTYPE, config)
 
-    def cuda(x, w, xs, ws):
-        w_nk = w if w_transposed else w.T  # the kernel reads the weight K-major
-        y = matmul_fp8_cuda(x, w_nk, xs, ws, plan=plan)
-        return autodiff.vary(y, _vma.varying_axes(x) | _vma.varying_axes(w))
+        def cuda(x, w, xs, ws):
+            return _xla_fp8.fp8_dot(x, w, xs, ws, fast)
+    else:
+        from fo_jax._cuda_ops import matmul_fp8_cuda  # noqa: PLC0415 (needs the module)
+
+        plan = _plan.plan_matmul("fo_jax.matmul", x.dtype, r, n, k, config)
+
+        def cuda(x, w, xs, ws):
+            w_nk = w if w_transposed else w.T  # the kernel reads the weight K-major
+            y = matmul_fp8_cuda(x, w_nk, xs, ws, plan=plan)
+            return autodiff.vary(y, _vma.varying_axes(x) | _vma.varying_axes(w))
 
     def default(x, w, xs, ws):
         return _reference(x, w, xs, ws, out_dtype, w_transposed)

@@ -173,7 +173,8 @@ def _fp8_matmul(fn, x, w, config, x_scale, w_scale, out_dtype, w_transposed):
     _checks.check_config(fn, config, plain=True)
     k, n = _weight_kn(w, w_transposed)
     rows = _rows(x)
-    _log(fn, x, w, lambda platform: choose_fp8("matmul", config, rows, n, k, platform))
+    _log(fn, x, w, lambda platform: choose_fp8("matmul", config, rows, n, k, platform,
+                                               plain_nk=w_transposed))
     y = fp8.fp8_gemm(x.reshape(rows, k), w, x_scale, w_scale, out_dtype, w_transposed, config)
     return y.reshape(*x.shape[:-1], n)
 

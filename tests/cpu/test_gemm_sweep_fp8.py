@@ -98,3 +98,35 @@ def test_report_reads_the_best_fp8_row_per_accumulation():
             "geomean **1.220x**") in md
     # the 16-bit summaries, which would mix the two accumulations, are left out
     assert "Best measured config per shape" not in md and "without a split" not in md
+
+
+def test_own_adds_fo_jax_own_kernels_of_both_accumulations():
+    """--own in fp8: fo_jax.matmul with allow_fallback=False in both accumulations (fo_jax's
+    kernel even where fo_jax.matmul hands the shape to XLA), computing the same product."""
+    m, n, k = 64, 48, 256
+    dtype = jnp.dtype(FP8)
+    args = bench_gemm_sweep.operands(m, n, k, dtype, seed=5)
+    methods = bench_gemm_sweep.methods_for(dtype, m, n, k, [], False, own=True)
+    assert [name for name, _, _ in methods][4:] == ["fo_jax.own", "fo_jax.own_fast"]
+    exact = (np.asarray(args[0], np.float64) * float(args[2])) @ (
+        np.asarray(args[1], np.float64).T * float(args[3]))
+    for name, _, f in methods[4:]:
+        err = np.linalg.norm(np.asarray(f(*args), np.float64) - exact) / np.linalg.norm(exact)
+        assert err <= bench_gemm_sweep.TOLERANCE[FP8], (name, err)
+    assert not bench_gemm_sweep.FP8_OWN["fo_jax.own"].allow_fallback
+    assert bench_gemm_sweep.FP8_OWN["fo_jax.own_fast"].fp8_fast_accumulation
+
+
+def test_report_reads_fo_jax_own_fp8_kernels_like_with_like():
+    rows = _rows({(8192, 4096, 512): (0.050, 0.060, 0.050, 0.050)})
+    for method, config, ms in (("fo_jax.own", "fp8_coop_128x192x128_c2", 0.075),
+                               ("fo_jax.own_fast", "fp8fast_pp_128x192x128_c2", 0.040)):
+        rows.append(dict(rows[0], method=method, config=config, ms=ms))
+    md = gemm_sweep_report.markdown(rows)
+    assert "| own config | HIGHEST / own | own fast config | xla / own fast |" in md
+    # HIGHEST 0.060 / own 0.075; default 0.050 / own fast 0.040
+    assert "| fp8_coop_128x192x128_c2 | 0.800 | fp8fast_pp_128x192x128_c2 | 1.250 |" in md
+    what_own, what_own_fast = (what for what, _, _ in gemm_sweep_report.FP8_OWN_PAIRS)
+    assert f"{what_own}: geomean **0.800x**" in md
+    assert f"{what_own_fast}, M >= 4096 (1 shapes): min 1.250x" in md
+    assert "never XLA's dot)" not in md  # the 16-bit summary, which would read xla.dot / own

@@ -189,6 +189,39 @@ def test_fp8_partial_sums_stay_short_on_same_sign_data():
 FAST = fo_jax.OverlapConfig(fp8_fast_accumulation=True)
 
 
+def test_fp8_matmul_handed_to_xla_keeps_its_numerics(monkeypatch):
+    """Where the table hands an fp8 GEMM to XLA's fp8 dot (a weight stored [N, K]; here a table
+    that says so for this shape), the program holds no fo_jax GEMM and the result keeps fo_jax's
+    numerics: _check's bound on random data; on same-sign data at K = 8192 the fp32 promotion's
+    bounds of test_fp8_partial_sums_stay_short_on_same_sign_data (XLA's dot at precision
+    HIGHEST promotes as fo_jax's default kernels do), which XLA's fast-accumulating dot, taken
+    with fp8_fast_accumulation=True, misses as fo_jax's fast kernels do."""
+    gpu_devices_or_skip(1)
+    from conftest import use_gemm_table
+
+    m, k, n = 256, 8192, 384
+    use_gemm_table(monkeypatch, points={"float8_e4m3fn": ((m, n, k, 0.5),),
+                                        "float8_e4m3fn_fast": ((m, n, k, 0.5),)})
+    xq, xs, wq, ws = _operands(m, k, n, seed=31)
+    call = jax.jit(lambda x, w, a, b, cfg=None: fo_jax.matmul(
+        x, w, x_scale=a, w_scale=b, w_transposed=True, config=cfg), static_argnames="cfg")
+    text = call.lower(xq, wq.T, xs, ws).as_text()
+    assert "fo_jax_gemm" not in text and "dot_general" in text
+    _check(call(xq, wq.T, xs, ws), xq, xs, wq, ws)
+
+    kx, kw = jax.random.split(jax.random.key(37))
+    xq, xs = fo_jax.quantize_fp8(jax.random.uniform(kx, (m, k), jnp.float32))
+    wq, ws = fo_jax.quantize_fp8(jax.random.uniform(kw, (k, n), jnp.float32))
+    ref = (np.asarray(xq, np.float64) * float(xs)) @ (np.asarray(wq, np.float64) * float(ws))
+    got = np.asarray(call(xq, wq.T, xs, ws), np.float64)
+    rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert float(np.max(np.abs(got - ref) / ref)) <= 2.0**-8 + 2.0**-7, rel
+    assert rel <= 2.0**-7, rel
+    fast = np.asarray(call(xq, wq.T, xs, ws, cfg=FAST), np.float64)
+    assert "fo_jax_gemm" not in call.lower(xq, wq.T, xs, ws, cfg=FAST).as_text()
+    assert np.linalg.norm(fast - ref) / np.linalg.norm(ref) > 2.0**-6
+
+
 def _fast_rows_or_skip():
     from fo_jax import _plan
 
