@@ -1,9 +1,10 @@
 """Ways of writing XLA's scaled fp8 dot: what XLA compiles each to, its speed and its error.
 
 fo_jax.matmul may hand an fp8 GEMM to XLA's fp8 dot where that is faster (fo_jax/_xla_fp8.py).
-The handover must keep fo_jax's numerics: float32 scales, one rounding to bf16, and the
-accumulation the call asks for (fp32 promotion by default, XLA's fast accumulation with
-OverlapConfig(fp8_fast_accumulation=True)). This probe compiles each form at precision DEFAULT
+The handover keeps the accumulation the call asks for (fp32 promotion by default, XLA's fast
+accumulation with OverlapConfig(fp8_fast_accumulation=True)) and, ideally, fo_jax's one rounding
+to bf16 with exact float32 scales, at the speed of XLA's own fp8 dot. This probe compiles each
+form at precision DEFAULT
 (fast accumulation) and HIGHEST (promotion), prints the custom calls and fusions of the compiled
 module, the GPU kernel time per call at --shapes (interleaved, benchlib.kernel_ms_interleaved)
 and, at M = N = 2048 and K = --k, the error against the exact product as
@@ -13,6 +14,8 @@ product), on N(0, 1) and U(0, 1) data.
 Forms (x [M, K], w [N, K] fp8, xs / ws float32 scalars):
   out_scale_bf16   dot(x, w) -> bf16, then * bf16(xs * ws): the benchmarks' baseline
                    (two roundings, the scale rounded to bf16)
+  out_scale_f32    dot(x, w) -> bf16, then * (xs * ws) in float32, -> bf16: fo_jax's
+                   handover (fo_jax/_xla_fp8.py; two roundings, the scales exact)
   dequant_f32      dot(x.f32 * xs, w.f32 * ws) -> bf16: the dequantization pattern XLA's
                    gemm rewriter folds into cuBLASLt's operand scales, in float32
   f32_out          dot(x, w) -> f32, * (xs * ws), -> bf16 (one rounding, f32 written out)
@@ -49,6 +52,11 @@ def out_scale_bf16(x, w, xs, ws, precision):
     return (y * (xs * ws).astype(BF16)).astype(BF16)
 
 
+def out_scale_f32(x, w, xs, ws, precision):
+    y = jax.lax.dot_general(x, w, DN, precision=precision, preferred_element_type=BF16)
+    return (y.astype(F32) * (xs * ws)).astype(BF16)
+
+
 def dequant_f32(x, w, xs, ws, precision):
     return jax.lax.dot_general(x.astype(F32) * xs, w.astype(F32) * ws, DN, precision=precision,
                                preferred_element_type=BF16)
@@ -59,7 +67,8 @@ def f32_out(x, w, xs, ws, precision):
     return (y * (xs * ws)).astype(BF16)
 
 
-FORMS = {"out_scale_bf16": out_scale_bf16, "dequant_f32": dequant_f32, "f32_out": f32_out}
+FORMS = {"out_scale_bf16": out_scale_bf16, "out_scale_f32": out_scale_f32,
+         "dequant_f32": dequant_f32, "f32_out": f32_out}
 PRECISIONS = {"DEFAULT": None, "HIGHEST": jax.lax.Precision.HIGHEST}
 
 

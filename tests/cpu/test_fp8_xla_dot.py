@@ -1,10 +1,11 @@
 """fo_jax.matmul hands an fp8 GEMM whose weight is stored [N, K] to XLA's fp8 dot where the
 measured table says that is faster for the call's accumulation (fo_jax/_gemm_choice.py,
 points_key; fo_jax/_xla_fp8.py): the choice and its reason per accumulation, the weight layouts
-and configs that keep fo_jax's kernel, the DEBUG log, the program built for CUDA (XLA's dot at
-precision HIGHEST for fp32 promotion, DEFAULT for fast accumulation, the float32 scales folded
-into its operands) and the reference result on the CPU. CPU only: each test installs its own
-table; the choice and lowering tests need the compiled CUDA module (they lower for "cuda")."""
+and configs that keep fo_jax's kernel, the DEBUG log, the program built for CUDA (XLA's fp8 dot
+at precision HIGHEST for fp32 promotion, DEFAULT for fast accumulation, the float32 scales
+applied to its bfloat16 output) and the reference result on the CPU. CPU only: each test
+installs its own table; the choice and lowering tests need the compiled CUDA module (they lower
+for "cuda")."""
 
 import logging
 import re
@@ -109,12 +110,15 @@ def test_cuda_program_holds_xla_fp8_dot_of_the_same_accumulation(table):
     m, n, k = XLA_SHAPE
     text = cuda_text(matmul(), *operands(XLA_SHAPE))
     assert not GEMM_CALL.search(text)
-    # fp8 operands converted to float32 and scaled there (exact scales), one dot to bf16 at
-    # HIGHEST: the pattern XLA's GEMM rewriter folds into cuBLASLt's fp8 GEMM.
+    # XLA's fp8 dot of the fp8 operands to bf16 at HIGHEST (cuBLASLt's fp8 GEMM, as the
+    # benchmarks' baseline), then the scales' product applied in float32 (exact scales).
     dot = [line for line in text.splitlines() if "dot_general" in line]
     assert len(dot) == 1 and "precision = [HIGHEST, HIGHEST]" in dot[0], dot
-    assert f"tensor<{m}x{k}xf32>, tensor<{n}x{k}xf32>) -> tensor<{m}x{n}xbf16>" in dot[0], dot
-    assert f"tensor<{m}x{k}xf8E4M3FN>) -> tensor<{m}x{k}xf32>" in text
+    assert (f"(tensor<{m}x{k}xf8E4M3FN>, tensor<{n}x{k}xf8E4M3FN>) -> tensor<{m}x{n}xbf16>"
+            in dot[0]), dot
+    assert "stablehlo.multiply %arg2, %arg3 : tensor<f32>" in text
+    assert f"(tensor<{m}x{n}xbf16>) -> tensor<{m}x{n}xf32>" in text
+    assert f"(tensor<{m}x{n}xf32>) -> tensor<{m}x{n}xbf16>" in text
     fast = cuda_text(matmul(config=FAST), *operands(FAST_SHAPE))
     dot = [line for line in fast.splitlines() if "dot_general" in line]
     assert not GEMM_CALL.search(fast) and len(dot) == 1 and "HIGHEST" not in dot[0], dot

@@ -191,11 +191,14 @@ FAST = fo_jax.OverlapConfig(fp8_fast_accumulation=True)
 
 def test_fp8_matmul_handed_to_xla_keeps_its_numerics(monkeypatch):
     """Where the table hands an fp8 GEMM to XLA's fp8 dot (a weight stored [N, K]; here a table
-    that says so for this shape), the program holds no fo_jax GEMM and the result keeps fo_jax's
-    numerics: _check's bound on random data; on same-sign data at K = 8192 the fp32 promotion's
-    bounds of test_fp8_partial_sums_stay_short_on_same_sign_data (XLA's dot at precision
-    HIGHEST promotes as fo_jax's default kernels do), which XLA's fast-accumulating dot, taken
-    with fp8_fast_accumulation=True, misses as fo_jax's fast kernels do."""
+    that says so for this shape), the program holds no fo_jax GEMM and the result stays within
+    fo_jax's bounds: _check's on random data (its 2^-8 |ref| term covers the handover's second
+    rounding); on same-sign data at K = 8192 the fp32 promotion's bounds of
+    test_fp8_partial_sums_stay_short_on_same_sign_data (XLA's dot at precision HIGHEST promotes
+    as fo_jax's default kernels do). XLA's fast-accumulating dot (fp8_fast_accumulation=True)
+    stays within 2^-6 in norm there: 6.1e-3 measured on one H200 with cuBLASLt writing the
+    product in float32 (its fast fp8 kernels lose far fewer bits on this data than fo_jax's fast
+    kernels, 0.14 on one H100)."""
     gpu_devices_or_skip(1)
     from conftest import use_gemm_table
 
@@ -219,7 +222,7 @@ def test_fp8_matmul_handed_to_xla_keeps_its_numerics(monkeypatch):
     assert rel <= 2.0**-7, rel
     fast = np.asarray(call(xq, wq.T, xs, ws, cfg=FAST), np.float64)
     assert "fo_jax_gemm" not in call.lower(xq, wq.T, xs, ws, cfg=FAST).as_text()
-    assert np.linalg.norm(fast - ref) / np.linalg.norm(ref) > 2.0**-6
+    assert np.linalg.norm(fast - ref) / np.linalg.norm(ref) <= 2.0**-6
 
 
 def _fast_rows_or_skip():
