@@ -1,17 +1,18 @@
-"""XLA's fp8 dot, where fo_jax.matmul hands an fp8 GEMM to XLA (fo_jax/_paths.py, choose_fp8).
+"""XLA's scaled fp8 dot: where fo_jax.matmul hands an fp8 GEMM to XLA (fo_jax/_paths.py,
+choose_fp8) and the fp8 baseline of the benchmarks (fo_jax/bench/core.py re-exports it).
 
-Written as the benchmarks' XLA baseline is (fo_jax/bench/core.py, xla_fp8_dot): lax.dot_general
-of the fp8 operands to bfloat16, which XLA lowers to cuBLASLt's fp8 GEMM writing bfloat16, then
-the two scales in one elementwise fusion, here multiplied in float32 (the scales exact, where the
-baseline rounds their product to bfloat16). The result is rounded twice (the GEMM's bfloat16
-output, then the scaled value), where fo_jax's kernel scales in its epilogue and rounds once.
-The accumulation is the call's: precision HIGHEST (cuBLASLt promotes partial sums to fp32, as
-fo_jax's default kernels do) unless fast accumulation was asked for (XLA's default precision).
+lax.dot_general of the fp8 operands to bfloat16, which XLA lowers to cuBLASLt's fp8 GEMM writing
+bfloat16, then the two scales' product applied in float32 in one elementwise fusion (the scales
+exact). The result is rounded twice (the GEMM's bfloat16 output, then the scaled value), where
+fo_jax's kernel scales in its epilogue and rounds once. Precision HIGHEST has cuBLASLt promote
+partial sums to fp32, as fo_jax's default kernels do; XLA's default precision accumulates fast
+(the whole K sum in the tensor cores' accumulator).
 
 Dequantizing the operands in float32 instead (x.astype(f32) * xs, the pattern XLA's GEMM
 rewriter folds into cuBLASLt's operand scales) rounds once, but XLA then has cuBLASLt write a
-float32 product and converts it in a second kernel: 1.14-2.43x the time of the benchmarks'
-baseline at the same accumulation on one H200, 5 shapes
+float32 product and converts it in a second kernel: 1.14-2.43x the time of this form (with the
+scales' product rounded to bfloat16, as the committed fp8 sweeps timed it) at the same
+accumulation on one H200, 5 shapes
 (benchmarks/results/gemm_sweep_h200_2026-11-30_5af0c2f_fp8_handover.jsonl).
 dev/probes_py/xla_fp8_forms.py compares the forms: their compiled calls, speed and error.
 """
@@ -22,10 +23,10 @@ import jax
 import jax.numpy as jnp
 
 
-def fp8_dot(x, w_nk, xs, ws, fast: bool) -> jax.Array:
-    """(x * xs) @ (w_nk * ws).T in bfloat16: x [M, K] and w_nk [N, K] float8_e4m3fn, xs and ws
-    float32 scalars."""
-    precision = None if fast else jax.lax.Precision.HIGHEST
-    y = jax.lax.dot_general(x, w_nk, (((1,), (1,)), ((), ())), precision=precision,
-                            preferred_element_type=jnp.bfloat16)
+def fp8_dot(x, w, xs, ws, *, w_transposed: bool, precision=None) -> jax.Array:
+    """(x * xs) @ (w * ws) in bfloat16: x [M, K] and w [K, N] (or [N, K] with w_transposed, the
+    layout XLA's fp8 GEMM reads without a transpose) float8_e4m3fn, xs and ws float32 scalars;
+    precision as lax.dot_general's (None: fast accumulation, HIGHEST: fp32 promotion)."""
+    y = jax.lax.dot_general(x, w, (((1,), (1 if w_transposed else 0,)), ((), ())),
+                            precision=precision, preferred_element_type=jnp.bfloat16)
     return (y.astype(jnp.float32) * (xs * ws)).astype(jnp.bfloat16)

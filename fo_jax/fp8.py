@@ -196,9 +196,10 @@ def _unbatched(x, w, xs, ws, out_dtype, w_transposed, config):
 
     if path == "xla":  # measured faster here (w_transposed: w is [N, K])
         fast = _plan.fast_accumulation(FP8_DTYPE, config)
+        precision = None if fast else jax.lax.Precision.HIGHEST
 
         def cuda(x, w, xs, ws):
-            return _xla_fp8.fp8_dot(x, w, xs, ws, fast)
+            return _xla_fp8.fp8_dot(x, w, xs, ws, w_transposed=True, precision=precision)
     else:
         from fo_jax._cuda_ops import matmul_fp8_cuda  # noqa: PLC0415 (needs the module)
 

@@ -12,10 +12,11 @@ fp8_accumulation_error.py measures it (rel_err, and excess over the correctly ro
 product), on N(0, 1) and U(0, 1) data.
 
 Forms (x [M, K], w [N, K] fp8, xs / ws float32 scalars):
-  out_scale_bf16   dot(x, w) -> bf16, then * bf16(xs * ws): the benchmarks' baseline
-                   (two roundings, the scale rounded to bf16)
-  out_scale_f32    dot(x, w) -> bf16, then * (xs * ws) in float32, -> bf16: fo_jax's
-                   handover (fo_jax/_xla_fp8.py; two roundings, the scales exact)
+  out_scale_bf16   dot(x, w) -> bf16, then * bf16(xs * ws) (two roundings, the scales' product
+                   rounded to bf16: how the committed fp8 sweeps timed XLA)
+  out_scale_f32    fo_jax/_xla_fp8.py: dot(x, w) -> bf16, then * (xs * ws) in float32, -> bf16
+                   (two roundings, the scales exact): fo_jax's handover and the benchmarks'
+                   baseline
   dequant_f32      dot(x.f32 * xs, w.f32 * ws) -> bf16: the dequantization pattern XLA's
                    gemm rewriter folds into cuBLASLt's operand scales, in float32
   f32_out          dot(x, w) -> f32, * (xs * ws), -> bf16 (one rounding, f32 written out)
@@ -42,6 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmar
 import benchlib  # noqa: E402
 
 import fo_jax  # noqa: E402
+from fo_jax import _xla_fp8  # noqa: E402
 
 DN = (((1,), (1,)), ((), ()))  # x [M, K] . w [N, K]
 BF16, F32 = jnp.bfloat16, jnp.float32
@@ -53,8 +55,7 @@ def out_scale_bf16(x, w, xs, ws, precision):
 
 
 def out_scale_f32(x, w, xs, ws, precision):
-    y = jax.lax.dot_general(x, w, DN, precision=precision, preferred_element_type=BF16)
-    return (y.astype(F32) * (xs * ws)).astype(BF16)
+    return _xla_fp8.fp8_dot(x, w, xs, ws, w_transposed=True, precision=precision)
 
 
 def dequant_f32(x, w, xs, ws, precision):
