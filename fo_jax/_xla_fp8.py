@@ -2,18 +2,22 @@
 choose_fp8) and the fp8 baseline of the benchmarks (fo_jax/bench/core.py re-exports it).
 
 lax.dot_general of the fp8 operands to bfloat16, which XLA lowers to cuBLASLt's fp8 GEMM writing
-bfloat16, then the two scales' product applied in float32 in one elementwise fusion (the scales
-exact). The result is rounded twice (the GEMM's bfloat16 output, then the scaled value), where
-fo_jax's kernel scales in its epilogue and rounds once. Precision HIGHEST has cuBLASLt promote
-partial sums to fp32, as fo_jax's default kernels do; XLA's default precision accumulates fast
-(the whole K sum in the tensor cores' accumulator).
+bfloat16, then the product of the two scales, rounded to bfloat16, applied to it: XLA folds that
+multiply into the GEMM, so the call is the one kernel. The result is rounded twice (the GEMM's
+bfloat16 output, then the scaled value; the scales' product also carries a relative rounding of at
+most 2^-9), where fo_jax's kernel scales in its epilogue and rounds once. Precision HIGHEST has
+cuBLASLt promote partial sums to fp32, as fo_jax's default kernels do; XLA's default precision
+accumulates fast (the whole K sum in the tensor cores' accumulator).
 
-Dequantizing the operands in float32 instead (x.astype(f32) * xs, the pattern XLA's GEMM
-rewriter folds into cuBLASLt's operand scales) rounds once, but XLA then has cuBLASLt write a
-float32 product and converts it in a second kernel: 1.14-2.43x the time of this form (with the
-scales' product rounded to bfloat16, as the committed fp8 sweeps timed it) at the same
-accumulation on one H200, 5 shapes
-(benchmarks/results/gemm_sweep_h200_2026-11-30_5af0c2f_fp8_handover.jsonl).
+Two other forms cost XLA a second kernel, measured on one H200:
+- the scales' product applied in float32 (y.astype(f32) * (xs * ws), then bfloat16): XLA keeps
+  the multiply out of the GEMM, in an elementwise fusion that reads and writes the whole output:
+  1.03-2.31x the time of this form (1.25x in geomean; 32 shapes with M >= 4096, both
+  accumulations, benchmarks/results/gemm_sweep_h200_2026-11-30_5efeae9_fp8_scale_f32.md against
+  the earlier fp8 sweeps of the same shapes, which timed this form), the most at short K;
+- the operands dequantized in float32 (x.astype(f32) * xs, the pattern XLA's GEMM rewriter folds
+  into cuBLASLt's operand scales): cuBLASLt writes a float32 product and a second kernel converts
+  it, 1.14-2.43x (benchmarks/results/gemm_sweep_h200_2026-11-30_5af0c2f_fp8_handover.jsonl).
 dev/probes_py/xla_fp8_forms.py compares the forms: their compiled calls, speed and error.
 """
 
@@ -29,4 +33,4 @@ def fp8_dot(x, w, xs, ws, *, w_transposed: bool, precision=None) -> jax.Array:
     precision as lax.dot_general's (None: fast accumulation, HIGHEST: fp32 promotion)."""
     y = jax.lax.dot_general(x, w, (((1,), (1 if w_transposed else 0,)), ((), ())),
                             precision=precision, preferred_element_type=jnp.bfloat16)
-    return (y.astype(jnp.float32) * (xs * ws)).astype(jnp.bfloat16)
+    return (y * (xs * ws).astype(jnp.bfloat16)).astype(jnp.bfloat16)
