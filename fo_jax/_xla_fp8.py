@@ -3,9 +3,10 @@ choose_fp8) and the fp8 baseline of the benchmarks (fo_jax/bench/core.py re-expo
 
 lax.dot_general of the fp8 operands to bfloat16, which XLA lowers to cuBLASLt's fp8 GEMM writing
 bfloat16, then the product of the two scales, rounded to bfloat16, applied to it: XLA folds that
-multiply into the GEMM, so the call is the one kernel. The result is rounded twice (the GEMM's
-bfloat16 output, then the scaled value; the scales' product also carries a relative rounding of at
-most 2^-9), where fo_jax's kernel scales in its epilogue and rounds once. Precision HIGHEST has
+multiply into the GEMM, so the call is the one kernel (its time is the GEMM's alone). The
+scales' product carries a relative rounding of at most 2^-9 into the whole output, and as
+written the result is rounded twice (the GEMM's bfloat16 output, then the scaled value), where
+fo_jax's kernel applies exact scales in its epilogue and rounds once. Precision HIGHEST has
 cuBLASLt promote partial sums to fp32, as fo_jax's default kernels do; XLA's default precision
 accumulates fast (the whole K sum in the tensor cores' accumulator).
 

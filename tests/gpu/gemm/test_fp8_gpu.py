@@ -193,12 +193,12 @@ def test_fp8_matmul_handed_to_xla_keeps_its_numerics(monkeypatch):
     """Where the table hands an fp8 GEMM to XLA's fp8 dot (a weight stored [N, K]; here a table
     that says so for this shape), the program holds no fo_jax GEMM and the result stays within
     fo_jax's bounds: _check's on random data (its 2^-8 |ref| term covers the handover's second
-    rounding); on same-sign data at K = 8192 the fp32 promotion's bounds of
-    test_fp8_partial_sums_stay_short_on_same_sign_data (XLA's dot at precision HIGHEST promotes
-    as fo_jax's default kernels do). XLA's fast-accumulating dot (fp8_fast_accumulation=True)
-    stays within 2^-6 in norm there: 6.1e-3 measured on one H200 with cuBLASLt writing the
-    product in float32 (its fast fp8 kernels lose far fewer bits on this data than fo_jax's fast
-    kernels, 0.14 on one H100)."""
+    rounding and its scales' product rounded to bf16, each at most 2^-9); on same-sign data at
+    K = 8192 the fp32 promotion's bounds of test_fp8_partial_sums_stay_short_on_same_sign_data
+    (XLA's dot at precision HIGHEST promotes as fo_jax's default kernels do). XLA's
+    fast-accumulating dot (fp8_fast_accumulation=True) stays within 2^-6 in norm there: 6.1e-3
+    measured on one H200 with cuBLASLt writing the product in float32 (its fast fp8 kernels
+    lose far fewer bits on this data than fo_jax's fast kernels, 0.14 on one H100)."""
     gpu_devices_or_skip(1)
     from conftest import use_gemm_table
 
