@@ -41,8 +41,9 @@ against fo_jax's default, default precision against fp8_fast_accumulation), fo_j
 fo_jax's fp8 (the fp8 speedup, both accumulations) and XLA's bf16 over XLA's fp8.
 
 Output (--out DIR): gemm_fp8_<gpu>_<date>_<commit>.jsonl (rows {"suite": "gemm_fp8", "device",
-"date", "commit", "dtype", "M", "N", "K", "method", "ms", "tflops", "kernel", "config", and for
-fp8 methods "rel_err", the relative Frobenius error above}) and .md.
+"date", "commit", "dtype", "M", "N", "K", "method", "ms", "tflops", "kernel" (the kernel that
+took most of the time), "kernel_share" (its share), "config", and for fp8 methods "rel_err", the
+relative Frobenius error above}) and .md.
 
 Usage: python3 benchmarks/bench_fp8.py [--shapes MxNxK ...] [--rounds 3] [--calls 8] [--out DIR]
        [--configs all|NAME ...]
@@ -174,9 +175,9 @@ def measure(res, shape: tuple, timer, first_key: int, configs: list) -> dict:
         if key in errs:
             row["rel_err"] = float(f"{errs[key]:.3e}")
         if key in gpu:
-            ms, kernel = gpu[key]
+            ms, kernel, share = gpu[key]
             row.update(ms=round(ms, 5), tflops=round(flops / ms / 1e9, 1),
-                       kernel=trace_timing.short_kernel(kernel))
+                       kernel=trace_timing.short_kernel(kernel), kernel_share=round(share, 3))
             summary[(dtype, method if name is None else f"{method}[{name}]")] = ms
         else:
             row.update(ms=None, error=error)

@@ -71,9 +71,11 @@ minutes on one H100 expected. Each progress line on stderr says where the time w
 run cut short keeps what it measured.
 
 Output (--out DIR): gemm_sweep_<gpu>_<date>_<commit>.jsonl (rows {"suite": "gemm_sweep",
-"device", "date", "commit", "dtype", "M", "N", "K", "method", "ms", "config", ...}), .md (per
-dtype: xla.dot / fo_jax.matmul per shape and the geomean; with --configs the best measured
-configuration per shape) and .png (ratio vs M) when matplotlib is installed. Progress on stderr.
+"device", "date", "commit", "dtype", "M", "N", "K", "method", "ms", "config", "kernel" (the
+kernel that took most of the time), "kernel_share" (its share), ...}), .md (per dtype:
+xla.dot / fo_jax.matmul per shape and the geomean; with --configs the best measured
+configuration per shape; in fp8, XLA's dots that ran more than their GEMM) and .png (ratio
+vs M) when matplotlib is installed. Progress on stderr.
 
 Usage: python3 benchmarks/bench_gemm_sweep.py [--dtype bfloat16|float16|both|float8_e4m3fn]
          [--quick]
@@ -320,9 +322,9 @@ def measure(res: benchlib.Results, shape: tuple, dtypes: list, configs_for: dict
     for dtype_name, key, method, config, _, _, error in methods:
         row = dict(dtype=dtype_name, M=m, N=n, K=k, layer=label, method=method, config=config)
         if key in gpu:
-            ms, kernel = gpu[key]
+            ms, kernel, share = gpu[key]
             row.update(ms=round(ms, 5), tflops=round(flops / ms / 1e9, 1),
-                       kernel=trace_timing.short_kernel(kernel))
+                       kernel=trace_timing.short_kernel(kernel), kernel_share=round(share, 3))
             if method in walls.get(dtype_name, {}):
                 row["wall_ms"] = round(walls[dtype_name][method], 5)
             name = f"{method}[{config}]" if method == "fo_jax.gemm" else method

@@ -18,7 +18,8 @@ Each kernel is attributed to its method by, in this order:
   3. the method of the nearest earlier event placed by 1.
 If neither tags nor windows work on this JAX, one trace per method and round, as benchlib does.
 The result per method: the median over rounds of its kernel time per call (the sum of its
-kernels' and memsets' durations over the round, divided by `calls`): no host or queue time.
+kernels' and memsets' durations over the round, divided by `calls`): no host or queue time;
+with the kernel that took most of that time and its share (Timing).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import re
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 import jax
 
@@ -123,6 +125,15 @@ def _trace(run) -> tuple:
         return _read(tdir)
 
 
+class Timing(NamedTuple):
+    """One method's timing: the median GPU ms per call, the kernel that took most of its time,
+    and that kernel's share of the method's time (below 1: the call ran other kernels or
+    memsets too, e.g. an elementwise fusion XLA did not fold into its GEMM)."""
+    ms: float
+    kernel: str
+    share: float
+
+
 class TraceTimer:
     """Times {key: (named_jit(f, key), args)} (see the module docstring). Keeps which
     attribution worked, so a JAX whose traces support neither is found out once."""
@@ -168,8 +179,7 @@ class TraceTimer:
         return spans
 
     def __call__(self, fns: dict) -> dict:
-        """{key: (median GPU ms per call, name of the kernel that took most of its time)} for
-        fns = {key: (named_jit(f, key), args)}."""
+        """{key: Timing} for fns = {key: (named_jit(f, key), args)}."""
         samples: dict = {k: [] for k in fns}
         kernels: dict = {k: {} for k in fns}
         for r in range(self.rounds):
@@ -179,8 +189,12 @@ class TraceTimer:
                 samples[k].append(sum(d for d, _ in evs) / 1e6 / self.calls)
                 for d, n in evs:
                     kernels[k][n] = kernels[k].get(n, 0) + d
-        return {k: (sorted(s)[len(s) // 2], max(kernels[k], key=kernels[k].get))
-                for k, s in samples.items()}
+        out = {}
+        for k, s in samples.items():
+            main = max(kernels[k], key=kernels[k].get)
+            out[k] = Timing(sorted(s)[len(s) // 2], main,
+                            kernels[k][main] / sum(kernels[k].values()))
+        return out
 
 
 def short_kernel(name: str) -> str:

@@ -130,3 +130,23 @@ def test_report_reads_fo_jax_own_fp8_kernels_like_with_like():
     assert f"{what_own}: geomean **0.800x**" in md
     assert f"{what_own_fast}, M >= 4096 (1 shapes): min 1.250x" in md
     assert "never XLA's dot)" not in md  # the 16-bit summary, which would read xla.dot / own
+
+
+def test_report_flags_xla_fp8_rows_that_ran_more_than_their_gemm():
+    """An XLA row whose main kernel took under MAIN_KERNEL_SHARE of its time is named: the
+    baseline's scaling in a form XLA does not fold into its GEMM adds a kernel and slows it.
+    Rows without kernel_share (older files) and fo_jax's rows are not read."""
+    rows = _rows({(8192, 4096, 512): (0.073, 0.082, 0.050, 0.040),
+                  (8192, 8192, 7168): (0.500, 0.700, 0.450, 0.420)})
+    share = {(512, "xla.dot"): 0.48, (512, "xla.dot_fp32acc"): 0.52, (512, "fo_jax.matmul"): 0.5}
+    for r in rows:
+        r["kernel_share"] = share.get((r["K"], r["method"]), 0.99)
+    md = gemm_sweep_report.markdown(rows)
+    assert ("**XLA's time is not its GEMM alone** (main kernel under 90% of the time) at 2 rows: "
+            "8192x4096x512 xla.dot (0.48), 8192x4096x512 xla.dot_fp32acc (0.52).") in md
+    for r in rows:
+        r["kernel_share"] = 0.99
+    assert "not its GEMM alone" not in gemm_sweep_report.markdown(rows)
+    for r in rows:
+        del r["kernel_share"]
+    assert "not its GEMM alone" not in gemm_sweep_report.markdown(rows)

@@ -1,5 +1,6 @@
-"""benchmarks/trace_timing.py: the call-interleaved schedule of a trace and the attribution of
-kernels to methods by module tag and host windows (no GPU: events are built by hand)."""
+"""benchmarks/trace_timing.py: the call-interleaved schedule of a trace, the attribution of
+kernels to methods by module tag and host windows, and what the timer reports per method (no
+GPU: events are built by hand)."""
 
 import os
 import sys
@@ -50,3 +51,20 @@ def test_attribute_distrusts_windows_that_contradict_the_tags():
     events = [(1, 5, "gemm", 0), (6, 9, "xla", 1)]
     spans = trace_timing.attribute(events, {0: [(0, 10)], 1: [(20, 30)]}, [0, 1])
     assert spans == {0: [(4, "gemm")], 1: [(3, "xla")]}
+
+
+def test_timer_reports_the_median_the_main_kernel_and_its_share(monkeypatch):
+    """Per method: the median over rounds of its kernels' time per call, the kernel that took
+    most of it over all rounds, and that kernel's share (an XLA GEMM followed by an elementwise
+    fusion it did not fold reads about one half)."""
+    timer = trace_timing.TraceTimer(rounds=3, calls=2)
+    spans = iter([
+        {0: [(4000, "gemm"), (4000, "gemm"), (4400, "convert")], 1: [(2000, "fo")]},
+        {0: [(4200, "gemm"), (4200, "gemm"), (4000, "convert")], 1: [(2200, "fo")]},
+        {0: [(4100, "gemm"), (4100, "gemm"), (4300, "convert")], 1: [(2100, "fo")]},
+    ])
+    monkeypatch.setattr(timer, "_round", lambda fns, order: next(spans))
+    got = timer({0: None, 1: None})
+    assert got[0].kernel == "gemm" and got[1] == (0.00105, "fo", 1.0)
+    assert got[0].ms == (8000 + 4400) / 1e6 / 2  # the median round's total per call
+    assert abs(got[0].share - 24600 / (24600 + 12700)) < 1e-12
