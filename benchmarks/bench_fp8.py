@@ -145,7 +145,7 @@ def measure(res, shape: tuple, timer, first_key: int, configs: list) -> dict:
     m, n, k = shape
     ops = operands(m, n, k, seed=m * 7 + n * 3 + k)
     xq, wq, xs, ws = ops["fp8"]
-    ref = fo_jax.reference.fp8_matmul(xq, wq, xs, ws)
+    ref = benchlib.fp8_reference(xq, wq, xs, ws)
     entries, ok, errs = [], {}, {}
     for j, (dtype, method, key, f, name) in enumerate(methods(configs)):
         fn = trace_timing.named_jit(f, first_key + j)

@@ -44,6 +44,15 @@ def fo_jax_fp8_nk(config=None):
                                                 w_transposed=True, config=config)
 
 
+def fp8_reference(xq, w_kn, xs, ws) -> jax.Array:
+    """fo_jax.reference.fp8_matmul (the dequantized operands' float32 product, bf16 out) of a
+    weight [K, N], compiled without XLA's autotuning: the fp8 methods are checked against it
+    and nothing times it, while autotuning would time GEMM algorithms for its float32 dot at
+    every shape (on a GPU; on a CPU the option changes nothing)."""
+    return jax.jit(fo_jax.reference.fp8_matmul).lower(xq, w_kn, xs, ws).compile(
+        compiler_options={"xla_gpu_autotune_level": 0})(xq, w_kn, xs, ws)
+
+
 def cuda_gpus_or_exit(script: str, minimum: int = 1) -> list:
     """The CUDA devices, or exit with a message if fewer than `minimum` or no fo_jax CUDA module."""
     gpus = [d for d in jax.devices() if d.platform == "gpu"]
