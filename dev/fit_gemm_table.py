@@ -275,9 +275,9 @@ def recheck_points(points: list, rows: list, dt: str, configs: list, params: dic
 # fp8 XLA_POINTS (--fp8): {key: (fo_jax's methods that run its kernel, preferred first; XLA's
 # fp8 dot of the same accumulation)}. fo_jax.own* (--own) never hand the shape to XLA.
 FP8_POINTS = {
-    "float8_e4m3fn": (("fo_jax.own", "fo_jax.matmul"), "xla.dot_fp32acc"),
-    "float8_e4m3fn" + _gemm_choice.FP8_FAST_SUFFIX: (("fo_jax.own_fast", "fo_jax.matmul_fast"),
-                                                     "xla.dot"),
+    _gemm_choice.points_key("float8_e4m3fn"): (("fo_jax.own", "fo_jax.matmul"), "xla.dot_fp32acc"),
+    _gemm_choice.points_key("float8_e4m3fn", fast=True): (("fo_jax.own_fast", "fo_jax.matmul_fast"),
+                                                          "xla.dot"),
 }
 
 

@@ -162,15 +162,15 @@ def estimate_from(points: Sequence[tuple], m: int, n: int, k: int,
     return math.exp(num / den) if den else None
 
 
-FP8_FAST_SUFFIX = "_fast"
+_FP8_FAST_SUFFIX = "_fast"
 
 
 def points_key(dtype, fast: bool = False) -> str:
     """The XLA_POINTS entry of a dtype: its name, and for fp8 with fast accumulation the name
-    with FP8_FAST_SUFFIX (the fast kernel against XLA's default fp8 dot; without it, fo_jax's
+    with _FP8_FAST_SUFFIX (the fast kernel against XLA's default fp8 dot; without it, fo_jax's
     fp32-promoting kernel against XLA's fp8 dot at precision HIGHEST)."""
     name = _dtype_name(dtype)
-    return name + FP8_FAST_SUFFIX if fast and name.startswith("float8") else name
+    return name + _FP8_FAST_SUFFIX if fast and name.startswith("float8") else name
 
 
 def xla_dot_estimate(m: int, n: int, k: int, dtype, fast: bool = False) -> Optional[float]:
