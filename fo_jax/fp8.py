@@ -12,7 +12,7 @@ of the fp8 weight: K * N bytes read and written per call, which a caller can avo
 scalars applied in the kernel's epilogue (no host synchronization). With the weight stored
 [N, K], fo_jax.matmul hands the GEMM to XLA's fp8 dot of the same accumulation where the GPU
 model's table holds fp8 points saying that is faster (fo_jax/_xla_fp8.py; the DEBUG log says
-so; no shipped table holds fp8 points yet: docs/gemm_performance.md, "fp8").
+so; the H200 table holds them: docs/gemm_performance.md, "fp8").
 Elsewhere the reference dequantizes both operands and multiplies in float32
 (`reference.fp8_matmul`).
 
