@@ -11,8 +11,9 @@ of the fp8 weight: K * N bytes read and written per call, which a caller can avo
 `w_transposed=True` with the weight already stored [N, K]); the scales are float32 device
 scalars applied in the kernel's epilogue (no host synchronization). With the weight stored
 [N, K], fo_jax.matmul hands the GEMM to XLA's fp8 dot of the same accumulation where the GPU
-model's table holds fp8 points saying that is faster (fo_jax/_xla_fp8.py; the DEBUG log says
-so; the H200 table holds them: docs/gemm_performance.md, "fp8").
+model's table holds fp8 points saying that is faster (fo_jax/_xla_fp8.py; `fo_jax.describe(x,
+w, w_transposed=True)` and the DEBUG log say so; the H200 table holds them:
+docs/gemm_performance.md, "fp8").
 Elsewhere the reference dequantizes both operands and multiplies in float32
 (`reference.fp8_matmul`).
 

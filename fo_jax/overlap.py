@@ -168,13 +168,26 @@ def _weight_kn(w, w_transposed: bool) -> tuple:
     return (w.shape[1], w.shape[0]) if w_transposed else tuple(w.shape)
 
 
+def _matmul_chooser(x, w, config, is_fp8: bool, w_transposed: bool):
+    """platform -> the PathChoice of fo_jax.matmul on validated operands (the DEBUG log's and
+    describe()'s answer; the op itself decides for "cuda" the same way)."""
+    rows = _rows(x)
+    if is_fp8:
+        k, n = _weight_kn(w, w_transposed)
+        return lambda platform: choose_fp8("matmul", config, rows, n, k, platform,
+                                           plain_nk=w_transposed)
+    k, n = w.shape
+    dtype = jnp.dtype(x.dtype)
+    return lambda platform: _choose_gemm("matmul", dtype, config, rows, n, k, platform,
+                                         plain=True)
+
+
 def _fp8_matmul(fn, x, w, config, x_scale, w_scale, out_dtype, w_transposed):
     """fo_jax.matmul on float8_e4m3fn operands (fo_jax/fp8.py)."""
     _checks.check_config(fn, config, plain=True)
     k, n = _weight_kn(w, w_transposed)
     rows = _rows(x)
-    _log(fn, x, w, lambda platform: choose_fp8("matmul", config, rows, n, k, platform,
-                                               plain_nk=w_transposed))
+    _log(fn, x, w, _matmul_chooser(x, w, config, True, w_transposed))
     y = fp8.fp8_gemm(x.reshape(rows, k), w, x_scale, w_scale, out_dtype, w_transposed, config)
     return y.reshape(*x.shape[:-1], n)
 
@@ -194,7 +207,9 @@ def _check_fp8_call(fn, x, w, x_scale, w_scale, out_dtype, w_transposed, min_x_r
         raise TypeError(f"{fn}: x and w must have the same dtype, got {jnp.dtype(x.dtype)} and "
                         f"{jnp.dtype(w.dtype)}")
     out = fp8.check_fp8_args(fn, x.dtype, x_scale, w_scale, out_dtype)
-    w_kn = w.T if w_transposed and len(w.shape) == 2 else w
+    # Shapes only (describe() takes jax.ShapeDtypeStruct too, which has no .T).
+    w_kn = jax.ShapeDtypeStruct(tuple(w.shape[::-1]), w.dtype) \
+        if w_transposed and len(w.shape) == 2 else w
     _checks.check_operands(fn, _ShapeOnly(x, out), _ShapeOnly(w_kn, out), min_x_rank)
     return True, out
 
@@ -213,7 +228,8 @@ def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None
            out_dtype=None, w_transposed: bool = False) -> jax.Array:
     """x @ w with float32 accumulation, in x's dtype: fo_jax's GEMM on CUDA devices (no
     collective), or XLA's dot where the measured table says it is faster for this shape
-    (fo_jax/_gemm_choice.py; the DEBUG log says which and why); the XLA reference elsewhere.
+    (fo_jax/_gemm_choice.py; `fo_jax.describe(x, w)` and the DEBUG log say which and why); the
+    XLA reference elsewhere.
 
     Args:
       x: [..., K] (bfloat16 or float16 for the CUDA kernel; float32 runs the reference).
@@ -237,12 +253,11 @@ def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None
     is_fp8, out = _check_fp8_call(fn, x, w, x_scale, w_scale, out_dtype, w_transposed)
     if is_fp8:
         return _fp8_matmul(fn, x, w, config, x_scale, w_scale, out, w_transposed)
-    dtype = _checks.check_operands(fn, x, w)
+    _checks.check_operands(fn, x, w)
     _checks.check_config(fn, config, plain=True)
     k, n = w.shape
     rows = _rows(x)
-    _log(fn, x, w, lambda platform: _choose_gemm("matmul", dtype, config, rows, n, k, platform,
-                                                 plain=True))
+    _log(fn, x, w, _matmul_chooser(x, w, config, False, False))
     y = _gemm(x.reshape(rows, k), w, config)
     return y.reshape(*x.shape[:-1], n)
 
@@ -313,19 +328,32 @@ def _validate_overlapped(x, w, axis_name, collective, config) -> tuple:
     return dtype, size
 
 
-def describe(x, w, *, axis_name: str, collective: str = "reduce_scatter",
+def describe(x, w, *, axis_name: Optional[str] = None, collective: Optional[str] = None,
              config: Optional[OverlapConfig] = None, w_transposed: bool = False) -> PathChoice:
     """Says which path `overlapped_matmul` takes for these arguments on the platform it runs on,
     and why (call it where you would call `overlapped_matmul`, i.e. inside shard_map; it
     validates the same way, but takes no fp8 scales: float8_e4m3fn operands describe the fp8
     path, "cuda" with a transport where it overlaps, "cuda" without one where fo_jax's fp8 GEMM
-    is followed by XLA's collective; `w_transposed` as in `overlapped_matmul`). The DEBUG log
-    of the call says the same. With several JAX processes it exchanges nothing with the other
+    is followed by XLA's collective; `w_transposed` as in `overlapped_matmul`; `collective`
+    defaults to "reduce_scatter"). Without `axis_name` it describes `fo_jax.matmul(x, w,
+    config=config, w_transposed=w_transposed)` instead: fo_jax's GEMM ("cuda"), XLA's dot where
+    the GPU model's table measured it faster ("xla"), or the reference. The DEBUG log of the
+    call says the same. With several JAX processes it exchanges nothing with the other
     processes (it may be called in one of them only): a reduce-scatter's copy-engine answer
     given before the first lowering has checked the hosts and probed CUDA IPC says so in its
     reason; that lowering decides (docs/design.md, "Copy engine across processes")."""
     fn = "fo_jax.describe"
     scale = jnp.float32(1) if fp8.is_fp8(x.dtype) or fp8.is_fp8(w.dtype) else None
+    if axis_name is None:
+        if collective is not None:
+            raise TypeError(f"{fn}: collective={collective!r} needs axis_name (without one, "
+                            "describe() describes fo_jax.matmul, which has no collective)")
+        is_fp8, _ = _check_fp8_call(fn, x, w, scale, scale, None, w_transposed)
+        if not is_fp8:
+            _checks.check_operands(fn, x, w)
+        _checks.check_config(fn, config, plain=True)
+        return _matmul_chooser(x, w, config, is_fp8, w_transposed)(_checks.trace_platform())
+    collective = "reduce_scatter" if collective is None else collective
     is_fp8, _ = _check_fp8_call(fn, x, w, scale, scale, None, w_transposed,
                                 min_x_rank=1 if collective == "all_reduce" else 2)
     if is_fp8:

@@ -101,6 +101,22 @@ def test_debug_log_says_xla_and_why(table, monkeypatch, caplog):
     assert "path='xla'" in logged[0] and "precision HIGHEST" in logged[0], logged
 
 
+@needs_fp8_module
+def test_describe_without_axis_name_says_which_fp8_dot(table, monkeypatch):
+    from fo_jax import _checks
+
+    monkeypatch.setattr(_checks, "trace_platform", lambda: "cuda")
+    x, w, _, _ = operands(XLA_SHAPE)
+    c = fo_jax.describe(x, w, w_transposed=True)
+    assert (c.op, c.path) == ("matmul", "xla") and "precision HIGHEST" in c.reason, c
+    x, w, _, _ = operands(FAST_SHAPE)
+    c = fo_jax.describe(x, w, w_transposed=True, config=FAST)
+    assert c.path == "xla" and "fast accumulation, as asked" in c.reason, c
+    # A [K, N] weight keeps fo_jax's kernel, as in the op.
+    x, w, _, _ = operands(XLA_SHAPE, w_transposed=False)
+    assert fo_jax.describe(x, w).path == "cuda"
+
+
 def cuda_text(f, *args) -> str:
     return jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 

@@ -115,6 +115,43 @@ def test_the_overlap_producer_keeps_fo_jax_gemm(on_cuda, table, monkeypatch):
     assert (c.path, c.transport, c.axis_size) == ("cuda", "nccl", 2), c
 
 
+def test_describe_without_axis_name_describes_matmul(on_cuda):
+    c = fo_jax.describe(*operands(XLA_SHAPE))
+    assert (c.op, c.path, c.platform, c.collective, c.axis_size) == \
+        ("matmul", "xla", "cuda", None, None), c
+    assert c.reason.startswith("XLA's dot measured faster around M=512, N=1024, K=2048 "
+                               "(bfloat16"), c
+    # Leading dimensions of x join the rows, as in the op.
+    m, n, k = XLA_SHAPE
+    batched = jax.ShapeDtypeStruct((2, m // 2, k), BF16)
+    assert fo_jax.describe(batched, operands(XLA_SHAPE)[1]).path == "xla"
+    assert fo_jax.describe(*operands(FO_SHAPE)).path == "cuda"
+    for config in (fo_jax.OverlapConfig(allow_fallback=False),
+                   fo_jax.OverlapConfig(gemm_config="pp_128x128x64_c1")):
+        c = fo_jax.describe(*operands(XLA_SHAPE), config=config)
+        assert c.path == "cuda" and c.reason == "fo_jax's GEMM on CUDA devices", c
+
+
+def test_describe_of_matmul_is_what_the_debug_log_says(on_cuda, caplog):
+    for shape in (XLA_SHAPE, FO_SHAPE):
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="fo_jax"):
+            # A fresh function each time: jit's trace cache would skip the log.
+            jax.jit(lambda x, w: fo_jax.matmul(x, w)).trace(*operands(shape))
+        logged = [r.getMessage() for r in caplog.records if "fo_jax.matmul x" in r.getMessage()]
+        assert len(logged) == 1 and str(fo_jax.describe(*operands(shape))) in logged[0], logged
+
+
+def test_describe_of_matmul_validates_like_matmul(on_cuda):
+    x, w = operands(XLA_SHAPE)
+    with pytest.raises(TypeError, match="collective='all_reduce' needs axis_name"):
+        fo_jax.describe(x, w, collective="all_reduce")
+    with pytest.raises(ValueError, match="contraction sizes differ"):
+        fo_jax.describe(x, jax.ShapeDtypeStruct((w.shape[1], w.shape[0]), BF16))
+    with pytest.raises(TypeError, match="w_transposed applies to float8_e4m3fn operands only"):
+        fo_jax.describe(x, w, w_transposed=True)
+
+
 def test_debug_log_of_matmul_says_xla_and_why(on_cuda, caplog):
     x, w = operands(XLA_SHAPE)
     with caplog.at_level(logging.DEBUG, logger="fo_jax"):
