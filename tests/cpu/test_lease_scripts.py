@@ -36,3 +36,35 @@ def test_multi_gpu_runs_start_every_test_step(tmp_path):
     # Each step ran pytest over its files (without GPUs they fail on FO_JAX_REQUIRE_GPU=1).
     for step in ("overlap-tests", "reliability"):
         assert f"{step}: rc 1 " in summary and "failed" in summary, summary
+
+
+SPLIT = os.path.join(ROOT, "dev", "lease", "split_gpus.sh")
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
+                    reason="needs bash and coreutils' timeout")
+@pytest.mark.skipif(not os.path.exists(SPLIT), reason="dev/ is not part of an installed package")
+def test_split_gpus_starts_one_sweep_per_gpu(tmp_path):
+    # A stand-in nvidia-smi; SKIP_BUILD=1 wants an install folder, which the installed fo_jax
+    # stands in for (an empty /tmp/fo/fo_jax, as dev/lease/dry_run_cpu.sh makes, imports nothing).
+    os.makedirs("/tmp/fo/fo_jax", exist_ok=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text('#!/usr/bin/env bash\necho "NVIDIA H200, 143771 MiB, 0.0 (dry run)"\n')
+    smi.chmod(0o755)
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), STEPS="sweep", SWEEP_TIMEOUT="120", FO_JAX_COMMIT="dry",
+               SHAPES_0="256x512x512", SHAPES_1="512x512x512", SWEEP_ARGS="--dtype bfloat16",
+               TAG="_dry", JAX_PLATFORMS="cpu",
+               PATH=os.pathsep.join((str(bin_dir), os.path.dirname(sys.executable),
+                                     os.environ["PATH"])))
+    p = subprocess.run(["bash", SPLIT], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    text = p.stdout + p.stderr
+    assert p.returncode == 0 and "kept 0 result files and 2 logs" in text, text[-4000:]
+    for i in (0, 1):
+        log = (out / f"g{i}.log").read_text()
+        # Without a GPU the sweep stops at its first check: it started, on its own GPU.
+        assert "== [" in log and "sweep" in log and "needs a CUDA GPU" in log, log
+    assert sorted(f.name for f in out.iterdir()) == ["g0.log", "g1.log"]
