@@ -133,13 +133,16 @@ def test_describe_without_axis_name_describes_matmul(on_cuda):
 
 
 def test_describe_of_matmul_is_what_the_debug_log_says(on_cuda, caplog):
-    for shape in (XLA_SHAPE, FO_SHAPE):
+    # Paths whose tracing needs no CUDA module (fo_jax's own GEMM plans with the module's list).
+    forced = fo_jax.OverlapConfig(force_reference=True)
+    for shape, config in ((XLA_SHAPE, None), (FO_SHAPE, forced)):
         caplog.clear()
         with caplog.at_level(logging.DEBUG, logger="fo_jax"):
             # A fresh function each time: jit's trace cache would skip the log.
-            jax.jit(lambda x, w: fo_jax.matmul(x, w)).trace(*operands(shape))
+            jax.jit(lambda x, w: fo_jax.matmul(x, w, config=config)).trace(*operands(shape))
         logged = [r.getMessage() for r in caplog.records if "fo_jax.matmul x" in r.getMessage()]
-        assert len(logged) == 1 and str(fo_jax.describe(*operands(shape))) in logged[0], logged
+        described = fo_jax.describe(*operands(shape), config=config)
+        assert len(logged) == 1 and str(described) in logged[0], logged
 
 
 def test_describe_of_matmul_validates_like_matmul(on_cuda):
