@@ -6,10 +6,14 @@ bf16 dot and below which it is slower (docs/gemm_performance.md, "fp8"). `--shap
 yours.
 
 Methods per shape (x[M, K] ~ N(0, 1/K), w[K, N] ~ N(0, 1); fp8 operands from
-fo_jax.quantize_fp8 of the same values, scales float32 device scalars):
+fo_jax.quantize_fp8 of the same values, scales float32 device scalars). Every fo_jax method runs
+with OverlapConfig(allow_fallback=False), so it times fo_jax's own kernel: without it
+fo_jax.matmul hands a GEMM to XLA's dot (bf16) or fp8 dot (fp8 with the weight stored [N, K])
+where the GPU model's table says XLA is faster, and on the H200 that is most of these shapes
+(bench_gemm_sweep.py times fo_jax.matmul with that handover):
   dtype bfloat16:
     xla.dot            jnp.dot(x, w) in bf16 (XLA's autotuned GEMM)
-    fo_jax.matmul      fo_jax.matmul(x, w)
+    fo_jax.matmul      fo_jax.matmul(x, w): fo_jax's bf16 kernel
   dtype float8_e4m3fn (output bf16):
     xla.dot            lax.dot_general(xq, wq, preferred_element_type=bfloat16), then the two
                        scales (XLA's fp8 dot: cuBLASLt's fp8 GEMM where XLA rewrites it), on the
@@ -108,13 +112,17 @@ def fp8_config_names(fast_accum=None) -> list:
     return [c["name"] for c in _plan.gemm_configs_for(jnp.float8_e4m3fn, fast_accum)]
 
 
+# fo_jax's own kernels, never the handover to XLA (module docstring).
+OWN = fo_jax.OverlapConfig(allow_fallback=False)
+OWN_FAST = fo_jax.OverlapConfig(allow_fallback=False, fp8_fast_accumulation=True)
+
+
 def matmul_wt(name=None, fast=False):
-    """fo_jax.matmul of a pre-transposed weight, with tile configuration `name` (with its own
-    accumulation), or else fo_jax's choice, with fast accumulation if `fast`."""
+    """fo_jax.matmul of a pre-transposed weight on fo_jax's kernel: tile configuration `name`
+    (with its own accumulation), or else fo_jax's choice, with fast accumulation if `fast`."""
     from fo_jax import _plan  # noqa: PLC0415
 
-    return benchlib.fo_jax_fp8_nk(
-        _plan.row_config(name) if name else fo_jax.OverlapConfig(fp8_fast_accumulation=fast))
+    return benchlib.fo_jax_fp8_nk(_plan.row_config(name) if name else OWN_FAST if fast else OWN)
 
 
 def methods(configs: list) -> list:
@@ -122,11 +130,13 @@ def methods(configs: list) -> list:
     fo_jax.gemm per name in `configs`."""
     return [
         ("bfloat16", "xla.dot", "bf16", jnp.dot, None),
-        ("bfloat16", "fo_jax.matmul", "bf16", fo_jax.matmul, None),
+        ("bfloat16", "fo_jax.matmul", "bf16", lambda x, w: fo_jax.matmul(x, w, config=OWN),
+         None),
         ("float8_e4m3fn", "xla.dot", "fp8_t", xla_fp8_dot, None),
         ("float8_e4m3fn", "xla.dot_fp32acc", "fp8_t", xla_fp8_dot_fp32acc, None),
         ("float8_e4m3fn", "fo_jax.matmul", "fp8",
-         lambda xq, wq, xs, ws: fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws), None),
+         lambda xq, wq, xs, ws: fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws, config=OWN),
+         None),
         ("float8_e4m3fn", "fo_jax.matmul_wt", "fp8_t", matmul_wt(), None),
         ("float8_e4m3fn", "fo_jax.matmul_fast", "fp8_t", matmul_wt(fast=True), None),
     ] + [("float8_e4m3fn", "fo_jax.gemm", "fp8_t", matmul_wt(name), name) for name in configs]

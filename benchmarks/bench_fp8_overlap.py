@@ -9,8 +9,10 @@ all_gather x's M rows gathered over tp, w's N columns sharded):
                       (one x_scale for all ranks: quantize_fp8's scale, replicated)
   fo_jax.nccl         the same, OverlapConfig(transport="nccl")
   fo_jax.fast         the same as fo_jax with OverlapConfig(fp8_fast_accumulation=True)
-  fo_jax.fp8_then_xla fo_jax.matmul's fp8 GEMM, then XLA's psum / psum_scatter (the fp8 call
-                      before it overlapped); all_gather: XLA's all_gather of the fp8 x first
+  fo_jax.fp8_then_xla fo_jax.matmul's fp8 GEMM (fo_jax's kernel: allow_fallback=False, as the
+                      overlap's producer, never the handover to XLA's fp8 dot), then XLA's
+                      psum / psum_scatter (the fp8 call before it overlapped); all_gather:
+                      XLA's all_gather of the fp8 x first
   jax.baseline        XLA's fp8 dot (lax.dot_general of the fp8 operands, bf16 out, times the
                       scales), then XLA's collective
   fo_jax.bf16         overlapped_matmul on the bf16 operands of the same values (for scale)
@@ -88,7 +90,8 @@ def build(mesh, collective: str, method: str, w_layout: str = "nk"):
                                             config=fo_jax.OverlapConfig(**NO_FALLBACK, **opt_in))
         elif method == "fo_jax.fp8_then_xla":
             return then_collective(xq, wq, lambda x, w: fo_jax.matmul(
-                x, w, x_scale=xs, w_scale=ws, w_transposed=wt))
+                x, w, x_scale=xs, w_scale=ws, w_transposed=wt,
+                config=fo_jax.OverlapConfig(**NO_FALLBACK)))
         elif method == "jax.baseline":
             return then_collective(xq, wq, lambda x, w: core.xla_fp8_dot(
                 x, w, xs, ws, w_transposed=wt))

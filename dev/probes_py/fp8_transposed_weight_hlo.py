@@ -66,8 +66,10 @@ def main() -> None:
                 x, w, axis_name="tp", collective="all_reduce", x_scale=xs, w_scale=ws,
                 w_transposed=t),
             mesh=mesh, in_specs=(P(), P(), P(), P()), out_specs=P()))
+        # fo_jax's kernel in both layouts (a [N, K] weight may otherwise go to XLA's fp8 dot).
         plain = jax.jit(lambda x, w, xs, ws, t=transposed: fo_jax.matmul(
-            x, w, x_scale=xs, w_scale=ws, w_transposed=t))
+            x, w, x_scale=xs, w_scale=ws, w_transposed=t,
+            config=fo_jax.OverlapConfig(allow_fallback=False)))
         for op, f in (("overlapped_matmul", over), ("matmul", plain)):
             text = f.lower(xq, wt, xs, ws).compile().as_text()
             y = f(xq, wt, xs, ws)

@@ -78,11 +78,13 @@ def methods() -> dict:
     for fname, f in FORMS.items():
         for pname, p in PRECISIONS.items():
             out[f"{fname}/{pname}"] = jax.jit(lambda x, w, xs, ws, f=f, p=p: f(x, w, xs, ws, p))
+    # fo_jax's kernels, never the handover to XLA's fp8 dot that the table may choose.
     out["fo_jax/promotion"] = jax.jit(lambda x, w, xs, ws: fo_jax.matmul(
-        x, w, x_scale=xs, w_scale=ws, w_transposed=True))
+        x, w, x_scale=xs, w_scale=ws, w_transposed=True,
+        config=fo_jax.OverlapConfig(allow_fallback=False)))
     out["fo_jax/fast"] = jax.jit(lambda x, w, xs, ws: fo_jax.matmul(
         x, w, x_scale=xs, w_scale=ws, w_transposed=True,
-        config=fo_jax.OverlapConfig(fp8_fast_accumulation=True)))
+        config=fo_jax.OverlapConfig(fp8_fast_accumulation=True, allow_fallback=False)))
     return out
 
 

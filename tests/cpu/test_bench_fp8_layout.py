@@ -2,12 +2,15 @@
 on a [K, N] weight takes 1.3-3.2x as long as on [N, K] (one H200), so a comparison across layouts
 times different work (docs/gemm_performance.md, "fp8"). On CPU (fo_jax's reference path): which
 operands each method reads, and that every fp8 method of bench_fp8_overlap.py computes the same
-product in both layouts."""
+product in both layouts. The fo_jax methods of bench_fp8.py time fo_jax's kernels, also where the
+GPU model's table hands fo_jax.matmul to XLA."""
 
 import os
+import re
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh
@@ -16,7 +19,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmar
 import bench_fp8  # noqa: E402
 import bench_fp8_overlap  # noqa: E402
 
-from conftest import cpu_devices  # noqa: E402
+import fo_jax  # noqa: E402
+from conftest import cpu_devices, use_gemm_table  # noqa: E402
 
 
 def test_bench_fp8_compares_xla_and_fo_jax_on_one_layout():
@@ -55,3 +59,25 @@ def test_bench_fp8_overlap_methods_agree_in_both_layouts(collective):
         assert y.shape == ref.shape, (layout, method)
         err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
         assert err < 2e-2, (layout, method, err)
+
+
+@pytest.mark.skipif(not fo_jax.cuda_module_available(),
+                    reason="CUDA module not built here (copy _fo_jax_cuda*.so into fo_jax/)")
+def test_bench_fp8_times_fo_jax_kernels_where_the_table_hands_over(monkeypatch):
+    # A table that sends this shape to XLA in every dtype and accumulation: the benchmark's
+    # fo_jax methods must still run fo_jax's GEMM (its ratio columns are over fo_jax's kernels).
+    m, n, k = 512, 1024, 2048
+    use_gemm_table(monkeypatch, points={key: ((m, n, k, 0.5),) for key in
+                                        ("bfloat16", "float8_e4m3fn", "float8_e4m3fn_fast")})
+    bf16 = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k, n), jnp.bfloat16))
+    s = jax.ShapeDtypeStruct((), jnp.float32)
+    e4m3 = jnp.float8_e4m3fn
+    fp8 = {"fp8": (jax.ShapeDtypeStruct((m, k), e4m3), jax.ShapeDtypeStruct((k, n), e4m3), s, s),
+           "fp8_t": (jax.ShapeDtypeStruct((m, k), e4m3), jax.ShapeDtypeStruct((n, k), e4m3), s, s)}
+    ops = {"bf16": bf16, **fp8}
+    fo = [(method, key, f) for _, method, key, f, _ in bench_fp8.methods([])
+          if method.startswith("fo_jax")]
+    assert len(fo) == 4, fo
+    for method, key, f in fo:
+        text = jax.jit(f).trace(*ops[key]).lower(lowering_platforms=("cuda",)).as_text()
+        assert re.search(r"@fo_jax_gemm\w*\(", text), method
