@@ -67,6 +67,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
+from benchlib import OWN_KERNEL, OWN_KERNEL_FAST  # noqa: E402 (module docstring)
 import gemm_sweep_report  # noqa: E402
 import trace_timing  # noqa: E402
 
@@ -112,17 +113,13 @@ def fp8_config_names(fast_accum=None) -> list:
     return [c["name"] for c in _plan.gemm_configs_for(jnp.float8_e4m3fn, fast_accum)]
 
 
-# fo_jax's own kernels, never the handover to XLA (module docstring).
-OWN = fo_jax.OverlapConfig(allow_fallback=False)
-OWN_FAST = fo_jax.OverlapConfig(allow_fallback=False, fp8_fast_accumulation=True)
-
-
 def matmul_wt(name=None, fast=False):
     """fo_jax.matmul of a pre-transposed weight on fo_jax's kernel: tile configuration `name`
     (with its own accumulation), or else fo_jax's choice, with fast accumulation if `fast`."""
     from fo_jax import _plan  # noqa: PLC0415
 
-    return benchlib.fo_jax_fp8_nk(_plan.row_config(name) if name else OWN_FAST if fast else OWN)
+    return benchlib.fo_jax_fp8_nk(_plan.row_config(name) if name else OWN_KERNEL_FAST if fast
+                                  else OWN_KERNEL)
 
 
 def methods(configs: list) -> list:
@@ -130,12 +127,12 @@ def methods(configs: list) -> list:
     fo_jax.gemm per name in `configs`."""
     return [
         ("bfloat16", "xla.dot", "bf16", jnp.dot, None),
-        ("bfloat16", "fo_jax.matmul", "bf16", lambda x, w: fo_jax.matmul(x, w, config=OWN),
+        ("bfloat16", "fo_jax.matmul", "bf16", lambda x, w: fo_jax.matmul(x, w, config=OWN_KERNEL),
          None),
         ("float8_e4m3fn", "xla.dot", "fp8_t", xla_fp8_dot, None),
         ("float8_e4m3fn", "xla.dot_fp32acc", "fp8_t", xla_fp8_dot_fp32acc, None),
         ("float8_e4m3fn", "fo_jax.matmul", "fp8",
-         lambda xq, wq, xs, ws: fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws, config=OWN),
+         lambda xq, wq, xs, ws: fo_jax.matmul(xq, wq, x_scale=xs, w_scale=ws, config=OWN_KERNEL),
          None),
         ("float8_e4m3fn", "fo_jax.matmul_wt", "fp8_t", matmul_wt(), None),
         ("float8_e4m3fn", "fo_jax.matmul_fast", "fp8_t", matmul_wt(fast=True), None),
@@ -185,10 +182,8 @@ def measure(res, shape: tuple, timer, first_key: int, configs: list) -> dict:
         if key in errs:
             row["rel_err"] = float(f"{errs[key]:.3e}")
         if key in gpu:
-            ms, kernel, share = gpu[key]
-            row.update(ms=round(ms, 5), tflops=round(flops / ms / 1e9, 1),
-                       kernel=trace_timing.short_kernel(kernel), kernel_share=round(share, 3))
-            summary[(dtype, method if name is None else f"{method}[{name}]")] = ms
+            row.update(gpu[key].row_fields(flops))
+            summary[(dtype, method if name is None else f"{method}[{name}]")] = gpu[key].ms
         else:
             row.update(ms=None, error=error)
         res.add(**row)

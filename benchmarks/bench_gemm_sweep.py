@@ -177,9 +177,7 @@ def operands(m: int, n: int, k: int, dtype, seed: int) -> tuple:
 FP8_FAST = fo_jax.OverlapConfig(fp8_fast_accumulation=True)
 
 
-FP8_OWN = {"fo_jax.own": fo_jax.OverlapConfig(allow_fallback=False),
-           "fo_jax.own_fast": fo_jax.OverlapConfig(allow_fallback=False,
-                                                   fp8_fast_accumulation=True)}
+FP8_OWN = {"fo_jax.own": benchlib.OWN_KERNEL, "fo_jax.own_fast": benchlib.OWN_KERNEL_FAST}
 
 
 def fp8_methods(own: bool = False) -> list:
@@ -238,7 +236,7 @@ def methods_for(dtype, m: int, n: int, k: int, configs: list, producer: bool,
     if own:
         plan = _plan.plan_matmul("fo_jax.matmul", dtype, m, n, k, None)
         name = plan.config_name + (f"/k{plan.k_splits}" if plan.k_splits > 1 else "")
-        keep = fo_jax.OverlapConfig(allow_fallback=False)
+        keep = benchlib.OWN_KERNEL
         out.append(("fo_jax.own", name, lambda x, w: fo_jax.matmul(x, w, config=keep)))
     for name in configs:
         cfg = config_of(name)
@@ -322,13 +320,11 @@ def measure(res: benchlib.Results, shape: tuple, dtypes: list, configs_for: dict
     for dtype_name, key, method, config, _, _, error in methods:
         row = dict(dtype=dtype_name, M=m, N=n, K=k, layer=label, method=method, config=config)
         if key in gpu:
-            ms, kernel, share = gpu[key]
-            row.update(ms=round(ms, 5), tflops=round(flops / ms / 1e9, 1),
-                       kernel=trace_timing.short_kernel(kernel), kernel_share=round(share, 3))
+            row.update(gpu[key].row_fields(flops))
             if method in walls.get(dtype_name, {}):
                 row["wall_ms"] = round(walls[dtype_name][method], 5)
             name = f"{method}[{config}]" if method == "fo_jax.gemm" else method
-            summary[dtype_name][name] = ms
+            summary[dtype_name][name] = gpu[key].ms
         else:
             row.update(ms=None, error=error)
         if method == "fo_jax.matmul":

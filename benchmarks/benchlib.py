@@ -37,6 +37,12 @@ from fo_jax.bench.core import (  # noqa: F401 (re-exports)
 )
 
 
+# fo_jax's own kernels, never fo_jax.matmul's handover to XLA's dot that a GPU model's table
+# may choose: what a benchmark of fo_jax's GEMM itself passes.
+OWN_KERNEL = fo_jax.OverlapConfig(allow_fallback=False)
+OWN_KERNEL_FAST = fo_jax.OverlapConfig(allow_fallback=False, fp8_fast_accumulation=True)
+
+
 def fo_jax_fp8_nk(config=None):
     """fo_jax.matmul(xq, wq, x_scale=, w_scale=) of a weight stored [N, K] (w_transposed=True)
     under `config`: a function of (xq, wq, x_scale, w_scale)."""

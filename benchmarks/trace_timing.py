@@ -133,6 +133,12 @@ class Timing(NamedTuple):
     kernel: str
     share: float
 
+    def row_fields(self, flops: float) -> dict:
+        """A result row's timing fields: ms, tflops (of `flops` per call), kernel (shortened),
+        kernel_share."""
+        return dict(ms=round(self.ms, 5), tflops=round(flops / self.ms / 1e9, 1),
+                    kernel=short_kernel(self.kernel), kernel_share=round(self.share, 3))
+
 
 class TraceTimer:
     """Times {key: (named_jit(f, key), args)} (see the module docstring). Keeps which

@@ -182,14 +182,14 @@ def _matmul_chooser(x, w, config, is_fp8: bool, w_transposed: bool):
                                          plain=True)
 
 
-def _fp8_matmul(fn, x, w, config, x_scale, w_scale, out_dtype, w_transposed):
-    """fo_jax.matmul on float8_e4m3fn operands (fo_jax/fp8.py)."""
+def _validate_matmul(fn, x, w, config, x_scale, w_scale, out_dtype, w_transposed) -> tuple:
+    """Trace-time checks of fo_jax.matmul's arguments (and describe()'s without an axis);
+    returns whether the call is fp8 and, if so, its output dtype."""
+    is_fp8, out = _check_fp8_call(fn, x, w, x_scale, w_scale, out_dtype, w_transposed)
+    if not is_fp8:
+        _checks.check_operands(fn, x, w)
     _checks.check_config(fn, config, plain=True)
-    k, n = _weight_kn(w, w_transposed)
-    rows = _rows(x)
-    _log(fn, x, w, _matmul_chooser(x, w, config, True, w_transposed))
-    y = fp8.fp8_gemm(x.reshape(rows, k), w, x_scale, w_scale, out_dtype, w_transposed, config)
-    return y.reshape(*x.shape[:-1], n)
+    return is_fp8, out
 
 
 def _check_fp8_call(fn, x, w, x_scale, w_scale, out_dtype, w_transposed, min_x_rank=1):
@@ -250,15 +250,14 @@ def matmul(x: jax.Array, w: jax.Array, *, config: Optional[OverlapConfig] = None
       lax.scan and jax.checkpoint.
     """
     fn = "fo_jax.matmul"
-    is_fp8, out = _check_fp8_call(fn, x, w, x_scale, w_scale, out_dtype, w_transposed)
-    if is_fp8:
-        return _fp8_matmul(fn, x, w, config, x_scale, w_scale, out, w_transposed)
-    _checks.check_operands(fn, x, w)
-    _checks.check_config(fn, config, plain=True)
-    k, n = w.shape
+    is_fp8, out = _validate_matmul(fn, x, w, config, x_scale, w_scale, out_dtype, w_transposed)
+    _log(fn, x, w, _matmul_chooser(x, w, config, is_fp8, w_transposed))
+    k, n = _weight_kn(w, w_transposed)
     rows = _rows(x)
-    _log(fn, x, w, _matmul_chooser(x, w, config, False, False))
-    y = _gemm(x.reshape(rows, k), w, config)
+    if is_fp8:  # fo_jax/fp8.py
+        y = fp8.fp8_gemm(x.reshape(rows, k), w, x_scale, w_scale, out, w_transposed, config)
+    else:
+        y = _gemm(x.reshape(rows, k), w, config)
     return y.reshape(*x.shape[:-1], n)
 
 
@@ -348,10 +347,7 @@ def describe(x, w, *, axis_name: Optional[str] = None, collective: Optional[str]
         if collective is not None:
             raise TypeError(f"{fn}: collective={collective!r} needs axis_name (without one, "
                             "describe() describes fo_jax.matmul, which has no collective)")
-        is_fp8, _ = _check_fp8_call(fn, x, w, scale, scale, None, w_transposed)
-        if not is_fp8:
-            _checks.check_operands(fn, x, w)
-        _checks.check_config(fn, config, plain=True)
+        is_fp8, _ = _validate_matmul(fn, x, w, config, scale, scale, None, w_transposed)
         return _matmul_chooser(x, w, config, is_fp8, w_transposed)(_checks.trace_platform())
     collective = "reduce_scatter" if collective is None else collective
     is_fp8, _ = _check_fp8_call(fn, x, w, scale, scale, None, w_transposed,
