@@ -2,7 +2,9 @@
 # One GPU per process (from the repo root on a lent multi-GPU machine, after gpu_suite.sh built
 # the tree): gpu_suite.sh's single-GPU $STEPS (sweep, fp8-bench) once per GPU in parallel, GPU i
 # (CUDA_VISIBLE_DEVICES=i) on the shapes in $SHAPES_i, so one lease times twice the shapes per
-# call. Each process writes under /tmp/split/g<i>; only its log (g<i>.log) and the files matching
+# call. Each process writes under a fresh folder of this run (/tmp/split.XXXXXX/g<i>, removed at
+# the end: a second run at the same time, e.g. tests/cpu's test of this script, keeps its own);
+# only its log (g<i>.log) and the files matching
 # $KEEP (default '*.jsonl': a sweep's report is rebuilt from its rows with
 # benchmarks/gemm_sweep_report.py) come back in $OUT, because a call returns at most 8 files.
 #   SHAPES_0="MxNxK ..." SHAPES_1="MxNxK ..." STEPS=sweep \
@@ -21,11 +23,12 @@ for i in 0 1 2 3 4 5 6 7; do
   [[ -n "${!v:-}" ]] && gpus+=("$i")
 done
 if [[ ${#gpus[@]} -eq 0 ]]; then echo "split_gpus.sh: set SHAPES_0, SHAPES_1, ..."; exit 2; fi
-rm -rf /tmp/split
+work=$(mktemp -d /tmp/split.XXXXXX)
+echo "== work folder $work"
 for i in "${gpus[@]}"; do
   v="SHAPES_$i"; shapes="${!v}"
-  mkdir -p "/tmp/split/g$i"
-  CUDA_VISIBLE_DEVICES=$i OUT="/tmp/split/g$i" SKIP_BUILD=1 \
+  mkdir -p "$work/g$i"
+  CUDA_VISIBLE_DEVICES=$i OUT="$work/g$i" SKIP_BUILD=1 \
     SWEEP_ARGS="${SWEEP_ARGS:-} --tag ${TAG:-}_g$i --shapes $shapes" \
     FP8_ARGS="${FP8_ARGS:-} --shapes $shapes" \
     bash "$here/gpu_suite.sh" > "$OUT/g$i.log" 2>&1 &
@@ -33,13 +36,14 @@ done
 wait
 n=0
 for i in "${gpus[@]}"; do
-  echo "== GPU $i: $(grep -c '^\[' "$OUT/g$i.log") progress lines"
+  echo "== GPU $i"
   tail -6 "$OUT/g$i.log"
   # $KEEP is a glob: unquoted on purpose.
-  for f in /tmp/split/g$i/$KEEP; do
+  for f in $work/g$i/$KEEP; do
     [[ -f "$f" ]] && cp "$f" "$OUT/" && n=$((n + 1))
   done
 done
+rm -rf "$work"
 echo "== kept $n result files and ${#gpus[@]} logs in $OUT"
 if (( n + ${#gpus[@]} > 8 )); then
   echo "WARNING: more than 8 files in \$OUT: a call returns at most 8; narrow KEEP"

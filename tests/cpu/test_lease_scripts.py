@@ -4,6 +4,7 @@ machine can be withdrawn between two calls, so a script error found there may co
 here it costs a test."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,3 +69,8 @@ def test_split_gpus_starts_one_sweep_per_gpu(tmp_path):
         # Without a GPU the sweep stops at its first check: it started, on its own GPU.
         assert "== [" in log and "sweep" in log and "needs a CUDA GPU" in log, log
     assert sorted(f.name for f in out.iterdir()) == ["g0.log", "g1.log"]
+    # Its processes wrote under a folder of this run only, removed at the end: a fixed folder
+    # let this test, run on a device machine beside a real split run, delete that run's rows.
+    work = re.search(r"== work folder (\S+)", text)
+    assert work and re.fullmatch(r"/tmp/split\.\w{6}", work.group(1)), text[-4000:]
+    assert not os.path.exists(work.group(1))
