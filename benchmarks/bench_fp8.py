@@ -47,10 +47,13 @@ fo_jax's fp8 (the fp8 speedup, both accumulations) and XLA's bf16 over XLA's fp8
 Output (--out DIR): gemm_fp8_<gpu>_<date>_<commit>.jsonl (rows {"suite": "gemm_fp8", "device",
 "date", "commit", "dtype", "M", "N", "K", "method", "ms", "tflops", "kernel" (the kernel that
 took most of the time), "kernel_share" (its share), "config", and for fp8 methods "rel_err", the
-relative Frobenius error above}) and .md.
+relative Frobenius error above}) and .md. The .jsonl is written shape by shape, so a run cut
+short keeps the shapes it finished; `--report FILE.jsonl` writes FILE.md from such rows (no GPU;
+with fo_jax.gemm rows the per-configuration table asks the CUDA module for the picks).
 
 Usage: python3 benchmarks/bench_fp8.py [--shapes MxNxK ...] [--rounds 3] [--calls 8] [--out DIR]
        [--configs all|NAME ...]
+       python3 benchmarks/bench_fp8.py --report FILE.jsonl
 """
 
 from __future__ import annotations
@@ -252,8 +255,42 @@ def markdown(base: dict, table: list) -> str:
     return title + _benchcore.markdown_table(header, rows)
 
 
+def table_from_rows(rows: list) -> tuple:
+    """(table, configs) of measure()'s summaries rebuilt from result rows: per shape in the
+    rows' order, {(dtype, method or "fo_jax.gemm[NAME]"): ms}, and the configurations timed."""
+    table: dict = {}
+    configs: list = []
+    for r in rows:
+        summary = table.setdefault((r["M"], r["N"], r["K"]), {})
+        if r.get("ms") is None:
+            continue
+        method = r["method"]
+        if method == "fo_jax.gemm":
+            method = f"fo_jax.gemm[{r['config']}]"
+            if r["config"] not in configs:
+                configs.append(r["config"])
+        summary[(r["dtype"], method)] = r["ms"]
+    return list(table.items()), configs
+
+
+def report(path: str) -> str:
+    """Writes the markdown of a run's .jsonl next to it (e.g. of a run cut short)."""
+    with open(path) as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    if not rows:
+        raise SystemExit(f"bench_fp8.py: no rows in {path}")
+    table, configs = table_from_rows(rows)
+    md = markdown(rows[0], table) + (config_markdown(table, configs) if configs else "")
+    out = os.path.splitext(path)[0] + ".md"
+    with open(out, "w") as fh:
+        fh.write(md)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--report", metavar="FILE.jsonl",
+                    help="write FILE.md from a run's rows instead of running")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--shapes", nargs="*", default=None, help="MxNxK ... instead of the list")
     ap.add_argument("--rounds", type=int, default=3, help="traces per shape (median)")
@@ -261,6 +298,9 @@ def main() -> None:
     ap.add_argument("--configs", nargs="*", default=[],
                     help="'all' or fp8 configuration names: time each (fo_jax.gemm rows)")
     args = ap.parse_args()
+    if args.report:
+        print(f"wrote {report(args.report)}", file=sys.stderr)
+        return
 
     gpus = benchlib.cuda_gpus_or_exit("bench_fp8.py")
     info = benchlib.device_info(gpus[:1])

@@ -5,6 +5,7 @@ operands each method reads, and that every fp8 method of bench_fp8_overlap.py co
 product in both layouts. The fo_jax methods of bench_fp8.py time fo_jax's kernels, also where the
 GPU model's table hands fo_jax.matmul to XLA."""
 
+import json
 import os
 import re
 import sys
@@ -81,3 +82,26 @@ def test_bench_fp8_times_fo_jax_kernels_where_the_table_hands_over(monkeypatch):
     for method, key, f in fo:
         text = jax.jit(f).trace(*ops[key]).lower(lowering_platforms=("cuda",)).as_text()
         assert re.search(r"@fo_jax_gemm\w*\(", text), method
+
+
+def test_bench_fp8_report_rebuilds_the_markdown_of_a_run_cut_short(tmp_path):
+    # A run past its call's limit keeps the shapes it finished in its .jsonl; --report writes
+    # the markdown the run would have, its ratios from those rows.
+    base = dict(suite="gemm_fp8", device="NVIDIA H200", num_devices=1, date="2026-11-30",
+                commit="abc1234", fo_jax_version="0.1.0", jax_version="0.11.2", M=4096, N=8192,
+                K=2048)
+    times = {("bfloat16", "xla.dot"): 0.24, ("bfloat16", "fo_jax.matmul"): 0.25,
+             ("float8_e4m3fn", "xla.dot"): 0.12, ("float8_e4m3fn", "xla.dot_fp32acc"): 0.13,
+             ("float8_e4m3fn", "fo_jax.matmul"): 0.14, ("float8_e4m3fn", "fo_jax.matmul_wt"): 0.125,
+             ("float8_e4m3fn", "fo_jax.matmul_fast"): 0.1}
+    rows = [dict(base, dtype=d, method=m, config=None, ms=ms) for (d, m), ms in times.items()]
+    rows.append(dict(base, M=8192, dtype="bfloat16", method="xla.dot", config=None, ms=None,
+                     error="timed out"))
+    path = tmp_path / "gemm_fp8_h200_2026-11-30_abc1234.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = (tmp_path / os.path.basename(bench_fp8.report(str(path)))).read_text()
+    assert "commit abc1234" in md
+    line = next(ln for ln in md.splitlines() if ln.startswith("| 4096 |"))
+    # fp32acc over fo_jax (w [N, K]), XLA over fast, bf16 over fp8 (w [N, K]) and over fast
+    assert "| 1.040 | 1.200 | 2.000 | 2.500 |" in line, line
+    assert "| 8192 |" in md  # the shape without times keeps its row, with dashes
