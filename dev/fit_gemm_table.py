@@ -310,13 +310,18 @@ def fp8_points(paths: list, threshold: float) -> tuple:
         for key in FP8_POINTS:
             got = readings[key].get(s)
             if not got:
-                cells += ["-", "-", "-"]
+                cells += ["-", "-", "-", "-"]
                 continue
             ratio = geomean([r for r, _ in got])
             est = _gemm_choice.estimate_from(points[key], *s)
             to_xla = est is not None and est < threshold
-            after[key].append((s[0], 1.0 if to_xla else ratio, ratio))
-            cells += [got[0][1], f"{ratio:.3f}", "XLA" if to_xla else "fo_jax"]
+            # The shape's own point left out: how the neighbours decide a shape never measured.
+            held = _gemm_choice.estimate_from([p for p in points[key] if p[:3] != s], *s)
+            held_xla = held is not None and held < threshold
+            after[key].append((s[0], 1.0 if to_xla else ratio, ratio,
+                               1.0 if held_xla else ratio))
+            cells += [got[0][1], f"{ratio:.3f}", "XLA" if to_xla else "fo_jax",
+                      "XLA" if held_xla else "fo_jax"]
         lines.append(cells)
     if not lines:
         return {}, ""
@@ -326,14 +331,18 @@ def fp8_points(paths: list, threshold: float) -> tuple:
             "fo_jax.matmul_fast against XLA's default), from "
             + ", ".join(os.path.basename(p) for p in paths) + "; \"runs\": what fo_jax.matmul "
             f"runs with a weight stored [N, K] once the points are in the table (XLA where the "
-            f"estimate is below {threshold}).\n\n"
-            + table(["M x N x K", "config", "promotion", "runs", "fast config", "fast", "runs"],
-                    lines) + "\n")
+            f"estimate is below {threshold}; \"held out\": the same with the shape's own point "
+            "left out, as for a shape never measured).\n\n"
+            + table(["M x N x K", "config", "promotion", "runs", "held out", "fast config", "fast",
+                     "runs", "held out"], lines) + "\n")
     for key, values in after.items():
         for label, keep in (("", lambda m: True), (", M >= 4096", lambda m: m >= 4096)):
-            text += summary(f"{key}{label}: fo_jax's kernel", [r for m, _, r in values if keep(m)])
+            text += summary(f"{key}{label}: fo_jax's kernel",
+                            [r for m, _, r, _ in values if keep(m)])
             text += summary(f"{key}{label}: fo_jax.matmul with the points (1 where XLA takes "
-                            "the shape)", [a for m, a, _ in values if keep(m)])
+                            "the shape)", [a for m, a, _, _ in values if keep(m)])
+            text += summary(f"{key}{label}: the same, each shape's own point held out",
+                            [h for m, _, _, h in values if keep(m)])
     return points, text
 
 

@@ -356,6 +356,52 @@ def committed(request, monkeypatch):
     return found
 
 
+def test_fp8_points_per_accumulation_with_the_shape_held_out(tmp_path):
+    """--fp8: a shape's point per accumulation is ms(XLA's fp8 dot of that accumulation) /
+    ms(fo_jax's kernel of it), its fo_jax.own row (else fo_jax.matmul's where that was not the
+    handover), geometric mean over the files; the report's "held out" column decides each shape
+    from its neighbours alone, as for a shape never measured."""
+    sys.path.insert(0, os.path.join(ROOT, "dev"))
+    try:
+        import fit_gemm_table
+    finally:
+        sys.path.pop(0)
+
+    def rows(shape, own, own_fast, xla_hi, xla, matmul_config):
+        m, n, k = shape
+        base = dict(suite="gemm_sweep", device="NVIDIA H200", dtype="float8_e4m3fn", M=m, N=n,
+                    K=k)
+        return [dict(base, method="fo_jax.own", config="fp8_coop_128x192x128_c2", ms=own),
+                dict(base, method="fo_jax.own_fast", config="fp8fast_pp_128x192x128_c2",
+                     ms=own_fast),
+                dict(base, method="xla.dot_fp32acc", config=None, ms=xla_hi),
+                dict(base, method="xla.dot", config=None, ms=xla),
+                # the handover: never a reading of fo_jax's kernel
+                dict(base, method="fo_jax.matmul", config=matmul_config, ms=xla_hi)]
+
+    a, b, c = (4096, 8192, 2048), (8192, 8192, 2048), (65536, 256, 64)  # c: no neighbour
+    files = []
+    for i, (a_own, c_hi) in enumerate(((1.0, 1.3), (1.21, 1.3))):
+        path = tmp_path / f"fp8_{i}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in
+                                rows(a, a_own, 0.5, 1.0, 0.5, "xla.dot")
+                                + rows(b, 1.0, 1.0, 0.9, 0.99, "xla.dot")
+                                + rows(c, 1.0, 1.0, c_hi, 1.0, "fp8_coop_128x192x128_c2")))
+        files.append(str(path))
+    points, text = fit_gemm_table.fp8_points(files, threshold=0.98)
+    hi = {p[:3]: p[3] for p in points["float8_e4m3fn"]}
+    fast = {p[:3]: p[3] for p in points["float8_e4m3fn_fast"]}
+    assert hi == {a: pytest.approx(1 / 1.1, abs=1e-4), b: 0.9, c: 1.3}
+    assert fast == {a: 1.0, b: 0.99, c: 1.0}
+    lines = {ln.split(" | ")[0].strip("| "): ln for ln in text.splitlines() if ln.startswith("| ")}
+    cells = lambda s: [x.strip() for x in lines["x".join(map(str, s))].strip("|").split("|")]  # noqa: E731
+    # columns: shape, config, promotion, runs, held out, fast config, fast, runs, held out
+    assert cells(a)[3:5] == ["XLA", "XLA"]  # its own point and b's (0.9) both say XLA
+    assert cells(c)[3:5] == ["fo_jax", "fo_jax"]  # 1.3 measured; held out: nothing in reach
+    assert cells(b)[7:9] == ["fo_jax", "fo_jax"]  # fast: 0.99 and a's 1.0 are above 0.98
+    assert "each shape's own point held out" in text
+
+
 def test_each_gpu_model_gets_its_own_table(monkeypatch):
     tables = _gemm_tables.tables()
     assert {"NVIDIA H100 80GB HBM3", "NVIDIA H200"} <= set(tables)
