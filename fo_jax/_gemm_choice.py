@@ -26,8 +26,9 @@ split along K, for problems of few tiles and long K (predicted_split_us below).
 XLA's dot: `prefer_xla_dot(m, n, k, dtype)` is true where the sweep measured fo_jax's chosen
 configuration slower than XLA's dot around this shape: the measured ratios xla / fo_jax of the
 sweep shapes within RADIUS (Euclidean, in log2 of M, N and K) are averaged (geometric mean,
-nearer shapes weigh more) and compared with the table's XLA_THRESHOLD. Outside every measured
-neighbourhood fo_jax keeps its own GEMM. Only fo_jax.matmul may hand a GEMM to XLA: the
+nearer shapes weigh more) and compared with the table's XLA_THRESHOLD; at a measured shape whose
+own ratio lies outside CLEAR (beyond the runs' noise) that ratio decides alone. Outside every
+measured neighbourhood fo_jax keeps its own GEMM. Only fo_jax.matmul may hand a GEMM to XLA: the
 overlap's producer must be fo_jax's kernel (it signals its tiles). fp8 GEMMs have points per
 accumulation (`points_key`): fo_jax's fp32-promoting kernel against XLA's fp8 dot at precision
 HIGHEST (which promotes too), its fast-accumulating kernel against XLA's default (fast) one, so
@@ -51,6 +52,10 @@ TIE = 0.01  # relative: predictions this close to the fastest count as ties
 # of them and keeps fo_jax's GEMM where XLA's is faster; 2 predicts them about as well as shapes
 # of a measured (N, K).
 RADIUS = 2.0
+# A measured shape's own ratio outside this band decides it, whatever its neighbours say: one
+# kernel's ratio moves by up to 5% from run to run (docs/gemm_performance.md, 'The choice'), so
+# inside the band the neighbours' average is the better estimate, outside it the reading is.
+CLEAR = (0.90, 1.05)
 DTYPE_NAMES = {jnp.dtype(jnp.bfloat16): "bfloat16", jnp.dtype(jnp.float16): "float16"}
 
 
@@ -150,7 +155,11 @@ def select_gemm_config(dtype, m: int, n: int, k: int, batch: int, sm_budget: int
 def estimate_from(points: Sequence[tuple], m: int, n: int, k: int,
                   radius: float = RADIUS) -> Optional[float]:
     """The geometric mean of the ratios of `points` ((M, N, K, ratio), ...) within `radius` of
-    (m, n, k) in log2 space, nearer ones weighing more; None where none is in reach."""
+    (m, n, k) in log2 space, nearer ones weighing more; None where none is in reach. A point at
+    (m, n, k) itself whose ratio is outside CLEAR is the answer."""
+    own = [ratio for pm, pn, pk, ratio in points if (pm, pn, pk) == (m, n, k)]
+    if own and not CLEAR[0] <= own[0] <= CLEAR[1]:
+        return own[0]
     q = (math.log2(m), math.log2(n), math.log2(k))
     num = den = 0.0
     for pm, pn, pk, ratio in points:

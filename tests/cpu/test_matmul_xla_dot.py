@@ -77,8 +77,9 @@ def test_describe_size_one_says_xla_and_why(on_cuda):
         assert (c.path, c.platform, c.axis_size) == ("xla", "cuda", 1), c
         assert c.reason.startswith("axis of size 1, the collective is the identity: XLA's dot "
                                    "measured faster around M=512, N=1024, K=2048 (bfloat16"), c
-        # The estimate: its own point (0.70) and DX_SHAPE's (1.20, farther, weighing less).
-        assert "~0.75x of its speed on test GPU" in c.reason, c
+        # Its own point (0.70), a reading beyond the runs' noise, decides alone (DX_SHAPE's
+        # 1.20 is in reach too).
+        assert "~0.70x of its speed on test GPU" in c.reason, c
     assert _describe_size_one(FO_SHAPE).path == "cuda"
 
 
