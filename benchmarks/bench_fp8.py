@@ -151,6 +151,12 @@ def fp8_config(m: int, n: int, k: int, fast: bool = False) -> str:
                              config).config_name
 
 
+def summary_key(dtype: str, method: str, name=None) -> tuple:
+    """A shape's summary entry of a method: (dtype, method), or (dtype, "fo_jax.gemm[NAME]") of
+    one configuration's row."""
+    return dtype, method if name is None else f"{method}[{name}]"
+
+
 def measure(res, shape: tuple, timer, first_key: int, configs: list) -> dict:
     m, n, k = shape
     ops = operands(m, n, k, seed=m * 7 + n * 3 + k)
@@ -186,7 +192,7 @@ def measure(res, shape: tuple, timer, first_key: int, configs: list) -> dict:
             row["rel_err"] = float(f"{errs[key]:.3e}")
         if key in gpu:
             row.update(gpu[key].row_fields(flops))
-            summary[(dtype, method if name is None else f"{method}[{name}]")] = gpu[key].ms
+            summary[summary_key(dtype, method, name)] = gpu[key].ms
         else:
             row.update(ms=None, error=error)
         res.add(**row)
@@ -209,7 +215,7 @@ def config_markdown(table: list, configs: list) -> str:
         header += [f"pick ({label})", "best", "pick / best"]
     rows, ratios = [], {label: [] for label, _, _ in kinds}
     for (m, n, k), s in table:
-        times = {c: s.get(("float8_e4m3fn", f"fo_jax.gemm[{c}]")) for c in configs}
+        times = {c: s.get(summary_key("float8_e4m3fn", "fo_jax.gemm", c)) for c in configs}
         row = [m, n, k, *[f"{times[c]:.4f}" if times[c] else "-" for c in configs]]
         for label, fast, names in kinds:
             measured = {c: times[c] for c in names if times[c]}
@@ -264,12 +270,10 @@ def table_from_rows(rows: list) -> tuple:
         summary = table.setdefault((r["M"], r["N"], r["K"]), {})
         if r.get("ms") is None:
             continue
-        method = r["method"]
-        if method == "fo_jax.gemm":
-            method = f"fo_jax.gemm[{r['config']}]"
-            if r["config"] not in configs:
-                configs.append(r["config"])
-        summary[(r["dtype"], method)] = r["ms"]
+        name = r["config"] if r["method"] == "fo_jax.gemm" else None
+        if name and name not in configs:
+            configs.append(name)
+        summary[summary_key(r["dtype"], r["method"], name)] = r["ms"]
     return list(table.items()), configs
 
 

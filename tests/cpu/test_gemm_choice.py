@@ -254,12 +254,18 @@ def _load_table(path):
     return mod
 
 
-def test_fit_recovers_the_choice_of_a_synthetic_sweep(tmp_path, monkeypatch):
+def _fit_script():
+    """dev/fit_gemm_table.py as a module (dev/ is not a package)."""
     sys.path.insert(0, os.path.join(ROOT, "dev"))
     try:
         import fit_gemm_table
     finally:
         sys.path.pop(0)
+    return fit_gemm_table
+
+
+def test_fit_recovers_the_choice_of_a_synthetic_sweep(tmp_path, monkeypatch):
+    fit_gemm_table = _fit_script()
     configs = fit_gemm_table.compiled_configs()
     sweep, out, report = tmp_path / "sweep.jsonl", tmp_path / "table.py", tmp_path / "r.md"
     _synthetic_sweep(sweep, configs)
@@ -303,11 +309,7 @@ def test_recheck_takes_the_readings_of_the_gemm_matmul_runs(monkeypatch):
     """--recheck: a plain sweep's fo_jax.own row (NAME/kS when split) and fo_jax.matmul row
     count where they ran this fit's choice; a shape's point is their geometric mean over the
     files; a reading of another GEMM (another table's choice) is ignored."""
-    sys.path.insert(0, os.path.join(ROOT, "dev"))
-    try:
-        import fit_gemm_table
-    finally:
-        sys.path.pop(0)
+    fit_gemm_table = _fit_script()
     configs = fit_gemm_table.compiled_configs()
     params = dict(TRUE)
     split_shape = next(s for s in ((m, n, k) for m in (512, 1024, 2048) for n in (1280, 2304)
@@ -350,12 +352,7 @@ DESIGN_SHAPES = ((4096, 8192, 2048), (8192, 8192, 2048), (8192, 8192, 7168),
 
 
 def _compiled():
-    sys.path.insert(0, os.path.join(ROOT, "dev"))
-    try:
-        import fit_gemm_table
-    finally:
-        sys.path.pop(0)
-    return fit_gemm_table.compiled_configs()
+    return _fit_script().compiled_configs()
 
 
 def _name(configs, dtype, shape, batch=1, sm_budget=0, **kw):
@@ -376,11 +373,7 @@ def test_fp8_points_per_accumulation_with_the_shape_held_out(tmp_path):
     ms(fo_jax's kernel of it), its fo_jax.own row (else fo_jax.matmul's where that was not the
     handover), geometric mean over the files; the report's "held out" column decides each shape
     from its neighbours alone, as for a shape never measured."""
-    sys.path.insert(0, os.path.join(ROOT, "dev"))
-    try:
-        import fit_gemm_table
-    finally:
-        sys.path.pop(0)
+    fit_gemm_table = _fit_script()
 
     def rows(shape, own, own_fast, xla_hi, xla, matmul_config):
         m, n, k = shape
