@@ -66,15 +66,20 @@ sys.path.insert(0, ROOT)
 from fo_jax import _gemm_choice, _gemm_tables  # noqa: E402
 
 
-def compiled_configs() -> list:
-    """The rows of csrc/kernels/gemm_configs.py as dicts (the module's gemm_configs() shape)."""
+def compiled_configs(fp8: bool = False) -> list:
+    """The rows of csrc/kernels/gemm_configs.py as dicts (the module's gemm_configs() shape): the
+    16-bit rows, or with fp8 the fp8 rows (fast_accum: the fast-accumulation rows; measure_only:
+    rows kept to be measured, which no choice picks)."""
     path = os.path.join(ROOT, "csrc", "kernels", "gemm_configs.py")
     spec = importlib.util.spec_from_file_location("gemm_configs", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    measure_only = {c.name for c in mod.FP8_PROMOTION_CONFIGS}
     return [dict(name=c.name, tile_m=c.tile_m, tile_n=c.tile_n, tile_k=c.tile_k,
                  cluster_m=c.cluster_m, cluster_n=c.cluster_n, pingpong=c.pingpong,
-                 takes_addends=c.name in mod.SOURCE_CONFIGS) for c in mod.CONFIGS]
+                 takes_addends=c.name in mod.SOURCE_CONFIGS, fast_accum=c.fast_accum,
+                 measure_only=c.name in measure_only)
+            for c in mod.TABLE if (c.name in mod.FP8_NAMES) == fp8]
 
 
 def load(paths: list) -> list:
@@ -346,6 +351,114 @@ def fp8_points(paths: list, threshold: float) -> tuple:
     return points, text
 
 
+# The fp8 tile models (--fp8): {accumulation's key: (whether fast, XLA's fp8 dot of the same
+# accumulation, fo_jax's own-kernel row of the sweep)}.
+FP8_MODELS = {
+    _gemm_choice.points_key("float8_e4m3fn"): (False, "xla.dot_fp32acc", "fo_jax.own"),
+    _gemm_choice.points_key("float8_e4m3fn", fast=True): (True, "xla.dot", "fo_jax.own_fast"),
+}
+
+
+def fp8_traces(paths: list) -> dict:
+    """{(M, N, K, file index): {"rows": {unsplit config: ms}, method: (config, ms)}} of the fp8
+    sweeps' traces ("rows" empty where the sweep ran without --configs)."""
+    traces: dict = {}
+    for i, path in enumerate(paths):
+        for r in load([path]):
+            if r["dtype"] != "float8_e4m3fn":
+                continue
+            d = traces.setdefault((r["M"], r["N"], r["K"], i), {"rows": {}})
+            if r["method"] == "fo_jax.gemm" and "/k" not in r["config"]:
+                d["rows"][r["config"]] = r["ms"]
+            elif r["method"] != "fo_jax.gemm":
+                d[r["method"]] = (r.get("config"), r["ms"])
+    return traces
+
+
+def fit_fp8(traces: dict, candidates: list, sms: int) -> dict:
+    """{config: coefficients} of the candidates timed at 8 or more of the traces (one point per
+    trace: _gemm_choice.features of its shape against the row's time)."""
+    params = {}
+    for cfg in candidates:
+        pts = [(t[:3], d["rows"][cfg["name"]]) for t, d in traces.items()
+               if cfg["name"] in d["rows"]]
+        if len(pts) < 8:
+            continue
+        x = np.array([_gemm_choice.features(cfg, *s, 1, sms) for s, _ in pts])
+        coef, _ = nnls_relative(x, np.array([ms * 1e3 for _, ms in pts]))
+        params[cfg["name"]] = tuple(float(f"{c:.6g}") for c in coef)
+    return params
+
+
+def fp8_models(paths: list, configs: list, sms: int) -> tuple:
+    """({key: {config: coefficients}}, {key: smallest M fitted}, markdown): per accumulation, the
+    tile model of its rows (the fast-accumulation rows, or the fp32-promoting rows but the
+    measure-only ones) fitted on the unsplit per-config rows of fp8 sweeps with --configs all. The
+    smallest M is the model's floor: below it the sweeps timed no per-config rows, and the kernel
+    library's rules pick (_gemm_choice.select_fp8_config). Report: per shape the rule's pick (its
+    fo_jax.own row in any sweep that ran --own), the fitted pick and the
+    best row, each as ms(XLA's fp8 dot of the accumulation) / ms(row) from the same trace; the
+    fitted pick again with each shape (its layer, its M) held out of the fit."""
+    traces = fp8_traces(paths)
+    models, floors, text = {}, {}, ""
+    for key, (fast, xla, own) in FP8_MODELS.items():
+        # The rule's pick per shape, as any --own trace recorded it (one pick, or none).
+        picks: dict = {}
+        for t, d in traces.items():
+            if own in d:
+                picks.setdefault(t[:3], set()).add(d[own][0])
+        rules = {s: next(iter(p)) for s, p in picks.items() if len(p) == 1}
+        candidates = [c for c in configs if c["fast_accum"] == fast and not c["measure_only"]]
+        mine = {t: d for t, d in traces.items() if d.get(xla) and d["rows"]
+                and all(c["name"] in d["rows"] for c in candidates)}
+        params = fit_fp8(mine, candidates, sms)
+        if not params:
+            continue
+        models[key], floors[key] = params, min(t[0] for t in mine)
+
+        def pick(p, s):
+            return choice(candidates, p, s, sms)
+
+        lines, cols = [], {"fitted": [], "best": []}
+        paired = {"rule": [], "fitted": [], "best": []}  # the shapes with the rule's pick known
+        held = {name: [] for name, _, _ in CV_SCHEMES}
+        for t, d in sorted(mine.items()):
+            x = d[xla][1]
+            rule = rules.get(t[:3])
+            rule_ratio = x / d["rows"][rule] if rule in d["rows"] else None
+            fitted = pick(params, t[:3])
+            best = min(d["rows"], key=lambda c: d["rows"][c] if c in params else math.inf)
+            cols["fitted"].append(x / d["rows"][fitted])
+            cols["best"].append(x / d["rows"][best])
+            if rule_ratio:
+                paired["rule"].append(rule_ratio)
+                paired["fitted"].append(cols["fitted"][-1])
+                paired["best"].append(cols["best"][-1])
+            for name, _, group in CV_SCHEMES:
+                rest = {u: e for u, e in mine.items() if group(u[:3]) != group(t[:3])}
+                held[name].append(x / d["rows"][pick(fit_fp8(rest, candidates, sms), t[:3])])
+            lines.append([f"{t[0]}x{t[1]}x{t[2]}", rule or "-",
+                          f"{rule_ratio:.3f}" if rule_ratio else "-", fitted,
+                          f"{x / d['rows'][fitted]:.3f}", best, f"{x / d['rows'][best]:.3f}"])
+        text += (f"\n## {key}: the tile model of fo_jax's own fp8 kernels\n\n"
+                 f"Fitted on the unsplit per-config rows of {len(mine)} traces (M >= "
+                 f"{floors[key]}: below it the kernel library's rule keeps picking) over "
+                 f"{', '.join(sorted(params))}. Ratios: ms({xla}) / ms(the row) in the same trace; "
+                 f"\"rule\": the row the library's rule picks (the shape's {own} row in any "
+                 "of the sweeps).\n\n"
+                 + table(["M x N x K", "rule", "ratio", "fitted", "ratio", "best row", "ratio"],
+                         lines) + "\n"
+                 + "".join(summary(f"{key}, the shapes whose rule pick is known: {what}",
+                                   paired[col]) for col, what in (
+                     ("rule", "the library's rule"), ("fitted", "the fitted model"),
+                     ("best", "the best row per shape")))
+                 + summary(f"{key}: the fitted model", cols["fitted"])
+                 + summary(f"{key}: the best row per shape", cols["best"])
+                 + "".join(summary(f"{key}: the fitted model, {what} held out", held[name])
+                           for name, what, _ in CV_SCHEMES))
+    return models, floors, text
+
+
 def after_xla(ratio: float, estimate: Optional[float], threshold: float) -> float:
     """fo_jax.matmul's ratio once prefer_xla_dot is on: 1 where it hands the shape to XLA (the
     same dot), else fo_jax's measured ratio."""
@@ -536,7 +649,7 @@ def _source_parts(source: str) -> list:
 
 
 def write_table(path: str, device: str, source: str, model: dict, points: dict,
-                threshold: float) -> None:
+                threshold: float, floors: Optional[dict] = None) -> None:
     lines = [
         '"""GEMM choice table (fo_jax/_gemm_choice.py), fitted on the GPU.',
         "",
@@ -553,8 +666,13 @@ def write_table(path: str, device: str, source: str, model: dict, points: dict,
         lines.append(f"    {dt!r}: {{")
         lines += [f"        {name!r}: {tuple(coef)!r}," for name, coef in params.items()]
         lines.append("    },")
-    lines += ["}",
-              "# {dtype: ((M, N, K, ms(xla.dot) / ms(fo_jax's chosen config)), ...)}, as measured.",
+    lines.append("}")
+    if floors:
+        lines += ["# {MODEL key: the smallest M it was fitted at}: below it the kernel library's "
+                  "rule picks.",
+                  "MODEL_MIN_M: dict = {" + ", ".join(f"{k!r}: {v!r}" for k, v in floors.items())
+                  + "}"]
+    lines += ["# {dtype: ((M, N, K, ms(xla.dot) / ms(fo_jax's chosen config)), ...)}, as measured.",
               "XLA_POINTS: dict = {"]
     for dt, pts in points.items():
         lines.append(f"    {dt!r}: (")
@@ -631,9 +749,13 @@ def main() -> None:
         fp8, text = fp8_points(args.fp8, args.xla_threshold)
         points_all.update(fp8)
         report.append(text)
+        fp8_model, floors, text = fp8_models(args.fp8, compiled_configs(fp8=True), sms)
+        model.update(fp8_model)
+        report.append(text)
     source = ", ".join(os.path.relpath(p, ROOT) if os.path.abspath(p).startswith(ROOT)
                        else os.path.basename(p) for p in args.sweeps + args.recheck + args.fp8)
-    write_table(out, device, source, model, points_all, args.xla_threshold)
+    write_table(out, device, source, model, points_all, args.xla_threshold,
+                floors if args.fp8 else None)
     text = "".join(report)
     print(text)
     if args.report:

@@ -1,5 +1,6 @@
 """The tile configuration of an fp8 GEMM with fast accumulation (OverlapConfig.
-fp8_fast_accumulation): a wave model over the two compiled fast rows.
+fp8_fast_accumulation) where the GPU's table has no fitted fp8 model for the shape
+(fo_jax/_gemm_choice.py, select_fp8_config): a wave model over the two compiled fast rows.
 
 A persistent kernel's time is its waves (cluster tiles over the co-resident cluster slots,
 rounded up: a last partial wave costs nearly a whole one) times the cost of one wave. A wave of

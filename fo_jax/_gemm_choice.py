@@ -18,7 +18,9 @@ least predicted time wins; within TIE of it, one that can also run the copy-engi
 kernel with an addend), then the earlier in the compiled table, so near-ties do not move the
 overlap off its ring. The SM budget enters through `slots`, so the same table serves the
 overlap's producer, which leaves SMs to NCCL. Without a fitted table for the dtype the caller
-keeps the kernel library's rule (SelectGemmConfig, csrc/kernels/signaling_gemm.cu).
+keeps the kernel library's rule (SelectGemmConfig, csrc/kernels/signaling_gemm.cu). fp8 has a
+model per accumulation (`select_fp8_config`: its rows only), fitted where the fp8 sweeps timed
+every row (MODEL_MIN_M up); below that, and without one, the library's fp8 rules pick.
 
 Split K (fo_jax.matmul only, `select_matmul`): the same model with the last partial wave's tiles
 split along K, for problems of few tiles and long K (predicted_split_us below).
@@ -150,6 +152,22 @@ def select_gemm_config(dtype, m: int, n: int, k: int, batch: int, sm_budget: int
         return None
     sms = resolve_sms(sm_budget, num_sms or device_sms())
     return choose(configs, params, m, n, k, batch, sms, require_addends)
+
+
+def select_fp8_config(m: int, n: int, k: int, batch: int, sm_budget: int,
+                      configs: Sequence[dict], fast: bool, num_sms: Optional[int] = None
+                      ) -> Optional[int]:
+    """Index (into `configs`, the compiled table) of the fp8 configuration of the call's
+    accumulation (fast: the fast-accumulation rows) predicted fastest, from the table's fp8 tile
+    model (MODEL[points_key(fp8, fast)], fitted on fp8 sweeps with --configs all); None where the
+    table has none, or below the M it was fitted from (MODEL_MIN_M): the caller then keeps the
+    kernel library's rule."""
+    key = points_key(jnp.float8_e4m3fn, fast)
+    measured = table()
+    params = measured.MODEL.get(key)
+    if not params or m * max(batch, 1) < getattr(measured, "MODEL_MIN_M", {}).get(key, 0):
+        return None
+    return choose(configs, params, m, n, k, batch, resolve_sms(sm_budget, num_sms or device_sms()))
 
 
 def estimate_from(points: Sequence[tuple], m: int, n: int, k: int,

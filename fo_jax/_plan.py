@@ -257,8 +257,8 @@ def gemm_config_index(fn: str, dtype, m: int, n: int, k: int, batch: int,
                       require_addends: bool = False) -> int:
     """config.gemm_config if set (ValueError if not compiled), else the measured choice of
     fo_jax/_gemm_choice.py (require_addends: among configurations with a kernel that adds a
-    source), else (no table fitted for the dtype) the kernel library's shape heuristic (m is
-    per batch)."""
+    source; fp8: among the rows of the call's accumulation), else (no table fitted for the dtype
+    or, for fp8, the shape) the kernel library's shape heuristic (m is per batch)."""
     dtype_name = jnp.dtype(dtype).name
     fast = fast_accumulation(dtype, config)
     if config is not None and config.gemm_config is not None:
@@ -273,9 +273,13 @@ def gemm_config_index(fn: str, dtype, m: int, n: int, k: int, batch: int,
             raise ValueError(f"{fn}: unknown gemm_config {config.gemm_config!r} for {dtype_name} "
                              f"operands; compiled: {names}")
         return [c["name"] for c in gemm_configs()].index(config.gemm_config)
-    if fast:
-        return _fp8_fast_choice.select(m * max(batch, 1), n, sm_budget, gemm_configs())
-    if dtype_name == "float8_e4m3fn":  # no fitted fp8 tile model: the library's fp8 rule
+    if dtype_name == "float8_e4m3fn":
+        index = _gemm_choice.select_fp8_config(m, n, k, batch, sm_budget, gemm_configs(), fast)
+        if index is not None:
+            return index
+        # No fitted fp8 tile model for this shape: the library's fp8 rules.
+        if fast:
+            return _fp8_fast_choice.select(m * max(batch, 1), n, sm_budget, gemm_configs())
         mod = _cuda.module()
         return int(mod.select_gemm_config(mod.GemmDtype[dtype_name], m, n, k, batch,
                                           max(sm_budget, 0)))

@@ -104,7 +104,8 @@ FP8_PROMOTION_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8_coop_128x192x128_c2_p1", 128, 192, 128, 2, 1, False),
 ]
 
-# Candidates, never picked (SelectGemmConfig and fo_jax/_fp8_fast_choice.py name their rows):
+# Candidates that the library's rules never pick (SelectGemmConfig and fo_jax/_fp8_fast_choice.py
+# name their rows); a table's fitted fp8 model may (fo_jax/_gemm_choice.py, select_fp8_config):
 # compiled so that benchmarks/bench_gemm_sweep.py --dtype float8_e4m3fn --configs all times them
 # against XLA's fp8 dot, which runs 128x160 tiles more often than any other on one H200 (the
 # kernel names of benchmarks/results/gemm_sweep_h200_2026-11-30_75af5c9_fp8.jsonl). With a

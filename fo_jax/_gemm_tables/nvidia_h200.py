@@ -47,7 +47,20 @@ MODEL: dict = {
         'pp_64x256x64_c2': (0.632035, 0.26125, 0.114424, 3.0147),
         'coop_128x128x64_c2': (1.51093, 0.258505, 0.109678, 2.63504),
     },
+    'float8_e4m3fn': {
+        'fp8_coop_128x128x128_c1': (1.7766, 0.324611, 0.0316765, 2.34833),
+        'fp8_coop_128x192x128_c2': (2.19773, 0.511324, 0.0, 2.76385),
+        'fp8_pp_64x192x128_c2': (0.442195, 0.344879, 0.0, 3.49958),
+        'fp8_coop_128x160x128_c2': (1.92995, 0.355054, 0.0941338, 3.00248),
+    },
+    'float8_e4m3fn_fast': {
+        'fp8fast_pp_128x192x128_c2': (0.785398, 0.497914, 0.0, 2.93948),
+        'fp8fast_pp_128x128x128_c1': (0.684889, 0.335896, 0.0038479, 2.22463),
+        'fp8fast_pp_128x160x128_c2': (0.750329, 0.411615, 0.00681453, 2.25585),
+    },
 }
+# {MODEL key: the smallest M it was fitted at}: below it the kernel library's rule picks.
+MODEL_MIN_M: dict = {'float8_e4m3fn': 4096, 'float8_e4m3fn_fast': 4096}
 # {dtype: ((M, N, K, ms(xla.dot) / ms(fo_jax's chosen config)), ...)}, as measured.
 XLA_POINTS: dict = {
     'bfloat16': (
