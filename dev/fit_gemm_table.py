@@ -39,7 +39,10 @@ report lists every replaced point.
 fp8 points (--fp8 FP8.jsonl ...): sweeps of `bench_gemm_sweep.py --dtype float8_e4m3fn`. One
 XLA_POINTS entry per accumulation (fp8_points): fo_jax's fp32-promoting kernel against XLA's fp8
 dot at precision HIGHEST, and its fast-accumulating kernel against XLA's default fp8 dot
-(_gemm_choice.points_key), so that a handover keeps the accumulation the call asked for.
+(_gemm_choice.points_key), so that a handover keeps the accumulation the call asked for. The
+same sweeps' unsplit per-config rows (--configs all) fit an fp8 tile model per accumulation
+(fp8_models: MODEL entries under the points' keys, over the rows fo_jax may pick for that
+accumulation), with MODEL_MIN_M the smallest M fitted: below it the kernel library's rules pick.
 
 Usage: python3 dev/fit_gemm_table.py SWEEP.jsonl [...] [--recheck PLAIN.jsonl ...]
          [--fp8 FP8.jsonl ...]
@@ -291,8 +294,8 @@ def fp8_points(paths: list, threshold: float) -> tuple:
     float8_e4m3fn`, module docstring "fp8"): per shape and accumulation, ms(XLA's fp8 dot of that
     accumulation) / ms(fo_jax's fp8 kernel of that accumulation) from one trace: its fo_jax.own
     row (--own), else fo_jax.matmul's where that ran fo_jax's kernel (its config is not
-    "xla.dot"); a shape's point is the geometric mean over the files. No fp8 configuration is
-    fitted: the kernel library's rule (SelectGemmConfig) picks fp8 tiles."""
+    "xla.dot"); a shape's point is the geometric mean over the files. The points read the tiles
+    the sweeps ran (the kernel library's rules where the sweep predates the fp8 models)."""
     traces = {}
     for i, path in enumerate(paths):
         for r in load([path]):

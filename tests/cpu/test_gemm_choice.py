@@ -512,6 +512,24 @@ def test_committed_h200_fp8_models_pick_the_measured_best_rows(monkeypatch):
         assert _gemm_choice.select_fp8_config(2048, 8192, 2048, 1, 0, mine, fast, 132) is None
 
 
+def test_fp8_models_fit_reproduces_the_committed_h200_models():
+    """dev/fit_gemm_table.py's fp8_models on the two configuration sweeps the H200 table names:
+    the committed coefficients and floors, and a report with the rules', the models' and the
+    held-out summaries (the fp8 sweeps without per-config rows add nothing to the fit)."""
+    fit_gemm_table = _fit_script()
+    h200 = _gemm_tables.tables()["NVIDIA H200"]
+    files = [os.path.join(ROOT, "benchmarks", "results", f) for f in FP8_CONFIG_SWEEPS]
+    small_m = os.path.join(ROOT, "benchmarks", "results",
+                           "gemm_sweep_h200_2026-11-30_87b462c_fp8_small_m.jsonl")
+    models, floors, text = fit_gemm_table.fp8_models(
+        files + [small_m], fit_gemm_table.compiled_configs(fp8=True), 132)
+    assert models == {key: h200.MODEL[key] for key in ("float8_e4m3fn", "float8_e4m3fn_fast")}
+    assert floors == h200.MODEL_MIN_M
+    for key in models:
+        assert f"{key}, the shapes whose rule pick is known: the library's rule" in text
+        assert f"{key}: the fitted model, one shape held out" in text
+
+
 def test_each_gpu_model_gets_its_own_table(monkeypatch):
     tables = _gemm_tables.tables()
     assert {"NVIDIA H100 80GB HBM3", "NVIDIA H200"} <= set(tables)
