@@ -403,6 +403,51 @@ def test_fp8_plans(size, collective, transport):
 
 
 @needs_fp8_module
+@pytest.mark.parametrize("fast", [False, True])
+def test_fp8_plans_with_the_h200_fp8_models(monkeypatch, fast):
+    """The H200 table's fitted fp8 tile models pick the producers' rows from M = 4096 (the
+    128x160 rows and ping-pong 64x192 among them, which the library's rules do not pick there):
+    on every sweep shape with M >= 4096, both collectives, both transports and 2-8 ranks, each
+    plan takes a row of its accumulation (the model's pick on every SM), and the handler's own
+    decoding and validation accept it."""
+    import os
+    import sys
+
+    from fo_jax import _cuda_ops, _gemm_choice, _gemm_tables, _plan
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    import bench_gemm_sweep  # the sweep's shapes
+
+    h200 = _gemm_tables.tables()["NVIDIA H200"]
+    monkeypatch.setattr(_gemm_choice, "table", lambda: h200)
+    monkeypatch.setattr(_gemm_choice, "device_sms", lambda: 132)
+    config = fo_jax.OverlapConfig(fp8_fast_accumulation=fast)
+    configs = _plan.gemm_configs()
+    picked = set()
+    for m, n, k, _ in bench_gemm_sweep.sweep_shapes():
+        if m < 4096:
+            continue
+        model = _gemm_choice.select_fp8_config(m, n, k, 1, 0, configs, fast, 132)
+        for size in (2, 4, 8):
+            for collective in ("reduce_scatter", "all_reduce"):
+                for transport in ("nccl", "copy_engine"):
+                    plan = _plan.plan_overlap("test", collective, size, E4M3, m, n, k, config,
+                                              transport)
+                    c = configs[plan.gemm.config_index]
+                    assert c["dtypes"] == ("float8_e4m3fn",) and bool(c["fast_accum"]) == fast
+                    if transport == "copy_engine":
+                        assert plan.gemm.config_index == model, (m, n, k, c["name"])
+                    picked.add(c["name"])
+                    got = _cuda_ops.check_overlap_plan(_cuda_ops.overlap_attribute(plan), E4M3,
+                                                       m, n, k, rank=1)
+                    assert got["config"] == plan.gemm.config_index
+                    assert got["num_groups"] == plan.num_groups
+    want = ({"fp8fast_pp_128x160x128_c2"} if fast
+            else {"fp8_coop_128x160x128_c2", "fp8_pp_64x192x128_c2"})
+    assert want <= picked, picked
+
+
+@needs_fp8_module
 def test_fp8_plan_refusals():
     from fo_jax import _cuda_ops
 
