@@ -120,6 +120,42 @@ def test_fp8_overlap_matches_fp8_gemm_then_xla_collective(collective, transport,
     np.testing.assert_array_equal(np.asarray(overlapped(xq, wq, xs, ws), np.float64), y)
 
 
+# Every fp8 row a choice may pick for an overlap's producer: the library's rules and the fitted
+# fp8 models (fo_jax/_gemm_choice.py, select_fp8_config; the 128x160 rows and ping-pong 64x192
+# only through a model at M >= 4096). N = 1000 leaves a partial tile in every row's width.
+PRODUCER_ROWS = ["fp8_coop_128x128x128_c1", "fp8_coop_128x192x128_c2", "fp8_pp_64x192x128_c2",
+                 "fp8_coop_128x160x128_c2", "fp8fast_pp_128x192x128_c2",
+                 "fp8fast_pp_128x128x128_c1", "fp8fast_pp_128x160x128_c2"]
+
+
+@pytest.mark.parametrize("row", PRODUCER_ROWS)
+@pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
+def test_fp8_overlap_every_producer_row(collective, transport, row):
+    """Each fp8 row as the overlap's producer (its groups' signals, the transport's bands) against
+    the same row's plain GEMM then XLA's collective, within the sum-order bound."""
+    from fo_jax import _plan, _transport
+
+    tp = tp_or_skip()
+    mesh = _mesh(tp)
+    if row not in [c["name"] for c in _plan.gemm_configs()]:
+        pytest.skip(f"{row} is not compiled in this build")
+    m, n, kl = 2048, 1000, 512
+    config = _plan.row_config(row, allow_fallback=False, transport=transport)
+    if transport == "copy_engine":
+        problem = _transport.copy_engine_problem(collective, tp, E4M3, m, n, kl, config)
+        if problem is not None:
+            pytest.skip(f"copy-engine transport: {problem}")
+    xq, xs, wq, ws = _operands(m, kl * tp, n, seed=len(row) + tp)
+    overlapped, baseline, partials = _calls(mesh, collective, config)
+    y = np.asarray(overlapped(xq, wq, xs, ws), np.float64)
+    y_xla = np.asarray(baseline(xq, wq, xs, ws), np.float64)
+    assert y.shape == y_xla.shape == (m, n) and np.all(np.isfinite(y))
+    bound = _sum_order_bound(partials(xq, wq, xs, ws), tp)
+    assert np.all(np.abs(y - y_xla) <= bound), float(np.abs(y - y_xla).max())
+    np.testing.assert_array_equal(np.asarray(overlapped(xq, wq, xs, ws), np.float64), y)
+
+
 @pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce"])
 def test_fp8_overlap_transposed_weight_bit_identical(collective, transport):
