@@ -161,14 +161,15 @@ def drifted(shapes: dict) -> dict:
 
 
 def fit_dtype(shapes: dict, configs: list, sms: int) -> tuple:
-    """({config: coefficients}, {config: rms relative error}) for one dtype's per-config rows."""
+    """({config: coefficients}, {config: rms relative error}) for one dtype's per-config rows
+    (keys: shapes (M, N, K), or traces (M, N, K, file index): one point each)."""
     params, errors = {}, {}
     for cfg in configs:
         pts = [(s, d["configs"][cfg["name"]]) for s, d in shapes.items()
                if cfg["name"] in d["configs"]]
         if len(pts) < 8:  # too few shapes to fit four coefficients
             continue
-        x = np.array([_gemm_choice.features(cfg, m, n, k, 1, sms) for (m, n, k), _ in pts])
+        x = np.array([_gemm_choice.features(cfg, *s[:3], 1, sms) for s, _ in pts])
         t = np.array([ms * 1e3 for _, ms in pts])
         coef, err = nnls_relative(x, t)
         params[cfg["name"]] = tuple(float(f"{c:.6g}") for c in coef)
@@ -280,13 +281,21 @@ def recheck_points(points: list, rows: list, dt: str, configs: list, params: dic
     return new, text
 
 
-# fp8 XLA_POINTS (--fp8): {key: (fo_jax's methods that run its kernel, preferred first; XLA's
-# fp8 dot of the same accumulation)}. fo_jax.own* (--own) never hand the shape to XLA.
+# The fp8 accumulations (--fp8: XLA_POINTS and tile models under these keys): {key: (whether
+# fast, fo_jax's methods that run its kernel, preferred first; XLA's fp8 dot of the same
+# accumulation)}. fo_jax.own* (--own) never hand the shape to XLA.
 FP8_POINTS = {
-    _gemm_choice.points_key("float8_e4m3fn"): (("fo_jax.own", "fo_jax.matmul"), "xla.dot_fp32acc"),
-    _gemm_choice.points_key("float8_e4m3fn", fast=True): (("fo_jax.own_fast", "fo_jax.matmul_fast"),
-                                                          "xla.dot"),
+    _gemm_choice.points_key("float8_e4m3fn"):
+        (False, ("fo_jax.own", "fo_jax.matmul"), "xla.dot_fp32acc"),
+    _gemm_choice.points_key("float8_e4m3fn", fast=True):
+        (True, ("fo_jax.own_fast", "fo_jax.matmul_fast"), "xla.dot"),
 }
+
+
+def fp8_candidates(configs: list, fast: bool) -> list:
+    """The fp8 rows (compiled_configs(fp8=True)) a choice may pick for the accumulation: its
+    own, but the measure-only ones."""
+    return [c for c in configs if c["fast_accum"] == fast and not c["measure_only"]]
 
 
 def fp8_points(paths: list, threshold: float) -> tuple:
@@ -303,7 +312,7 @@ def fp8_points(paths: list, threshold: float) -> tuple:
                 traces.setdefault((r["M"], r["N"], r["K"], i), {})[r["method"]] = r
     readings: dict = {key: {} for key in FP8_POINTS}
     for (m, n, k, _), d in traces.items():
-        for key, (methods, xla) in FP8_POINTS.items():
+        for key, (_, methods, xla) in FP8_POINTS.items():
             kernel = [d[f] for f in methods if f in d and d[f].get("config") != "xla.dot"]
             if kernel and d.get(xla):
                 a = kernel[0]
@@ -354,43 +363,20 @@ def fp8_points(paths: list, threshold: float) -> tuple:
     return points, text
 
 
-# The fp8 tile models (--fp8): {accumulation's key: (whether fast, XLA's fp8 dot of the same
-# accumulation, fo_jax's own-kernel row of the sweep)}.
-FP8_MODELS = {
-    _gemm_choice.points_key("float8_e4m3fn"): (False, "xla.dot_fp32acc", "fo_jax.own"),
-    _gemm_choice.points_key("float8_e4m3fn", fast=True): (True, "xla.dot", "fo_jax.own_fast"),
-}
-
-
 def fp8_traces(paths: list) -> dict:
-    """{(M, N, K, file index): {"rows": {unsplit config: ms}, method: (config, ms)}} of the fp8
-    sweeps' traces ("rows" empty where the sweep ran without --configs)."""
+    """{(M, N, K, file index): {"configs": {unsplit config: ms}, method: (config, ms)}} of the fp8
+    sweeps' traces ("configs" empty where the sweep ran without --configs)."""
     traces: dict = {}
     for i, path in enumerate(paths):
         for r in load([path]):
             if r["dtype"] != "float8_e4m3fn":
                 continue
-            d = traces.setdefault((r["M"], r["N"], r["K"], i), {"rows": {}})
+            d = traces.setdefault((r["M"], r["N"], r["K"], i), {"configs": {}})
             if r["method"] == "fo_jax.gemm" and "/k" not in r["config"]:
-                d["rows"][r["config"]] = r["ms"]
+                d["configs"][r["config"]] = r["ms"]
             elif r["method"] != "fo_jax.gemm":
                 d[r["method"]] = (r.get("config"), r["ms"])
     return traces
-
-
-def fit_fp8(traces: dict, candidates: list, sms: int) -> dict:
-    """{config: coefficients} of the candidates timed at 8 or more of the traces (one point per
-    trace: _gemm_choice.features of its shape against the row's time)."""
-    params = {}
-    for cfg in candidates:
-        pts = [(t[:3], d["rows"][cfg["name"]]) for t, d in traces.items()
-               if cfg["name"] in d["rows"]]
-        if len(pts) < 8:
-            continue
-        x = np.array([_gemm_choice.features(cfg, *s, 1, sms) for s, _ in pts])
-        coef, _ = nnls_relative(x, np.array([ms * 1e3 for _, ms in pts]))
-        params[cfg["name"]] = tuple(float(f"{c:.6g}") for c in coef)
-    return params
 
 
 def fp8_models(paths: list, configs: list, sms: int) -> tuple:
@@ -404,23 +390,20 @@ def fp8_models(paths: list, configs: list, sms: int) -> tuple:
     fitted pick again with each shape (its layer, its M) held out of the fit."""
     traces = fp8_traces(paths)
     models, floors, text = {}, {}, ""
-    for key, (fast, xla, own) in FP8_MODELS.items():
+    for key, (fast, (own, _), xla) in FP8_POINTS.items():
         # The rule's pick per shape, as any --own trace recorded it (one pick, or none).
         picks: dict = {}
         for t, d in traces.items():
             if own in d:
                 picks.setdefault(t[:3], set()).add(d[own][0])
         rules = {s: next(iter(p)) for s, p in picks.items() if len(p) == 1}
-        candidates = [c for c in configs if c["fast_accum"] == fast and not c["measure_only"]]
-        mine = {t: d for t, d in traces.items() if d.get(xla) and d["rows"]
-                and all(c["name"] in d["rows"] for c in candidates)}
-        params = fit_fp8(mine, candidates, sms)
+        candidates = fp8_candidates(configs, fast)
+        mine = {t: d for t, d in traces.items() if d.get(xla) and d["configs"]
+                and all(c["name"] in d["configs"] for c in candidates)}
+        params = fit_dtype(mine, candidates, sms)[0]
         if not params:
             continue
         models[key], floors[key] = params, min(t[0] for t in mine)
-
-        def pick(p, s):
-            return choice(candidates, p, s, sms)
 
         lines, cols = [], {"fitted": [], "best": []}
         paired = {"rule": [], "fitted": [], "best": []}  # the shapes with the rule's pick known
@@ -428,21 +411,22 @@ def fp8_models(paths: list, configs: list, sms: int) -> tuple:
         for t, d in sorted(mine.items()):
             x = d[xla][1]
             rule = rules.get(t[:3])
-            rule_ratio = x / d["rows"][rule] if rule in d["rows"] else None
-            fitted = pick(params, t[:3])
-            best = min(d["rows"], key=lambda c: d["rows"][c] if c in params else math.inf)
-            cols["fitted"].append(x / d["rows"][fitted])
-            cols["best"].append(x / d["rows"][best])
+            rule_ratio = x / d["configs"][rule] if rule in d["configs"] else None
+            fitted = choice(candidates, params, t[:3], sms)
+            best = min(d["configs"], key=lambda c: d["configs"][c] if c in params else math.inf)
+            cols["fitted"].append(x / d["configs"][fitted])
+            cols["best"].append(x / d["configs"][best])
             if rule_ratio:
                 paired["rule"].append(rule_ratio)
                 paired["fitted"].append(cols["fitted"][-1])
                 paired["best"].append(cols["best"][-1])
             for name, _, group in CV_SCHEMES:
                 rest = {u: e for u, e in mine.items() if group(u[:3]) != group(t[:3])}
-                held[name].append(x / d["rows"][pick(fit_fp8(rest, candidates, sms), t[:3])])
+                rest_params = fit_dtype(rest, candidates, sms)[0]
+                held[name].append(x / d["configs"][choice(candidates, rest_params, t[:3], sms)])
             lines.append([f"{t[0]}x{t[1]}x{t[2]}", rule or "-",
                           f"{rule_ratio:.3f}" if rule_ratio else "-", fitted,
-                          f"{x / d['rows'][fitted]:.3f}", best, f"{x / d['rows'][best]:.3f}"])
+                          f"{x / d['configs'][fitted]:.3f}", best, f"{x / d['configs'][best]:.3f}"])
         text += (f"\n## {key}: the tile model of fo_jax's own fp8 kernels\n\n"
                  f"Fitted on the unsplit per-config rows of {len(mine)} traces (M >= "
                  f"{floors[key]}: below it the kernel library's rule keeps picking) over "

@@ -498,13 +498,13 @@ def test_committed_h200_fp8_models_pick_the_measured_best_rows(monkeypatch):
     assert len(traces) == 32
     for key, fast, design in (("float8_e4m3fn", False, "fp8_coop_128x192x128_c2"),
                               ("float8_e4m3fn_fast", True, "fp8fast_pp_128x192x128_c2")):
-        mine = [c for c in rows if c["fast_accum"] == fast and not c["measure_only"]]
+        mine = fit_gemm_table.fp8_candidates(rows, fast)
         assert set(h200.MODEL[key]) == {c["name"] for c in mine}
         assert h200.MODEL_MIN_M[key] == 4096
         slower = []
         for t, d in traces.items():
             pick = mine[_gemm_choice.select_fp8_config(*t[:3], 1, 0, mine, fast, 132)]["name"]
-            slower.append(d["rows"][pick] / min(d["rows"][c["name"]] for c in mine))
+            slower.append(d["configs"][pick] / min(d["configs"][c["name"]] for c in mine))
         assert math.exp(np.mean(np.log(slower))) <= 1.01 and max(slower) <= 1.02, (key, slower)
         for shape in DESIGN_SHAPES:
             assert mine[_gemm_choice.select_fp8_config(*shape, 1, 0, mine, fast, 132)][
