@@ -218,6 +218,27 @@ std::string AgExchange::failure() {
   return table_->failure;
 }
 
+// A wait's liveness checks: the first after kAgPollMs of waiting, then one every kAgPollMs.
+// Not one per wake-up: every change to the table wakes every waiter of the group (tens of
+// changes per call at 4 ranks), and a check reads each peer's /proc/<pid>/stat under the lock,
+// tens of microseconds in a process with hundreds of threads, as JAX's are.
+class AgExchange::LivenessCheck {
+ public:
+  LivenessCheck() : next_(std::chrono::steady_clock::now() + kPoll) {}
+  // Under the lock: the first peer whose process has ended, if a check is due ("" if not).
+  std::string DeadPeerLocked(AgExchange& ex, int me) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_) return "";
+    next_ = now + kPoll;
+    return ex.DeadPeerLocked(me);
+  }
+  std::chrono::steady_clock::time_point next() const { return next_; }
+
+ private:
+  static constexpr std::chrono::milliseconds kPoll{kAgPollMs};
+  std::chrono::steady_clock::time_point next_;
+};
+
 std::string AgExchange::DeadPeerLocked(int me) {
   if (!shared_) return "";
   const int32_t mine = table_->pid[me];
@@ -233,12 +254,11 @@ std::string AgExchange::DeadPeerLocked(int me) {
 
 void AgExchange::WaitSliceLocked(std::chrono::steady_clock::time_point until) {
   const auto now = std::chrono::steady_clock::now();
-  const auto wake = std::min(until, now + std::chrono::milliseconds(kAgPollMs));
   // Read under the lock, after the caller's check: a change made after it bumps the word first,
   // and then the wait below returns at once.
   const uint32_t seen = __atomic_load_n(&table_->wakeups, __ATOMIC_SEQ_CST);
   pthread_mutex_unlock(&table_->mu);
-  FutexWait(&table_->wakeups, seen, wake - now);
+  FutexWait(&table_->wakeups, seen, until - now);
   if (pthread_mutex_lock(&table_->mu) == EOWNERDEAD) OwnerDied();
 }
 
@@ -265,8 +285,9 @@ std::string AgExchange::AwaitEntry(int me, int q, uint32_t e, std::chrono::milli
   {
     Lock lock(*this);
     const AgEntry& slot = table_->entry[q][e % kAgRing];
+    LivenessCheck liveness;
     while (slot.epoch != e && table_->failure[0] == '\0') {
-      const std::string dead = DeadPeerLocked(me);
+      const std::string dead = liveness.DeadPeerLocked(*this, me);
       if (!dead.empty()) {
         FailLocked(dead + " before all-gather call " + std::to_string(e));
         break;
@@ -276,7 +297,7 @@ std::string AgExchange::AwaitEntry(int me, int q, uint32_t e, std::chrono::milli
                    std::to_string(e) + " within " + Seconds(timeout));
         break;
       }
-      WaitSliceLocked(until);
+      WaitSliceLocked(std::min(until, liveness.next()));
     }
     if (slot.epoch == e) {  // even after a failure: the caller releases that peer's flags
       *out = slot;
@@ -333,8 +354,9 @@ std::string AgExchange::AwaitRingSlot(int me, uint32_t e, std::chrono::milliseco
       }
       return true;
     };
+    LivenessCheck liveness;
     while (!ready() && table_->failure[0] == '\0') {
-      const std::string dead = DeadPeerLocked(me);
+      const std::string dead = liveness.DeadPeerLocked(*this, me);
       if (!dead.empty()) {
         FailLocked(dead + " before taking all-gather call " + std::to_string(previous));
         break;
@@ -344,7 +366,7 @@ std::string AgExchange::AwaitRingSlot(int me, uint32_t e, std::chrono::milliseco
                    std::to_string(previous) + " within " + Seconds(timeout));
         break;
       }
-      WaitSliceLocked(until);
+      WaitSliceLocked(std::min(until, liveness.next()));
     }
     failed = table_->failure;
   }

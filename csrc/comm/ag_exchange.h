@@ -10,8 +10,10 @@
 // The table is plain data guarded by a process-shared, robust pthread mutex, with a futex word
 // that every change bumps and wakes, so it can live in the heap (one process) or in a POSIX
 // shared-memory segment that every process of the group maps. Across processes a rank's process
-// can end at any point: waits wake every kAgPollMs and check the peers' processes (kill(pid, 0)),
-// so a peer that ended fails the wait at once instead of after the caller's timeout; a process
+// can end at any point: a wait checks the peers' processes (kill(pid, 0), /proc) after every
+// kAgPollMs it has waited, not at each wake-up (a check costs tens of microseconds per peer, and
+// every change wakes every waiter), so a peer that ended fails the wait within kAgPollMs instead
+// of after the caller's timeout; a process
 // that ended while holding the mutex leaves it to the next locker as a failure (EOWNERDEAD); and
 // a thread that ends inside a wait leaves nothing behind, since a futex keeps its waiters in the
 // kernel (a process-shared condition variable keeps a count of them in the shared memory, and a
@@ -122,6 +124,7 @@ class AgExchange {
 
  private:
   class Lock;
+  class LivenessCheck;
   AgExchange(AgExchangeTable* table, bool shared, size_t bytes)
       : table_(table), shared_(shared), bytes_(bytes) {}
   // Under the lock, after pthread_mutex_lock or _timedwait returned EOWNERDEAD: the mutex made
@@ -130,8 +133,8 @@ class AgExchange {
   // Under the lock: the first peer whose process has ended, as a failure ("" if none).
   std::string DeadPeerLocked(int me);
   void FailLocked(const std::string& why);
-  // Under the lock: lets go of it and sleeps until the next Notify, `until` or kAgPollMs,
-  // whichever comes first, then takes it again.
+  // Under the lock: lets go of it and sleeps until the next Notify or `until` (a wait passes
+  // its next liveness check or its limit, whichever comes first), then takes it again.
   void WaitSliceLocked(std::chrono::steady_clock::time_point until);
   // After a change to the table (made under the lock): wakes every waiter.
   void Notify();

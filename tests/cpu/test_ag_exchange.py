@@ -21,3 +21,18 @@ def test_exchange_across_processes(tmp_path):
     out = build_and_run(tmp_path, ["csrc/comm/ag_exchange.cc", "tests/cpu/ag_exchange_check.cc"],
                         timeout=300, flags=["-pthread"], libs=["-lrt"])
     assert out.startswith("ok 8 cases"), out
+
+
+@needs_compiler
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="POSIX shared memory, robust mutexes, futexes and /proc: Linux")
+def test_cost_probe_runs(tmp_path):
+    """dev/probes_host/ag_exchange_cost.cc (the exchange's host time per call) still builds
+    against the exchange and completes its calls: 4 ranks with idle threads, one short round. Its
+    times are not checked here (docs/performance.md, "Processes", has the measured ones)."""
+    out = build_and_run(tmp_path, ["csrc/comm/ag_exchange.cc",
+                                   "dev/probes_host/ag_exchange_cost.cc"],
+                        timeout=120, flags=["-pthread"], libs=["-lrt"],
+                        args=["4", "200", "20", "1"])
+    assert out.startswith("P=4 calls=200 idle threads=20: median "), out
+    assert "us per call (rounds: " in out, out
