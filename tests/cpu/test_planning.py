@@ -387,6 +387,14 @@ def test_copy_engine_program_fields(fake_cuda):
     assert not _ce_plan("all_reduce", 8192, 8192, 2048, 4, ring).ring
 
 
+def test_copy_engine_plan_of_a_call_it_cannot_take_names_the_reason(fake_cuda):
+    """The lowering plans the copy engine only where _transport.choose found no problem; a plan
+    asked for anyway (bands of 64 rows, under one 128-row tile) raises that problem."""
+    fake_cuda()
+    with pytest.raises(ValueError, match=r"cannot take this call: rows per band \(64\)"):
+        _ce_plan("reduce_scatter", 512, 8192, 2048, 8)
+
+
 def test_ring_default_rank_limit(fake_cuda, monkeypatch):
     t = fake_cuda()
     monkeypatch.setattr(t, "RING_DEFAULT_MAX_RANKS", 2)
