@@ -13,13 +13,12 @@
 // can end at any point: a wait checks the peers' processes (kill(pid, 0), /proc) after every
 // kAgPollMs it has waited, not at each wake-up (a check costs tens of microseconds per peer, and
 // every change wakes every waiter), so a peer that ended fails the wait within kAgPollMs instead
-// of after the caller's timeout; a process
-// that ended while holding the mutex leaves it to the next locker as a failure (EOWNERDEAD); and
-// a thread that ends inside a wait leaves nothing behind, since a futex keeps its waiters in the
-// kernel (a process-shared condition variable keeps a count of them in the shared memory, and a
-// waiter killed there blocks a later broadcast forever). Linux, host-only: no CUDA here (the
-// event travels as its IPC handle's bytes; ag_exchange_check.cc tests this file with the system
-// compiler).
+// of after the caller's timeout; a process that ended while holding the mutex leaves it to the
+// next locker as a failure (EOWNERDEAD); and a thread that ends inside a wait leaves nothing
+// behind, since a futex keeps its waiters in the kernel (a process-shared condition variable
+// keeps a count of them in the shared memory, and a waiter killed there blocks a later broadcast
+// forever). Linux, host-only: no CUDA here (the event travels as its IPC handle's bytes;
+// ag_exchange_check.cc tests this file with the system compiler).
 #pragma once
 
 #include <pthread.h>
