@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -60,12 +59,18 @@ double Rank(const std::string& name, int P, int me, uint32_t calls, int idle) {
   std::unique_ptr<AgExchange> ex;
   Check(AgExchange::OpenShared(name, P, me, me == 0, 10000, &ex), "open");
 
-  // The handler hands each published call to the copy thread, as it pushes the copy job.
-  std::atomic<uint32_t> published{0};
+  // The handler hands each published call to the copy thread, as it pushes the copy job (a
+  // queue under a mutex and a condition variable, as csrc/comm/host_worker.h's).
+  std::mutex queue_mu;
+  std::condition_variable queue_cv;
+  uint32_t published = 0;
   Clock::time_point start;
   std::thread copier([&] {
     for (uint32_t e = 1; e <= calls; ++e) {
-      while (published.load(std::memory_order_acquire) < e) std::this_thread::yield();
+      {
+        std::unique_lock<std::mutex> lock(queue_mu);
+        queue_cv.wait(lock, [&] { return published >= e; });
+      }
       ex->NoteWaited(me, me, e);
       for (int s = 1; s < P; ++s) {
         const int q = (me + s) % P;
@@ -84,7 +89,11 @@ double Rank(const std::string& name, int P, int me, uint32_t calls, int idle) {
     entry.epoch = e;
     entry.device = me;
     Check(ex->Publish(me, entry), "publish");
-    published.store(e, std::memory_order_release);
+    {
+      std::lock_guard<std::mutex> lock(queue_mu);
+      published = e;
+    }
+    queue_cv.notify_one();
   }
   copier.join();
   const double us =
