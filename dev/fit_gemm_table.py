@@ -379,6 +379,19 @@ def fp8_traces(paths: list) -> dict:
     return traces
 
 
+def held_out_choices(traces: dict, configs: list, sms: int, key) -> dict:
+    """{trace: the pick of the model fitted without the trace's group (the traces whose shapes
+    share its `key`)}: one fit per group."""
+    groups: dict = {}
+    for t in traces:
+        groups.setdefault(key(t[:3]), []).append(t)
+    out = {}
+    for held in groups.values():
+        params = fit_dtype({u: d for u, d in traces.items() if u not in held}, configs, sms)[0]
+        out.update({t: choice(configs, params, t[:3], sms) for t in held})
+    return out
+
+
 def fp8_models(paths: list, configs: list, sms: int) -> tuple:
     """({key: {config: coefficients}}, {key: smallest M fitted}, markdown): per accumulation, the
     tile model of its rows (the fast-accumulation rows, or the fp32-promoting rows but the
@@ -408,6 +421,8 @@ def fp8_models(paths: list, configs: list, sms: int) -> tuple:
         lines, cols = [], {"fitted": [], "best": []}
         paired = {"rule": [], "fitted": [], "best": []}  # the shapes with the rule's pick known
         held = {name: [] for name, _, _ in CV_SCHEMES}
+        held_picks = {name: held_out_choices(mine, candidates, sms, group)
+                      for name, _, group in CV_SCHEMES}
         for t, d in sorted(mine.items()):
             x = d[xla][1]
             rule = rules.get(t[:3])
@@ -420,10 +435,8 @@ def fp8_models(paths: list, configs: list, sms: int) -> tuple:
                 paired["rule"].append(rule_ratio)
                 paired["fitted"].append(cols["fitted"][-1])
                 paired["best"].append(cols["best"][-1])
-            for name, _, group in CV_SCHEMES:
-                rest = {u: e for u, e in mine.items() if group(u[:3]) != group(t[:3])}
-                rest_params = fit_dtype(rest, candidates, sms)[0]
-                held[name].append(x / d["configs"][choice(candidates, rest_params, t[:3], sms)])
+            for name in held:
+                held[name].append(x / d["configs"][held_picks[name][t]])
             lines.append([f"{t[0]}x{t[1]}x{t[2]}", rule or "-",
                           f"{rule_ratio:.3f}" if rule_ratio else "-", fitted,
                           f"{x / d['configs'][fitted]:.3f}", best, f"{x / d['configs'][best]:.3f}"])

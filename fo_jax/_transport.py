@@ -260,8 +260,10 @@ def copy_engine_program(fn: str, collective: str, dtype, m_total: int, n: int, k
     pred = _ce_model.best(rounds, size, tiles_chunk, c["cluster_m"], chunk_bytes, t_gemm,
                           all_reduce, max_groups)
     if pred is None:  # choose() takes the copy engine only where copy_engine_problem is None
-        raise ValueError(f"{fn}: the copy-engine transport cannot take this call: "
-                         f"{copy_engine_problem(collective, size, dtype, m_total, n, k, config)}")
+        problem = copy_engine_problem(collective, size, dtype, m_total, n, k, config)
+        raise ValueError(f"{fn}: the copy-engine transport cannot take this call: " + (
+            problem or f"its {rounds * size} chunks of {tiles_chunk} tile rows (GEMM config "
+                       f"{c['name']}) do not split into at most {max_groups} groups"))
     ring = False
     if _ring_allowed(c, collective, config):
         forced = _field(config, "copy_engine_ring") is True
