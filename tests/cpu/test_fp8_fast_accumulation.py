@@ -118,11 +118,16 @@ def test_a_named_row_must_match_the_flag():
 
 
 @needs_fast_kernels
-def test_pick_is_within_2_percent_of_the_fastest_measured_row():
+def test_pick_is_within_2_percent_of_the_fastest_measured_row(monkeypatch):
     """The wave model of fo_jax/_fp8_fast_choice.py against the committed measurement of both
     fast-accumulation rows on 16 shapes (one H100): the pick is the fastest on 15 of them and
-    1.7% behind it on the last (4096x7168x8192, a near tie)."""
-    from fo_jax import _plan
+    1.7% behind it on the last (4096x7168x8192, a near tie). The H100's table decides, whatever
+    GPU runs the test: another GPU's table may pick rows this measurement did not time."""
+    from fo_jax import _gemm_choice, _gemm_tables, _plan
+
+    h100 = _gemm_tables.for_device("NVIDIA H100 80GB HBM3")
+    assert h100.DEVICE == "NVIDIA H100 80GB HBM3"
+    monkeypatch.setattr(_gemm_choice, "table", lambda: h100)
 
     times = measured_config_times(FAST_SWEEP)
     assert len(times) == 16 and all(len(t) == 2 for t in times.values()), times
