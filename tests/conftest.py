@@ -23,9 +23,24 @@ from fo_jax import _hw_queues  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
 
+# FO_JAX_TEST_DEVICE_KIND names the GPU model whose GEMM choice table the planner reads, in place
+# of the first GPU's (or, without GPUs, the default model's): tests/cpu/test_every_gemm_table.py
+# runs the planning tests under each committed table, as they run on that model's machines.
+_device_kind = os.environ.get("FO_JAX_TEST_DEVICE_KIND")
+if _device_kind:
+    from fo_jax import _gemm_choice, _gemm_tables  # noqa: E402
+
+    if _device_kind not in _gemm_tables.tables():
+        raise ValueError(f"FO_JAX_TEST_DEVICE_KIND={_device_kind!r} has no GEMM table; the "
+                         f"tables: {sorted(_gemm_tables.tables())}")
+    _gemm_choice.device_kind = lambda: _device_kind
+
 
 def pytest_report_header(config):
-    return "fo_jax: " + _hw_queues.status()
+    lines = ["fo_jax: " + _hw_queues.status()]
+    if _device_kind:
+        lines.append(f"fo_jax: GEMM choice table of {_device_kind} (FO_JAX_TEST_DEVICE_KIND)")
+    return lines
 
 
 def cpu_devices(n: int):
