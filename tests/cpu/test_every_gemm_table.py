@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import cpu_worker_env
 
 import fo_jax
 from fo_jax import _gemm_choice, _gemm_tables
@@ -24,11 +25,23 @@ PLANNING_TESTS = (
     "test_split_k.py", "test_tuning.py",
 )
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def other_tables():
     """The committed tables but the one this process's planner reads."""
     return sorted(set(_gemm_tables.tables()) - {_gemm_choice.table().DEVICE})
+
+
+def run_pytest(device: str, tests, timeout: float) -> subprocess.CompletedProcess:
+    """pytest on `tests` (under tests/cpu) with `device`'s table, on CPU devices only, with the
+    fo_jax this process imported."""
+    env = cpu_worker_env(FO_JAX_TEST_DEVICE_KIND=device)
+    env.pop("FO_JAX_REQUIRE_GPU", None)
+    return subprocess.run([sys.executable, "-m", "pytest", "-x", "-p", "no:cacheprovider",
+                           "--rootdir", ROOT, "-c", os.path.join(ROOT, "pyproject.toml"),
+                           *(os.path.join(HERE, t) for t in tests)],
+                          env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_the_planning_tests_exist():
@@ -37,12 +50,8 @@ def test_the_planning_tests_exist():
 
 
 def test_an_unknown_device_kind_is_refused():
-    env = dict(os.environ, FO_JAX_TEST_DEVICE_KIND="NVIDIA H999")
-    root = os.path.dirname(os.path.dirname(HERE))
-    test = os.path.join(HERE, "test_every_gemm_table.py::test_the_planning_tests_exist")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "--rootdir", root, "-c", os.path.join(root, "pyproject.toml"), test],
-                       env=env, capture_output=True, text=True, timeout=300)
+    r = run_pytest("NVIDIA H999", ["test_every_gemm_table.py::test_the_planning_tests_exist"],
+                   timeout=300)
     assert r.returncode != 0
     assert "FO_JAX_TEST_DEVICE_KIND='NVIDIA H999' has no GEMM table" in r.stdout + r.stderr
 
@@ -52,18 +61,9 @@ def test_an_unknown_device_kind_is_refused():
                            "read a table need it)")
 @pytest.mark.parametrize("device", other_tables())
 def test_planning_tests_pass_under_the_table_of(device):
-    root = os.path.dirname(os.path.dirname(HERE))
-    # The same fo_jax as this process (the installed one, or this tree), on CPU devices only.
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(fo_jax.__file__)))
-    env = dict(os.environ, FO_JAX_TEST_DEVICE_KIND=device, JAX_PLATFORMS="cpu",
-               PYTHONPATH=pkg_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("FO_JAX_REQUIRE_GPU", None)
     print(f"running {len(PLANNING_TESTS)} planning test files under the table of {device} "
           "(a few minutes on 2 cores)", flush=True)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-p", "no:cacheprovider",
-                        "--rootdir", root, "-c", os.path.join(root, "pyproject.toml"),
-                        *(os.path.join(HERE, f) for f in PLANNING_TESTS)],
-                       env=env, capture_output=True, text=True, timeout=1800)
+    r = run_pytest(device, PLANNING_TESTS, timeout=1800)
     assert r.returncode == 0, (f"planning tests under the table of {device} failed:\n"
                                + r.stdout[-6000:] + r.stderr[-2000:])
     assert f"GEMM choice table of {device}" in r.stdout, r.stdout[:2000]

@@ -125,8 +125,7 @@ def test_pick_is_within_2_percent_of_the_fastest_measured_row(monkeypatch):
     GPU runs the test: another GPU's table may pick rows this measurement did not time."""
     from fo_jax import _gemm_choice, _gemm_tables, _plan
 
-    h100 = _gemm_tables.for_device("NVIDIA H100 80GB HBM3")
-    assert h100.DEVICE == "NVIDIA H100 80GB HBM3"
+    h100 = _gemm_tables.tables()["NVIDIA H100 80GB HBM3"]
     monkeypatch.setattr(_gemm_choice, "table", lambda: h100)
 
     times = measured_config_times(FAST_SWEEP)
