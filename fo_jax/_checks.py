@@ -54,6 +54,22 @@ def axis_size(fn: str, axis_name) -> int:
             f"jax.shard_map(..., mesh=mesh) whose mesh has an axis named {axis_name!r}") from e
 
 
+def mesh_axis_size(fn: str, axis_name) -> int:
+    """Size of the axis of an overlapped call's collective: a mesh axis of an enclosing shard_map
+    (or pmap). An axis bound by jax.vmap(axis_name=...) names no devices to overlap across, so
+    it raises ValueError here, naming the JAX collective that takes it (without this check the
+    call fails later inside the batching rules, with JAX's internal errors)."""
+    size = axis_size(fn, axis_name)
+    manual = getattr(jax.sharding.get_abstract_mesh(), "manual_axes", None)
+    if manual is not None and axis_name not in manual:
+        raise ValueError(
+            f"{fn}: axis name {axis_name!r} is bound by jax.vmap(axis_name=...), not by a "
+            f"shard_map mesh; fo_jax overlaps a collective across the devices of a shard_map "
+            f"mesh axis. Over a vmapped axis write the collective in JAX (e.g. "
+            f"jax.lax.psum(x @ w, {axis_name!r}) or jax.lax.psum_scatter)")
+    return size
+
+
 def check_scatter_rows(fn: str, m: int, size: int, axis_name: str) -> None:
     if m % size:
         raise ValueError(

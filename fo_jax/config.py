@@ -37,8 +37,10 @@ class OverlapConfig:
     """Configuration of `overlapped_matmul` / `matmul`.
 
     Attributes:
-      gemm_config: name of a compiled GEMM tile configuration (see `fo_jax.gemm_configs()`), or
-        None for the shape heuristic.
+      gemm_config: name of a compiled GEMM tile configuration (listed in docs/configuration.md;
+        an unknown name raises ValueError, listing the compiled ones, when the call takes
+        fo_jax's kernels: the reference path runs none and ignores it), or None for fo_jax's
+        choice.
       num_groups: number of uniform output groups the collective is split into. Unset, the
         default is 4 or 8 groups; an all-reduce whose collective outlasts its GEMM gets 4 groups
         of relative sizes 1 : 2 : 2.5 : 2.5 (its first NCCL call starts sooner).
@@ -170,14 +172,12 @@ class OverlapConfig:
             raise ValueError(
                 f"OverlapConfig.copy_engine_ring must be True, False or None, got "
                 f"{self.copy_engine_ring!r}")
-        if not isinstance(self.fp8_fast_accumulation, bool):
-            raise ValueError(
-                "OverlapConfig.fp8_fast_accumulation must be True or False, got "
-                f"{self.fp8_fast_accumulation!r}")
-        if not isinstance(self.copy_engine_multiprocess, bool):
-            raise ValueError(
-                "OverlapConfig.copy_engine_multiprocess must be True or False, got "
-                f"{self.copy_engine_multiprocess!r}")
+        for name in ("force_reference", "allow_fallback", "fp8_fast_accumulation",
+                     "copy_engine_multiprocess"):
+            # A str such as "false" would read as True.
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"OverlapConfig.{name} must be True or False, got {getattr(self, name)!r}")
         if self.copy_engine_sum_split not in (None,) + SUM_SPLITS:
             raise ValueError(
                 f"OverlapConfig.copy_engine_sum_split must be one of {SUM_SPLITS} or None, got "

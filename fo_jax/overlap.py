@@ -316,12 +316,12 @@ def _overlap_batchable(axis_name: str, collective: str, config, size: int):
     return forward
 
 
-def _validate_overlapped(x, w, axis_name, collective, config) -> tuple:
-    fn = "fo_jax.overlapped_matmul"
+def _validate_overlapped(x, w, axis_name, collective, config,
+                         fn: str = "fo_jax.overlapped_matmul") -> tuple:
     _checks.check_collective(fn, collective)
     dtype = _checks.check_operands(fn, x, w, min_x_rank=1 if collective == "all_reduce" else 2)
     _checks.check_config(fn, config)
-    size = _checks.axis_size(fn, axis_name)
+    size = _checks.mesh_axis_size(fn, axis_name)
     if collective == "reduce_scatter":
         _checks.check_scatter_rows(fn, x.shape[0], size, axis_name)
     return dtype, size
@@ -357,7 +357,7 @@ def describe(x, w, *, axis_name: Optional[str] = None, collective: Optional[str]
         k, n = _weight_kn(w, w_transposed)
         return _known_choice(_choose_fp8_overlapped, config, _rows(x), n, k,
                              _checks.trace_platform(), collective, size)
-    dtype, size = _validate_overlapped(x, w, axis_name, collective, config)
+    dtype, size = _validate_overlapped(x, w, axis_name, collective, config, fn)
     return _known_choice(_choose_overlapped, dtype, config, _rows(x), w.shape[1], w.shape[0],
                          _checks.trace_platform(), collective, size)
 
@@ -365,7 +365,7 @@ def describe(x, w, *, axis_name: Optional[str] = None, collective: Optional[str]
 def _validate_fp8_overlapped(fn, x, axis_name, collective, config) -> int:
     _checks.check_collective(fn, collective)
     _checks.check_config(fn, config)
-    size = _checks.axis_size(fn, axis_name)
+    size = _checks.mesh_axis_size(fn, axis_name)
     if collective == "reduce_scatter":
         _checks.check_scatter_rows(fn, x.shape[0], size, axis_name)
     return size
@@ -620,9 +620,9 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
     if w_transposed or x_scale is not None or w_scale is not None or out_dtype is not None:
         _check_fp8_call("fo_jax.overlapped_matmul", x, w, x_scale, w_scale, out_dtype,
                         w_transposed)  # fp8-only arguments on 16-bit operands: raises
-    if collective == "all_gather":
-        return all_gather_matmul(x, w, axis_name=axis_name, config=config)[0]
     fn = "fo_jax.overlapped_matmul"
+    if collective == "all_gather":
+        return _all_gather_matmul(fn, x, w, axis_name, config, recompute=False)[0]
     dtype, size = _validate_overlapped(x, w, axis_name, collective, config)
     k, n = w.shape
     rows = _rows(x)
@@ -653,8 +653,12 @@ def all_gather_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
       the GEMM + reduce-scatter op, plus the scatter of the gathered x's own cotangent where it is
       used), usable under jit, vmap, lax.scan and jax.checkpoint.
     """
-    fn = "fo_jax.all_gather_matmul"
-    dtype, size = _validate_overlapped(x, w, axis_name, "all_gather", config)
+    return _all_gather_matmul("fo_jax.all_gather_matmul", x, w, axis_name, config, recompute)
+
+
+def _all_gather_matmul(fn: str, x, w, axis_name, config, recompute: bool) -> tuple:
+    """all_gather_matmul, its errors naming `fn` (the public op the user called)."""
+    dtype, size = _validate_overlapped(x, w, axis_name, "all_gather", config, fn)
     k, n = w.shape
     rows = _rows(x)
     _log(fn, x, w, lambda platform: _choose_overlapped(dtype, config, rows, n, k, platform,

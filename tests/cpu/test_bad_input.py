@@ -81,6 +81,56 @@ def test_outside_shard_map():
         jax.jit(lambda x, w: fo_jax.overlapped_matmul(x, w, axis_name="tp")).trace(X, W)
 
 
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce", "all_gather"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn])
+def test_axis_bound_by_vmap(collective, dtype):
+    """An axis bound by jax.vmap(axis_name=...) names no devices to overlap across: the same
+    trace-time ValueError for every collective and dtype (it used to fail inside JAX's batching
+    rules), the weight batched or not, and from describe()."""
+    x = jnp.ones((2, 8, 16), dtype)
+    ws = {"batched": jnp.ones((2, 16, 8), dtype), "unbatched": jnp.ones((16, 8), dtype)}
+    scales = {"x_scale": jnp.float32(1), "w_scale": jnp.float32(1)} if dtype != jnp.bfloat16 else {}
+    msg = r"fo_jax.overlapped_matmul: axis name 'i' is bound by jax.vmap\(axis_name=...\)"
+    for name, w in ws.items():
+        def body(x, w):
+            return fo_jax.overlapped_matmul(x, w, axis_name="i", collective=collective, **scales)
+
+        in_axes = (0, 0) if name == "batched" else (0, None)
+        with pytest.raises(ValueError, match=msg):
+            jax.vmap(body, in_axes=in_axes, axis_name="i")(x, w)
+    with pytest.raises(ValueError, match=r"fo_jax.describe: axis name 'i' is bound by jax.vmap"):
+        jax.vmap(lambda x: fo_jax.describe(x, ws["unbatched"], axis_name="i",
+                                           collective=collective), axis_name="i")(x)
+
+
+def test_all_gather_matmul_errors_name_it():
+    x = jnp.ones((2, 8, 16), jnp.bfloat16)
+    w = jnp.ones((16, 8), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"^fo_jax.all_gather_matmul: axis name 'i' is bound"):
+        jax.vmap(lambda x: fo_jax.all_gather_matmul(x, w, axis_name="i")[0], axis_name="i")(x)
+    with pytest.raises(TypeError, match=r"^fo_jax.all_gather_matmul: unsupported dtype int32"):
+        jax.jit(jax.shard_map(
+            lambda x, w: fo_jax.all_gather_matmul(x, w, axis_name="tp")[0],
+            mesh=cpu_mesh((2,), ("tp",)), in_specs=(P(), P()), out_specs=P(),
+            check_vma=False)).trace(jax.ShapeDtypeStruct((8, 16), jnp.int32),
+                                    jax.ShapeDtypeStruct((16, 8), jnp.int32))
+
+
+def test_pmap_axis_is_a_mesh_axis():
+    """pmap binds its axis over devices (a manual mesh axis): the check lets it through."""
+    n = min(2, jax.local_device_count())
+    y = jax.pmap(lambda x, w: fo_jax.overlapped_matmul(x, w, axis_name="p",
+                                                     collective="all_reduce"),
+                 axis_name="p")(jnp.ones((n, 4, 8), jnp.float32), jnp.ones((n, 8, 4), jnp.float32))
+    assert y.shape == (n, 4, 4) and float(y[0, 0, 0]) == 8.0 * n
+
+
+@pytest.mark.parametrize("name", ["force_reference", "allow_fallback"])
+def test_config_flags_are_bools(name):
+    with pytest.raises(ValueError, match=f"OverlapConfig.{name} must be True or False, got 'no'"):
+        fo_jax.OverlapConfig(**{name: "no"})
+
+
 def test_axis_name_must_be_a_string():
     with pytest.raises(TypeError, match="axis_name must be a str"):
         run_tp(X, W, axis_name=("tp",))
