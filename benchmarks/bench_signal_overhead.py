@@ -11,11 +11,11 @@ a method's time is its median over the rounds):
 Reports the signaling overhead (signal / 8groups - 1: the counters' cost, the criterion of issue 31:
 <= 2%) and the group order's (8groups / 1group - 1), each the median over rounds of that round's
 two samples' ratio (taken next to each other), with the lowest and highest round beside the
-signaling overhead: the spread a single reading carries. The counters are zeroed before the
-kernel by stream memory operations, which the kernel time does not hold (FO_JAX_COUNTERS_MEMSET=1:
-by a memset kernel, about 0.8 us, which it holds), so the signaling overhead is also given in
-span (benchlib.gpu_ms_samples: the calls' time on the GPU from the first kernel's start to the
-last one's end, the zeroing included either way).
+signaling overhead: the spread a single reading carries. "signaling, span" is the same ratio of
+the calls' span on the GPU (benchlib.gpu_ms_samples: from the first kernel's start to the last
+one's end), which also holds what the GPU does between the kernels: the counters' zeroing before
+each signaling kernel, and the gaps around it. Where the host enqueues calls slower than the GPU
+runs them (the 1-group span well above its kernel time) the span holds host time too.
 "producer runs": whether an overlapped call with this per-GPU GEMM runs the producer at all (its
 estimated GEMM reaches the overlap's lowest floor; below it nothing signals): the verdicts count
 those rows only, the table shows all. Each method's result is checked against XLA's dot of the same

@@ -20,17 +20,13 @@ struct GemmRun {
   int a_batch_rows = 0;
 };
 
-// Zeroes `count` counters on `stream` in stream order (zero_counters.cu: stream memory
-// operations where the driver takes them, else a memset).
-cudaError_t ZeroCountersOnStream(uint32_t* counters, int count, cudaStream_t stream);
-
 // SignalingGemmArgs::zero_counters_on_launch: zeroes the group counters on the stream and
 // records after_zero_event after it (the launcher, before the kernel; a launch split in two,
 // once before both).
 inline cudaError_t ZeroGemmCounters(const SignalingGemmArgs& a, cudaStream_t stream,
                                     std::string* error) {
   if (!a.zero_counters_on_launch || a.counters == nullptr) return cudaSuccess;
-  cudaError_t e = ZeroCountersOnStream(a.counters, a.num_groups, stream);
+  cudaError_t e = cudaMemsetAsync(a.counters, 0, size_t(a.num_groups) * sizeof(uint32_t), stream);
   if (e == cudaSuccess && a.after_zero_event != nullptr) {
     e = cudaEventRecord(a.after_zero_event, stream);
   }

@@ -29,7 +29,7 @@ for o in "$OBJ"/gemm_*.o; do
   b=$(basename "${o%.o}")
   [[ -f "csrc/kernels/generated/$b.cu" ]] || rm -f "$o" "$o.log"
 done
-SRCS=(csrc/kernels/signaling_gemm.cu csrc/kernels/zero_counters.cu csrc/kernels/generated/gemm_*.cu)
+SRCS=(csrc/kernels/signaling_gemm.cu csrc/kernels/generated/gemm_*.cu)
 compile() {
   local src=$1 obj=$OBJ/$(basename "${1%.cu}").o
   local newer=0 dep
@@ -49,6 +49,6 @@ for p in "${pids[@]}"; do wait "$p"; done
 for tool in gemm_selftest gemm_probe signal_cost_probe; do
   "$NVCC" "${FLAGS[@]}" -I"$CUBLAS_INCLUDE" -c "dev/probes/$tool.cu" -o "$OBJ/main_$tool.o"
   "$NVCC" -gencode=arch=compute_90a,code=sm_90a -o ".devbuild/$tool" "$OBJ/main_$tool.o" \
-    "$OBJ"/signaling_gemm.o "$OBJ"/zero_counters.o "$OBJ"/gemm_*.o -cudart static -ldl
+    "$OBJ"/signaling_gemm.o "$OBJ"/gemm_*.o -cudart static -ldl
   echo "built .devbuild/$tool"
 done

@@ -31,7 +31,7 @@ CUTLASS_INCLUDE=${CUTLASS_INCLUDE:-$(python3 -c 'import cutlass_library as c, os
 print(os.path.join(os.path.dirname(c.__file__), "source", "include"))')}
 OBJ=.devbuild/obj
 OUTDIR=.devbuild/variants
-for f in "$OBJ/main_signal_cost_probe.o" "$OBJ/signaling_gemm.o" "$OBJ/zero_counters.o" "$OBJ/$KERNEL.o"; do
+for f in "$OBJ/main_signal_cost_probe.o" "$OBJ/signaling_gemm.o" "$OBJ/$KERNEL.o"; do
   [[ -f $f ]] || { echo "missing $f: run dev/lease/build_gemm_selftest.sh first"; exit 1; }
 done
 mkdir -p "$OUTDIR"
@@ -75,7 +75,7 @@ EOF
   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DNDEBUG -O3 \
     -I"$src" -I"$CUTLASS_INCLUDE" -c "$src/kernels/generated/$KERNEL.cu" -o "$OUTDIR/$name/$KERNEL.o"
   nvcc -gencode=arch=compute_90a,code=sm_90a -o "$OUTDIR/signal_cost_probe_$name" \
-    "$OBJ/main_signal_cost_probe.o" "$OBJ/signaling_gemm.o" "$OBJ/zero_counters.o" $others "$OUTDIR/$name/$KERNEL.o" \
+    "$OBJ/main_signal_cost_probe.o" "$OBJ/signaling_gemm.o" $others "$OUTDIR/$name/$KERNEL.o" \
     -cudart static -ldl
   rm -rf "${OUTDIR:?}/$name"  # (the binary is what travels)
   echo "built $OUTDIR/signal_cost_probe_$name"
