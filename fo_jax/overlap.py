@@ -610,8 +610,8 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
 
     Raises:
       TypeError / ValueError at trace time for bad input (ranks, shapes, dtypes, collective, an
-      axis name not bound by shard_map, x.shape[0] not divisible by the axis size for
-      reduce_scatter).
+      axis name not bound by shard_map, e.g. one bound by jax.vmap, x.shape[0] not divisible by
+      the axis size for reduce_scatter).
     """
     if hasattr(x, "dtype") and hasattr(w, "dtype") and (fp8.is_fp8(x.dtype) or
                                                         fp8.is_fp8(w.dtype)):
