@@ -9,12 +9,20 @@
 // bit-identical across a configuration's cases, its counters each tile counted once.
 // Build: dev/lease/build_gemm_selftest.sh (or the CMake target). Run:
 //   signal_cost_probe [--dtype bf16|fp8] [--config NAME ...] [--rounds N] [--no-counter-check]
-//                     [MxNxK ...]
+//                     [--chain N] [MxNxK ...]
 // --rounds: timed launches per case (default 30). --no-counter-check: for the diagnostic builds
 // of dev/lease/build_signal_variants.sh that drop signals on purpose (the outputs are still
 // checked).
 // Default: fp8 on the configurations its choice takes at the design shapes (cooperative
 // 128x192, fast-accumulation ping-pong 128x192), 4096x8192x2048 and 8192x8192x2048.
+// --chain N: then, per configuration at 8 groups, chains of N back-to-back launches between two
+// events (no sleep between them, as a stream of calls runs), per launch: the kernel without
+// counters; with counters zeroed once before the chain; and with counters zeroed before every
+// launch by a memset, and by one batch of 32-bit stream writes (cuStreamBatchMemOp; the probe
+// says if the driver refuses it). The zeroings' rows less the zeroed-once row are what zeroing
+// between two kernels costs in stream time, which the Python benchmark's kernel time does not
+// show and its span does (bench_signal_overhead.py, "signaling, span").
+#include <cuda.h>  // types and enums only; the entry point comes from cudaGetDriverEntryPoint
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -68,12 +76,70 @@ struct Case {
   std::vector<float> ms;
 };
 
+using BatchMemOpFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
+
+BatchMemOpFn ResolveBatchMemOp() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status;
+  if (cudaGetDriverEntryPointByVersion("cuStreamBatchMemOp", &fn, 12000, cudaEnableDefault,
+                                       &status) != cudaSuccess ||
+      status != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<BatchMemOpFn>(fn);
+}
+
+enum class Zeroing { kNoCounters, kOnce, kMemset, kWrites };
+
+// One chain: `launches` back-to-back launches of `g` between two events, the counters zeroed as
+// `z` says. Microseconds per launch, or -1 if a launch or a batch of writes was refused (the
+// reason in *why).
+float ChainUsPerLaunch(cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1,
+                       fo_jax::SignalingGemmArgs g, uint32_t* counters, Zeroing z, int launches,
+                       BatchMemOpFn batch, std::string* why) {
+  g.counters = z == Zeroing::kNoCounters ? nullptr : counters;
+  CK(cudaMemsetAsync(counters, 0, fo_jax::kMaxGemmGroups * sizeof(uint32_t), s));
+  CUstreamBatchMemOpParams ops[fo_jax::kMaxGemmGroups];
+  std::memset(ops, 0, sizeof(ops));
+  for (int q = 0; q < g.num_groups; ++q) {
+    ops[q].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    ops[q].writeValue.address = reinterpret_cast<CUdeviceptr>(counters + q);
+    ops[q].writeValue.value = 0;
+    ops[q].writeValue.flags = CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
+  }
+  SleepNs<<<1, 1, 0, s>>>(50000);  // the chain is enqueued before the GPU reaches it
+  CK(cudaEventRecord(e0, s));
+  for (int i = 0; i < launches; ++i) {
+    if (z == Zeroing::kMemset) {
+      CK(cudaMemsetAsync(counters, 0, size_t(g.num_groups) * sizeof(uint32_t), s));
+    } else if (z == Zeroing::kWrites) {
+      const CUresult r = batch(reinterpret_cast<CUstream>(s), unsigned(g.num_groups), ops, 0);
+      if (r != CUDA_SUCCESS) {
+        *why = "cuStreamBatchMemOp refused: CUresult " + std::to_string(int(r));
+        CK(cudaStreamSynchronize(s));
+        return -1.f;
+      }
+    }
+    if (fo_jax::LaunchSignalingGemm(s, g, why) != cudaSuccess) {
+      CK(cudaStreamSynchronize(s));
+      return -1.f;
+    }
+  }
+  CK(cudaEventRecord(e1, s));
+  CK(cudaEventSynchronize(e1));
+  float ms;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  return 1e3f * ms / launches;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   fo_jax::GemmDtype dtype = fo_jax::GemmDtype::kE4M3;
   std::vector<std::string> configs, shapes;
   int rounds = 30;
+  int chain = 0;
   bool check_counters = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -82,6 +148,8 @@ int main(int argc, char** argv) {
       dtype = d == "bf16" ? fo_jax::GemmDtype::kBF16 : fo_jax::GemmDtype::kE4M3;
     } else if (a == "--rounds" && i + 1 < argc) {
       rounds = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--chain" && i + 1 < argc) {
+      chain = std::max(0, std::atoi(argv[++i]));
     } else if (a == "--no-counter-check") {
       check_counters = false;
     } else if (a == "--config") {
@@ -241,6 +309,47 @@ int main(int argc, char** argv) {
       const float med[2] = {Median(cases[i].ms), Median(cases[i + 1].ms)};
       std::printf("  %-40s %9.4f %9.4f %+9.2f\n", cases[i].name.c_str(), med[0], med[1],
                   1e3f * (med[1] - med[0]));
+    }
+    if (chain > 0) {
+      const BatchMemOpFn batch = ResolveBatchMemOp();
+      const char* names[] = {"no counters", "zeroed once", "memset each", "writes each"};
+      std::printf("\n%s, chains of %d launches (median of %d), us per launch\n  %-28s", sh.c_str(),
+                  chain, rounds, "config");
+      for (const char* z : names) std::printf(" %12s", z);
+      std::printf("\n");
+      for (size_t ci = 0; ci < cases.size(); ++ci) {
+        // Per configuration, its signalled case with the most groups up to 8 (the overlap's).
+        const Case& c = cases[ci];
+        const bool more = ci + 2 < cases.size() &&
+                          cases[ci + 2].args.config == c.args.config &&
+                          cases[ci + 2].args.num_groups <= 8;
+        if (c.args.counters == nullptr || more) continue;
+        std::vector<float> us[4];
+        std::string why[4];
+        for (int round = 0; round < rounds + 2; ++round) {
+          for (int z = 0; z < 4; ++z) {
+            if (z == 3 && batch == nullptr) {
+              why[3] = "no cuStreamBatchMemOp entry point";
+              continue;
+            }
+            const float v = ChainUsPerLaunch(s, e0, e1, c.args, counters, Zeroing(z), chain,
+                                             batch, &why[z]);
+            if (v >= 0 && round >= 2) us[z].push_back(v);
+          }
+        }
+        std::printf("  %-28s", fo_jax::GetGemmConfig(c.args.config).name);
+        for (int z = 0; z < 4; ++z) {
+          if (us[z].empty()) {
+            std::printf(" %12s", "-");
+          } else {
+            std::printf(" %12.2f", Median(us[z]));
+          }
+        }
+        std::printf("\n");
+        for (int z = 0; z < 4; ++z) {
+          if (us[z].empty() && !why[z].empty()) std::printf("    %s: %s\n", names[z], why[z].c_str());
+        }
+      }
     }
     CK(cudaFree(a)); CK(cudaFree(b)); CK(cudaFree(d)); CK(cudaFree(want)); CK(cudaFree(differing));
   }
