@@ -65,8 +65,9 @@ def mesh_axis_size(fn: str, axis_name) -> int:
         raise ValueError(
             f"{fn}: axis name {axis_name!r} is bound by jax.vmap(axis_name=...), not by a "
             f"shard_map mesh; fo_jax overlaps a collective across the devices of a shard_map "
-            f"mesh axis. Over a vmapped axis write the collective in JAX (e.g. "
-            f"jax.lax.psum(x @ w, {axis_name!r}) or jax.lax.psum_scatter)")
+            f"mesh axis. Over a vmapped axis write the collective in JAX: "
+            f"jax.lax.psum(x @ w, {axis_name!r}), jax.lax.psum_scatter(x @ w, {axis_name!r}, "
+            f"tiled=True) or jax.lax.all_gather(x, {axis_name!r}, tiled=True) @ w")
     return size
 
 
