@@ -60,8 +60,14 @@ def mesh_axis_size(fn: str, axis_name) -> int:
     it raises ValueError here, naming the JAX collective that takes it (without this check the
     call fails later inside the batching rules, with JAX's internal errors)."""
     size = axis_size(fn, axis_name)
-    manual = getattr(jax.sharding.get_abstract_mesh(), "manual_axes", None)
-    if manual is not None and axis_name not in manual:
+    mesh = jax.sharding.get_abstract_mesh()
+    manual = getattr(mesh, "manual_axes", None)
+    # JAX versions whose pmap is not a shard_map (jax_pmap_shmap_merge present and off, as in
+    # 0.6) bind a pmap axis without a mesh, as vmap does: there an axis outside every mesh may be
+    # either, and passes.
+    pmap_has_mesh = jax.config.values.get("jax_pmap_shmap_merge", True)
+    if (manual is not None and axis_name not in manual
+            and (pmap_has_mesh or not getattr(mesh, "empty", True))):
         raise ValueError(
             f"{fn}: axis name {axis_name!r} is bound by jax.vmap(axis_name=...), not by a "
             f"shard_map mesh; fo_jax overlaps a collective across the devices of a shard_map "
