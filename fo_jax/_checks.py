@@ -54,6 +54,12 @@ def axis_size(fn: str, axis_name) -> int:
             f"jax.shard_map(..., mesh=mesh) whose mesh has an axis named {axis_name!r}") from e
 
 
+def pmap_binds_a_mesh() -> bool:
+    """Whether this JAX's pmap is a shard_map, whose axis is a manual mesh axis; not where
+    jax_pmap_shmap_merge exists and is off (as in 0.6), whose pmap binds its axis as vmap does."""
+    return bool(jax.config.values.get("jax_pmap_shmap_merge", True))
+
+
 def mesh_axis_size(fn: str, axis_name) -> int:
     """Size of the axis of an overlapped call's collective: a mesh axis of an enclosing shard_map
     (or pmap). An axis bound by jax.vmap(axis_name=...) names no devices to overlap across, so
@@ -62,12 +68,10 @@ def mesh_axis_size(fn: str, axis_name) -> int:
     size = axis_size(fn, axis_name)
     mesh = jax.sharding.get_abstract_mesh()
     manual = getattr(mesh, "manual_axes", None)
-    # JAX versions whose pmap is not a shard_map (jax_pmap_shmap_merge present and off, as in
-    # 0.6) bind a pmap axis without a mesh, as vmap does: there an axis outside every mesh may be
-    # either, and passes.
-    pmap_has_mesh = jax.config.values.get("jax_pmap_shmap_merge", True)
+    # Where pmap binds its axis without a mesh, an axis outside every mesh may be either, and
+    # passes.
     if (manual is not None and axis_name not in manual
-            and (pmap_has_mesh or not getattr(mesh, "empty", True))):
+            and (pmap_binds_a_mesh() or not getattr(mesh, "empty", True))):
         raise ValueError(
             f"{fn}: axis name {axis_name!r} is bound by jax.vmap(axis_name=...), not by a "
             f"shard_map mesh; fo_jax overlaps a collective across the devices of a shard_map "

@@ -617,10 +617,10 @@ def overlapped_matmul(x: jax.Array, w: jax.Array, *, axis_name: str,
                                                         fp8.is_fp8(w.dtype)):
         return _fp8_overlapped(x, w, axis_name, collective, config, x_scale, w_scale, out_dtype,
                                w_transposed)
-    if w_transposed or x_scale is not None or w_scale is not None or out_dtype is not None:
-        _check_fp8_call("fo_jax.overlapped_matmul", x, w, x_scale, w_scale, out_dtype,
-                        w_transposed)  # fp8-only arguments on 16-bit operands: raises
     fn = "fo_jax.overlapped_matmul"
+    if w_transposed or x_scale is not None or w_scale is not None or out_dtype is not None:
+        _check_fp8_call(fn, x, w, x_scale, w_scale, out_dtype,
+                        w_transposed)  # fp8-only arguments on 16-bit operands: raises
     if collective == "all_gather":
         return _all_gather_matmul(fn, x, w, axis_name, config, recompute=False)[0]
     dtype, size = _validate_overlapped(x, w, axis_name, collective, config)

@@ -7,6 +7,7 @@ from jax.sharding import PartitionSpec as P
 
 import fo_jax
 from conftest import cpu_mesh
+from fo_jax import _checks
 
 
 def run_tp(x, w, tp=2, **kw):
@@ -88,7 +89,7 @@ def test_axis_bound_by_vmap(collective, dtype):
     trace-time ValueError for every collective and dtype (it used to fail inside JAX's batching
     rules), the weight batched or not, and from describe(). (With a JAX whose pmap is not a
     shard_map, a vmap axis outside every mesh cannot be told from a pmap one, and passes.)"""
-    if not jax.config.values.get("jax_pmap_shmap_merge", True):
+    if not _checks.pmap_binds_a_mesh():
         pytest.skip("this JAX's pmap binds its axis without a mesh, as vmap does")
     x = jnp.ones((2, 8, 16), dtype)
     ws = {"batched": jnp.ones((2, 16, 8), dtype), "unbatched": jnp.ones((16, 8), dtype)}
@@ -109,7 +110,7 @@ def test_axis_bound_by_vmap(collective, dtype):
 def test_all_gather_matmul_errors_name_it():
     x = jnp.ones((2, 8, 16), jnp.bfloat16)
     w = jnp.ones((16, 8), jnp.bfloat16)
-    if jax.config.values.get("jax_pmap_shmap_merge", True):
+    if _checks.pmap_binds_a_mesh():
         with pytest.raises(ValueError, match=r"^fo_jax.all_gather_matmul: axis name 'i' is bound"):
             jax.vmap(lambda x: fo_jax.all_gather_matmul(x, w, axis_name="i")[0],
                      axis_name="i")(x)
