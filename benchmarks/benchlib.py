@@ -181,6 +181,23 @@ def paired_overhead(samples: list, baseline: list) -> tuple:
     return median(ratios), min(ratios), max(ratios)
 
 
+def wall_ms_samples(fns: dict, *args, calls: int = 64, rounds: int = 3) -> tuple:
+    """Wall-clock time per call without the profiler, one sample per round: `calls` back-to-back
+    calls per method, the methods alternating in rotated order (dispatch_and_wall_ms). Where the
+    GPU sets the pace (the host's enqueue time per call well under the wall time) this is the
+    calls' span on the GPU with nothing recording it. ({name: [wall ms per call per round]},
+    {name: [host enqueue ms per call per round]})."""
+    wall: dict = {name: [] for name in fns}
+    host: dict = {name: [] for name in fns}
+    for r in range(rounds):
+        for name in rotated(list(fns), r):
+            jax.block_until_ready(fns[name](*args))
+            h, w = dispatch_and_wall_ms(fns[name], *args, calls=calls)
+            host[name].append(h)
+            wall[name].append(w)
+    return wall, host
+
+
 def dispatch_and_wall_ms(f, *args, calls: int = 20) -> tuple:
     """(host ms to enqueue one call, wall ms per call) over `calls` back-to-back calls: when the
     first is as long as the second, a wall-clock harness measures the host, not the GPU."""

@@ -18,9 +18,9 @@
 // --chain N: then, per configuration at 8 groups, chains of N back-to-back launches between two
 // events (no sleep between them, as a stream of calls runs), per launch: the kernel without
 // counters; with counters zeroed once before the chain; and with counters zeroed before every
-// launch by a memset, and by one batch of 32-bit stream writes (cuStreamBatchMemOp; the probe
-// says if the driver refuses it). The zeroings' rows less the zeroed-once row are what zeroing
-// between two kernels costs in stream time, which the Python benchmark's kernel time does not
+// launch by a memset, by a one-warp kernel that stores the zeroes, and by one batch of 32-bit
+// stream writes (cuStreamBatchMemOp; the probe says if the driver refuses it). The zeroings'
+// columns less the zeroed-once column are what zeroing between two kernels costs in stream time, which the Python benchmark's kernel time does not
 // show and its span does (bench_signal_overhead.py, "signaling, span").
 #include <cuda.h>  // types and enums only; the entry point comes from cudaGetDriverEntryPoint
 #include <cuda_fp8.h>
@@ -90,7 +90,13 @@ BatchMemOpFn ResolveBatchMemOp() {
   return reinterpret_cast<BatchMemOpFn>(fn);
 }
 
-enum class Zeroing { kNoCounters, kOnce, kMemset, kWrites };
+// The zeroing as a kernel of its own: one warp stores `count` zero words.
+__global__ void ZeroWords(uint32_t* p, int count) {
+  for (int i = threadIdx.x; i < count; i += blockDim.x) p[i] = 0;
+}
+
+enum class Zeroing { kNoCounters, kOnce, kMemset, kKernel, kWrites };
+constexpr int kZeroings = 5;
 
 // One chain: `launches` back-to-back launches of `g` between two events, the counters zeroed as
 // `z` says. Microseconds per launch, or -1 if a launch or a batch of writes was refused (the
@@ -106,13 +112,18 @@ float ChainUsPerLaunch(cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1,
     ops[q].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
     ops[q].writeValue.address = reinterpret_cast<CUdeviceptr>(counters + q);
     ops[q].writeValue.value = 0;
-    ops[q].writeValue.flags = CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
+    // The default (a stream-scoped fence before the write): the v2 API, the one a CUDA 12+
+    // entry point resolves to, refuses CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as an invalid value.
+    ops[q].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
   }
   SleepNs<<<1, 1, 0, s>>>(50000);  // the chain is enqueued before the GPU reaches it
   CK(cudaEventRecord(e0, s));
   for (int i = 0; i < launches; ++i) {
     if (z == Zeroing::kMemset) {
       CK(cudaMemsetAsync(counters, 0, size_t(g.num_groups) * sizeof(uint32_t), s));
+    } else if (z == Zeroing::kKernel) {
+      ZeroWords<<<1, 32, 0, s>>>(counters, g.num_groups);
+      CK(cudaGetLastError());
     } else if (z == Zeroing::kWrites) {
       const CUresult r = batch(reinterpret_cast<CUstream>(s), unsigned(g.num_groups), ops, 0);
       if (r != CUDA_SUCCESS) {
@@ -312,7 +323,8 @@ int main(int argc, char** argv) {
     }
     if (chain > 0) {
       const BatchMemOpFn batch = ResolveBatchMemOp();
-      const char* names[] = {"no counters", "zeroed once", "memset each", "writes each"};
+      const char* names[kZeroings] = {"no counters", "zeroed once", "memset each", "kernel each",
+                                      "writes each"};
       std::printf("\n%s, chains of %d launches (median of %d), us per launch\n  %-28s", sh.c_str(),
                   chain, rounds, "config");
       for (const char* z : names) std::printf(" %12s", z);
@@ -323,13 +335,13 @@ int main(int argc, char** argv) {
         const bool more = ci + 2 < cases.size() &&
                           cases[ci + 2].args.config == c.args.config &&
                           cases[ci + 2].args.num_groups <= 8;
-        if (c.args.counters == nullptr || more) continue;
-        std::vector<float> us[4];
-        std::string why[4];
+        if (c.args.counters == nullptr || c.args.num_groups > 8 || more) continue;
+        std::vector<float> us[kZeroings];
+        std::string why[kZeroings];
         for (int round = 0; round < rounds + 2; ++round) {
-          for (int z = 0; z < 4; ++z) {
-            if (z == 3 && batch == nullptr) {
-              why[3] = "no cuStreamBatchMemOp entry point";
+          for (int z = 0; z < kZeroings; ++z) {
+            if (Zeroing(z) == Zeroing::kWrites && batch == nullptr) {
+              why[z] = "no cuStreamBatchMemOp entry point";
               continue;
             }
             const float v = ChainUsPerLaunch(s, e0, e1, c.args, counters, Zeroing(z), chain,
@@ -338,7 +350,7 @@ int main(int argc, char** argv) {
           }
         }
         std::printf("  %-28s", fo_jax::GetGemmConfig(c.args.config).name);
-        for (int z = 0; z < 4; ++z) {
+        for (int z = 0; z < kZeroings; ++z) {
           if (us[z].empty()) {
             std::printf(" %12s", "-");
           } else {
@@ -346,7 +358,7 @@ int main(int argc, char** argv) {
           }
         }
         std::printf("\n");
-        for (int z = 0; z < 4; ++z) {
+        for (int z = 0; z < kZeroings; ++z) {
           if (us[z].empty() && !why[z].empty()) std::printf("    %s: %s\n", names[z], why[z].c_str());
         }
       }
