@@ -6,6 +6,8 @@
 # same three are CMake targets with -DFO_JAX_BUILD_DEV=ON (dev/CMakeLists.txt); this script
 # compiles only the GEMM kernels they need, so it is faster from scratch.
 # Usage: dev/lease/build_gemm_selftest.sh [-j JOBS]   (CUTLASS_INCLUDE overrides the header path)
+#        TOOLS=signal_cost_probe dev/lease/build_gemm_selftest.sh   (only the tools named; the
+#        signal probe alone needs no cuBLAS headers, so it builds where the wheel is missing)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 JOBS=2
@@ -15,9 +17,14 @@ NVCC=${NVCC:-nvcc}
 # dlopen libcublas) from the nvidia-cublas wheel (pip install nvidia-cublas).
 CUTLASS_INCLUDE=${CUTLASS_INCLUDE:-$(python3 -c 'import cutlass_library as c, os
 print(os.path.join(os.path.dirname(c.__file__), "source", "include"))')}
-CUBLAS_INCLUDE=${CUBLAS_INCLUDE:-$(python3 -c 'import nvidia, os
+TOOLS=${TOOLS:-gemm_selftest gemm_probe signal_cost_probe}
+if [[ " $TOOLS " == *" gemm_selftest "* || " $TOOLS " == *" gemm_probe "* ]]; then
+  CUBLAS_INCLUDE=${CUBLAS_INCLUDE:-$(python3 -c 'import nvidia, os
 p = [os.path.join(x, "cu13", "include") for x in nvidia.__path__]
 print(next(x for x in p if os.path.exists(os.path.join(x, "cublasLt.h"))))')}
+else
+  CUBLAS_INCLUDE=${CUBLAS_INCLUDE:-csrc}  # not read: the signal probe includes no cuBLAS header
+fi
 FLAGS=(-std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DNDEBUG -O3
        -Icsrc -I"$CUTLASS_INCLUDE" -Xptxas=-warn-spills)
 OBJ=.devbuild/obj
@@ -46,7 +53,7 @@ for src in "${SRCS[@]}"; do
   while (( $(jobs -rp | wc -l) >= JOBS )); do sleep 1; done
 done
 for p in "${pids[@]}"; do wait "$p"; done
-for tool in gemm_selftest gemm_probe signal_cost_probe; do
+for tool in $TOOLS; do
   "$NVCC" "${FLAGS[@]}" -I"$CUBLAS_INCLUDE" -c "dev/probes/$tool.cu" -o "$OBJ/main_$tool.o"
   "$NVCC" -gencode=arch=compute_90a,code=sm_90a -o ".devbuild/$tool" "$OBJ/main_$tool.o" \
     "$OBJ"/signaling_gemm.o "$OBJ"/gemm_*.o -cudart static -ldl
