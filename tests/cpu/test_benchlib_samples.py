@@ -64,3 +64,25 @@ def test_kernel_ms_samples_refuses_a_trace_without_gpu_kernels(monkeypatch):
     monkeypatch.setattr(benchlib.jax.profiler, "trace", lambda _d: contextlib.nullcontext())
     with pytest.raises(RuntimeError, match="no GPU kernel"):
         benchlib.kernel_ms_samples({"a": lambda: 0}, calls=1, rounds=1)
+
+
+def test_wall_ms_samples_one_sample_per_round_and_method(monkeypatch):
+    order = []
+    per_call = {"a": (0.5, 2.0), "b": (0.6, 3.0)}  # (host ms, wall ms) per call
+
+    def fake_dispatch(f, *args, calls):
+        assert calls == 16 and args == (7,)
+        order.append(f.__name__)
+        return per_call[f.__name__]
+
+    def a(x):
+        return x
+
+    def b(x):
+        return x
+
+    monkeypatch.setattr(benchlib, "dispatch_and_wall_ms", fake_dispatch)
+    wall, host = benchlib.wall_ms_samples({"a": a, "b": b}, 7, calls=16, rounds=3)
+    assert wall == {"a": [2.0, 2.0, 2.0], "b": [3.0, 3.0, 3.0]}
+    assert host == {"a": [0.5, 0.5, 0.5], "b": [0.6, 0.6, 0.6]}
+    assert len(order) == 6 and order[:2] != order[2:4]  # rotated: the rounds alternate
