@@ -130,7 +130,7 @@ def main() -> None:
     cases += [("float8_e4m3fn", name, False) for name in extra]
     (dev,) = benchlib.cuda_gpus_or_exit("bench_signal_overhead.py")[:1]
     res = benchlib.Results(benchlib.device_info([dev]))
-    lines, worst, worst_span, worst_wall = [], {}, {}, {}
+    lines, worst = [], {"kernel": {}, "span": {}, "wall": {}}  # per measure, per dtype label
     for i, s in enumerate(args.shapes):
         m, n, k = (int(v) for v in s.split("x"))
         for dt, forced, fast in cases:
@@ -160,16 +160,15 @@ def main() -> None:
                         chosen=forced is None,
                         fast_accumulation=fast or config.startswith("fp8fast"))
             overhead, low, high = benchlib.paired_overhead(sig, eight)
-            span_overhead = benchlib.paired_overhead(spans[f"{prefix}.signal"],
-                                                     spans[f"{prefix}.8groups"])[0]
-            wall_overhead = benchlib.paired_overhead(walls[f"{prefix}.signal"],
-                                                     walls[f"{prefix}.8groups"])[0]
+            span_overhead, wall_overhead = (
+                benchlib.paired_overhead(d[f"{prefix}.signal"], d[f"{prefix}.8groups"])[0]
+                for d in (spans, walls))
             order = benchlib.paired_overhead(eight, one)[0]
             runs = producer_runs(dt, m, n, k, fast)
             if forced is None and runs:  # the criterion: what fo_jax runs as the producer
-                worst[label] = max(worst.get(label, -1.0), overhead)
-                worst_span[label] = max(worst_span.get(label, -1.0), span_overhead)
-                worst_wall[label] = max(worst_wall.get(label, -1.0), wall_overhead)
+                for measure, v in (("kernel", overhead), ("span", span_overhead),
+                                   ("wall", wall_overhead)):
+                    worst[measure][label] = max(worst[measure].get(label, -1.0), v)
             lines.append([s, dt, config + ("" if forced is None else " (forced)"),
                           "yes" if runs else "no"]
                          + [f"{benchlib.median(v):.4f}" for v in (one, eight, sig)]
@@ -184,8 +183,8 @@ def main() -> None:
     table = benchlib.markdown_table(header, lines)
     verdicts = [f"{'PASS' if w <= LIMIT else 'FAIL'} signaling overhead {dt}: worst "
                 f"{w:+.1%} (limit +{LIMIT:.0%}) where the producer runs; in span "
-                f"{worst_span[dt]:+.1%}, in wall time {worst_wall[dt]:+.1%}"
-                for dt, w in worst.items()]
+                f"{worst['span'][dt]:+.1%}, in wall time {worst['wall'][dt]:+.1%}"
+                for dt, w in worst["kernel"].items()]
     print(table + "\n" + "\n".join(verdicts))
     gpu = "h200" if "H200" in res.base["device"] else "h100" if "H100" in res.base["device"] \
         else "gpu"

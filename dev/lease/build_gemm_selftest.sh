@@ -18,12 +18,12 @@ NVCC=${NVCC:-nvcc}
 CUTLASS_INCLUDE=${CUTLASS_INCLUDE:-$(python3 -c 'import cutlass_library as c, os
 print(os.path.join(os.path.dirname(c.__file__), "source", "include"))')}
 TOOLS=${TOOLS:-gemm_selftest gemm_probe signal_cost_probe}
+CUBLAS_FLAGS=()  # the signal probe includes no cuBLAS header
 if [[ " $TOOLS " == *" gemm_selftest "* || " $TOOLS " == *" gemm_probe "* ]]; then
   CUBLAS_INCLUDE=${CUBLAS_INCLUDE:-$(python3 -c 'import nvidia, os
 p = [os.path.join(x, "cu13", "include") for x in nvidia.__path__]
 print(next(x for x in p if os.path.exists(os.path.join(x, "cublasLt.h"))))')}
-else
-  CUBLAS_INCLUDE=${CUBLAS_INCLUDE:-csrc}  # not read: the signal probe includes no cuBLAS header
+  CUBLAS_FLAGS=(-I"$CUBLAS_INCLUDE")
 fi
 FLAGS=(-std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DNDEBUG -O3
        -Icsrc -I"$CUTLASS_INCLUDE" -Xptxas=-warn-spills)
@@ -54,7 +54,7 @@ for src in "${SRCS[@]}"; do
 done
 for p in "${pids[@]}"; do wait "$p"; done
 for tool in $TOOLS; do
-  "$NVCC" "${FLAGS[@]}" -I"$CUBLAS_INCLUDE" -c "dev/probes/$tool.cu" -o "$OBJ/main_$tool.o"
+  "$NVCC" "${FLAGS[@]}" "${CUBLAS_FLAGS[@]}" -c "dev/probes/$tool.cu" -o "$OBJ/main_$tool.o"
   "$NVCC" -gencode=arch=compute_90a,code=sm_90a -o ".devbuild/$tool" "$OBJ/main_$tool.o" \
     "$OBJ"/signaling_gemm.o "$OBJ"/gemm_*.o -cudart static -ldl
   echo "built .devbuild/$tool"

@@ -20,8 +20,9 @@
 // counters; with counters zeroed once before the chain; and with counters zeroed before every
 // launch by a memset, by a one-warp kernel that stores the zeroes, and by one batch of 32-bit
 // stream writes (cuStreamBatchMemOp; the probe says if the driver refuses it). The zeroings'
-// columns less the zeroed-once column are what zeroing between two kernels costs in stream time, which the Python benchmark's kernel time does not
-// show and its span does (bench_signal_overhead.py, "signaling, span").
+// columns less the zeroed-once column are what zeroing between two kernels costs in stream
+// time, which the Python benchmark's kernel time does not show and its wall-clock time does
+// (bench_signal_overhead.py, "signaling, wall").
 #include <cuda.h>  // types and enums only; the entry point comes from cudaGetDriverEntryPoint
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -96,7 +97,7 @@ __global__ void ZeroWords(uint32_t* p, int count) {
 }
 
 enum class Zeroing { kNoCounters, kOnce, kMemset, kKernel, kWrites };
-constexpr int kZeroings = 5;
+constexpr int kZeroings = int(Zeroing::kWrites) + 1;
 
 // One chain: `launches` back-to-back launches of `g` between two events, the counters zeroed as
 // `z` says. Microseconds per launch, or -1 if a launch or a batch of writes was refused (the
