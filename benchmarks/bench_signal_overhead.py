@@ -19,7 +19,8 @@ runs them (the 1-group span well above its kernel time) the span holds host time
 "signaling, wall" is the same ratio of wall-clock time per call over --wall-calls back-to-back
 calls with no profiler recording (benchlib.wall_ms_samples): the span as a user's program sees
 it, wherever the host enqueues a call faster than the GPU runs it ("host ms", the signalled
-call's enqueue time, well under "8 groups wall ms").
+call's enqueue time, well under "8 groups wall ms"). Give it --rounds 9 or more: in a run's
+first rounds wall time climbs while the GPU's clocks settle under the sustained load.
 "producer runs": whether an overlapped call with this per-GPU GEMM runs the producer at all (its
 estimated GEMM reaches the overlap's lowest floor; below it nothing signals): the verdicts count
 those rows only, the table shows all. Each method's result is checked against XLA's dot of the same
