@@ -132,17 +132,24 @@ def kernel_label(name: str) -> str:
     return name.split("(")[0].split("<")[0].strip()[:48]
 
 
+def is_memset(event_name: str) -> bool:
+    """Whether a profiled GPU event (kernel_events' name) is a memset, not a kernel."""
+    return "memset" in event_name.lower()
+
+
 def gpu_ms_samples(fns: dict, *args, calls: int = 8, rounds: int = 3) -> tuple:
-    """Two GPU times per call from JAX profiler traces, one sample per round: `rounds` traces of
+    """Three GPU times per call from JAX profiler traces, one sample per round: `rounds` traces of
     `calls` back-to-back calls per method, the methods alternating in rotated order, so that a
     round's samples of two methods are taken next to each other. Kernel time: the sum of the
     durations of every kernel and memset a call runs on GPU 0. Span: from the first kernel's start
     to the last one's end on GPU 0, over `calls`; it also holds the gaps between kernels and what
     the profiler does not record as a kernel (stream memory operations), and, where the host
-    cannot enqueue calls as fast as the GPU runs them, host time. ({name: [kernel ms per
-    round]}, {name: [span ms per round]})."""
+    cannot enqueue calls as fast as the GPU runs them, host time. Kernels alone: kernel time
+    without the memsets (is_memset). ({name: [kernel ms per round]}, {name: [span ms per
+    round]}, {name: [kernels-alone ms per round]})."""
     kernel: dict = {name: [] for name in fns}
     span: dict = {name: [] for name in fns}
+    alone: dict = {name: [] for name in fns}
     names = list(fns)
     for r in range(rounds):
         for name in rotated(names, r):
@@ -155,7 +162,9 @@ def gpu_ms_samples(fns: dict, *args, calls: int = 8, rounds: int = 3) -> tuple:
             kernel[name].append(sum(e[2] - e[1] for e in events) / 1e6 / calls)
             span[name].append((max(e[2] for e in events) - min(e[1] for e in events))
                               / 1e6 / calls)
-    return kernel, span
+            alone[name].append(sum(e[2] - e[1] for e in events if not is_memset(e[0]))
+                               / 1e6 / calls)
+    return kernel, span, alone
 
 
 def kernel_ms_samples(fns: dict, *args, calls: int = 8, rounds: int = 3) -> dict:

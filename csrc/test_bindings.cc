@@ -24,6 +24,9 @@
 #include "comm/copy_engine_buffers.h"
 #include "comm/failed_call.h"
 #include "comm/failed_nccl_call_check.h"
+#include "comm/gated_collectives.h"
+#include "comm/gemm_plan.h"
+#include "comm/group_counters.h"
 #include "comm/host_worker.h"
 #include "comm/overlap_plan.h"
 #include "comm/peer_memory_ipc.h"
@@ -249,6 +252,51 @@ void BindTestBindings(nb::module_& m) {
         fo_jax::SetTestFailureForTests(stage, fail_rank);
       },
       nb::arg("epoch_start"), nb::arg("fail_stage"), nb::arg("fail_rank"));
+
+  // Tests (no GPU): the counter values a communicator's reduce-scatter calls wait for
+  // (comm/group_counters.h, as the NCCL transport's CollectiveSpans adds the base), one call
+  // after another on one GroupCounters. Every call is GEMM x[rows, k] @ w[k, n] on `config` with
+  // `batch`; `calls`: (group_begin, succeeded) per call. start_total >= 0: the counters start as
+  // if earlier calls had left every word at that value (a wrap test), else as a new
+  // communicator's. Returns (zeroes first, [expected value per group]) per call.
+  m.def(
+      "group_counter_waits",
+      [](const std::string& config, int64_t rows, int64_t n, int64_t k, int batch,
+         const std::vector<std::pair<std::vector<int>, bool>>& calls, int64_t start_total) {
+        fo_jax::GroupCounters counters;
+        if (start_total >= 0) {
+          std::fill(counters.total, counters.total + fo_jax::kMaxGemmGroups,
+                    static_cast<uint32_t>(start_total));
+          counters.zero_next = false;
+        }
+        std::vector<std::pair<bool, std::vector<uint32_t>>> out;
+        for (const auto& [group_begin, succeeded] : calls) {
+          fo_jax::GemmPlan plan;
+          plan.config = ConfigIndexByName("group_counter_waits", config);
+          plan.batch = batch;
+          plan.num_groups = static_cast<int>(group_begin.size()) - 1;
+          if (plan.num_groups < 1 || plan.num_groups > fo_jax::kMaxGemmGroups) {
+            throw std::invalid_argument("group_counter_waits: 2 to kMaxGemmGroups + 1 group "
+                                        "boundaries per call");
+          }
+          std::copy(group_begin.begin(), group_begin.end(), plan.group_begin);
+          const fo_jax::Status valid = fo_jax::ValidateGemmPlan(plan, rows, n, k);
+          if (!valid.ok()) throw std::invalid_argument("group_counter_waits: " + valid.message());
+          const fo_jax::SignalingGemmArgs gemm =
+              fo_jax::GemmArgsOf(plan, fo_jax::GemmDtype::kBF16, rows, n, k);
+          const fo_jax::CountedCall call = fo_jax::BeginCountedCall(counters);
+          std::vector<uint32_t> expected;
+          for (const fo_jax::GroupSpan& s :
+               fo_jax::CollectiveSpans(gemm, fo_jax::Collective::kReduceScatter, call.base)) {
+            expected.push_back(s.expected);
+          }
+          out.emplace_back(call.zero, expected);
+          fo_jax::EndCountedCall(counters, call, gemm, succeeded);
+        }
+        return out;
+      },
+      nb::arg("config"), nb::arg("rows"), nb::arg("n"), nb::arg("k"), nb::arg("batch"),
+      nb::arg("calls"), nb::arg("start_total") = -1);
 
   // Tests: the words a failed copy-engine call releases in its peers' flags
   // (comm/failed_call.h, FailedCallReleases), as (peer, field, index) in writing order, for

@@ -256,7 +256,9 @@ def overlapped_matmul_cuda(x: jax.Array, w: jax.Array, axis_name: str,
                      drop_axes=() if rs else (axis_name,)),
         # workspace: the GEMM's output, group-major (NCCL) or in natural row order (copy engine)
         _result_aval(like, (m, n) if rs else (1,), x.dtype),
-        _result_aval(like, (plan.num_groups,), np.uint32),  # counters
+        # the handler's third result (the all-gather's band flags): unwritten here, the GEMM
+        # signals into its communicator's counters (csrc/comm/group_counters.h)
+        _result_aval(like, (plan.num_groups,), np.uint32),
     )
     outs = overlap_p.bind(x, w, result_avals=result_avals, axis_name=axis_name, plan=plan,
                           explicit=_bootstrap.explicit_config(config))
@@ -278,7 +280,7 @@ def overlapped_matmul_fp8_cuda(x: jax.Array, w_nk: jax.Array, x_scale: jax.Array
         _result_aval(like, (m // plan.axis_size if rs else m, n), bf16,
                      drop_axes=() if rs else (axis_name,)),
         _result_aval(like, (m, n) if rs else (1,), bf16),  # workspace, as overlapped_matmul_cuda
-        _result_aval(like, (plan.num_groups,), np.uint32),  # counters
+        _result_aval(like, (plan.num_groups,), np.uint32),  # unwritten, as above
     )
     outs = overlap_p.bind(x, w_nk, x_scale, w_scale, result_avals=result_avals,
                           axis_name=axis_name, plan=plan,

@@ -90,7 +90,15 @@ std::string Create(CommState& s, const ncclUniqueId& id, const CommOptions& opti
   if (options.cga_cluster_size > 0) config.cgaClusterSize = options.cga_cluster_size;
   ncclResult_t r = ncclCommInitRankConfig(&s.comm, s.nranks, id, s.rank, &config);
   if (r != ncclSuccess) return NcclMessage("ncclCommInitRankConfig", r, nullptr);
-  return WarmUp(s);
+  const std::string warm_up = WarmUp(s);
+  if (!warm_up.empty()) return warm_up;
+  // Allocated with the communicator, for the same reason as the warm-up buffer: never inside a
+  // later call, where another GPU's work may wait for this one.
+  void* words = nullptr;
+  const Status counters = DeviceAlloc(s.device, "GEMM group counters", kGroupCounterBytes, &words);
+  if (!counters.ok()) return counters.message();
+  s.counters.words = static_cast<uint32_t*>(words);
+  return "";
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/call_timeline.h"
+#include "comm/group_counters.h"
 #include "comm/status.h"
 
 namespace fo_jax {
@@ -53,6 +54,8 @@ struct CommState {
   // Device scratch of kScratchBytesPerRank per rank (the NCCL warm-up's buffer, kept):
   // AllGatherToHost's, so that no setup step's gather depends on an allocation of its own.
   void* scratch = nullptr;
+  // The reduce-scatter's and all-reduce's GEMM group counters (under mu; group_counters.h).
+  GroupCounters counters;
   std::shared_ptr<CommGroup> group;    // shared with the group's other ranks in this process
   std::timed_mutex mu;   // held while a call enqueues work; AbortCommGroup takes it
   std::atomic<bool> aborted{false};  // ncclCommAbort was called on `comm` (under mu)

@@ -81,7 +81,7 @@ std::string DescribeCopyEngineForDebug(CommState& s) {
   list("own_copies", &flags->own_copies, 1);
   list("last_pieces", flags->last_pieces, kMaxRowPieces);
   list("ring_arrived", flags->ring_arrived, groups > 1 ? groups : 1);
-  if (groups > 0) {  // the latest call's GEMM progress (XLA may have reused the memory since)
+  if (groups > 0) {  // the latest call's GEMM progress (a later call's adds to it)
     list("last_call_counters", counters, groups);
     list("of", d.last_expected, groups);
   }

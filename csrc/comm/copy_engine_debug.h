@@ -14,8 +14,8 @@ namespace fo_jax {
 struct CommState;  // comm/comm_registry.h
 
 struct CopyEngineDebug {
-  // The latest call's GEMM counters (XLA's memory: valid while that call runs) and what they
-  // count to.
+  // The latest call's GEMM counters (the communicator's: group_counters.h) and what its waits
+  // count them to.
   const uint32_t* last_counters = nullptr;
   uint32_t last_expected[kMaxGemmGroups] = {};
   int last_num_groups = 0;

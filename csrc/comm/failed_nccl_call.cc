@@ -11,7 +11,7 @@ namespace fo_jax {
 
 Status ReleaseFailedNcclCall(CommState& s, cudaStream_t xla_stream, Collective kind,
                              const SignalingGemmArgs& gemm, GemmDtype out_dtype, void* out,
-                             const Status& cause) {
+                             const Status& cause, const uint32_t* counter_base) {
   // D, [batch * m, n] of 16-bit elements (the fp8 kernels' output is bf16 too), all 0xFF bytes: a
   // NaN in bf16 and fp16, so every sum the collectives make from it is a NaN. XLA's stream holds
   // no GEMM now (its launch failed): the memset kernel has SMs.
@@ -20,7 +20,7 @@ Status ReleaseFailedNcclCall(CommState& s, cudaStream_t xla_stream, Collective k
   const Status filled = CudaStatus(cudaMemsetAsync(gemm.d, 0xFF, d_bytes, xla_stream),
                                    "filling the failed GEMM's output with NaNs");
   Status released = Status::Ok();
-  const std::vector<GroupSpan> spans = CollectiveSpans(gemm, kind);
+  const std::vector<GroupSpan> spans = CollectiveSpans(gemm, kind, counter_base);
   for (size_t g = 0; g < spans.size() && released.ok(); ++g) {
     released = EnqueueWriteValue(xla_stream, gemm.counters + g, spans[g].expected);
   }
@@ -29,7 +29,9 @@ Status ReleaseFailedNcclCall(CommState& s, cudaStream_t xla_stream, Collective k
     released = CudaStatus(cudaEventRecord(s.inputs_ready, xla_stream),
                           "recording inputs_ready after the counters");
   }
-  if (released.ok()) released = EnqueueNcclTransport(s, xla_stream, kind, gemm, out_dtype, out);
+  if (released.ok()) {
+    released = EnqueueNcclTransport(s, xla_stream, kind, gemm, out_dtype, out, counter_base);
+  }
   const std::string what = "NCCL transport: " + cause.message() + " (rank " +
                            std::to_string(s.rank) + " of " + std::to_string(s.nranks) + ")";
   FailCommGroup(s, what);

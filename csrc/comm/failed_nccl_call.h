@@ -22,8 +22,9 @@ namespace fo_jax {
 // counters set on `xla_stream`,
 // state.inputs_ready recorded after them, the gated collectives into `out` (of `out_dtype`)
 // (gated_collectives.h); then the group fails with `cause`. Returns the call's error.
+// counter_base: as for CollectiveSpans (the values written are the ones the waits expect).
 Status ReleaseFailedNcclCall(CommState& state, cudaStream_t xla_stream, Collective kind,
                              const SignalingGemmArgs& gemm, GemmDtype out_dtype, void* out,
-                             const Status& cause);
+                             const Status& cause, const uint32_t* counter_base = nullptr);
 
 }  // namespace fo_jax

@@ -8,13 +8,16 @@
 
 namespace fo_jax {
 
-std::vector<GroupSpan> CollectiveSpans(const SignalingGemmArgs& args, Collective kind) {
+std::vector<GroupSpan> CollectiveSpans(const SignalingGemmArgs& args, Collective kind,
+                                       const uint32_t* counter_base) {
   std::vector<GroupSpan> spans(args.num_groups);
   const int64_t n = args.n;
   for (int g = 0; g < args.num_groups; ++g) {
     const int64_t r0 = GroupRow(args, g), r1 = GroupRow(args, g + 1);
     GroupSpan& s = spans[g];
-    s.expected = static_cast<uint32_t>(ExpectedGroupCount(args, g));
+    // Unsigned: the sum wraps modulo 2^32 as the counters do (the waits compare cyclically).
+    s.expected = static_cast<uint32_t>(ExpectedGroupCount(args, g)) +
+                 (counter_base != nullptr ? counter_base[g] : 0u);
     s.recv_offset = static_cast<size_t>(r0 * n);
     s.count = static_cast<size_t>((r1 - r0) * n);
     // Reduce-scatter: group g is rows [batch*r0, batch*r1) of the workspace (batch == nranks).
@@ -54,10 +57,12 @@ Status EnqueueGatedCollectives(CommState& state, cudaStream_t xla_stream, Collec
 }
 
 Status EnqueueNcclTransport(CommState& state, cudaStream_t xla_stream, Collective kind,
-                            const SignalingGemmArgs& gemm, GemmDtype out_dtype, void* out) {
+                            const SignalingGemmArgs& gemm, GemmDtype out_dtype, void* out,
+                            const uint32_t* counter_base) {
   const ncclDataType_t dtype = out_dtype == GemmDtype::kBF16 ? ncclBfloat16 : ncclFloat16;
   FO_JAX_RETURN_IF_ERROR(EnqueueGatedCollectives(state, xla_stream, kind, dtype, gemm.d, out, 2,
-                                                 gemm.counters, CollectiveSpans(gemm, kind)));
+                                                 gemm.counters,
+                                                 CollectiveSpans(gemm, kind, counter_base)));
   return NoteCallEnd(state, xla_stream, /*copy_engine=*/false);
 }
 

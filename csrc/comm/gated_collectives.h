@@ -28,11 +28,15 @@ struct GroupSpan {
 
 // The collective span of every group (docs/design.md, "The signaling GEMM"): the
 // reduce-scatter reads the GEMM's group-major workspace and writes the final rows; the
-// all-reduce works in place on the output.
-std::vector<GroupSpan> CollectiveSpans(const SignalingGemmArgs& args, Collective kind);
+// all-reduce works in place on the output. A group's expected counter value is its tile count
+// plus counter_base[g] (the communicator's counters: group_counters.h; nullptr: counters that
+// start at zero).
+std::vector<GroupSpan> CollectiveSpans(const SignalingGemmArgs& args, Collective kind,
+                                       const uint32_t* counter_base = nullptr);
 
-// Enqueues the gated collectives. Precondition (caller, on `xla_stream`): counters zeroed, then
-// state->inputs_ready recorded, then the producer GEMM launched. Afterwards `xla_stream` waits
+// Enqueues the gated collectives. Precondition (caller, on `xla_stream`): state->inputs_ready
+// recorded (after the counters' zeroing, where the call zeroes them), then the producer GEMM
+// launched. Afterwards `xla_stream` waits
 // for the comm stream, so XLA never reuses a buffer NCCL still touches.
 Status EnqueueGatedCollectives(CommState& state, cudaStream_t xla_stream, Collective kind,
                                ncclDataType_t dtype, const void* send, void* recv,
@@ -44,7 +48,9 @@ Status EnqueueGatedCollectives(CommState& state, cudaStream_t xla_stream, Collec
 // collectives into `out`, then the end of the call noted for the progress watchdog
 // (comm_registry.h). out_dtype: the GEMM's output's (OverlapShape::out_dtype; gemm.dtype is
 // the operands', float8_e4m3fn for an fp8 GEMM that writes bf16), the collectives' data type.
+// counter_base: as for CollectiveSpans.
 Status EnqueueNcclTransport(CommState& state, cudaStream_t xla_stream, Collective kind,
-                            const SignalingGemmArgs& gemm, GemmDtype out_dtype, void* out);
+                            const SignalingGemmArgs& gemm, GemmDtype out_dtype, void* out,
+                            const uint32_t* counter_base = nullptr);
 
 }  // namespace fo_jax

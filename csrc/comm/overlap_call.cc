@@ -92,19 +92,27 @@ Status OverlapCall::Prepare() {
   gemm_.b = buffers_.w;
   gemm_.d = rs ? buffers_.workspace : buffers_.out;
   gemm_.sm_budget = ResolveSmBudget(plan_.gemm.sm_budget);
-  gemm_.counters = buffers_.counters;
   gemm_.a_scale = buffers_.x_scale;  // fp8 operands only (nullptr otherwise)
   gemm_.b_scale = buffers_.w_scale;
   if (plan_.collective == Collective::kAllGather) {
     gemm_.a = buffers_.workspace;  // the gathered x; the rest is all_gather_nccl.h's
     gemm_.d = buffers_.out;
-    gemm_.counters = nullptr;
     if (!copy_engine) return Status::Ok();
     return PrepareAllGatherCopyEngine(*state_, plan_, shape_, AllGatherBuffersOf(buffers_));
   }
+  // The GEMM signals into the communicator's counters, which calls that succeed do not zero
+  // (group_counters.h): every wait below expects its group's count past the call's base.
+  if (state_->counters.words == nullptr) {
+    return Status::Internal("the communicator has no group counters");
+  }
+  counted_ = BeginCountedCall(state_->counters);
+  gemm_.counters = state_->counters.words;
   if (copy_engine) {
     FO_JAX_RETURN_IF_ERROR(
         PrepareCopyEngineCall(*state_, plan_, shape_, buffers_.out, gemm_, &copy_engine_));
+    for (int g = 0; g < copy_engine_.num_groups; ++g) {
+      copy_engine_.expected[g] += counted_.base[g];  // modulo 2^32, as the counters wrap
+    }
     // Past the exchange the peers enqueue work that waits for this rank: Enqueue releases it.
     prepare_failure_ = CheckOutputForPeers(*state_, copy_engine_);
     if (prepare_failure_.ok()) prepare_failure_ = BuildCopyEngineGraphs(*state_, copy_engine_);
@@ -114,6 +122,9 @@ Status OverlapCall::Prepare() {
 
 Status OverlapCall::Enqueue(cudaStream_t stream) {
   Status status = EnqueueParts(stream);
+  if (plan_.collective != Collective::kAllGather) {
+    EndCountedCall(state_->counters, counted_, gemm_, gemm_launched_ && status.ok());
+  }
   if (plan_.transport == Transport::kCopyEngine) {
     // The progress watchdog's mark, after everything the call enqueued, failed or not (the NCCL
     // transport's collectives make their own).
@@ -138,35 +149,43 @@ Status OverlapCall::EnqueueParts(cudaStream_t stream) {
     return ReleaseFailedCopyEngineCall(state, stream, copy_engine_, FailedPart::kWholeCall,
                                        prepare_failure_);
   }
-  // Stream order on XLA's stream: zero counters -> inputs_ready -> GEMM, the first two issued by
-  // the launcher right before the kernel, after its host-side setup (zeroing first left the GPU
-  // idle ~20 us while the host built the GEMM's parameters). The gated waits are enqueued after
-  // the GEMM launch (never before the producer: docs/design.md).
-  gemm_.zero_counters_on_launch = true;
-  gemm_.after_zero_event = copy_engine ? NextInputsEvent(state) : state.inputs_ready;
+  // Stream order on XLA's stream: [zero counters ->] inputs_ready -> GEMM. A call that zeroes
+  // the counters (group_counters.h) has the launcher issue the first two right before the
+  // kernel, after its host-side setup (zeroing first left the GPU idle ~20 us while the host
+  // built the GEMM's parameters). The gated waits are enqueued after the GEMM launch (never
+  // before the producer: docs/design.md).
+  const cudaEvent_t inputs_ready = copy_engine ? NextInputsEvent(state) : state.inputs_ready;
+  gemm_.zero_counters_on_launch = counted_.zero;
+  gemm_.after_zero_event = counted_.zero ? inputs_ready : nullptr;
   if (copy_engine && BeginTimelineCall(state, host_enter_ns_)) {
     RecordTimelineHost(state, kHostPrepared);
     RecordTimelineMark(state, kXlaStart, stream);
   }
-  std::string msg;
-  const Status launched =
-      TestFailureAt(FailStage::kLaunch, place_.rank)
-          ? Status::Internal("GEMM launch failed " + InjectedFailureMessage(FailStage::kLaunch))
-          : LaunchStatus(LaunchSignalingGemm(stream, gemm_, &msg), "GEMM launch", msg);
+  Status launched = Status::Ok();
+  if (TestFailureAt(FailStage::kLaunch, place_.rank)) {
+    launched = Status::Internal("GEMM launch failed " + InjectedFailureMessage(FailStage::kLaunch));
+  } else if (!counted_.zero) {
+    launched = CudaStatus(cudaEventRecord(inputs_ready, stream), "recording inputs_ready");
+  }
+  if (launched.ok()) {
+    std::string msg;
+    launched = LaunchStatus(LaunchSignalingGemm(stream, gemm_, &msg), "GEMM launch", msg);
+  }
   if (!launched.ok()) {
     // The other ranks' work of this call waits for this rank's: release it.
     if (!copy_engine) {
       return ReleaseFailedNcclCall(state, stream, plan_.collective, gemm_, shape_.out_dtype(),
-                                   buffers_.out, launched);
+                                   buffers_.out, launched, counted_.base);
     }
     EndTimelineCall(state);
     return ReleaseFailedCopyEngineCall(state, stream, copy_engine_, FailedPart::kWholeCall,
                                        launched);
   }
+  gemm_launched_ = true;
   if (!copy_engine) {
     FO_JAX_RETURN_IF_ERROR(
         EnqueueNcclTransport(state, stream, plan_.collective, gemm_, shape_.out_dtype(),
-                             buffers_.out));
+                             buffers_.out, counted_.base));
     return Finish();
   }
   RecordTimelineHost(state, kHostGemmLaunched);

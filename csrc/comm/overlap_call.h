@@ -2,8 +2,8 @@
 // builds an OverlapCall, calls Prepare then Enqueue, and maps the status. Prepare validates the
 // plan against the operands, gets the group's communicator (created on first use), applies the
 // failure policy (comm_registry.h) and prepares the transport (the copy engine's buffers, ring
-// and graphs); Enqueue launches the signaling GEMM on XLA's stream and the transport's work after
-// it (gated_collectives.h for NCCL, copy_engine.h for the copy engine); an all-gather's
+// and graphs); Enqueue launches the signaling GEMM on XLA's stream, its group counters the
+// communicator's (group_counters.h), and the transport's work after it (gated_collectives.h for NCCL, copy_engine.h for the copy engine); an all-gather's
 // consumer GEMM and transports are all_gather_nccl.h's and all_gather_copy_engine.h's. The
 // communicator's lock is held from Prepare to the object's end, so a call's work is enqueued in
 // one piece.
@@ -19,6 +19,7 @@
 
 #include "comm/comm_registry.h"
 #include "comm/copy_engine_args.h"
+#include "comm/group_counters.h"
 #include "comm/overlap_plan.h"
 #include "comm/status.h"
 #include "kernels/signaling_gemm.h"
@@ -39,7 +40,9 @@ struct OverlapBuffers {
   // [m, n] (reduce-scatter: the GEMM's output); the all-gather: the gathered x [m, k]
   void* workspace = nullptr;
   size_t workspace_elems = 0;
-  uint32_t* counters = nullptr;  // one per group (the all-gather: its band flags)
+  // One per group: the all-gather's band flags. The reduce-scatter and all-reduce leave it
+  // unwritten: their GEMM signals into the communicator's counters (group_counters.h).
+  uint32_t* counters = nullptr;
   size_t counters_elems = 0;
 };
 
@@ -86,6 +89,8 @@ class OverlapCall {
   Status prepare_failure_;  // a Prepare failure that Enqueue must release (see Prepare)
   SignalingGemmArgs gemm_;
   CopyEngineArgs copy_engine_;
+  CountedCall counted_;  // reduce-scatter and all-reduce: this call's view of the counters
+  bool gemm_launched_ = false;
 };
 
 }  // namespace fo_jax

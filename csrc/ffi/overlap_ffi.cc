@@ -166,7 +166,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<ffi::AnyBuffer>()                           // out [M/P or M, N]
         .Ret<ffi::AnyBuffer>()                           // workspace [M, N] (reduce-scatter)
                                                          // or the gathered x [M, K] (all-gather)
-        .Ret<ffi::Buffer<ffi::U32>>()                    // counters [G] (all-gather: flags)
+        .Ret<ffi::Buffer<ffi::U32>>()                    // [G]: the all-gather's flags (else unused)
         .Attr<fo_jax::OverlapPlanAttr>("plan")           // _plan.OverlapPlan
         .Attr<fo_jax::MeshAttr>("mesh")                  // the mesh table
         .Attr<ffi::Span<const uint8_t>>("group_tokens"));  // 32 bytes per group
@@ -183,7 +183,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()                    // w_scale []
         .Ret<ffi::AnyBuffer>()                           // out [M/P or M, N] bf16
         .Ret<ffi::AnyBuffer>()                           // workspace [M, N] bf16 (reduce-scatter)
-        .Ret<ffi::Buffer<ffi::U32>>()                    // counters [G]
+        .Ret<ffi::Buffer<ffi::U32>>()                    // [G]: as above
         .Attr<fo_jax::OverlapPlanAttr>("plan")           // _plan.OverlapPlan
         .Attr<fo_jax::MeshAttr>("mesh")                  // the mesh table
         .Attr<ffi::Span<const uint8_t>>("group_tokens"));  // 32 bytes per group

@@ -59,6 +59,23 @@ def test_kernel_ms_samples_one_sample_per_round_and_method(monkeypatch):
         {"a": fake_fn("a"), "b": fake_fn("b")}, calls=4, rounds=3) == {"a": 2.0, "b": 3.0}
 
 
+def test_gpu_ms_samples_kernels_alone_leave_out_the_memsets(monkeypatch):
+    # Per call: a memset of 1 us, then a kernel of 100 us starting 2 us later.
+    calls = 4
+    events = []
+    for c in range(calls):
+        t = c * 200_000
+        events.append(("Memset (Device)", t, t + 1_000))
+        events.append(("void cutlass::device_kernel<...>", t + 3_000, t + 103_000))
+    monkeypatch.setattr(benchlib, "kernel_events", lambda _tdir: {0: events})
+    monkeypatch.setattr(benchlib.jax.profiler, "trace", lambda _d: contextlib.nullcontext())
+    kernel, span, alone = benchlib.gpu_ms_samples({"a": lambda: 0}, calls=calls, rounds=2)
+    assert kernel["a"] == pytest.approx([0.101, 0.101])
+    assert alone["a"] == pytest.approx([0.100, 0.100])
+    assert span["a"] == pytest.approx([(3 * 200_000 + 103_000) / 1e6 / calls] * 2)
+    assert benchlib.is_memset("MemsetD32Async") and not benchlib.is_memset("fo_jax::BandSum")
+
+
 def test_kernel_ms_samples_refuses_a_trace_without_gpu_kernels(monkeypatch):
     monkeypatch.setattr(benchlib, "kernel_events", lambda _tdir: {})
     monkeypatch.setattr(benchlib.jax.profiler, "trace", lambda _d: contextlib.nullcontext())

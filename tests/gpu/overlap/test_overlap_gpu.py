@@ -259,6 +259,30 @@ def test_copy_engine_shapes_change_between_calls():
             _assert_every_copy_close(outs[i], x64 @ w64, jnp.bfloat16)
 
 
+@pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
+def test_group_counters_carry_across_calls(transport):
+    """The GEMM's group counters are the communicator's and calls that succeed do not zero them
+    (csrc/comm/group_counters.h): each call's transport waits for the call's own tiles past
+    what the earlier calls counted. Calls of two sizes (different group tables) and both
+    collectives interleave on one communicator, and every call's result is checked: a wait that
+    passed early would move tiles the GEMM had not written yet."""
+    tp = tp_or_skip()
+    mesh = _mesh(tp)
+    cfg = fo_jax.OverlapConfig(transport=transport, allow_fallback=False)
+    fns = [_tp_fn(mesh, c, config=cfg) for c in ("reduce_scatter", "all_reduce")]
+    rng = np.random.default_rng(21)
+    cases = [random_operands(rng, rows * tp, 4096, 1024, jnp.bfloat16) for rows in (256, 2048)]
+    schedule = [(i % 2, (i // 2) % 2) for i in range(16)]  # (size, collective) per call
+    outs = [fns[coll](*cases[size][:2]) for size, coll in schedule]
+    jax.block_until_ready(outs)
+    for i, (out, (size, coll)) in enumerate(zip(outs, schedule)):
+        _, _, x64, w64 = cases[size]
+        err = rel_err(out, x64 @ w64)
+        assert err <= REL_TOL[jnp.dtype(jnp.bfloat16)], (
+            f"call {i} of {len(schedule)} ({('reduce_scatter', 'all_reduce')[coll]}, size "
+            f"{size}): relative error {err:.3e}\n" + explain_mismatch(out, x64, w64, tp))
+
+
 def test_copy_engine_reuses_its_copy_graphs():
     """Each copy into a peer is a launch of a graph re-pointed at the call's buffers
     (docs/design.md, "The copy thread and copy graphs"): once warm, calls on new buffers build
