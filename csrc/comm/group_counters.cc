@@ -5,6 +5,15 @@
 
 namespace fo_jax {
 
+Status ZeroCountersPastGroups(const GroupCounters& counters, int num_groups,
+                              cudaStream_t stream) {
+  if (num_groups >= kMaxGemmGroups) return Status::Ok();
+  return CudaStatus(cudaMemsetAsync(counters.words + num_groups, 0,
+                                    size_t(kMaxGemmGroups - num_groups) * sizeof(uint32_t),
+                                    stream),
+                    "zeroing the group counters");
+}
+
 CountedCall BeginCountedCall(const GroupCounters& counters) {
   CountedCall call;
   call.zero = counters.zero_next;

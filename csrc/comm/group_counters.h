@@ -17,11 +17,15 @@
 // A call that does not end well (its GEMM not launched, a release of what its peers wait for, a
 // failed group) may leave a word short of or past its base: the next call zeroes the words again
 // on XLA's stream before its GEMM (after every earlier GEMM, in stream order) and counts from
-// bases of 0. So does the first call.
+// bases of 0. So does the first call (cudaMalloc leaves the words undefined). Such a call zeroes
+// every word, not only its own groups': a later call with more groups counts the others from 0.
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "comm/status.h"
 #include "kernels/signaling_gemm.h"
 
 namespace fo_jax {
@@ -43,6 +47,11 @@ struct CountedCall {
 };
 
 CountedCall BeginCountedCall(const GroupCounters& counters);
+
+// For a call that zeroes (CountedCall::zero): zeroes the words past its `num_groups` groups on
+// `stream`. Its own groups' words are zeroed by the GEMM's launcher right before the kernel
+// (SignalingGemmArgs::zero_counters_on_launch), after the host has built the kernel's parameters.
+Status ZeroCountersPastGroups(const GroupCounters& counters, int num_groups, cudaStream_t stream);
 
 // After the call: with `counted` (its GEMM launched with the words and the call succeeded) the
 // GEMM's counts are added to the totals; otherwise the next call zeroes the words.

@@ -150,10 +150,11 @@ Status OverlapCall::EnqueueParts(cudaStream_t stream) {
                                        prepare_failure_);
   }
   // Stream order on XLA's stream: [zero counters ->] inputs_ready -> GEMM. A call that zeroes
-  // the counters (group_counters.h) has the launcher issue the first two right before the
-  // kernel, after its host-side setup (zeroing first left the GPU idle ~20 us while the host
-  // built the GEMM's parameters). The gated waits are enqueued after the GEMM launch (never
-  // before the producer: docs/design.md).
+  // the counters (group_counters.h) zeroes the words past its groups here and has the launcher
+  // zero its own groups' and record inputs_ready right before the kernel, after its host-side
+  // setup (zeroing first left the GPU idle ~20 us while the host built the GEMM's parameters).
+  // The gated waits are enqueued after the GEMM launch (never before the producer:
+  // docs/design.md).
   const cudaEvent_t inputs_ready = copy_engine ? NextInputsEvent(state) : state.inputs_ready;
   gemm_.zero_counters_on_launch = counted_.zero;
   gemm_.after_zero_event = counted_.zero ? inputs_ready : nullptr;
@@ -164,7 +165,9 @@ Status OverlapCall::EnqueueParts(cudaStream_t stream) {
   Status launched = Status::Ok();
   if (TestFailureAt(FailStage::kLaunch, place_.rank)) {
     launched = Status::Internal("GEMM launch failed " + InjectedFailureMessage(FailStage::kLaunch));
-  } else if (!counted_.zero) {
+  } else if (counted_.zero) {
+    launched = ZeroCountersPastGroups(state.counters, gemm_.num_groups, stream);
+  } else {
     launched = CudaStatus(cudaEventRecord(inputs_ready, stream), "recording inputs_ready");
   }
   if (launched.ok()) {

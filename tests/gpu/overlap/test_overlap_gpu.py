@@ -264,23 +264,67 @@ def test_group_counters_carry_across_calls(transport):
     """The GEMM's group counters are the communicator's and calls that succeed do not zero them
     (csrc/comm/group_counters.h): each call's transport waits for the call's own tiles past
     what the earlier calls counted. Calls of two sizes (different group tables) and both
-    collectives interleave on one communicator, and every call's result is checked: a wait that
-    passed early would move tiles the GEMM had not written yet."""
+    collectives interleave on one communicator, and every call's result is checked. Every call
+    has operands of its own: a wait that passed early would move another call's tiles."""
     tp = tp_or_skip()
     mesh = _mesh(tp)
     cfg = fo_jax.OverlapConfig(transport=transport, allow_fallback=False)
     fns = [_tp_fn(mesh, c, config=cfg) for c in ("reduce_scatter", "all_reduce")]
     rng = np.random.default_rng(21)
-    cases = [random_operands(rng, rows * tp, 4096, 1024, jnp.bfloat16) for rows in (256, 2048)]
     schedule = [(i % 2, (i // 2) % 2) for i in range(16)]  # (size, collective) per call
-    outs = [fns[coll](*cases[size][:2]) for size, coll in schedule]
+    cases = [random_operands(rng, (256, 2048)[size] * tp, 4096, 1024, jnp.bfloat16)
+             for size, _ in schedule]
+    outs = [fns[coll](*ops[:2]) for (_, coll), ops in zip(schedule, cases)]
     jax.block_until_ready(outs)
     for i, (out, (size, coll)) in enumerate(zip(outs, schedule)):
-        _, _, x64, w64 = cases[size]
+        _, _, x64, w64 = cases[i]
         err = rel_err(out, x64 @ w64)
         assert err <= REL_TOL[jnp.dtype(jnp.bfloat16)], (
             f"call {i} of {len(schedule)} ({('reduce_scatter', 'all_reduce')[coll]}, size "
             f"{size}): relative error {err:.3e}\n" + explain_mismatch(out, x64, w64, tp))
+
+
+@pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
+def test_group_counters_zeroed_after_a_failed_call(transport):
+    """After a call that fails, the next call zeroes the communicator's counters, every word of
+    them (csrc/comm/group_counters.h): a call with few groups right after the failure, then calls
+    with more groups, whose extra words held the earlier calls' counts, all match the reference.
+    Every call has operands of its own, so a wait that passed early reads another call's tiles.
+    The NCCL transport takes the group counts as given (8, then 2, then 8, on one communicator:
+    the same CTA bound); the copy engine plans its own from the shape (two sizes)."""
+    from fo_jax import _cuda
+
+    tp = tp_or_skip()
+    mesh = _mesh(tp)
+    rng = np.random.default_rng(22)
+
+    def operands(rows):
+        return random_operands(rng, rows * tp, 4096, 2048, jnp.bfloat16)
+
+    if transport == "nccl":
+        f_many, f_few = (_tp_fn(mesh, "reduce_scatter", config=fo_jax.OverlapConfig(
+            transport="nccl", num_groups=g, nccl_max_ctas=8, allow_fallback=False))
+            for g in (8, 2))
+        many_rows = few_rows = 2048
+    else:
+        f_many = f_few = _tp_fn(mesh, "reduce_scatter", config=fo_jax.OverlapConfig(
+            transport="copy_engine", allow_fallback=False))
+        many_rows, few_rows = 2048, 256
+    jax.block_until_ready([f_many(*operands(many_rows)[:2]) for _ in range(3)])
+    _cuda.module().inject_async_error_for_tests(6, -1)  # ncclRemoteError on every rank
+    try:
+        with pytest.raises(Exception, match=r"NCCL \(asynchronous\) failed"):
+            jax.block_until_ready(f_many(*operands(many_rows)[:2]))
+    finally:
+        _cuda.module().inject_async_error_for_tests(0)
+    calls = [(f_few, operands(few_rows))] + [(f_many, operands(many_rows)) for _ in range(4)]
+    outs = [f(*ops[:2]) for f, ops in calls]
+    jax.block_until_ready(outs)
+    for i, (out, (_, (_, _, x64, w64))) in enumerate(zip(outs, calls)):
+        err = rel_err(out, x64 @ w64)
+        assert err <= REL_TOL[jnp.dtype(jnp.bfloat16)], (
+            f"call {i} after the failure: relative error {err:.3e}\n"
+            + explain_mismatch(out, x64, w64, tp))
 
 
 def test_copy_engine_reuses_its_copy_graphs():
