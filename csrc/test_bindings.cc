@@ -284,14 +284,14 @@ void BindTestBindings(nb::module_& m) {
           if (!valid.ok()) throw std::invalid_argument("group_counter_waits: " + valid.message());
           const fo_jax::SignalingGemmArgs gemm =
               fo_jax::GemmArgsOf(plan, fo_jax::GemmDtype::kBF16, rows, n, k);
-          const fo_jax::CountedCall call = fo_jax::BeginCountedCall(counters);
+          const bool zero = fo_jax::BeginCountedCall(counters);
           std::vector<uint32_t> expected;
-          for (const fo_jax::GroupSpan& s :
-               fo_jax::CollectiveSpans(gemm, fo_jax::Collective::kReduceScatter, call.base)) {
+          for (const fo_jax::GroupSpan& s : fo_jax::CollectiveSpans(
+                   gemm, fo_jax::Collective::kReduceScatter, counters.total)) {
             expected.push_back(s.expected);
           }
-          out.emplace_back(call.zero, expected);
-          fo_jax::EndCountedCall(counters, call, gemm, succeeded);
+          out.emplace_back(zero, expected);
+          fo_jax::EndCountedCall(counters, gemm, succeeded);
         }
         return out;
       },

@@ -14,20 +14,16 @@ Status ZeroCountersPastGroups(const GroupCounters& counters, int num_groups,
                     "zeroing the group counters");
 }
 
-CountedCall BeginCountedCall(const GroupCounters& counters) {
-  CountedCall call;
-  call.zero = counters.zero_next;
-  if (!call.zero) std::copy(counters.total, counters.total + kMaxGemmGroups, call.base);
-  return call;
+bool BeginCountedCall(GroupCounters& counters) {
+  if (counters.zero_next) std::fill(counters.total, counters.total + kMaxGemmGroups, 0u);
+  return counters.zero_next;
 }
 
-void EndCountedCall(GroupCounters& counters, const CountedCall& call,
-                    const SignalingGemmArgs& gemm, bool counted) {
+void EndCountedCall(GroupCounters& counters, const SignalingGemmArgs& gemm, bool counted) {
   if (!counted) {
     counters.zero_next = true;
     return;
   }
-  std::copy(call.base, call.base + kMaxGemmGroups, counters.total);
   for (int g = 0; g < gemm.num_groups; ++g) {
     counters.total[g] += static_cast<uint32_t>(ExpectedGroupCount(gemm, g));  // wraps mod 2^32
   }

@@ -32,30 +32,25 @@ namespace fo_jax {
 
 struct GroupCounters {
   uint32_t* words = nullptr;  // kMaxGemmGroups words of the communicator's device memory
-  // Each word's value once every call counted so far has finished (valid unless zero_next).
+  // Each word's value once every call counted so far has finished: a call's waits add total[g]
+  // to its groups' tile counts (the base). All 0 from a zeroing call's BeginCountedCall on.
   uint32_t total[kMaxGemmGroups] = {};
   bool zero_next = true;  // the next call zeroes the words first
 };
 
 inline constexpr size_t kGroupCounterBytes = kMaxGemmGroups * sizeof(uint32_t);
 
-// One call's view of the counters, taken under the communicator's lock before the call's
-// consumers are planned and kept until the call ends.
-struct CountedCall {
-  bool zero = false;  // zero the words on XLA's stream before the GEMM
-  uint32_t base[kMaxGemmGroups] = {};  // add to every group's tile count for its wait
-};
+// Under the communicator's lock, before the call's waits are planned: whether the call zeroes
+// the words on XLA's stream before its GEMM (then `total` is reset to 0 here).
+bool BeginCountedCall(GroupCounters& counters);
 
-CountedCall BeginCountedCall(const GroupCounters& counters);
-
-// For a call that zeroes (CountedCall::zero): zeroes the words past its `num_groups` groups on
-// `stream`. Its own groups' words are zeroed by the GEMM's launcher right before the kernel
+// For a call that zeroes: zeroes the words past its `num_groups` groups on `stream`. Its own
+// groups' words are zeroed by the GEMM's launcher right before the kernel
 // (SignalingGemmArgs::zero_counters_on_launch), after the host has built the kernel's parameters.
 Status ZeroCountersPastGroups(const GroupCounters& counters, int num_groups, cudaStream_t stream);
 
 // After the call: with `counted` (its GEMM launched with the words and the call succeeded) the
 // GEMM's counts are added to the totals; otherwise the next call zeroes the words.
-void EndCountedCall(GroupCounters& counters, const CountedCall& call,
-                    const SignalingGemmArgs& gemm, bool counted);
+void EndCountedCall(GroupCounters& counters, const SignalingGemmArgs& gemm, bool counted);
 
 }  // namespace fo_jax

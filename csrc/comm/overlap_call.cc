@@ -102,16 +102,13 @@ Status OverlapCall::Prepare() {
   }
   // The GEMM signals into the communicator's counters, which calls that succeed do not zero
   // (group_counters.h): every wait below expects its group's count past the call's base.
-  if (state_->counters.words == nullptr) {
-    return Status::Internal("the communicator has no group counters");
-  }
-  counted_ = BeginCountedCall(state_->counters);
+  zero_counters_ = BeginCountedCall(state_->counters);
   gemm_.counters = state_->counters.words;
   if (copy_engine) {
     FO_JAX_RETURN_IF_ERROR(
         PrepareCopyEngineCall(*state_, plan_, shape_, buffers_.out, gemm_, &copy_engine_));
     for (int g = 0; g < copy_engine_.num_groups; ++g) {
-      copy_engine_.expected[g] += counted_.base[g];  // modulo 2^32, as the counters wrap
+      copy_engine_.expected[g] += state_->counters.total[g];  // modulo 2^32, as the counters wrap
     }
     // Past the exchange the peers enqueue work that waits for this rank: Enqueue releases it.
     prepare_failure_ = CheckOutputForPeers(*state_, copy_engine_);
@@ -123,7 +120,7 @@ Status OverlapCall::Prepare() {
 Status OverlapCall::Enqueue(cudaStream_t stream) {
   Status status = EnqueueParts(stream);
   if (plan_.collective != Collective::kAllGather) {
-    EndCountedCall(state_->counters, counted_, gemm_, gemm_launched_ && status.ok());
+    EndCountedCall(state_->counters, gemm_, gemm_launched_ && status.ok());
   }
   if (plan_.transport == Transport::kCopyEngine) {
     // The progress watchdog's mark, after everything the call enqueued, failed or not (the NCCL
@@ -156,8 +153,8 @@ Status OverlapCall::EnqueueParts(cudaStream_t stream) {
   // The gated waits are enqueued after the GEMM launch (never before the producer:
   // docs/design.md).
   const cudaEvent_t inputs_ready = copy_engine ? NextInputsEvent(state) : state.inputs_ready;
-  gemm_.zero_counters_on_launch = counted_.zero;
-  gemm_.after_zero_event = counted_.zero ? inputs_ready : nullptr;
+  gemm_.zero_counters_on_launch = zero_counters_;
+  gemm_.after_zero_event = zero_counters_ ? inputs_ready : nullptr;
   if (copy_engine && BeginTimelineCall(state, host_enter_ns_)) {
     RecordTimelineHost(state, kHostPrepared);
     RecordTimelineMark(state, kXlaStart, stream);
@@ -165,7 +162,7 @@ Status OverlapCall::EnqueueParts(cudaStream_t stream) {
   Status launched = Status::Ok();
   if (TestFailureAt(FailStage::kLaunch, place_.rank)) {
     launched = Status::Internal("GEMM launch failed " + InjectedFailureMessage(FailStage::kLaunch));
-  } else if (counted_.zero) {
+  } else if (zero_counters_) {
     launched = ZeroCountersPastGroups(state.counters, gemm_.num_groups, stream);
   } else {
     launched = CudaStatus(cudaEventRecord(inputs_ready, stream), "recording inputs_ready");
@@ -178,7 +175,7 @@ Status OverlapCall::EnqueueParts(cudaStream_t stream) {
     // The other ranks' work of this call waits for this rank's: release it.
     if (!copy_engine) {
       return ReleaseFailedNcclCall(state, stream, plan_.collective, gemm_, shape_.out_dtype(),
-                                   buffers_.out, launched, counted_.base);
+                                   buffers_.out, launched, state.counters.total);
     }
     EndTimelineCall(state);
     return ReleaseFailedCopyEngineCall(state, stream, copy_engine_, FailedPart::kWholeCall,
@@ -188,7 +185,7 @@ Status OverlapCall::EnqueueParts(cudaStream_t stream) {
   if (!copy_engine) {
     FO_JAX_RETURN_IF_ERROR(
         EnqueueNcclTransport(state, stream, plan_.collective, gemm_, shape_.out_dtype(),
-                             buffers_.out, counted_.base));
+                             buffers_.out, state.counters.total));
     return Finish();
   }
   RecordTimelineHost(state, kHostGemmLaunched);

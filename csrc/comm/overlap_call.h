@@ -89,7 +89,9 @@ class OverlapCall {
   Status prepare_failure_;  // a Prepare failure that Enqueue must release (see Prepare)
   SignalingGemmArgs gemm_;
   CopyEngineArgs copy_engine_;
-  CountedCall counted_;  // reduce-scatter and all-reduce: this call's view of the counters
+  // Reduce-scatter and all-reduce: whether the call zeroes the communicator's counters first
+  // (group_counters.h; its waits' bases are state_->counters.total), and whether its GEMM ran.
+  bool zero_counters_ = false;
   bool gemm_launched_ = false;
 };
 

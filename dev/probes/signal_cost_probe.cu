@@ -22,7 +22,7 @@
 // stream writes (cuStreamBatchMemOp; the probe says if the driver refuses it). The zeroings'
 // columns less the zeroed-once column are what zeroing between two kernels costs in stream
 // time, which the Python benchmark's kernel time does not show and its wall-clock time does
-// (bench_signal_overhead.py, "signaling, wall").
+// (bench_signal_overhead.py, "with zeroing, wall").
 #include <cuda.h>  // types and enums only; the entry point comes from cudaGetDriverEntryPoint
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
