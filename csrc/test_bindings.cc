@@ -27,6 +27,7 @@
 #include "comm/gated_collectives.h"
 #include "comm/gemm_plan.h"
 #include "comm/group_counters.h"
+#include "comm/group_counters_check.h"
 #include "comm/host_worker.h"
 #include "comm/overlap_plan.h"
 #include "comm/peer_memory_ipc.h"
@@ -425,6 +426,46 @@ void BindTestBindings(nb::module_& m) {
         return d;
       },
       nb::arg("collective"), nb::arg("dtype") = "bfloat16");
+
+  // Tests (one GPU): the communicator's GEMM group counters across real NCCL-transport calls on a
+  // one-rank communicator of the check's own (comm/group_counters_check.h says what each option
+  // and result means). calls: (group_begin, fail_launch) per call. Bad options raise ValueError.
+  m.def(
+      "group_counters_check",
+      [](fo_jax::Collective collective, const std::string& config, int64_t m, int64_t n,
+         int64_t k, const std::vector<std::pair<std::vector<int>, bool>>& calls,
+         uint32_t garbage, int64_t start_total, double timeout_s) {
+        std::vector<fo_jax::GroupCountersCheckCall> checked;
+        for (const auto& [group_begin, fail_launch] : calls) {
+          checked.push_back({group_begin, fail_launch});
+        }
+        const int index = ConfigIndexByName("group_counters_check", config);
+        if (index < 0) throw std::invalid_argument("group_counters_check: name a config");
+        fo_jax::GroupCountersCheckResult r;
+        {
+          nb::gil_scoped_release unlocked;
+          r = fo_jax::RunGroupCountersCheck(collective, index, m, n, k, checked, garbage,
+                                            start_total, timeout_s);
+        }
+        nb::list steps;
+        for (const fo_jax::GroupCountersCheckStep& s : r.steps) {
+          nb::dict d;
+          d["zeroed"] = s.zeroed;
+          d["ok"] = s.ok;
+          d["message"] = s.message;
+          d["out_equal"] = s.out_equal;
+          d["words"] = s.words;
+          d["totals"] = s.totals;
+          steps.append(d);
+        }
+        nb::dict d;
+        d["steps"] = steps;
+        d["error"] = r.error;
+        return d;
+      },
+      nb::arg("collective"), nb::arg("config"), nb::arg("m"), nb::arg("n"), nb::arg("k"),
+      nb::arg("calls"), nb::arg("garbage") = 0xDEADBEEFu, nb::arg("start_total") = -1,
+      nb::arg("timeout_s") = 30.0);
 
   // Tests and benchmarks: the consumer GEMM on one GPU with A's bands arriving while it runs,
   // against the plain GEMM (comm/consumer_gemm_check.h says what each option and result means).

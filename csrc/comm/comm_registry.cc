@@ -444,6 +444,11 @@ void InjectAsyncErrorForTests(int code, int rank, bool broken) {
   }
 }
 
+void ClearCommGroupFailureForTests(CommState& s) {
+  std::lock_guard<std::mutex> lock(s.group->mu);
+  if (!s.aborted) s.group->failure.clear();
+}
+
 std::vector<CommState*> AllCommStatesForDebug() {
   std::vector<CommState*> all;
   std::lock_guard<std::mutex> lock(g_mutex);

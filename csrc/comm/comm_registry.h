@@ -157,6 +157,10 @@ void AbortGroupForKnownFailure(const std::string& id, const std::string& failure
 // (not the aborts).
 void InjectAsyncErrorForTests(int code, int rank, bool broken);
 
+// Tests only: clears the failure of state's group (not an abort), as a restart would give the
+// next calls a healthy group (group_counters_check.h runs calls after a failed one).
+void ClearCommGroupFailureForTests(CommState& state);
+
 // Every communicator state this process created (never destroyed), for diagnostics.
 std::vector<CommState*> AllCommStatesForDebug();
 
