@@ -85,12 +85,11 @@ int SelectConsumerGemmConfig(GemmDtype dtype, int m, int n, int k, int band_rows
 // output is complete and visible in global memory (release at GPU scope). A CTA adds its
 // consecutive tiles of one group in one release-add when it moves to another group or finishes
 // (cooperative configs; ping-pong signals each tile), so a counter may jump by more than 1. A
-// group is done when its counter reaches batch * (group_begin[g+1] - group_begin[g]) *
-// ceil(n / tile_n).
-// The kernel only adds: a consumer waits for what the counter held before the kernel plus the
-// group's count. The caller zeroes the counters in stream order, sets zero_counters_on_launch
-// (below), or keeps them from earlier launches and adds their counts to its waits (the overlapped
-// calls: comm/group_counters.h).
+// group is done when its counter has grown by its count, batch * (group_begin[g+1] -
+// group_begin[g]) * ceil(n / tile_n): the kernel only adds, so a consumer waits for what the
+// counter held before the kernel plus that count. The caller zeroes the counters in stream order,
+// sets zero_counters_on_launch (below), or keeps them from earlier launches and adds what those
+// counted to its waits (the overlapped calls: comm/group_counters.h).
 struct SignalingGemmArgs {
   GemmDtype dtype = GemmDtype::kBF16;
   int m = 0, n = 0, k = 0;  // multiples of 8 (kE4M3: k of 16, 16-byte rows of A and B)
