@@ -20,26 +20,6 @@
 namespace fo_jax {
 namespace {
 
-// `count` random elements of magnitude 0.25 .. 2 (no zeros, infinities or NaNs), as the bytes
-// of their bit patterns: bf16, f16 or e4m3 (whose exponents 5..7 stay clear of its NaN).
-std::vector<uint8_t> RandomElements(size_t count, GemmDtype dtype, std::mt19937_64& rng) {
-  std::vector<uint8_t> v(count * GemmInputBytes(dtype));
-  for (size_t i = 0; i < count; ++i) {
-    const uint64_t r = rng();
-    if (dtype == GemmDtype::kE4M3) {
-      v[i] = uint8_t(((r & 1) << 7) | ((5 + (r >> 1) % 3) << 3) | ((r >> 8) & 0x7));
-      continue;
-    }
-    const uint16_t sign = (r & 1) << 15;
-    const uint16_t x =
-        dtype == GemmDtype::kBF16
-            ? uint16_t(sign | ((125 + (r >> 1) % 3) << 7) | ((r >> 8) & 0x7F))
-            : uint16_t(sign | ((13 + (r >> 1) % 3) << 10) | ((r >> 8) & 0x3FF));
-    std::memcpy(&v[2 * i], &x, 2);
-  }
-  return v;
-}
-
 void Sleep(void* us) {
   std::this_thread::sleep_for(std::chrono::microseconds(reinterpret_cast<intptr_t>(us)));
 }

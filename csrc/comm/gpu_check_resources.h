@@ -1,6 +1,7 @@
-// What a one-GPU check (stuck_release_check.h, stuck_ring_release_check.h) holds: device
+// What a one-GPU check (stuck_release_check.h, stuck_ring_release_check.h, ...) holds: device
 // memory, two streams (the stuck call's, the release's) and the call's completion event, all
-// released at its end, after the GPU has finished (the check owns the GPU while it runs).
+// released at its end, after the GPU has finished (the check owns the GPU while it runs); and
+// the element patterns the checks share (stale bytes, random operands).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,8 +11,11 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <thread>
 #include <vector>
+
+#include "kernels/signaling_gemm.h"
 
 namespace fo_jax {
 
@@ -91,5 +95,25 @@ inline uint16_t F16Bits(float v) {
   return bits;
 }
 inline bool F16IsNaN(uint16_t v) { return (v & 0x7C00u) == 0x7C00u && (v & 0x03FFu) != 0; }
+
+// `count` random elements of magnitude 0.25 .. 2 (no zeros, infinities or NaNs), as the bytes
+// of their bit patterns: bf16, f16 or e4m3 (whose exponents 5..7 stay clear of its NaN).
+inline std::vector<uint8_t> RandomElements(size_t count, GemmDtype dtype, std::mt19937_64& rng) {
+  std::vector<uint8_t> v(count * GemmInputBytes(dtype));
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t r = rng();
+    if (dtype == GemmDtype::kE4M3) {
+      v[i] = uint8_t(((r & 1) << 7) | ((5 + (r >> 1) % 3) << 3) | ((r >> 8) & 0x7));
+      continue;
+    }
+    const uint16_t sign = (r & 1) << 15;
+    const uint16_t x =
+        dtype == GemmDtype::kBF16
+            ? uint16_t(sign | ((125 + (r >> 1) % 3) << 7) | ((r >> 8) & 0x7F))
+            : uint16_t(sign | ((13 + (r >> 1) % 3) << 10) | ((r >> 8) & 0x3FF));
+    std::memcpy(&v[2 * i], &x, 2);
+  }
+  return v;
+}
 
 }  // namespace fo_jax

@@ -4,10 +4,11 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <mutex>
-#include <thread>
+#include <random>
 
 #include "comm/call_timeline.h"
 #include "comm/comm_registry.h"
@@ -22,26 +23,6 @@ namespace {
 
 std::string CudaError(const char* what, cudaError_t e) {
   return std::string(what) + ": " + cudaGetErrorString(e);
-}
-
-// Random bf16 values in [-1, 1), from a fixed seed.
-std::vector<uint16_t> RandomBf16(size_t count, uint64_t seed) {
-  std::vector<uint16_t> v(count);
-  for (size_t i = 0; i < count; ++i) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    v[i] = Bf16Bits(static_cast<float>(seed >> 40) / float(1 << 23) - 1.0f);
-  }
-  return v;
-}
-
-// Waits up to timeout_s for `stream`; false if its work is still running then.
-bool AwaitStream(cudaStream_t stream, double timeout_s) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  while (cudaStreamQuery(stream) == cudaErrorNotReady) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  return true;
 }
 
 }  // namespace
@@ -91,9 +72,11 @@ GroupCountersCheckResult RunGroupCountersCheck(Collective collective, int config
     r.error = CudaError("setting up", err);
     return r;
   }
-  const std::vector<uint16_t> hx = RandomBf16(size_t(m) * k, 1), hw = RandomBf16(size_t(k) * n, 2);
-  if ((err = cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice)) != cudaSuccess ||
-      (err = cudaMemcpy(w, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice)) != cudaSuccess ||
+  std::mt19937_64 rng(1);
+  const std::vector<uint8_t> hx = RandomElements(size_t(m) * k, GemmDtype::kBF16, rng);
+  const std::vector<uint8_t> hw = RandomElements(size_t(k) * n, GemmDtype::kBF16, rng);
+  if ((err = cudaMemcpy(x, hx.data(), hx.size(), cudaMemcpyHostToDevice)) != cudaSuccess ||
+      (err = cudaMemcpy(w, hw.data(), hw.size(), cudaMemcpyHostToDevice)) != cudaSuccess ||
       (err = cudaDeviceSynchronize()) != cudaSuccess) {  // the calls' stream does not wait
     r.error = CudaError("copying the operands", err);
     return r;
@@ -104,8 +87,8 @@ GroupCountersCheckResult RunGroupCountersCheck(Collective collective, int config
   GemmPlan whole;
   whole.config = config;
   whole.num_groups = 1;
-  whole.group_begin[1] = static_cast<int>((m + GetGemmConfig(config).tile_m - 1) /
-                                          GetGemmConfig(config).tile_m);
+  const int tile_m = GetGemmConfig(config).tile_m;
+  whole.group_begin[1] = static_cast<int>((m + tile_m - 1) / tile_m);
   s = ValidateGemmPlan(whole, m, n, k);
   if (s.ok()) {
     SignalingGemmArgs plain = GemmArgsOf(whole, GemmDtype::kBF16, m, n, k);
@@ -126,23 +109,23 @@ GroupCountersCheckResult RunGroupCountersCheck(Collective collective, int config
     return r;
   }
 
-  const std::vector<uint32_t> garbage_words(kMaxGemmGroups, garbage);
-  // Every write the check makes runs on the calls' stream, in order with them.
-  auto fill_garbage = [&] {
-    cudaError_t e = cudaMemcpyAsync(state->counters.words, garbage_words.data(),
-                                    kGroupCounterBytes, cudaMemcpyHostToDevice, res.call);
-    return e == cudaSuccess ? cudaStreamSynchronize(res.call) : e;
+  // Writes the counter words on `stream` (the calls' own, in order with them, or the release's)
+  // and waits for it.
+  auto write_words = [&](const std::vector<uint32_t>& values, cudaStream_t stream) {
+    const cudaError_t e = cudaMemcpyAsync(state->counters.words, values.data(),
+                                          kGroupCounterBytes, cudaMemcpyHostToDevice, stream);
+    return e == cudaSuccess ? cudaStreamSynchronize(stream) : e;
   };
+  const std::vector<uint32_t> garbage_words(kMaxGemmGroups, garbage);
   if (start_total >= 0) {
     std::lock_guard<std::timed_mutex> lock(state->mu);
-    const std::vector<uint32_t> start(kMaxGemmGroups, static_cast<uint32_t>(start_total));
-    std::copy(start.begin(), start.end(), state->counters.total);
+    std::fill(state->counters.total, state->counters.total + kMaxGemmGroups,
+              static_cast<uint32_t>(start_total));
     state->counters.zero_next = false;
-    err = cudaMemcpyAsync(state->counters.words, start.data(), kGroupCounterBytes,
-                          cudaMemcpyHostToDevice, res.call);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(res.call);
+    err = write_words(std::vector<uint32_t>(kMaxGemmGroups, static_cast<uint32_t>(start_total)),
+                      res.call);
   } else {
-    err = fill_garbage();  // a new communicator's words are undefined
+    err = write_words(garbage_words, res.call);  // a new communicator's words are undefined
   }
   if (err != cudaSuccess) {
     r.error = CudaError("setting the counters", err);
@@ -199,13 +182,16 @@ GroupCountersCheckResult RunGroupCountersCheck(Collective collective, int config
     }
     step.ok = s.ok();
     step.message = s.message();
-    if (!AwaitStream(res.call, timeout_s)) {
+    double ms = 0;
+    if ((err = cudaEventRecord(res.done, res.call)) != cudaSuccess) {
+      r.error = CudaError(("recording call " + std::to_string(i) + "'s end").c_str(), err);
+      return r;
+    }
+    if (res.AwaitDone(std::chrono::steady_clock::now(), timeout_s, &ms) == cudaErrorNotReady) {
       // Release every wait that could still hold the call, then report it.
       std::vector<uint32_t> release(kMaxGemmGroups);
       for (int g = 0; g < kMaxGemmGroups; ++g) release[g] = totals_before[g] + (1u << 30);
-      (void)cudaMemcpyAsync(state->counters.words, release.data(), kGroupCounterBytes,
-                            cudaMemcpyHostToDevice, res.release);
-      (void)cudaStreamSynchronize(res.release);
+      (void)write_words(release, res.release);
       (void)cudaStreamSynchronize(res.call);
       r.error = "call " + std::to_string(i) + " did not finish within " +
                 std::to_string(timeout_s) + " s (its waits were released)";
@@ -229,7 +215,7 @@ GroupCountersCheckResult RunGroupCountersCheck(Collective collective, int config
       // What a failed group may leave in the words; the group made healthy again, as a restart
       // would, so that the next calls count.
       ClearCommGroupFailureForTests(*state);
-      if ((err = fill_garbage()) != cudaSuccess) {
+      if ((err = write_words(garbage_words, res.call)) != cudaSuccess) {
         r.error = CudaError("filling the counters", err);
         return r;
       }
