@@ -15,17 +15,11 @@
 #include "comm/gemm_plan.h"
 #include "comm/gpu_check_resources.h"
 #include "comm/overlap_call.h"
+#include "comm/status.h"
 #include "comm/stream_wait.h"
 #include "comm/test_failures.h"
 
 namespace fo_jax {
-namespace {
-
-std::string CudaError(const char* what, cudaError_t e) {
-  return std::string(what) + ": " + cudaGetErrorString(e);
-}
-
-}  // namespace
 
 GroupCountersCheckResult RunGroupCountersCheck(Collective collective, int config, int64_t m,
                                                int64_t n, int64_t k,
@@ -40,7 +34,7 @@ GroupCountersCheckResult RunGroupCountersCheck(Collective collective, int config
   OverlapPlace place;
   cudaError_t err = cudaGetDevice(&place.device);
   if (err != cudaSuccess) {
-    r.error = CudaError("cudaGetDevice", err);
+    r.error = CudaStatus(err, "cudaGetDevice").message();
     return r;
   }
   place.rank = 0;
@@ -69,7 +63,7 @@ GroupCountersCheckResult RunGroupCountersCheck(Collective collective, int config
       (err = res.Alloc(&ref, out_bytes)) != cudaSuccess ||
       (err = res.Alloc(&flags, kGroupCounterBytes)) != cudaSuccess ||
       (err = res.CreateStreams()) != cudaSuccess) {
-    r.error = CudaError("setting up", err);
+    r.error = CudaStatus(err, "setting up").message();
     return r;
   }
   std::mt19937_64 rng(1);
@@ -78,7 +72,7 @@ GroupCountersCheckResult RunGroupCountersCheck(Collective collective, int config
   if ((err = cudaMemcpy(x, hx.data(), hx.size(), cudaMemcpyHostToDevice)) != cudaSuccess ||
       (err = cudaMemcpy(w, hw.data(), hw.size(), cudaMemcpyHostToDevice)) != cudaSuccess ||
       (err = cudaDeviceSynchronize()) != cudaSuccess) {  // the calls' stream does not wait
-    r.error = CudaError("copying the operands", err);
+    r.error = CudaStatus(err, "copying the operands").message();
     return r;
   }
 
@@ -105,7 +99,7 @@ GroupCountersCheckResult RunGroupCountersCheck(Collective collective, int config
   std::vector<uint16_t> expected(out_bytes / 2), got(out_bytes / 2);
   if ((err = cudaStreamSynchronize(res.call)) != cudaSuccess ||
       (err = cudaMemcpy(expected.data(), ref, out_bytes, cudaMemcpyDeviceToHost)) != cudaSuccess) {
-    r.error = CudaError("running the reference GEMM", err);
+    r.error = CudaStatus(err, "running the reference GEMM").message();
     return r;
   }
 
@@ -128,7 +122,7 @@ GroupCountersCheckResult RunGroupCountersCheck(Collective collective, int config
     err = write_words(garbage_words, res.call);  // a new communicator's words are undefined
   }
   if (err != cudaSuccess) {
-    r.error = CudaError("setting the counters", err);
+    r.error = CudaStatus(err, "setting the counters").message();
     return r;
   }
 
@@ -157,7 +151,7 @@ GroupCountersCheckResult RunGroupCountersCheck(Collective collective, int config
     if ((err = cudaMemsetAsync(out, kStaleByte, out_bytes, res.call)) != cudaSuccess ||
         (rs && (err = cudaMemsetAsync(workspace, kStaleByte, out_bytes, res.call)) !=
                    cudaSuccess)) {
-      r.error = CudaError("filling the outputs", err);
+      r.error = CudaStatus(err, "filling the outputs").message();
       return r;
     }
 
@@ -184,7 +178,7 @@ GroupCountersCheckResult RunGroupCountersCheck(Collective collective, int config
     step.message = s.message();
     double ms = 0;
     if ((err = cudaEventRecord(res.done, res.call)) != cudaSuccess) {
-      r.error = CudaError(("recording call " + std::to_string(i) + "'s end").c_str(), err);
+      r.error = CudaStatus(err, "recording call " + std::to_string(i) + "'s end").message();
       return r;
     }
     if (res.AwaitDone(std::chrono::steady_clock::now(), timeout_s, &ms) == cudaErrorNotReady) {
@@ -202,7 +196,7 @@ GroupCountersCheckResult RunGroupCountersCheck(Collective collective, int config
         (err = cudaMemcpy(step.words.data(), state->counters.words, kGroupCounterBytes,
                           cudaMemcpyDeviceToHost)) != cudaSuccess ||
         (err = cudaMemcpy(got.data(), out, out_bytes, cudaMemcpyDeviceToHost)) != cudaSuccess) {
-      r.error = CudaError(("running call " + std::to_string(i)).c_str(), err);
+      r.error = CudaStatus(err, "running call " + std::to_string(i)).message();
       return r;
     }
     step.out_equal = std::memcmp(got.data(), expected.data(), out_bytes) == 0;
@@ -216,7 +210,7 @@ GroupCountersCheckResult RunGroupCountersCheck(Collective collective, int config
       // would, so that the next calls count.
       ClearCommGroupFailureForTests(*state);
       if ((err = write_words(garbage_words, res.call)) != cudaSuccess) {
-        r.error = CudaError("filling the counters", err);
+        r.error = CudaStatus(err, "filling the counters").message();
         return r;
       }
     }
