@@ -25,6 +25,10 @@ class GemmConfig(NamedTuple):
     # Accurate fp8 rows only: k-tiles whose partial sums stay in the tensor cores' accumulator
     # before they are added into the fp32 one (see FP8_CONFIGS).
     promotion_k_tiles: int = 1
+    # The epilogue's subtile width and stores in flight (0: CUTLASS's builder's choice, 32 wide
+    # for a cooperative tile with 2 in flight); see TmaEpilogueInner.
+    epi_tile_n: int = 0
+    epi_stages_d: int = 0
 
 
 # SelectGemmConfig in signaling_gemm.cu refers to these names. Measured on H200 (kernel times from
@@ -117,10 +121,27 @@ FP8_CANDIDATE_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8_coop_128x160x128_c2", 128, 160, 128, 2, 1, False, promotion_k_tiles=2),
     GemmConfig("fp8fast_pp_128x160x128_c2", 128, 160, 128, 2, 1, True, True),
 ]
+# The large accurate fp8 tile with wider epilogue subtiles: never picked, compiled to measure
+# what the cooperative epilogue's per-subtile work costs (docs/gemm_performance.md, "Where the
+# fp32-promotion kernel loses"). Its 6 subtiles of 128x32 each take two barriers of the 256
+# consumer threads and a wait for a TMA store's read, while no MMA runs. 64 wide with 2 stores in
+# flight takes 32 KB of shared memory and leaves the mainloop 4 stages instead of 5; with one
+# store in flight (64 or 96 wide) it keeps 5. Appended last so that the other rows' indices stay
+# put.
+FP8_EPILOGUE_CONFIGS: list[GemmConfig] = [
+    GemmConfig("fp8_coop_128x192x128_c2_e64", 128, 192, 128, 2, 1, False, promotion_k_tiles=2,
+               epi_tile_n=64),
+    GemmConfig("fp8_coop_128x192x128_c2_e64s1", 128, 192, 128, 2, 1, False, promotion_k_tiles=2,
+               epi_tile_n=64, epi_stages_d=1),
+    GemmConfig("fp8_coop_128x192x128_c2_e96s1", 128, 192, 128, 2, 1, False, promotion_k_tiles=2,
+               epi_tile_n=96, epi_stages_d=1),
+]
+# Rows kept to be measured, which no choice picks (dev/fit_gemm_table.py leaves them out of fits).
+FP8_MEASURE_ONLY = {cfg.name for cfg in FP8_PROMOTION_CONFIGS + FP8_EPILOGUE_CONFIGS}
 FP8_NAMES = {cfg.name for cfg in FP8_CONFIGS + FP8_FAST_CONFIGS + FP8_PROMOTION_CONFIGS
-             + FP8_CANDIDATE_CONFIGS}
+             + FP8_CANDIDATE_CONFIGS + FP8_EPILOGUE_CONFIGS}
 TABLE: list[GemmConfig] = (CONFIGS + FP8_CONFIGS + FP8_FAST_CONFIGS + FP8_PROMOTION_CONFIGS
-                           + FP8_CANDIDATE_CONFIGS)
+                           + FP8_CANDIDATE_CONFIGS + FP8_EPILOGUE_CONFIGS)
 
 # Configs that also get a kernel with a source (D = A @ B + C; SignalingGemmArgs' addend): the
 # copy-engine reduce-scatter's own band adds a received band in the GEMM's epilogue. Only the
@@ -190,6 +211,12 @@ def _kernel_file(cfg: GemmConfig, dtype: str, kind: str) -> str:
     defaults.append("1")
     if cfg.promotion_k_tiles != 1:
         what += f", promotion every {cfg.promotion_k_tiles} k-tiles"
+    args += [str(cfg.epi_tile_n), str(cfg.epi_stages_d)]
+    defaults += ["0", "0"]
+    if cfg.epi_tile_n:
+        what += f", epilogue subtiles {cfg.epi_tile_n} wide"
+    if cfg.epi_stages_d:
+        what += f", {cfg.epi_stages_d} stores in flight"
     while args and args[-1] == defaults[len(args) - 1]:
         args.pop()
     src = "".join(", " + a for a in args)
