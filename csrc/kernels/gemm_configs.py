@@ -84,7 +84,7 @@ CONFIGS: list[GemmConfig] = [
 # runs during a cooperative epilogue, and a subtile that waits for an older store to leave shared
 # memory holds up both warp groups. 0.3-3.0% faster on six shapes, most at K = 512; wider
 # subtiles (fewer barriers) were slower or cost a mainloop stage (docs/gemm_performance.md,
-# "Where the fp32-promotion kernel loses").
+# "Its epilogue's stores").
 FP8_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8_coop_128x128x128_c1", 128, 128, 128, 1, 1, False, promotion_k_tiles=2),
     GemmConfig("fp8_coop_128x192x128_c2", 128, 192, 128, 2, 1, False, promotion_k_tiles=2,
