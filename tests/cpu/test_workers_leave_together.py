@@ -7,6 +7,9 @@ CPU processes with tests/workers/leave_order_worker.py, which finish 1.5 s apart
 import os
 import subprocess
 import sys
+import time
+
+import pytest
 
 from conftest import cpu_worker_env, free_port
 
@@ -20,8 +23,21 @@ def test_every_process_leaves_cleanly_when_process_0_finishes_first():
     procs = [subprocess.Popen([sys.executable, worker, str(i), str(NPROC), port],
                               env=cpu_worker_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for i in range(NPROC)]
+    # One deadline for all: leave_together gives up after 120 s, process 0 leaves 3 s after the
+    # others. A process still running then is killed, and the failure shows every process's
+    # output (a bare TimeoutExpired shows none).
+    deadline = time.monotonic() + 180
+    outs = []
     try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
+        for p in procs:
+            outs.append(p.communicate(timeout=max(deadline - time.monotonic(), 1))[0])
+    except subprocess.TimeoutExpired:
+        for p in procs[len(outs):]:
+            p.kill()
+            outs.append(p.communicate()[0])
+        pytest.fail("a worker was still running after 180 s:\n" + "\n".join(
+            f"--- process {i} (exit status {p.returncode}):\n{out[-3000:]}"
+            for i, (p, out) in enumerate(zip(procs, outs))))
     finally:
         for p in procs:
             p.kill()
