@@ -25,9 +25,7 @@ class GemmConfig(NamedTuple):
     # Accurate fp8 rows only: k-tiles whose partial sums stay in the tensor cores' accumulator
     # before they are added into the fp32 one (see FP8_CONFIGS).
     promotion_k_tiles: int = 1
-    # The epilogue's subtile width and stores in flight (0: CUTLASS's builder's choice, 32 wide
-    # for a cooperative tile with 2 in flight); see TmaEpilogueInner.
-    epi_tile_n: int = 0
+    # The epilogue's stores in flight (0: CUTLASS's builder's 2); see TmaEpilogueInner.
     epi_stages_d: int = 0
 
 
@@ -88,7 +86,7 @@ CONFIGS: list[GemmConfig] = [
 FP8_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8_coop_128x128x128_c1", 128, 128, 128, 1, 1, False, promotion_k_tiles=2),
     GemmConfig("fp8_coop_128x192x128_c2", 128, 192, 128, 2, 1, False, promotion_k_tiles=2,
-               epi_tile_n=32, epi_stages_d=3),
+               epi_stages_d=3),
     GemmConfig("fp8_pp_64x192x128_c2", 64, 192, 128, 2, 1, True, promotion_k_tiles=2),
 ]
 
@@ -128,8 +126,6 @@ FP8_CANDIDATE_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8_coop_128x160x128_c2", 128, 160, 128, 2, 1, False, promotion_k_tiles=2),
     GemmConfig("fp8fast_pp_128x160x128_c2", 128, 160, 128, 2, 1, True, True),
 ]
-# Rows kept to be measured, which no choice picks (dev/fit_gemm_table.py leaves them out of fits).
-FP8_MEASURE_ONLY = {cfg.name for cfg in FP8_PROMOTION_CONFIGS}
 FP8_NAMES = {cfg.name for cfg in FP8_CONFIGS + FP8_FAST_CONFIGS + FP8_PROMOTION_CONFIGS
              + FP8_CANDIDATE_CONFIGS}
 TABLE: list[GemmConfig] = (CONFIGS + FP8_CONFIGS + FP8_FAST_CONFIGS + FP8_PROMOTION_CONFIGS
@@ -203,10 +199,8 @@ def _kernel_file(cfg: GemmConfig, dtype: str, kind: str) -> str:
     defaults.append("1")
     if cfg.promotion_k_tiles != 1:
         what += f", promotion every {cfg.promotion_k_tiles} k-tiles"
-    args += [str(cfg.epi_tile_n), str(cfg.epi_stages_d)]
-    defaults += ["0", "0"]
-    if cfg.epi_tile_n:
-        what += f", epilogue subtiles {cfg.epi_tile_n} wide"
+    args.append(str(cfg.epi_stages_d))
+    defaults.append("0")
     if cfg.epi_stages_d:
         what += f", {cfg.epi_stages_d} stores in flight"
     while args and args[-1] == defaults[len(args) - 1]:

@@ -152,16 +152,14 @@ using ScaledAccumulator = cutlass::epilogue::fusion::Sm90EVT<
         float, cute::Stride<cute::_0, cute::_0, cute::_0>, 2>,
     cutlass::epilogue::fusion::Sm90AccFetch>;
 
-// kEpiTileN, kEpiStagesD (0: the builder's choice, 32 wide for a cooperative tile and 2 stores
-// in flight): the epilogue's subtile width and how many subtiles' stores may be in flight. Each
-// subtile costs the cooperative epilogue two barriers of its 256 threads and a wait for a TMA
-// store's shared-memory read, while no MMA runs; wider subtiles take fewer of them and more
-// shared memory, which the mainloop's stage count gives back (GemmKernelConfig).
+// kEpiStagesD (0: the builder's 2): how many epilogue subtiles' stores may be in flight. A
+// subtile waits until the store kEpiStagesD subtiles back has left shared memory, and during a
+// cooperative epilogue no MMA runs; each more costs one subtile of shared memory, which the
+// mainloop's stage count gives back (GemmKernelConfig).
 template <class Element, class TileShape, class ClusterShape, bool kPingpong, bool kSource,
-          bool kScaled = false, int kEpiTileN = 0, int kEpiStagesD = 0>
+          bool kScaled = false, int kEpiStagesD = 0>
 struct TmaEpilogueInner {
   static_assert(!(kSource && kScaled), "no kernel both adds a source and scales");
-  static_assert(kEpiStagesD == 0 || kEpiTileN != 0, "store stages are set with a subtile width");
   using Stride = cute::Stride<int64_t, cute::Int<1>, int64_t>;
   using Schedule = std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
                                       cutlass::epilogue::TmaWarpSpecializedCooperative>;
@@ -173,28 +171,21 @@ struct TmaEpilogueInner {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, Stride, 8, Element,
       Stride, 8, Schedule, Fusion>::CollectiveOp;
-  // The builder's policy with the subtile and the stores in flight set (StagesC is unused
-  // without a source). Only used with kEpiTileN set (32 stands in otherwise).
-  using EpilogueTile =
-      cute::Shape<cute::Int<kPingpong ? 64 : 128>, cute::Int<kEpiTileN != 0 ? kEpiTileN : 32>>;
-  static constexpr int kEpiTiles =
-      cute::size(cute::shape_div(cute::take<0, 2>(TileShape{}), EpilogueTile{}));
-  static constexpr int kStagesD = kEpiStagesD != 0 ? kEpiStagesD : (kEpiTiles < 2 ? kEpiTiles : 2);
+  // The builder's subtile and policy, with kEpiStagesD stores in flight.
+  using EpilogueTile = decltype(cutlass::epilogue::collective::detail::
+                                    sm90_compute_tile_shape_or_override<
+                                        Element, cutlass::epilogue::collective::EpilogueTileAuto,
+                                        Schedule, TileShape>());
+  using BuiltPolicy = decltype(cutlass::epilogue::collective::detail::sm90_get_tma_dispatch_policy<
+                               TileShape, EpilogueTile, ElementC, Element, Schedule>());
   using Policy = cutlass::epilogue::Sm90TmaWarpSpecialized<
-      (kEpiTiles < 4 ? kEpiTiles : 4), kStagesD,
-      cute::size(EpilogueTile{}) / (kPingpong ? 128 : 256), /*ReuseSmemC=*/false,
-      /*DelayTmaStore=*/!kSource>;
-  template <int kN, int kDummy = 0>
-  struct Explicit {
-    using type = typename cutlass::epilogue::collective::detail::Sm90TmaBuilderImpl<
-        TileShape, EpilogueTile, float, float, ElementC, Stride, 8, Element, Stride, 8, Fusion,
-        Policy>::CollectiveOp;
-  };
-  template <int kDummy>
-  struct Explicit<0, kDummy> {
-    using type = Built;
-  };
-  using type = typename Explicit<kEpiTileN>::type;
+      BuiltPolicy::StagesC, kEpiStagesD, BuiltPolicy::FragmentSize, BuiltPolicy::ReuseSmemC,
+      BuiltPolicy::DelayTmaStore>;
+  using type = std::conditional_t<
+      kEpiStagesD == 0, Built,
+      typename cutlass::epilogue::collective::detail::Sm90TmaBuilderImpl<
+          TileShape, EpilogueTile, float, float, ElementC, Stride, 8, Element, Stride, 8, Fusion,
+          Policy>::CollectiveOp>;
 };
 
 // With a source, CUTLASS's builder shares C's shared memory with D (ReuseSmemC): a source
@@ -207,7 +198,7 @@ struct TmaEpilogueInner {
 // soon as they are read, not stored; the mainloop keeps its 5 stages).
 inline constexpr int kSourceStagesC = 4;
 template <class Element, class TileShape, class ClusterShape>
-struct TmaEpilogueInner<Element, TileShape, ClusterShape, true, true, false, 0, 0> {
+struct TmaEpilogueInner<Element, TileShape, ClusterShape, true, true, false, 0> {
   using Stride = cute::Stride<int64_t, cute::Int<1>, int64_t>;
   using Schedule = cutlass::epilogue::TmaWarpSpecialized;
   using EpilogueTile = decltype(cutlass::epilogue::collective::detail::
@@ -226,13 +217,13 @@ struct TmaEpilogueInner<Element, TileShape, ClusterShape, true, true, false, 0, 
 };
 
 template <class Element, class TileShape, class ClusterShape, bool kPingpong, bool kSource,
-          bool kScaled = false, int kEpiTileN = 0, int kEpiStagesD = 0>
+          bool kScaled = false, int kEpiStagesD = 0>
 class SignalingTmaEpilogue
     : public TmaEpilogueInner<Element, TileShape, ClusterShape, kPingpong, kSource, kScaled,
-                              kEpiTileN, kEpiStagesD>::type {
+                              kEpiStagesD>::type {
  public:
   using Inner = typename TmaEpilogueInner<Element, TileShape, ClusterShape, kPingpong, kSource,
-                                          kScaled, kEpiTileN, kEpiStagesD>::type;
+                                          kScaled, kEpiStagesD>::type;
   using typename Inner::LoadPipeline;
   using typename Inner::LoadPipelineState;
   using typename Inner::StorePipeline;
@@ -771,13 +762,11 @@ class SignalingTmaEpilogue
 // kPromotionKTiles (accurate fp8 only): k-tiles of partial sums in the tensor cores' accumulator
 // per addition into the fp32 one. CUTLASS's mainloop waits for every MMA in flight before each
 // addition, so fewer additions stall the tensor cores less, at the cost of longer partial sums.
-// kEpiTileN, kEpiStagesD: the epilogue's subtile width and stores in flight (TmaEpilogueInner;
-// 0: CUTLASS's builder's).
+// kEpiStagesD: the epilogue's stores in flight (TmaEpilogueInner; 0: CUTLASS's builder's).
 // ---------------------------------------------------------------------------------------------
 template <class Element_, int kTM, int kTN, int kTK, int kCM, int kCN, bool kPingpong,
           bool kSource = false, bool kConsumer = false, class ElementOut_ = Element_,
-          bool kFastAccum = false, int kPromotionKTiles = 1, int kEpiTileN = 0,
-          int kEpiStagesD = 0>
+          bool kFastAccum = false, int kPromotionKTiles = 1, int kEpiStagesD = 0>
 struct GemmKernelConfig {
   static_assert(kCN == 1, "clusters along N are not supported by the group scheduler");
   static_assert(!(kSource && kConsumer), "no kernel both adds a source and waits for bands");
@@ -794,7 +783,7 @@ struct GemmKernelConfig {
                                      cute::Stride<cute::Int<1>, int64_t, cute::Int<0>>>; // w[k,n]
   using Epilogue =
       SignalingTmaEpilogue<ElementOut, TileShape, ClusterShape, kPingpong, kSource, kFp8,
-                           kEpiTileN, kEpiStagesD>;
+                           kEpiStagesD>;
   static constexpr bool kHasSource = kSource;
   static constexpr bool kIsConsumer = kConsumer;
   static_assert(!kFastAccum || kFp8, "fast accumulation is an fp8 schedule");
