@@ -21,10 +21,12 @@ HIGHEST) or an fp8 row of fo_jax's table by name (its own accumulation).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -124,6 +126,8 @@ def main() -> None:
     ap.add_argument("--methods", nargs="*", default=DEFAULT_METHODS)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--ncu", default=None)
+    ap.add_argument("--shape-timeout", type=float, default=300,
+                    help="seconds for one shape's ncu run, its compiles included")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -132,6 +136,7 @@ def main() -> None:
     ncu = find_ncu(args.ncu)
     os.makedirs(args.out, exist_ok=True)
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    failed = []
     for i, shape in enumerate(args.shapes):
         stem = os.path.join(args.out, f"ncu_{shape}")
         t0 = time.time()
@@ -141,10 +146,20 @@ def main() -> None:
                "--import-source", "no", "--force-overwrite", "--export", stem,
                sys.executable, os.path.abspath(__file__), "--child", shape,
                "--methods", *args.methods]
-        r = subprocess.run(cmd, env=env, check=False)
+        # Its own session: if ncu dies (it crashed once while XLA compiled), the profiled child
+        # lives on holding this script's stdout, so the whole group is killed.
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=args.shape_timeout)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         report = stem + ".ncu-rep"
-        if r.returncode != 0 or not os.path.exists(report):
-            sys.exit(f"ncu_gemm_profile.py: ncu exited {r.returncode} at {shape}")
+        if rc != 0 or not os.path.exists(report):
+            print(f"  ncu failed at {shape} (exit {rc}): no report", flush=True)
+            failed.append(shape)
+            continue
         files = export_pages(ncu, report, stem)
         with tarfile.open(stem + ".tar.gz", "w:gz") as tar:
             for path in files + ([report] if os.path.getsize(report) < 12 << 20 else []):
@@ -153,6 +168,8 @@ def main() -> None:
             os.remove(path)
         print(f"  wrote {stem}.tar.gz ({os.path.getsize(stem + '.tar.gz')} bytes) in "
               f"{time.time() - t0:.0f} s", flush=True)
+    if failed:
+        sys.exit(f"ncu_gemm_profile.py: no report at {', '.join(failed)}")
 
 
 if __name__ == "__main__":
