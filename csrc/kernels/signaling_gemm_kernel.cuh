@@ -167,11 +167,8 @@ struct TmaEpilogueInner {
   using Fusion = std::conditional_t<
       kScaled, ScaledAccumulator<Element>,
       cutlass::epilogue::fusion::LinearCombination<Element, float, ElementC, float>>;
-  using Built = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, Stride, 8, Element,
-      Stride, 8, Schedule, Fusion>::CollectiveOp;
-  // The builder's subtile and policy, with kEpiStagesD stores in flight.
+  // The builder's subtile and policy (what its CollectiveBuilder computes and passes to
+  // Sm90TmaBuilderImpl), with kEpiStagesD stores in flight when set.
   using EpilogueTile = decltype(cutlass::epilogue::collective::detail::
                                     sm90_compute_tile_shape_or_override<
                                         Element, cutlass::epilogue::collective::EpilogueTileAuto,
@@ -179,13 +176,21 @@ struct TmaEpilogueInner {
   using BuiltPolicy = decltype(cutlass::epilogue::collective::detail::sm90_get_tma_dispatch_policy<
                                TileShape, EpilogueTile, ElementC, Element, Schedule>());
   using Policy = cutlass::epilogue::Sm90TmaWarpSpecialized<
-      BuiltPolicy::StagesC, kEpiStagesD, BuiltPolicy::FragmentSize, BuiltPolicy::ReuseSmemC,
-      BuiltPolicy::DelayTmaStore>;
-  using type = std::conditional_t<
-      kEpiStagesD == 0, Built,
-      typename cutlass::epilogue::collective::detail::Sm90TmaBuilderImpl<
-          TileShape, EpilogueTile, float, float, ElementC, Stride, 8, Element, Stride, 8, Fusion,
-          Policy>::CollectiveOp>;
+      BuiltPolicy::StagesC, kEpiStagesD != 0 ? kEpiStagesD : BuiltPolicy::StagesD,
+      BuiltPolicy::FragmentSize, BuiltPolicy::ReuseSmemC, BuiltPolicy::DelayTmaStore>;
+  using type = typename cutlass::epilogue::collective::detail::Sm90TmaBuilderImpl<
+      TileShape, EpilogueTile, float, float, ElementC, Stride, 8, Element, Stride, 8, Fusion,
+      Policy>::CollectiveOp;
+  // Without kEpiStagesD the epilogue is the builder's own, so a CUTLASS whose builder differs
+  // fails here rather than changing those kernels.
+  static_assert(kEpiStagesD != 0 ||
+                std::is_same_v<type, typename cutlass::epilogue::collective::CollectiveBuilder<
+                                         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+                                         TileShape, ClusterShape,
+                                         cutlass::epilogue::collective::EpilogueTileAuto, float,
+                                         float, ElementC, Stride, 8, Element, Stride, 8,
+                                         Schedule, Fusion>::CollectiveOp>,
+                "the builder's epilogue differs from its policy rebuilt here");
 };
 
 // With a source, CUTLASS's builder shares C's shared memory with D (ReuseSmemC): a source
