@@ -77,7 +77,7 @@ def compiled_configs(fp8: bool = False) -> list:
     spec = importlib.util.spec_from_file_location("gemm_configs", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    measure_only = {c.name for c in mod.FP8_PROMOTION_CONFIGS}
+    measure_only = {c.name for c in mod.MEASURE_ONLY_CONFIGS}
     return [dict(name=c.name, tile_m=c.tile_m, tile_n=c.tile_n, tile_k=c.tile_k,
                  cluster_m=c.cluster_m, cluster_n=c.cluster_n, pingpong=c.pingpong,
                  takes_addends=c.name in mod.SOURCE_CONFIGS, fast_accum=c.fast_accum,

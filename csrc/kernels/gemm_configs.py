@@ -27,6 +27,9 @@ class GemmConfig(NamedTuple):
     promotion_k_tiles: int = 1
     # The epilogue's stores in flight (0: CUTLASS's builder's 2); see TmaEpilogueInner.
     epi_stages_d: int = 0
+    # Accurate fp8 rows only: CUTLASS's mma() instead of PromotingFp8Mainloop's (see
+    # FP8_MMA_CONFIGS).
+    cutlass_mma: bool = False
 
 
 # SelectGemmConfig in signaling_gemm.cu refers to these names. Measured on H200 (kernel times from
@@ -126,10 +129,21 @@ FP8_CANDIDATE_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8_coop_128x160x128_c2", 128, 160, 128, 2, 1, False, promotion_k_tiles=2),
     GemmConfig("fp8fast_pp_128x160x128_c2", 128, 160, 128, 2, 1, True, True),
 ]
+# The large accurate fp8 tile with CUTLASS's mma(), which zeroes both accumulators at every
+# tile's start and adds the first interval's sums into zeros (fp8_promoting_mainloop.cuh): never
+# picked, kept so that the two can be timed side by side (benchmarks/bench_gemm_sweep.py
+# --configs) and their outputs compared (tests/gpu/gemm/test_fp8_gpu.py). Appended last so that
+# the other rows' indices stay put.
+FP8_MMA_CONFIGS: list[GemmConfig] = [
+    GemmConfig("fp8_coop_128x192x128_c2_cutlass_mma", 128, 192, 128, 2, 1, False,
+               promotion_k_tiles=2, epi_stages_d=3, cutlass_mma=True),
+]
+# Rows that no choice picks: kept to be measured (dev/fit_gemm_table.py leaves them out).
+MEASURE_ONLY_CONFIGS: list[GemmConfig] = FP8_PROMOTION_CONFIGS + FP8_MMA_CONFIGS
 FP8_NAMES = {cfg.name for cfg in FP8_CONFIGS + FP8_FAST_CONFIGS + FP8_PROMOTION_CONFIGS
-             + FP8_CANDIDATE_CONFIGS}
+             + FP8_CANDIDATE_CONFIGS + FP8_MMA_CONFIGS}
 TABLE: list[GemmConfig] = (CONFIGS + FP8_CONFIGS + FP8_FAST_CONFIGS + FP8_PROMOTION_CONFIGS
-                           + FP8_CANDIDATE_CONFIGS)
+                           + FP8_CANDIDATE_CONFIGS + FP8_MMA_CONFIGS)
 
 # Configs that also get a kernel with a source (D = A @ B + C; SignalingGemmArgs' addend): the
 # copy-engine reduce-scatter's own band adds a received band in the GEMM's epilogue. Only the
@@ -203,6 +217,10 @@ def _kernel_file(cfg: GemmConfig, dtype: str, kind: str) -> str:
     defaults.append("0")
     if cfg.epi_stages_d:
         what += f", {cfg.epi_stages_d} stores in flight"
+    args.append("true" if cfg.cutlass_mma else "false")
+    defaults.append("false")
+    if cfg.cutlass_mma:
+        what += ", CUTLASS's mma()"
     while args and args[-1] == defaults[len(args) - 1]:
         args.pop()
     src = "".join(", " + a for a in args)

@@ -28,6 +28,7 @@
 #include "cutlass/pipeline/pipeline.hpp"
 #include "band_wait_mainloop.cuh"
 #include "epoch_compare.h"
+#include "fp8_promoting_mainloop.cuh"
 #include "group_cursor.h"
 #include "group_tile_scheduler.cuh"
 #include "signaling_gemm.h"
@@ -765,13 +766,17 @@ class SignalingTmaEpilogue
 // cores' accumulator, whose fp8 additions keep fewer mantissa bits, so a long K loses accuracy.
 // kFastAccum (fp8 only, opt-in): those schedules, with one accumulator per output element.
 // kPromotionKTiles (accurate fp8 only): k-tiles of partial sums in the tensor cores' accumulator
-// per addition into the fp32 one. CUTLASS's mainloop waits for every MMA in flight before each
-// addition, so fewer additions stall the tensor cores less, at the cost of longer partial sums.
+// per addition into the fp32 one. Every addition waits for the MMAs in flight, so fewer
+// additions stall the tensor cores less, at the cost of longer partial sums. The accurate
+// kernels keep the builder's mainloop for their loads and run PromotingFp8Mainloop's mma()
+// (fp8_promoting_mainloop.cuh: the same sums, no accumulator zeroed at a tile's start);
+// kCutlassFp8Mma keeps CUTLASS's mma() (a row for side-by-side timing).
 // kEpiStagesD: the epilogue's stores in flight (TmaEpilogueInner; 0: CUTLASS's builder's).
 // ---------------------------------------------------------------------------------------------
 template <class Element_, int kTM, int kTN, int kTK, int kCM, int kCN, bool kPingpong,
           bool kSource = false, bool kConsumer = false, class ElementOut_ = Element_,
-          bool kFastAccum = false, int kPromotionKTiles = 1, int kEpiStagesD = 0>
+          bool kFastAccum = false, int kPromotionKTiles = 1, int kEpiStagesD = 0,
+          bool kCutlassFp8Mma = false>
 struct GemmKernelConfig {
   static_assert(kCN == 1, "clusters along N are not supported by the group scheduler");
   static_assert(!(kSource && kConsumer), "no kernel both adds a source and waits for bands");
@@ -809,8 +814,12 @@ struct GemmKernelConfig {
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       Schedule>::CollectiveOp;
+  static_assert(!kCutlassFp8Mma || kPromotes, "the choice of mma() is the accurate fp8 one's");
+  using PromotingMainloop =
+      std::conditional_t<kPromotes && !kCutlassFp8Mma,
+                         PromotingFp8Mainloop<BuiltMainloop, kPromotionKTiles>, BuiltMainloop>;
   using Mainloop =
-      std::conditional_t<kConsumer, BandWaitMainloop<BuiltMainloop>, BuiltMainloop>;
+      std::conditional_t<kConsumer, BandWaitMainloop<PromotingMainloop>, PromotingMainloop>;
   // Split K (SignalingGemmArgs::k_splits) in the cooperative kernels without a source or a
   // consumer mainloop: the ones whose CUTLASS kernel calls the scheduler's fixup.
   static constexpr bool kSplitK = !kPingpong && !kSource && !kConsumer;

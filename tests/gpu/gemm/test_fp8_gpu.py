@@ -131,6 +131,48 @@ def test_fp8_split_k_against_float64(shape):
             np.testing.assert_array_equal(np.asarray(counters), want, err_msg=cfg["name"])
 
 
+# k-tiles of 128: one (the first interval only, cut short), two (exactly one interval), three
+# and five (a last interval of one), four, and a K that ends inside a k-tile.
+MMA_FORMS_K = (128, 256, 384, 512, 640, 1032)
+
+
+@pytest.mark.parametrize("k", MMA_FORMS_K)
+def test_fp8_own_mma_sums_as_cutlass_mma(k):
+    """PromotingFp8Mainloop's mma() (no zeroed accumulators, the first interval's sums written
+    straight to the fp32 accumulator) adds the same partial sums in the same order as CUTLASS's:
+    the outputs of fp8_coop_128x192x128_c2 and its _cutlass_mma twin are equal element for
+    element (a zero may differ in sign), unsplit and with K split 2 and 3 ways, and each is
+    within _check's bound. Random operands of both signs, several tiles in each direction."""
+    gpu_devices_or_skip(1)
+    from fo_jax import _cuda_ops, _plan
+
+    names = {c["name"] for c in _fp8_configs()}
+    own, theirs = "fp8_coop_128x192x128_c2", "fp8_coop_128x192x128_c2_cutlass_mma"
+    if not {own, theirs} <= names:
+        pytest.skip("the compiled CUDA module lacks the two fp8 rows")
+    m, n = 520, 392
+    xq, xs, wq, ws = _operands(m, k, n, seed=k)
+    k_tiles = -(-k // 128)
+    alive = []  # every output stays allocated, so that no run can find another's in its buffer
+    for splits in sorted({1, min(2, k_tiles), min(3, k_tiles)}):
+        outs = []
+        for name in (own, theirs):
+            config = _plan.row_config(name, num_groups=2, k_splits=splits)
+            plan = _plan.plan_matmul("test", jnp.dtype(jnp.float8_e4m3fn), m, n, k, config)
+            assert plan.k_splits == splits
+            if splits == 1:  # poisoned output (split K has no aliased form)
+                d_init = jnp.full((m, n), POISON, jnp.bfloat16)
+                y, _ = jax.jit(lambda x, w, a, b, d, plan=plan: _cuda_ops.signaling_gemm_fp8(
+                    x, w.T, a, b, plan, d_init=d))(xq, wq, xs, ws, d_init)
+            else:
+                y, _ = jax.jit(lambda x, w, a, b, plan=plan: _cuda_ops.signaling_gemm_fp8(
+                    x, w.T, a, b, plan))(xq, wq, xs, ws)
+            alive.append(y)
+            _check(y, xq, xs, wq, ws)
+            outs.append(np.asarray(y, np.float64))
+        np.testing.assert_array_equal(outs[0], outs[1], err_msg=f"k={k} splits={splits}")
+
+
 def test_fp8_matmul_end_to_end():
     gpu_devices_or_skip(1)
     m, k, n = 512, 1024, 768
