@@ -14,13 +14,13 @@ namespace fo_jax::detail {
 // promotion adds into the main accumulator. Both are fresh registers at each tile, and both are
 // read before they are written: the main one by that first addition, the temporary one by the
 // MMAs' inline assembly, whose accumulator operands are read-write ("+f") even where the
-// instruction ignores them (GMMA::ScaleOut::Zero). So the compiler materializes zeros for both:
-// 96 register moves and 96 additions of zero per thread at each 128x192 tile, between two tiles'
-// MMAs (docs/gemm_performance.md, "Where its tile time goes").
+// instruction ignores them (GMMA::ScaleOut::Zero). So the compiler materializes zeros for both,
+// between two tiles' MMAs: in the 128x192 kernel, 144 instructions that zero register pairs and
+// 96 additions of zero per thread (docs/gemm_performance.md, "No zeroed accumulators").
 //
 // Here the first interval's MMAs write the main accumulator itself, and later intervals write
-// the temporary one, which is added at the interval's end. Both accumulators are declared set
-// (UnsetRegisters) before their first MMA, which overwrites them (GMMA::ScaleOut::Zero on the
+// the temporary one, which is added at the interval's end. Both accumulators are marked defined
+// (MarkDefined) before their first MMA, which overwrites them (GMMA::ScaleOut::Zero on the
 // first k-block), so no path reads a value the kernel did not compute. The sum is the same,
 // addition for addition, as CUTLASS's: the partial sums of the intervals [0, P), [P, 2P), ...
 // added in that order, the first one into nothing. The one difference: a first interval whose
@@ -62,8 +62,8 @@ struct PromotingFp8Mainloop : Base {
     // (signaling_gemm.cu). A branch for none would merge a zeroed accumulator into the MMAs'.
     __builtin_assume(k_tile_count >= 1);
     Tensor partial = make_fragment_like(accum);
-    UnsetRegisters(accum);
-    UnsetRegisters(partial);
+    MarkDefined(accum);
+    MarkDefined(partial);
 
     // One k-tile's MMAs into `acc`, once its stage has arrived; the first k-block overwrites
     // `acc` when `overwrite`.
@@ -134,12 +134,14 @@ struct PromotingFp8Mainloop : Base {
   }
 
  private:
-  // Declares every register of `t` set without an instruction: an empty inline assembly that
+  // Marks every register of `t` defined without an instruction: an empty inline assembly that
   // outputs them ("=f"). For accumulators whose first MMA overwrites them, so that the MMAs'
   // read of their operands ("+f") finds a defined value and the compiler has none to
-  // materialize.
+  // materialize. nvcc 13.0 emits the same SASS for this mma() without it; it is there because
+  // a value the compiler may choose, once it meets a computed one where paths join (the
+  // partial sums' loop), is one it may also choose to be zero, as it does in CUTLASS's mma().
   template <class Tensor>
-  CUTLASS_DEVICE static void UnsetRegisters(Tensor& t) {
+  CUTLASS_DEVICE static void MarkDefined(Tensor& t) {
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < cute::size(t); ++i) asm volatile("" : "=f"(t(i)));
   }
