@@ -91,41 +91,37 @@ struct PromotingFp8Mainloop : Base {
       ++pipeline_release;
     };
 
-    // The first interval: the tensor cores' sums go to accum itself. It ends as every interval
-    // does, with all its MMAs done (where CUTLASS's first promotion waits too): ptxas tracks the
-    // MMAs in flight only that far, and if the next interval's wait<1> were what retired the
-    // MMAs that write accum, it would find them possibly in flight at the promotion that reads
-    // accum and serialize every MMA of the kernel (ptxas C7514: a wait after each one).
-    issue(accum, true);
-    int k = 1;
-    CUTLASS_PRAGMA_UNROLL
-    for (int j = 1; j < kPromotionKTiles; ++j) {
-      if (k < k_tile_count) {
-        issue(accum, false);
-        release_previous(accum);
-        ++k;
-      }
-    }
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(accum);
-
-    // Each later interval: its sums in `partial`, added into accum at its end, once all its
-    // MMAs are done (the addition reads every register they write).
-    CUTLASS_PRAGMA_NO_UNROLL
-    while (k < k_tile_count) {
-      issue(partial, true);
-      release_previous(partial);
+    // One promotion interval (k < k_tile_count on entry): up to kPromotionKTiles k-tiles into
+    // `acc`, the first overwriting it, each but the loop's first releasing its predecessor's
+    // stage; then all of the interval's MMAs done. Every interval ends so, the first too (where CUTLASS's
+    // first promotion waits as well): ptxas tracks the MMAs in flight only that far, and if the
+    // next interval's wait<1> were what retired the MMAs that write accum, it would find them
+    // possibly in flight at the promotion that reads accum and serialize every MMA of the kernel
+    // (ptxas C7514: a wait after each one). The first k-tile stands outside the k-tile loop: one
+    // loop that also tests it (and whether to release) spills registers in the 128x192 kernels.
+    int k = 0;
+    auto run_interval = [&](auto& acc, bool first_interval) {
+      issue(acc, true);
+      if (!first_interval) release_previous(acc);
       ++k;
       CUTLASS_PRAGMA_UNROLL
       for (int j = 1; j < kPromotionKTiles; ++j) {
         if (k < k_tile_count) {
-          issue(partial, false);
-          release_previous(partial);
+          issue(acc, false);
+          release_previous(acc);
           ++k;
         }
       }
       warpgroup_wait<0>();
-      warpgroup_fence_operand(partial);
+      warpgroup_fence_operand(acc);
+    };
+
+    // The first interval's sums go to accum itself; each later interval's to `partial`, added
+    // into accum once all its MMAs are done (the addition reads every register they write).
+    run_interval(accum, true);
+    CUTLASS_PRAGMA_NO_UNROLL
+    while (k < k_tile_count) {
+      run_interval(partial, false);
       warpgroup_fence_operand(accum);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(accum); ++i) accum(i) += partial(i);
