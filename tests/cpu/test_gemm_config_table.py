@@ -1,7 +1,8 @@
 """csrc/kernels/gemm_configs.py against the kernel sources it generates (no GPU, no build): the
 committed csrc/kernels/generated/ files are exactly what the table writes, so a row edited
 without rerunning the generator fails here rather than at a build that compiles the old table;
-and the row kept to compare the accurate fp8 MMA loops differs from its twin in that loop only."""
+and the row kept to compare the accurate fp8 MMA loops differs from its twin in that loop only;
+which accurate rows keep CUTLASS's MMA loop."""
 
 import importlib.util
 import os
@@ -38,16 +39,27 @@ def test_generated_sources_are_the_tables():
 def test_cutlass_mma_row_is_its_twin_but_for_the_mma_loop():
     mod = _table()
     rows = {c.name: c for c in mod.TABLE}
-    cutlass = [c for c in mod.TABLE if c.cutlass_mma]
-    assert [c.name for c in cutlass] == ["fp8_coop_128x192x128_c2_cutlass_mma"]
     twin = rows["fp8_coop_128x192x128_c2"]
-    mine = cutlass[0]
+    mine = rows["fp8_coop_128x192x128_c2_cutlass_mma"]
+    assert mine.cutlass_mma and not twin.cutlass_mma
     assert mine._replace(name=twin.name, cutlass_mma=False) == twin
     assert mine.name in {c.name for c in mod.MEASURE_ONLY_CONFIGS}
-    # Only that row's kernel takes CUTLASS's mma() (the last template argument); the adopted
-    # row's kernel is its twin's but for that argument.
+    # That row's kernel takes CUTLASS's mma() (the last template argument); the adopted row's
+    # kernel is its twin's but for that argument.
     with open(os.path.join(GENERATED, "gemm_fp8_coop_128x192x128_c2_cutlass_mma_e4m3.cu")) as fh:
         text = fh.read()
     assert "bfloat16_t, false, 2, 3, true>;" in text
     with open(os.path.join(GENERATED, "gemm_fp8_coop_128x192x128_c2_e4m3.cu")) as fh:
         assert "bfloat16_t, false, 2, 3>;" in fh.read()
+
+
+def test_which_accurate_rows_run_cutlass_mma():
+    # fo_jax's mma() (fp8_promoting_mainloop.cuh) everywhere but in the twin kept to compare and
+    # in cooperative 128x128, whose k-tiles it made slower (the comment at its row).
+    mod = _table()
+    accurate = [c for c in mod.TABLE if c.name in mod.FP8_NAMES and not c.fast_accum]
+    assert sorted(c.name for c in accurate if c.cutlass_mma) == [
+        "fp8_coop_128x128x128_c1", "fp8_coop_128x192x128_c2_cutlass_mma"]
+    for kind in ("", "_consumer"):
+        with open(os.path.join(GENERATED, f"gemm_fp8_coop_128x128x128_c1_e4m3{kind}.cu")) as fh:
+            assert "bfloat16_t, false, 2, 0, true>;" in fh.read()
