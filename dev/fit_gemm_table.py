@@ -44,8 +44,18 @@ same sweeps' unsplit per-config rows (--configs all) fit an fp8 tile model per a
 (fp8_models: MODEL entries under the points' keys, over the rows fo_jax may pick for that
 accumulation), with MODEL_MIN_M the smallest M fitted: below it the kernel library's rules pick.
 
+Re-measured fp32-promoting kernels (--fp8-fresh FRESH.jsonl ...): sweeps with --own and --configs
+naming every promoting row fo_jax may pick, taken after a change to those kernels. At each shape
+they timed, the promotion's tile-model trace comes from them alone (the --fp8 sweeps timed older
+kernels there), and its XLA_POINTS entry is ms(XLA at HIGHEST) / ms(the row the fitted model picks)
+in that trace. A row named by --fp8-fresh-stale was timed there in a form no longer built (its
+kernel went back to what the --fp8 sweeps timed): its time at the shape is the newest --fp8
+sweep's, scaled by the two traces' times of XLA at HIGHEST (its ratio to XLA stays the one
+measured in one trace). Elsewhere the --fp8 sweeps' readings stay; for fast accumulation the
+fresh sweeps are more readings, like --fp8's.
+
 Usage: python3 dev/fit_gemm_table.py SWEEP.jsonl [...] [--recheck PLAIN.jsonl ...]
-         [--fp8 FP8.jsonl ...]
+         [--fp8 FP8.jsonl ...] [--fp8-fresh FRESH.jsonl ... [--fp8-fresh-stale ROW ...]]
          [--out fo_jax/_gemm_tables/<model>.py] [--report REPORT.md] [--xla-threshold 0.98]
          [--sms 132]
 """
@@ -292,19 +302,24 @@ FP8_POINTS = {
 }
 
 
+PROMOTION = _gemm_choice.points_key("float8_e4m3fn")
+
+
 def fp8_candidates(configs: list, fast: bool) -> list:
     """The fp8 rows (compiled_configs(fp8=True)) a choice may pick for the accumulation: its
     own, but the measure-only ones."""
     return [c for c in configs if c["fast_accum"] == fast and not c["measure_only"]]
 
 
-def fp8_points(paths: list, threshold: float) -> tuple:
+def fp8_points(paths: list, threshold: float, replaced: Optional[dict] = None) -> tuple:
     """({key: ((M, N, K, ratio), ...)}, markdown) from fp8 sweeps (`bench_gemm_sweep.py --dtype
     float8_e4m3fn`, module docstring "fp8"): per shape and accumulation, ms(XLA's fp8 dot of that
     accumulation) / ms(fo_jax's fp8 kernel of that accumulation) from one trace: its fo_jax.own
     row (--own), else fo_jax.matmul's where that ran fo_jax's kernel (its config is not
     "xla.dot"); a shape's point is the geometric mean over the files. The points read the tiles
-    the sweeps ran (the kernel library's rules where the sweep predates the fp8 models)."""
+    the sweeps ran (the kernel library's rules where the sweep predates the fp8 models).
+    `replaced`: {key: {(M, N, K): (ratio, config)}}, readings that stand alone for their shapes
+    (fresh_promotion)."""
     traces = {}
     for i, path in enumerate(paths):
         for r in load([path]):
@@ -318,6 +333,8 @@ def fp8_points(paths: list, threshold: float) -> tuple:
                 a = kernel[0]
                 readings[key].setdefault((m, n, k), []).append((d[xla]["ms"] / a["ms"],
                                                                 a["config"]))
+    for key, got in (replaced or {}).items():
+        readings[key].update({s: [reading] for s, reading in got.items()})
     points = {key: tuple((*s, round(geomean([r for r, _ in got]), 4))
                          for s, got in sorted(got_all.items()))
               for key, got_all in readings.items() if got_all}
@@ -392,7 +409,46 @@ def held_out_choices(traces: dict, configs: list, sms: int, key) -> dict:
     return out
 
 
-def fp8_models(paths: list, configs: list, sms: int) -> tuple:
+def fresh_promotion(traces: dict, fresh: set, stale: set) -> dict:
+    """The promotion's traces (fp8_traces of the --fp8 and --fp8-fresh sweeps; `fresh`: the
+    file indices of the latter): at a shape a fresh sweep timed, its traces alone, each row of
+    `stale` taken from the newest other trace of the shape that timed it beside XLA at HIGHEST
+    (or left out), scaled by the two traces' XLA times: a row's ratio to XLA is read within one
+    trace, as everywhere here, and two runs differ by a few percent at one shape."""
+    _, _, xla = FP8_POINTS[PROMOTION]
+    fresh_shapes = {t[:3] for t in traces if t[3] in fresh}
+    out = {t: d for t, d in traces.items() if t[:3] not in fresh_shapes}
+    for t, d in traces.items():
+        if t[3] not in fresh:
+            continue
+        rows = {c: ms for c, ms in d["configs"].items() if c not in stale}
+        for c in stale:
+            older = [u for u in traces if u[:3] == t[:3] and u[3] not in fresh
+                     and c in traces[u]["configs"] and traces[u].get(xla)]
+            if older and d.get(xla):
+                u = traces[max(older, key=lambda u: u[3])]
+                rows[c] = u["configs"][c] * d[xla][1] / u[xla][1]
+        out[t] = {**d, "configs": rows}
+    return out
+
+
+def fresh_points(traces: dict, fresh: set, configs: list, params: dict, sms: int) -> dict:
+    """{(M, N, K): (ms(XLA at HIGHEST) / ms(the fitted pick), pick)} of the fresh traces of the
+    promotion (fresh_promotion) that timed the pick: what fo_jax's kernel runs there now."""
+    _, _, xla = FP8_POINTS[PROMOTION]
+    candidates = fp8_candidates(configs, fast=False)
+    out = {}
+    for t, d in sorted(traces.items()):
+        if t[3] not in fresh or not d.get(xla):
+            continue
+        pick = choice(candidates, params, t[:3], sms)
+        if pick in d["configs"]:
+            out[t[:3]] = (d[xla][1] / d["configs"][pick], pick)
+    return out
+
+
+def fp8_models(paths: list, configs: list, sms: int,
+               traces_of: Optional[dict] = None) -> tuple:
     """({key: {config: coefficients}}, {key: smallest M fitted}, markdown): per accumulation, the
     tile model of its rows (the fast-accumulation rows, or the fp32-promoting rows but the
     measure-only ones) fitted on the unsplit per-config rows of fp8 sweeps with --configs all. The
@@ -400,10 +456,12 @@ def fp8_models(paths: list, configs: list, sms: int) -> tuple:
     library's rules pick (_gemm_choice.select_fp8_config). Report: per shape the rule's pick (its
     fo_jax.own row in any sweep that ran --own), the fitted pick and the
     best row, each as ms(XLA's fp8 dot of the accumulation) / ms(row) from the same trace; the
-    fitted pick again with each shape (its layer, its M) held out of the fit."""
-    traces = fp8_traces(paths)
+    fitted pick again with each shape (its layer, its M) held out of the fit. `traces_of`:
+    {key: traces} in place of the sweeps' own for that accumulation (fresh_promotion)."""
+    all_traces = fp8_traces(paths)
     models, floors, text = {}, {}, ""
     for key, (fast, (own, _), xla) in FP8_POINTS.items():
+        traces = (traces_of or {}).get(key, all_traces)
         # The rule's pick per shape, as any --own trace recorded it (one pick, or none).
         picks: dict = {}
         for t, d in traces.items():
@@ -695,6 +753,12 @@ def main() -> None:
                     help="plain sweeps (no --configs) whose ratios replace XLA_POINTS entries")
     ap.add_argument("--fp8", nargs="*", default=[],
                     help="fp8 sweeps (--dtype float8_e4m3fn) whose ratios become fp8 XLA_POINTS")
+    ap.add_argument("--fp8-fresh", nargs="*", default=[],
+                    help="fp8 sweeps (--own, --configs naming every promoting row) of changed "
+                    "fp32-promoting kernels: at their shapes the promotion reads them alone")
+    ap.add_argument("--fp8-fresh-stale", nargs="*", default=[],
+                    help="promoting rows whose --fp8-fresh times are of a form no longer built: "
+                    "those come from the --fp8 sweeps")
     ap.add_argument("--xla-threshold", type=float, default=0.98)
     ap.add_argument("--sms", type=int, default=None,
                     help="SMs of the swept GPU (default: the rows' 'sms', else 132)")
@@ -743,17 +807,43 @@ def main() -> None:
         if points:
             points_all[dt] = tuple(points)
             report.append(text)
+    if args.fp8_fresh and not args.fp8:
+        sys.exit("fit_gemm_table.py: --fp8-fresh re-measures shapes of the --fp8 sweeps: name both")
     if args.fp8:
-        if {r["device"] for r in load(args.fp8)} != {device}:
+        fp8_paths = args.fp8 + args.fp8_fresh
+        if {r["device"] for r in load(fp8_paths)} != {device}:
             sys.exit(f"fit_gemm_table.py: the --fp8 sweeps are not of {device}")
-        fp8, text = fp8_points(args.fp8, args.xla_threshold)
+        fp8_configs = compiled_configs(fp8=True)
+        traces_of, replaced = {}, {}
+        if args.fp8_fresh:
+            fresh = set(range(len(args.fp8), len(fp8_paths)))
+            unknown = set(args.fp8_fresh_stale) - {c["name"] for c in fp8_configs}
+            if unknown:
+                sys.exit(f"fit_gemm_table.py: --fp8-fresh-stale names no fp8 row: "
+                         f"{sorted(unknown)}")
+            traces_of[PROMOTION] = fresh_promotion(fp8_traces(fp8_paths), fresh,
+                                                   set(args.fp8_fresh_stale))
+        fp8_model, floors, model_text = fp8_models(fp8_paths, fp8_configs, sms, traces_of)
+        if args.fp8_fresh and PROMOTION in fp8_model:
+            replaced[PROMOTION] = fresh_points(traces_of[PROMOTION], fresh, fp8_configs,
+                                               fp8_model[PROMOTION], sms)
+        fp8, text = fp8_points(fp8_paths, args.xla_threshold, replaced)
+        if args.fp8_fresh:
+            text += (f"\nAt the {len(replaced.get(PROMOTION, {}))} shapes of "
+                     + ", ".join(os.path.basename(p) for p in args.fp8_fresh)
+                     + f", {PROMOTION}'s point and tile-model trace read that sweep alone (the "
+                     "point: XLA at HIGHEST over the row the fitted model picks, in its trace)"
+                     + (", with " + ", ".join(args.fp8_fresh_stale) + " from the newest other "
+                        "sweep of the shape (its kernel is no longer the one that sweep timed), "
+                        "scaled by the two traces' times of XLA at HIGHEST"
+                        if args.fp8_fresh_stale else "") + ".\n")
         points_all.update(fp8)
         report.append(text)
-        fp8_model, floors, text = fp8_models(args.fp8, compiled_configs(fp8=True), sms)
         model.update(fp8_model)
-        report.append(text)
+        report.append(model_text)
     source = ", ".join(os.path.relpath(p, ROOT) if os.path.abspath(p).startswith(ROOT)
-                       else os.path.basename(p) for p in args.sweeps + args.recheck + args.fp8)
+                       else os.path.basename(p)
+                       for p in args.sweeps + args.recheck + args.fp8 + args.fp8_fresh)
     write_table(out, device, source, model, points_all, args.xla_threshold,
                 floors if args.fp8 else None)
     text = "".join(report)

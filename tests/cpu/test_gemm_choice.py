@@ -481,26 +481,42 @@ def test_fp8_plans_take_the_fp8_model_and_keep_the_rules_below_its_floor(monkeyp
 FP8_CONFIG_SWEEPS = ("gemm_sweep_h200_2026-11-30_ef26a1f_fp8_configs.jsonl",
                      "gemm_sweep_h200_2026-11-30_87b462c_fp8_configs.jsonl",
                      "gemm_sweep_h200_2026-11-30_87c1abf_fp8_configs_small.jsonl")
+# The promoting rows re-measured at the 33 shapes with M >= 4096 after their own mma() (the H200
+# table's --fp8-fresh); cooperative 128x128 went back to CUTLASS's mma() since (--fp8-fresh-stale).
+FP8_FRESH_SWEEP = "gemm_sweep_h200_2026-12-02_f248faf_fp8mma.jsonl"
+FP8_FRESH_STALE = {"fp8_coop_128x128x128_c1"}
+
+
+def _fp8_traces_of(fit_gemm_table, extra=()) -> tuple:
+    """(traces of the configuration sweeps (and `extra`), {the promotion's key: its traces with
+    the fresh sweep}), as the H200 table's fit reads them."""
+    files = [os.path.join(ROOT, "benchmarks", "results", f)
+             for f in FP8_CONFIG_SWEEPS + tuple(extra) + (FP8_FRESH_SWEEP,)]
+    merged = fit_gemm_table.fresh_promotion(fit_gemm_table.fp8_traces(files), {len(files) - 1},
+                                            FP8_FRESH_STALE)
+    return files, {fit_gemm_table.PROMOTION: merged}
 
 
 def test_committed_h200_fp8_models_pick_the_measured_best_rows(monkeypatch):
     """The H200 table's fp8 models (fitted on the three fp8 configuration sweeps, every sweep
-    shape, M from 512): each holds exactly the rows fo_jax may pick for its accumulation; on the
-    sweeps' 66 shapes its pick runs within 1% of the best measured row in geomean and 2% at worst
-    (the kernel library's rules: 0.909x / 0.954x of XLA against 0.937x / 0.971x for the models,
-    gemm_fit_h200_2026-11-29.md); the five design shapes keep the rows their signaling cost was
-    measured on. Below the smallest M fitted the rules pick. The H100 table has no fp8 model (its
-    rules are unchanged)."""
+    shape, M from 512; the promoting rows at M >= 4096 on their re-measure): each holds exactly
+    the rows fo_jax may pick for its accumulation; on the sweeps' 66 shapes its pick runs within
+    1% of the best measured row in geomean and 2% at worst (the kernel library's rules: 0.932x /
+    0.954x of XLA against 0.952x / 0.971x for the models, gemm_fit_h200_2026-12-02.md); the five
+    design shapes keep the rows their signaling cost was measured on. Below the smallest M fitted
+    the rules pick. The H100 table has no fp8 model (its rules are unchanged)."""
     fit_gemm_table = _fit_script()
     rows = fit_gemm_table.compiled_configs(fp8=True)
     h200 = _gemm_tables.tables()["NVIDIA H200"]
     assert "float8_e4m3fn" not in _gemm_tables.tables()["NVIDIA H100 80GB HBM3"].MODEL
     monkeypatch.setattr(_gemm_choice, "table", lambda: h200)
-    traces = fit_gemm_table.fp8_traces(
-        [os.path.join(ROOT, "benchmarks", "results", f) for f in FP8_CONFIG_SWEEPS])
-    assert len(traces) == 66
+    files, traces_of = _fp8_traces_of(fit_gemm_table)
+    all_traces = fit_gemm_table.fp8_traces(files[:-1])
+    assert len(all_traces) == 66
     for key, fast, design in (("float8_e4m3fn", False, "fp8_coop_128x192x128_c2"),
                               ("float8_e4m3fn_fast", True, "fp8fast_pp_128x192x128_c2")):
+        traces = traces_of.get(key, all_traces)
+        assert len({t[:3] for t in traces}) == 66
         mine = fit_gemm_table.fp8_candidates(rows, fast)
         assert set(h200.MODEL[key]) == {c["name"] for c in mine}
         assert h200.MODEL_MIN_M[key] == 512
@@ -517,16 +533,16 @@ def test_committed_h200_fp8_models_pick_the_measured_best_rows(monkeypatch):
 
 
 def test_fp8_models_fit_reproduces_the_committed_h200_models():
-    """dev/fit_gemm_table.py's fp8_models on the three configuration sweeps the H200 table names:
-    the committed coefficients and floors, and a report with the rules', the models' and the
-    held-out summaries (the fp8 sweeps without per-config rows add nothing to the fit)."""
+    """dev/fit_gemm_table.py's fp8_models on the configuration sweeps the H200 table names and
+    its fresh sweep of the promoting rows: the committed coefficients and floors, and a report
+    with the rules', the models' and the held-out summaries (the fp8 sweeps without per-config
+    rows add nothing to the fit)."""
     fit_gemm_table = _fit_script()
     h200 = _gemm_tables.tables()["NVIDIA H200"]
-    files = [os.path.join(ROOT, "benchmarks", "results", f) for f in FP8_CONFIG_SWEEPS]
-    small_m = os.path.join(ROOT, "benchmarks", "results",
-                           "gemm_sweep_h200_2026-11-30_87b462c_fp8_small_m.jsonl")
+    files, traces_of = _fp8_traces_of(
+        fit_gemm_table, ["gemm_sweep_h200_2026-11-30_87b462c_fp8_small_m.jsonl"])
     models, floors, text = fit_gemm_table.fp8_models(
-        files + [small_m], fit_gemm_table.compiled_configs(fp8=True), 132)
+        files, fit_gemm_table.compiled_configs(fp8=True), 132, traces_of)
     assert models == {key: h200.MODEL[key] for key in ("float8_e4m3fn", "float8_e4m3fn_fast")}
     assert floors == h200.MODEL_MIN_M
     for key in models:
