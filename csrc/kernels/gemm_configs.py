@@ -87,10 +87,10 @@ CONFIGS: list[GemmConfig] = [
 # subtiles (fewer barriers) were slower or cost a mainloop stage (docs/gemm_performance.md,
 # "Its epilogue's stores").
 FP8_CONFIGS: list[GemmConfig] = [
-    # CUTLASS's mma() (see FP8_MMA_CONFIGS): with fo_jax's this tile ran 30-60 ns slower per
-    # k-tile at K >= 4096 (up to 15%) while the other accurate rows got faster; its SASS with
-    # CUTLASS's mma() is that of the build measured before (docs/gemm_performance.md, "No zeroed
-    # accumulators").
+    # CUTLASS's mma() (see FP8_MMA_CONFIGS): with fo_jax's this tile ran 7-16% slower at
+    # K >= 6656 (30-60 ns a k-tile) while the other accurate rows got faster; with CUTLASS's its
+    # SASS is that of the build measured before (docs/gemm_performance.md, "The 33-shape
+    # re-measure").
     GemmConfig("fp8_coop_128x128x128_c1", 128, 128, 128, 1, 1, False, promotion_k_tiles=2,
                cutlass_mma=True),
     GemmConfig("fp8_coop_128x192x128_c2", 128, 192, 128, 2, 1, False, promotion_k_tiles=2,
