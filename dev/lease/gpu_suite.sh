@@ -20,6 +20,8 @@
 #                   libcublasLt.so.13, whose folder goes on LD_LIBRARY_PATH
 #   signal-probe    the carried .devbuild/signal_cost_probe ($SIGNAL_PROBE_ARGS: see its top), built
 #                   by the same script
+#   autotune-out    $OUT/xla_autotune.tar.xz: XLA's autotuning results of this machine's benchmark
+#                   steps (below), to unpack here into .carry/ and carry to the next lease
 #   refit           dev/fit_gemm_table.py on $REFIT_SWEEPS (sweep files by name, from $OUT, e.g. the
 #                   sweep step's, or benchmarks/results/): this GPU model's table and its report
 #                   into $OUT, and the table over the install, so later steps run with it
@@ -28,6 +30,15 @@
 # The environment, $OUT, $R, stamp, and the install (or SKIP_BUILD=1: the previous one).
 source "$(dirname "${BASH_SOURCE[0]}")/install_tree.sh"
 cd /tmp
+# The benchmark steps (sweep, fp8-bench, signal-bench) keep XLA's autotuning results per fusion in
+# one folder, so that a dot XLA autotuned once (in an earlier call of the lease, or in an earlier
+# lease: the carried .carry/xla_autotune, which autotune-out returns) is compiled with the same
+# pick without autotuning again: XLA's autotuning is most of a sweep's time (60-80 s a shape at
+# the largest). The kernels XLA runs are its own picks either way; the tests autotune as usual.
+AUTOTUNE=/tmp/xla_autotune; mkdir -p "$AUTOTUNE"
+[[ -d "$R/.carry/xla_autotune" ]] && cp -rn "$R/.carry/xla_autotune/." "$AUTOTUNE/"
+echo "XLA autotuning results: $(find "$AUTOTUNE" -type f | wc -l) in $AUTOTUNE"
+BENCH_XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=$AUTOTUNE"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import jax, fo_jax; print('jax', jax.__version__, jax.devices(), 'cuda module', fo_jax.cuda_module_available(), fo_jax.__file__)"
 for step in ${STEPS:-tests}; do
@@ -39,11 +50,11 @@ for step in ${STEPS:-tests}; do
     gemm-tests) FO_JAX_REQUIRE_GPU=1 timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -rs -p no:cacheprovider \
              --rootdir "$R" -c "$R/pyproject.toml" $(for t in ${TESTS:?}; do find "$R/tests" -name "$t"; done) 2>&1 \
              | tee "$OUT/tests_sel.log" | tail -40;;
-    fp8-bench) timeout ${FP8_TIMEOUT:-300} python3 "$R/benchmarks/bench_fp8.py" --out "$OUT" ${FP8_ARGS:-} 2>&1 | tail -25;;
+    fp8-bench) XLA_FLAGS="$BENCH_XLA_FLAGS" timeout ${FP8_TIMEOUT:-300} python3 "$R/benchmarks/bench_fp8.py" --out "$OUT" ${FP8_ARGS:-} 2>&1 | tail -25;;
     consumer-bench) timeout ${CONSUMER_TIMEOUT:-200} python3 "$R/benchmarks/bench_consumer_gemm.py" --out "$OUT" \
                       ${CONSUMER_ARGS:-} 2>&1 | tail -20;;
-    sweep) timeout ${SWEEP_TIMEOUT:-560} python3 "$R/benchmarks/bench_gemm_sweep.py" ${SWEEP_ARGS:-} --out "$OUT" 2>&1 | tail -30;;
-    signal-bench) timeout ${SIGNAL_TIMEOUT:-300} python3 "$R/benchmarks/bench_signal_overhead.py" --out "$OUT" ${SIGNAL_ARGS:-} 2>&1 | tail -40;;
+    sweep) XLA_FLAGS="$BENCH_XLA_FLAGS" timeout ${SWEEP_TIMEOUT:-560} python3 "$R/benchmarks/bench_gemm_sweep.py" ${SWEEP_ARGS:-} --out "$OUT" 2>&1 | tail -30;;
+    signal-bench) XLA_FLAGS="$BENCH_XLA_FLAGS" timeout ${SIGNAL_TIMEOUT:-300} python3 "$R/benchmarks/bench_signal_overhead.py" --out "$OUT" ${SIGNAL_ARGS:-} 2>&1 | tail -40;;
     py-probe) OUT="$OUT" timeout ${PROBE_TIMEOUT:-300} python3 "$R/dev/probes_py/${PROBE:?}" ${PROBE_ARGS:-} 2>&1 \
                 | tee "$OUT/${PROBE%.py}.log" | tail -60;;
     refit) sweeps=()  # copied into the tree's results, so that the table's SOURCE names them there
@@ -79,6 +90,8 @@ print(next(os.path.dirname(p) for d in nvidia.__path__
     signal-probe) timeout ${PROBE_TIMEOUT:-300} "$R/.devbuild/signal_cost_probe" ${SIGNAL_PROBE_ARGS:-} 2>&1 \
                     | tee -a "$OUT/signal_cost_probe.log";;
     info) python3 -m fo_jax.info 2>&1 | tee "$OUT/info.log";;
+    autotune-out) tar -cJf "$OUT/xla_autotune.tar.xz" -C /tmp xla_autotune \
+                    && echo "$(find "$AUTOTUNE" -type f | wc -l) results, $(du -h "$OUT/xla_autotune.tar.xz" | cut -f1)";;
     bench-overlap) timeout ${BENCH_TIMEOUT:-300} python3 "$R/benchmarks/bench_overlap.py" --out "$OUT" \
                      ${BENCH_ARGS:-} 2>&1 | tail -30;;
     bench) timeout ${BENCH_TIMEOUT:-300} python3 -m fo_jax.bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tail -40;;
