@@ -134,14 +134,17 @@ FP8_CANDIDATE_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8_coop_128x160x128_c2", 128, 160, 128, 2, 1, False, promotion_k_tiles=2),
     GemmConfig("fp8fast_pp_128x160x128_c2", 128, 160, 128, 2, 1, True, True),
 ]
-# The large accurate fp8 tile with CUTLASS's mma(), which zeroes both accumulators at every
-# tile's start and adds the first interval's sums into zeros (fp8_promoting_mainloop.cuh): never
-# picked, kept so that the two can be timed side by side (benchmarks/bench_gemm_sweep.py
-# --configs) and their outputs compared (tests/gpu/gemm/test_fp8_gpu.py). Appended last so that
-# the other rows' indices stay put.
+# Twins of two accurate fp8 rows with the other mma(): the large tile with CUTLASS's, which zeroes
+# both accumulators at every tile's start and adds the first interval's sums into zeros
+# (fp8_promoting_mainloop.cuh), and cooperative 128x128 with fo_jax's, which made that tile slower
+# at long K (its row above). Never picked, kept so that each pair can be timed side by side
+# (benchmarks/bench_gemm_sweep.py --configs) and their outputs compared
+# (tests/gpu/gemm/test_fp8_gpu.py). Appended last so that the other rows' indices stay put.
 FP8_MMA_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8_coop_128x192x128_c2_cutlass_mma", 128, 192, 128, 2, 1, False,
                promotion_k_tiles=2, epi_stages_d=3, cutlass_mma=True),
+    GemmConfig("fp8_coop_128x128x128_c1_own_mma", 128, 128, 128, 1, 1, False,
+               promotion_k_tiles=2),
 ]
 # Rows that no choice picks: kept to be measured (dev/fit_gemm_table.py leaves them out).
 MEASURE_ONLY_CONFIGS: list[GemmConfig] = FP8_PROMOTION_CONFIGS + FP8_MMA_CONFIGS

@@ -1,8 +1,8 @@
 """csrc/kernels/gemm_configs.py against the kernel sources it generates (no GPU, no build): the
 committed csrc/kernels/generated/ files are exactly what the table writes, so a row edited
 without rerunning the generator fails here rather than at a build that compiles the old table;
-and the row kept to compare the accurate fp8 MMA loops differs from its twin in that loop only;
-which accurate rows keep CUTLASS's MMA loop."""
+the rows kept to compare the accurate fp8 MMA loops differ from their twins in that loop only;
+and which accurate rows run CUTLASS's MMA loop."""
 
 import importlib.util
 import os
@@ -36,26 +36,43 @@ def test_generated_sources_are_the_tables():
         assert fh.read() == mod._table_file(), "gemm_config_table.inc is stale"
 
 
-def test_cutlass_mma_row_is_its_twin_but_for_the_mma_loop():
+# (an accurate fp8 row, its twin with the other mma())
+MMA_TWINS = (("fp8_coop_128x192x128_c2", "fp8_coop_128x192x128_c2_cutlass_mma"),
+             ("fp8_coop_128x128x128_c1", "fp8_coop_128x128x128_c1_own_mma"))
+# GemmKernelConfig's trailing template arguments that the generator leaves out at their defaults:
+# kPromotionKTiles, kEpiStagesD, kCutlassFp8Mma (the last).
+TRAILING_DEFAULTS = ["1", "0", "false"]
+
+
+def _template_args(name: str) -> list:
+    """The GemmKernelConfig arguments of a row's plain fp8 kernel, the defaults filled in."""
+    with open(os.path.join(GENERATED, f"gemm_{name}_e4m3.cu")) as fh:
+        text = fh.read()
+    start = text.index("GemmKernelConfig<") + len("GemmKernelConfig<")
+    args = [a.strip() for a in text[start:text.index(">;", start)].split(",")]
+    missing = 14 - len(args)
+    return args + TRAILING_DEFAULTS[len(TRAILING_DEFAULTS) - missing:] if missing else args
+
+
+def test_mma_twins_differ_from_their_rows_in_the_mma_loop_only():
     mod = _table()
     rows = {c.name: c for c in mod.TABLE}
-    twin = rows["fp8_coop_128x192x128_c2"]
-    mine = rows["fp8_coop_128x192x128_c2_cutlass_mma"]
-    assert mine.cutlass_mma and not twin.cutlass_mma
-    assert mine._replace(name=twin.name, cutlass_mma=False) == twin
-    assert mine.name in {c.name for c in mod.MEASURE_ONLY_CONFIGS}
-    # That row's kernel takes CUTLASS's mma() (the last template argument); the adopted row's
-    # kernel is its twin's but for that argument.
-    with open(os.path.join(GENERATED, "gemm_fp8_coop_128x192x128_c2_cutlass_mma_e4m3.cu")) as fh:
-        text = fh.read()
-    assert "bfloat16_t, false, 2, 3, true>;" in text
-    with open(os.path.join(GENERATED, "gemm_fp8_coop_128x192x128_c2_e4m3.cu")) as fh:
-        assert "bfloat16_t, false, 2, 3>;" in fh.read()
+    measure_only = {c.name for c in mod.MEASURE_ONLY_CONFIGS}
+    for name, twin_name in MMA_TWINS:
+        row, twin = rows[name], rows[twin_name]
+        assert twin._replace(name=name, cutlass_mma=row.cutlass_mma) == row
+        assert twin.cutlass_mma != row.cutlass_mma
+        assert twin_name in measure_only and name not in measure_only
+        mine, theirs = _template_args(name), _template_args(twin_name)
+        assert len(mine) == len(theirs) == 14
+        assert mine[:-1] == theirs[:-1], (name, mine, theirs)
+        assert {mine[-1], theirs[-1]} == {"true", "false"}
+        assert mine[-1] == ("true" if row.cutlass_mma else "false")
 
 
 def test_which_accurate_rows_run_cutlass_mma():
-    # fo_jax's mma() (fp8_promoting_mainloop.cuh) everywhere but in the twin kept to compare and
-    # in cooperative 128x128, whose k-tiles it made slower (the comment at its row).
+    # fo_jax's mma() (fp8_promoting_mainloop.cuh) everywhere but in cooperative 128x128, whose
+    # k-tiles it made slower (the comment at its row), and in the twin kept to compare.
     mod = _table()
     accurate = [c for c in mod.TABLE if c.name in mod.FP8_NAMES and not c.fast_accum]
     assert sorted(c.name for c in accurate if c.cutlass_mma) == [

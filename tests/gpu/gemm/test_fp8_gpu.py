@@ -137,18 +137,24 @@ def test_fp8_split_k_against_float64(shape):
 MMA_FORMS_K = (128, 256, 384, 512, 640, 1040)
 
 
+# (the row with fo_jax's mma(), its twin with CUTLASS's): csrc/kernels/gemm_configs.py
+MMA_PAIRS = (("fp8_coop_128x192x128_c2", "fp8_coop_128x192x128_c2_cutlass_mma"),
+             ("fp8_coop_128x128x128_c1_own_mma", "fp8_coop_128x128x128_c1"))
+
+
+@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: p[0])
 @pytest.mark.parametrize("k", MMA_FORMS_K)
-def test_fp8_own_mma_sums_as_cutlass_mma(k):
+def test_fp8_own_mma_sums_as_cutlass_mma(k, pair):
     """PromotingFp8Mainloop's mma() (no zeroed accumulators, the first interval's sums written
     straight to the fp32 accumulator) adds the same partial sums in the same order as CUTLASS's:
-    the outputs of fp8_coop_128x192x128_c2 and its _cutlass_mma twin are equal element for
-    element (a zero may differ in sign), unsplit and with K split 2 and 3 ways, and each is
-    within _check's bound. Random operands of both signs, several tiles in each direction."""
+    the outputs of a tile with each are equal element for element (a zero may differ in sign),
+    unsplit and with K split 2 and 3 ways, and each is within _check's bound. Random operands of
+    both signs, several tiles in each direction."""
     gpu_devices_or_skip(1)
     from fo_jax import _cuda_ops, _plan
 
     names = {c["name"] for c in _fp8_configs()}
-    own, theirs = "fp8_coop_128x192x128_c2", "fp8_coop_128x192x128_c2_cutlass_mma"
+    own, theirs = pair
     if not {own, theirs} <= names:
         pytest.skip("the compiled CUDA module lacks the two fp8 rows")
     m, n = 520, 392
