@@ -5,6 +5,7 @@ XLA_FLAGS must be set before jax is imported anywhere, so this runs first. GPU t
 into a failure (for runs on GPU machines).
 """
 
+import importlib.util
 import os
 import socket
 import types
@@ -41,6 +42,16 @@ def pytest_report_header(config):
     if _device_kind:
         lines.append(f"fo_jax: GEMM choice table of {_device_kind} (FO_JAX_TEST_DEVICE_KIND)")
     return lines
+
+
+def gemm_config_table() -> types.ModuleType:
+    """csrc/kernels/gemm_configs.py, the kernel table and its generator (plain Python, no build)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc",
+                        "kernels", "gemm_configs.py")
+    spec = importlib.util.spec_from_file_location("gemm_configs", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def cpu_devices(n: int):

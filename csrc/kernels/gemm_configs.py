@@ -146,6 +146,10 @@ FP8_MMA_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8_coop_128x128x128_c1_own_mma", 128, 128, 128, 1, 1, False,
                promotion_k_tiles=2),
 ]
+# {twin: the row it copies}: a twin is named after its row and the mma() it takes.
+MMA_TWINS: dict[str, str] = {
+    c.name: c.name.removesuffix("_cutlass_mma" if c.cutlass_mma else "_own_mma")
+    for c in FP8_MMA_CONFIGS}
 # Rows that no choice picks: kept to be measured (dev/fit_gemm_table.py leaves them out).
 MEASURE_ONLY_CONFIGS: list[GemmConfig] = FP8_PROMOTION_CONFIGS + FP8_MMA_CONFIGS
 FP8_NAMES = {cfg.name for cfg in FP8_CONFIGS + FP8_FAST_CONFIGS + FP8_PROMOTION_CONFIGS

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import fo_jax
-from conftest import use_gemm_table
+from conftest import gemm_config_table, use_gemm_table
 from fo_jax import _gemm_choice, _gemm_tables, _plan
 from fo_jax.config import OverlapConfig
 
@@ -191,11 +191,7 @@ def test_plan_takes_the_fitted_choice_else_the_kernel_rule(table, monkeypatch):
 
 
 def test_compiled_table_has_the_small_m_configs():
-    spec = importlib.util.spec_from_file_location(
-        "gemm_configs", os.path.join(ROOT, "csrc", "kernels", "gemm_configs.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    rows = {c.name: c for c in mod.CONFIGS}
+    rows = {c.name: c for c in gemm_config_table().CONFIGS}
     for name in ("pp_64x128x64_c2", "pp_64x192x64_c2", "pp_64x256x64_c2", "coop_128x128x64_c2"):
         c = rows[name]
         assert f"{c.tile_m}x{c.tile_n}x{c.tile_k}_c{c.cluster_m}" in name

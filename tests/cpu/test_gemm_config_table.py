@@ -4,19 +4,12 @@ without rerunning the generator fails here rather than at a build that compiles 
 the rows kept to compare the accurate fp8 MMA loops differ from their twins in that loop only;
 and which accurate rows run CUTLASS's MMA loop."""
 
-import importlib.util
 import os
+
+from conftest import gemm_config_table as _table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GENERATED = os.path.join(ROOT, "csrc", "kernels", "generated")
-
-
-def _table():
-    spec = importlib.util.spec_from_file_location(
-        "gemm_configs", os.path.join(ROOT, "csrc", "kernels", "gemm_configs.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_generated_sources_are_the_tables():
@@ -36,9 +29,6 @@ def test_generated_sources_are_the_tables():
         assert fh.read() == mod._table_file(), "gemm_config_table.inc is stale"
 
 
-# (an accurate fp8 row, its twin with the other mma())
-MMA_TWINS = (("fp8_coop_128x192x128_c2", "fp8_coop_128x192x128_c2_cutlass_mma"),
-             ("fp8_coop_128x128x128_c1", "fp8_coop_128x128x128_c1_own_mma"))
 # GemmKernelConfig's trailing template arguments that the generator leaves out at their defaults:
 # kPromotionKTiles, kEpiStagesD, kCutlassFp8Mma (the last).
 TRAILING_DEFAULTS = ["1", "0", "false"]
@@ -58,7 +48,9 @@ def test_mma_twins_differ_from_their_rows_in_the_mma_loop_only():
     mod = _table()
     rows = {c.name: c for c in mod.TABLE}
     measure_only = {c.name for c in mod.MEASURE_ONLY_CONFIGS}
-    for name, twin_name in MMA_TWINS:
+    assert mod.MMA_TWINS == {"fp8_coop_128x192x128_c2_cutlass_mma": "fp8_coop_128x192x128_c2",
+                             "fp8_coop_128x128x128_c1_own_mma": "fp8_coop_128x128x128_c1"}
+    for twin_name, name in mod.MMA_TWINS.items():
         row, twin = rows[name], rows[twin_name]
         assert twin._replace(name=name, cutlass_mma=row.cutlass_mma) == row
         assert twin.cutlass_mma != row.cutlass_mma

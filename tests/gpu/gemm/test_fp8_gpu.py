@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import fo_jax
-from conftest import gpu_devices_or_skip
+from conftest import gemm_config_table, gpu_devices_or_skip
 from numerics import group_major_layout
 
 pytestmark = pytest.mark.gpu
@@ -137,12 +137,8 @@ def test_fp8_split_k_against_float64(shape):
 MMA_FORMS_K = (128, 256, 384, 512, 640, 1040)
 
 
-# (the row with fo_jax's mma(), its twin with CUTLASS's): csrc/kernels/gemm_configs.py
-MMA_PAIRS = (("fp8_coop_128x192x128_c2", "fp8_coop_128x192x128_c2_cutlass_mma"),
-             ("fp8_coop_128x128x128_c1_own_mma", "fp8_coop_128x128x128_c1"))
-
-
-@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: p[0])
+@pytest.mark.parametrize("pair", sorted(gemm_config_table().MMA_TWINS.items()),
+                         ids=lambda p: p[0])
 @pytest.mark.parametrize("k", MMA_FORMS_K)
 def test_fp8_own_mma_sums_as_cutlass_mma(k, pair):
     """PromotingFp8Mainloop's mma() (no zeroed accumulators, the first interval's sums written
@@ -154,8 +150,7 @@ def test_fp8_own_mma_sums_as_cutlass_mma(k, pair):
     from fo_jax import _cuda_ops, _plan
 
     names = {c["name"] for c in _fp8_configs()}
-    own, theirs = pair
-    if not {own, theirs} <= names:
+    if not set(pair) <= names:
         pytest.skip("the compiled CUDA module lacks the two fp8 rows")
     m, n = 520, 392
     xq, xs, wq, ws = _operands(m, k, n, seed=k)
@@ -163,7 +158,7 @@ def test_fp8_own_mma_sums_as_cutlass_mma(k, pair):
     alive = []  # every output stays allocated, so that no run can find another's in its buffer
     for splits in sorted({1, min(2, k_tiles), min(3, k_tiles)}):
         outs = []
-        for name in (own, theirs):
+        for name in pair:
             config = _plan.row_config(name, num_groups=2, k_splits=splits)
             plan = _plan.plan_matmul("test", jnp.dtype(jnp.float8_e4m3fn), m, n, k, config)
             assert plan.k_splits == splits
@@ -177,7 +172,7 @@ def test_fp8_own_mma_sums_as_cutlass_mma(k, pair):
             alive.append(y)
             _check(y, xq, xs, wq, ws)
             outs.append(np.asarray(y, np.float64))
-        np.testing.assert_array_equal(outs[0], outs[1], err_msg=f"k={k} splits={splits}")
+        np.testing.assert_array_equal(outs[0], outs[1], err_msg=f"{pair} k={k} splits={splits}")
 
 
 def test_fp8_matmul_end_to_end():
