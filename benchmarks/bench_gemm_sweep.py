@@ -15,7 +15,7 @@ tensor-parallel transformer layer, built as 11 layer shapes (N, K) x 6 token cou
   (70B attn_out tp4 and mlp_down tp4).
   M = 512, 1024, 2048, 4096, 8192 and 32768 (16384 where N * K >= 8192 * 2048, to bound the
   run's time): tokens per GPU from one short sequence to a large micro-batch.
-`--quick`: 6 of them. `--shapes MxNxK ...`: your own.
+`--quick`: 6 of them. `--shapes MxNxK ...`: your own. `--min-m`, `--max-m`: those with M in range.
 
 Methods in bfloat16 and float16 (operands random normal, x scaled by 1/sqrt(K); both in the
 timed dtype, asserted):
@@ -78,7 +78,7 @@ configuration per shape; in fp8, XLA's dots that ran more than their GEMM) and .
 vs M) when matplotlib is installed. Progress on stderr.
 
 Usage: python3 benchmarks/bench_gemm_sweep.py [--dtype bfloat16|float16|both|float8_e4m3fn]
-         [--quick]
+         [--quick | --shapes MxNxK ...] [--min-m M] [--max-m M]
          [--own] [--configs all|NAME|NAME/kS ...] [--splits S ...]
          [--configs-dtype bfloat16|float16|both] [--producer]
          [--rounds 3] [--calls 8] [--out DIR]
@@ -155,6 +155,16 @@ def parse_shapes(specs: list) -> list:
 # ------------------------------------------------------------------------------------------
 # The sweep
 # ------------------------------------------------------------------------------------------
+def chosen_shapes(args) -> list:
+    """The shapes --shapes, --quick or the sweep name, with M in [--min-m, --max-m]."""
+    shapes = (parse_shapes(args.shapes) if args.shapes
+              else parse_shapes(QUICK) if args.quick else sweep_shapes())
+    shapes = [s for s in shapes if args.min_m <= s[0] <= (args.max_m or s[0])]
+    if not shapes:
+        sys.exit(f"bench_gemm_sweep.py: no shape with {args.min_m} <= M <= {args.max_m}")
+    return shapes
+
+
 def operands(m: int, n: int, k: int, dtype, seed: int) -> tuple:
     """The arguments of every method: x [m, k] ~ N(0, 1/k) and w [k, n] ~ N(0, 1), drawn on the
     default device; for fp8 (xq, wq [n, k], x_scale, w_scale), quantized from the same draws."""
@@ -340,6 +350,8 @@ def main() -> None:
                     help=f"both: bfloat16 and float16; {FP8}: the fp8 methods")
     ap.add_argument("--quick", action="store_true", help="6 shapes instead of 66")
     ap.add_argument("--shapes", nargs="*", default=None, help="MxNxK ... instead of the sweep")
+    ap.add_argument("--min-m", type=int, default=0, help="only the shapes with M >= this")
+    ap.add_argument("--max-m", type=int, default=None, help="only the shapes with M <= this")
     ap.add_argument("--configs", nargs="*", default=[],
                     help="'all' or names: time these compiled GEMM configurations too")
     ap.add_argument("--own", action="store_true",
@@ -368,8 +380,7 @@ def main() -> None:
     unknown = sorted({c.partition("/k")[0] for c in configs} - set(compiled))
     if unknown:
         sys.exit(f"bench_gemm_sweep.py: unknown --configs {unknown}; compiled: {compiled}")
-    shapes = (parse_shapes(args.shapes) if args.shapes
-              else parse_shapes(QUICK) if args.quick else sweep_shapes())
+    shapes = chosen_shapes(args)
     dtypes = ["bfloat16", "float16"] if args.dtype == "both" else [args.dtype]
     if args.dtype == FP8 and args.producer:
         sys.exit("bench_gemm_sweep.py: --producer is 16-bit only")

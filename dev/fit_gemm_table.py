@@ -49,9 +49,11 @@ naming every promoting row fo_jax may pick, taken after a change to those kernel
 they timed, the promotion's tile-model trace comes from them alone (the --fp8 sweeps timed older
 kernels there), and its XLA_POINTS entry is ms(XLA at HIGHEST) / ms(the row the fitted model picks)
 in that trace. A row named by --fp8-fresh-stale was timed there in a form no longer built (its
-kernel went back to what the --fp8 sweeps timed): its time at the shape is the newest --fp8
-sweep's, scaled by the two traces' times of XLA at HIGHEST (its ratio to XLA stays the one
-measured in one trace). Elsewhere the --fp8 sweeps' readings stay; for fast accumulation the
+kernel went back to what the --fp8 sweeps timed): its time at the shape is that of the newest
+other sweep of the shape that timed it in the form built, scaled by the two traces' times of XLA
+at HIGHEST (its ratio to XLA stays the one measured in one trace). ROW is stale in every fresh
+sweep, ROW@COMMIT only in the fresh sweeps of that commit (a later fresh sweep timed the row
+again in its current form). Elsewhere the --fp8 sweeps' readings stay; for fast accumulation the
 fresh sweeps are more readings, like --fp8's.
 
 Usage: python3 dev/fit_gemm_table.py SWEEP.jsonl [...] [--recheck PLAIN.jsonl ...]
@@ -409,26 +411,46 @@ def held_out_choices(traces: dict, configs: list, sms: int, key) -> dict:
     return out
 
 
-def fresh_promotion(traces: dict, fresh: set, stale: set) -> dict:
+def fresh_promotion(traces: dict, fresh: set, stale: dict) -> dict:
     """The promotion's traces (fp8_traces of the --fp8 and --fp8-fresh sweeps; `fresh`: the
-    file indices of the latter): at a shape a fresh sweep timed, its traces alone, each row of
-    `stale` taken from the newest other trace of the shape that timed it beside XLA at HIGHEST
-    (or left out), scaled by the two traces' XLA times: a row's ratio to XLA is read within one
-    trace, as everywhere here, and two runs differ by a few percent at one shape."""
+    file indices of the latter): at a shape a fresh sweep timed, its traces alone. `stale`:
+    {file index: rows timed there in a form no longer built}; each is taken from the newest
+    other trace of the shape that timed it, in the form built, beside XLA at HIGHEST (or left
+    out), scaled by the two traces' XLA times: a row's ratio to XLA is read within one trace,
+    as everywhere here, and two runs differ by a few percent at one shape."""
     _, _, xla = FP8_POINTS[PROMOTION]
     fresh_shapes = {t[:3] for t in traces if t[3] in fresh}
     out = {t: d for t, d in traces.items() if t[:3] not in fresh_shapes}
     for t, d in traces.items():
         if t[3] not in fresh:
             continue
-        rows = {c: ms for c, ms in d["configs"].items() if c not in stale}
-        for c in stale:
-            older = [u for u in traces if u[:3] == t[:3] and u[3] not in fresh
+        gone = stale.get(t[3], set())
+        rows = {c: ms for c, ms in d["configs"].items() if c not in gone}
+        for c in gone:
+            other = [u for u in traces if u[:3] == t[:3] and u != t
+                     and c not in stale.get(u[3], set())
                      and c in traces[u]["configs"] and traces[u].get(xla)]
-            if older and d.get(xla):
-                u = traces[max(older, key=lambda u: u[3])]
+            if other and d.get(xla):
+                u = traces[max(other, key=lambda u: u[3])]
                 rows[c] = u["configs"][c] * d[xla][1] / u[xla][1]
         out[t] = {**d, "configs": rows}
+    return out
+
+
+def stale_rows(entries: list, paths: list, fresh: set, names: set) -> dict:
+    """--fp8-fresh-stale's ROW and ROW@COMMIT as {fresh file index: stale rows}."""
+    commit_of = {i: {str(r.get("commit")) for r in load([paths[i]])} for i in fresh}
+    out: dict = {}
+    for entry in entries:
+        row, _, commit = entry.partition("@")
+        if row not in names:
+            sys.exit(f"fit_gemm_table.py: --fp8-fresh-stale names no fp8 row: {row}")
+        files = {i for i in fresh if not commit or commit in commit_of[i]}
+        if not files:
+            sys.exit(f"fit_gemm_table.py: --fp8-fresh-stale {entry}: no --fp8-fresh sweep of "
+                     f"commit {commit}")
+        for i in files:
+            out.setdefault(i, set()).add(row)
     return out
 
 
@@ -757,8 +779,9 @@ def main() -> None:
                     help="fp8 sweeps (--own, --configs naming every promoting row) of changed "
                     "fp32-promoting kernels: at their shapes the promotion reads them alone")
     ap.add_argument("--fp8-fresh-stale", nargs="*", default=[],
-                    help="promoting rows whose --fp8-fresh times are of a form no longer built: "
-                    "those come from the --fp8 sweeps")
+                    help="ROW or ROW@COMMIT: promoting rows whose --fp8-fresh times (all, or "
+                    "the sweeps of COMMIT) are of a form no longer built: those come from the "
+                    "newest other sweep of the shape that timed the form built")
     ap.add_argument("--xla-threshold", type=float, default=0.98)
     ap.add_argument("--sms", type=int, default=None,
                     help="SMs of the swept GPU (default: the rows' 'sms', else 132)")
@@ -817,23 +840,28 @@ def main() -> None:
         traces_of, replaced = {}, {}
         if args.fp8_fresh:
             fresh = set(range(len(args.fp8), len(fp8_paths)))
-            unknown = set(args.fp8_fresh_stale) - {c["name"] for c in fp8_configs}
-            if unknown:
-                sys.exit(f"fit_gemm_table.py: --fp8-fresh-stale names no fp8 row: "
-                         f"{sorted(unknown)}")
-            traces_of[PROMOTION] = fresh_promotion(fp8_traces(fp8_paths), fresh,
-                                                   set(args.fp8_fresh_stale))
+            stale = stale_rows(args.fp8_fresh_stale, fp8_paths, fresh,
+                               {c["name"] for c in fp8_configs})
+            traces_of[PROMOTION] = fresh_promotion(fp8_traces(fp8_paths), fresh, stale)
         fp8_model, floors, model_text = fp8_models(fp8_paths, fp8_configs, sms, traces_of)
         if args.fp8_fresh and PROMOTION in fp8_model:
             replaced[PROMOTION] = fresh_points(traces_of[PROMOTION], fresh, fp8_configs,
                                                fp8_model[PROMOTION], sms)
         fp8, text = fp8_points(fp8_paths, args.xla_threshold, replaced)
         if args.fp8_fresh:
+            one = len(args.fp8_fresh) == 1
             text += (f"\nAt the {len(replaced.get(PROMOTION, {}))} shapes of "
                      + ", ".join(os.path.basename(p) for p in args.fp8_fresh)
-                     + f", {PROMOTION}'s point and tile-model trace read that sweep alone (the "
-                     "point: XLA at HIGHEST over the row the fitted model picks, in its trace)"
+                     + f", {PROMOTION}'s point and tile-model trace read "
+                     + ("that sweep alone (the point: XLA at HIGHEST over the row the fitted "
+                        "model picks, in its trace)" if one else
+                        "those sweeps alone (the point: XLA at HIGHEST over the row the fitted "
+                        "model picks, in the newest of them that timed it)")
                      + (", with " + ", ".join(args.fp8_fresh_stale) + " from the newest other "
+                        "sweep of the shape that timed it in the form built (its kernel is no "
+                        "longer the one the fresh sweep timed), scaled by the two traces' times "
+                        "of XLA at HIGHEST" if args.fp8_fresh_stale and not one else
+                        ", with " + ", ".join(args.fp8_fresh_stale) + " from the newest other "
                         "sweep of the shape (its kernel is no longer the one that sweep timed), "
                         "scaled by the two traces' times of XLA at HIGHEST"
                         if args.fp8_fresh_stale else "") + ".\n")

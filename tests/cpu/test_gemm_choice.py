@@ -407,6 +407,48 @@ def test_fp8_points_per_accumulation_with_the_shape_held_out(tmp_path):
     assert "each shape's own point held out" in text
 
 
+def test_a_stale_row_comes_from_the_newest_sweep_of_its_current_form(tmp_path):
+    """--fp8-fresh-stale ROW@COMMIT: the row is stale in the fresh sweeps of that commit only; there
+    its time is the newest other trace's that timed it in the form built (a later fresh sweep
+    before an older --fp8 one), scaled by the two traces' times of XLA at HIGHEST. Plain ROW is
+    stale in every fresh sweep, which then reads it from the --fp8 sweeps."""
+    fit_gemm_table = _fit_script()
+    shape, c1, c2 = (4096, 5504, 4096), "fp8_coop_128x128x128_c1", "fp8_coop_128x160x128_c2"
+
+    def sweep(name, commit, xla_hi, configs):
+        base = dict(suite="gemm_sweep", device="NVIDIA H200", dtype="float8_e4m3fn",
+                    commit=commit, M=shape[0], N=shape[1], K=shape[2])
+        rows = [dict(base, method="xla.dot_fp32acc", config=None, ms=xla_hi)]
+        rows += [dict(base, method="fo_jax.gemm", config=c, ms=ms) for c, ms in configs.items()]
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(path)
+
+    paths = [sweep("old.jsonl", "aaa", 1.0, {c1: 1.10, c2: 1.20}),
+             sweep("fresh1.jsonl", "bbb", 2.0, {c1: 9.99, c2: 2.30}),  # c1 in a form since undone
+             sweep("fresh2.jsonl", "ccc", 0.5, {c1: 0.52})]
+    names = {c["name"] for c in fit_gemm_table.compiled_configs(fp8=True)}
+    traces = fit_gemm_table.fp8_traces(paths)
+    at = lambda merged, i: merged[(*shape, i)]["configs"]  # noqa: E731
+
+    stale = fit_gemm_table.stale_rows([f"{c1}@bbb"], paths, {1, 2}, names)
+    assert stale == {1: {c1}}
+    merged = fit_gemm_table.fresh_promotion(traces, {1, 2}, stale)
+    assert (*shape, 0) not in merged  # the shape's fresh sweeps alone
+    assert at(merged, 1) == {c1: pytest.approx(0.52 * 2.0 / 0.5), c2: 2.30}
+    assert at(merged, 2) == {c1: 0.52}
+
+    stale = fit_gemm_table.stale_rows([c1], paths, {1, 2}, names)
+    assert stale == {1: {c1}, 2: {c1}}
+    merged = fit_gemm_table.fresh_promotion(traces, {1, 2}, stale)
+    assert at(merged, 1) == {c1: pytest.approx(1.10 * 2.0), c2: 2.30}
+    assert at(merged, 2) == {c1: pytest.approx(1.10 * 0.5)}
+
+    for bad, says in ((["fp8_no_such_row"], "names no fp8 row"), ([f"{c1}@zzz"], "of commit zzz")):
+        with pytest.raises(SystemExit, match=says):
+            fit_gemm_table.stale_rows(bad, paths, {1, 2}, names)
+
+
 def _fp8_row(name, tm, tn, cm, fast, pingpong=False):
     return dict(name=name, tile_m=tm, tile_n=tn, tile_k=128, cluster_m=cm, cluster_n=1,
                 pingpong=pingpong, takes_addends=False, fast_accum=fast)
@@ -477,19 +519,23 @@ def test_fp8_plans_take_the_fp8_model_and_keep_the_rules_below_its_floor(monkeyp
 FP8_CONFIG_SWEEPS = ("gemm_sweep_h200_2026-11-30_ef26a1f_fp8_configs.jsonl",
                      "gemm_sweep_h200_2026-11-30_87b462c_fp8_configs.jsonl",
                      "gemm_sweep_h200_2026-11-30_87c1abf_fp8_configs_small.jsonl")
-# The promoting rows re-measured at the 33 shapes with M >= 4096 after their own mma() (the H200
-# table's --fp8-fresh); cooperative 128x128 went back to CUTLASS's mma() since (--fp8-fresh-stale).
-FP8_FRESH_SWEEP = "gemm_sweep_h200_2026-12-02_f248faf_fp8mma.jsonl"
-FP8_FRESH_STALE = {"fp8_coop_128x128x128_c1"}
+# The promoting rows re-measured at the 33 shapes with M >= 4096 (the H200 table's --fp8-fresh):
+# after their own mma(), then after cooperative 128x128 went back to CUTLASS's, which the first
+# sweep timed in the form no longer built (--fp8-fresh-stale fp8_coop_128x128x128_c1@f248faf).
+FP8_FRESH_SWEEPS = ("gemm_sweep_h200_2026-12-02_f248faf_fp8mma.jsonl",
+                    "gemm_sweep_h200_2026-12-02_453b8b9_fp8refit.jsonl")
+FP8_FRESH_STALE = {0: {"fp8_coop_128x128x128_c1"}}  # index in FP8_FRESH_SWEEPS: stale rows
 
 
 def _fp8_traces_of(fit_gemm_table, extra=()) -> tuple:
     """(traces of the configuration sweeps (and `extra`), {the promotion's key: its traces with
-    the fresh sweep}), as the H200 table's fit reads them."""
+    the fresh sweeps}), as the H200 table's fit reads them."""
     files = [os.path.join(ROOT, "benchmarks", "results", f)
-             for f in FP8_CONFIG_SWEEPS + tuple(extra) + (FP8_FRESH_SWEEP,)]
-    merged = fit_gemm_table.fresh_promotion(fit_gemm_table.fp8_traces(files), {len(files) - 1},
-                                            FP8_FRESH_STALE)
+             for f in FP8_CONFIG_SWEEPS + tuple(extra) + FP8_FRESH_SWEEPS]
+    first = len(files) - len(FP8_FRESH_SWEEPS)
+    merged = fit_gemm_table.fresh_promotion(
+        fit_gemm_table.fp8_traces(files), set(range(first, len(files))),
+        {first + i: rows for i, rows in FP8_FRESH_STALE.items()})
     return files, {fit_gemm_table.PROMOTION: merged}
 
 
@@ -507,7 +553,7 @@ def test_committed_h200_fp8_models_pick_the_measured_best_rows(monkeypatch):
     assert "float8_e4m3fn" not in _gemm_tables.tables()["NVIDIA H100 80GB HBM3"].MODEL
     monkeypatch.setattr(_gemm_choice, "table", lambda: h200)
     files, traces_of = _fp8_traces_of(fit_gemm_table)
-    all_traces = fit_gemm_table.fp8_traces(files[:-1])
+    all_traces = fit_gemm_table.fp8_traces(files[:-len(FP8_FRESH_SWEEPS)])
     assert len(all_traces) == 66
     for key, fast, design in (("float8_e4m3fn", False, "fp8_coop_128x192x128_c2"),
                               ("float8_e4m3fn_fast", True, "fp8fast_pp_128x192x128_c2")):
@@ -516,10 +562,14 @@ def test_committed_h200_fp8_models_pick_the_measured_best_rows(monkeypatch):
         mine = fit_gemm_table.fp8_candidates(rows, fast)
         assert set(h200.MODEL[key]) == {c["name"] for c in mine}
         assert h200.MODEL_MIN_M[key] == 512
-        slower = []
+        slower, timed = [], set()
         for t, d in traces.items():
+            if any(c["name"] not in d["configs"] for c in mine):
+                continue  # a re-measure of some rows only
+            timed.add(t[:3])
             pick = mine[_gemm_choice.select_fp8_config(*t[:3], 1, 0, mine, fast, 132)]["name"]
             slower.append(d["configs"][pick] / min(d["configs"][c["name"]] for c in mine))
+        assert len(timed) == 66
         assert math.exp(np.mean(np.log(slower))) <= 1.01 and max(slower) <= 1.02, (key, slower)
         for shape in DESIGN_SHAPES:
             assert mine[_gemm_choice.select_fp8_config(*shape, 1, 0, mine, fast, 132)][
