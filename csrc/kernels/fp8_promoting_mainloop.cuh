@@ -30,7 +30,14 @@ namespace fo_jax::detail {
 // so this releases the stages of the first k_tile_count - 1 k-tiles, each once the MMAs of the
 // k-tile after it are issued and its own are done, and mma_tail() waits for the last and
 // releases it.
-template <class Base, int kPromotionKTiles>
+//
+// kReleaseAfterPromotion: the stage released after an interval's last k-tile is issued waits
+// until the interval's MMAs are done and its sums added, as in CUTLASS's mma() (its
+// promote_if_needed() comes before consumer_release()); otherwise it is released at once, before
+// that wait. The two orders are the only difference between this loop and CUTLASS's in the
+// steady state, and cooperative 128x128 runs slower at long K with the early one
+// (docs/gemm_performance.md, "The 33-shape re-measure"): a measure-only row takes the late one.
+template <class Base, int kPromotionKTiles, bool kReleaseAfterPromotion = false>
 struct PromotingFp8Mainloop : Base {
   static_assert(Base::K_PIPE_MMAS == 1, "mma() keeps one k-tile of MMAs in flight");
   static_assert(kPromotionKTiles >= 1, "at least one k-tile per interval");
@@ -82,13 +89,27 @@ struct PromotingFp8Mainloop : Base {
       warpgroup_commit_batch();
       ++smem_pipe_read;
     };
-    // With the next k-tile's MMAs issued: wait for the previous k-tile's, release its stage.
+    // With the next k-tile's MMAs issued: wait for the previous k-tile's, release its stage
+    // (`last`: the issued k-tile ends its interval; kReleaseAfterPromotion defers that release
+    // to release_deferred(), after the interval's additions).
     auto pipeline_release = smem_pipe_read;
-    auto release_previous = [&](auto& acc) {
+    bool deferred = false;
+    auto release_previous = [&](auto& acc, bool last) {
       warpgroup_wait<1>();
       warpgroup_fence_operand(acc);
+      if (kReleaseAfterPromotion && last) {
+        deferred = true;
+        return;
+      }
       pipeline.consumer_release(pipeline_release);
       ++pipeline_release;
+    };
+    auto release_deferred = [&]() {
+      if (kReleaseAfterPromotion && deferred) {
+        pipeline.consumer_release(pipeline_release);
+        ++pipeline_release;
+        deferred = false;
+      }
     };
 
     // One promotion interval (k < k_tile_count on entry): up to kPromotionKTiles k-tiles into
@@ -102,13 +123,13 @@ struct PromotingFp8Mainloop : Base {
     int k = 0;
     auto run_interval = [&](auto& acc, bool first_interval) {
       issue(acc, true);
-      if (!first_interval) release_previous(acc);
+      if (!first_interval) release_previous(acc, kPromotionKTiles == 1 || k + 1 == k_tile_count);
       ++k;
       CUTLASS_PRAGMA_UNROLL
       for (int j = 1; j < kPromotionKTiles; ++j) {
         if (k < k_tile_count) {
           issue(acc, false);
-          release_previous(acc);
+          release_previous(acc, j == kPromotionKTiles - 1 || k + 1 == k_tile_count);
           ++k;
         }
       }
@@ -119,6 +140,7 @@ struct PromotingFp8Mainloop : Base {
     // The first interval's sums go to accum itself; each later interval's to `partial`, added
     // into accum once all its MMAs are done (the addition reads every register they write).
     run_interval(accum, true);
+    release_deferred();
     CUTLASS_PRAGMA_NO_UNROLL
     while (k < k_tile_count) {
       run_interval(partial, false);
@@ -126,6 +148,7 @@ struct PromotingFp8Mainloop : Base {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(accum); ++i) accum(i) += partial(i);
       warpgroup_fence_operand(accum);
+      release_deferred();
     }
   }
 

@@ -30,6 +30,9 @@ class GemmConfig(NamedTuple):
     # Accurate fp8 rows only: CUTLASS's mma() instead of PromotingFp8Mainloop's (see
     # FP8_MMA_CONFIGS).
     cutlass_mma: bool = False
+    # PromotingFp8Mainloop's rows only: CUTLASS's order of release and promotion (see
+    # FP8_MMA_CONFIGS).
+    late_release: bool = False
 
 
 # SelectGemmConfig in signaling_gemm.cu refers to these names. Measured on H200 (kernel times from
@@ -137,18 +140,23 @@ FP8_CANDIDATE_CONFIGS: list[GemmConfig] = [
 # Twins of two accurate fp8 rows with the other mma(): the large tile with CUTLASS's, which zeroes
 # both accumulators at every tile's start and adds the first interval's sums into zeros
 # (fp8_promoting_mainloop.cuh), and cooperative 128x128 with fo_jax's, which made that tile slower
-# at long K (its row above). Never picked, kept so that each pair can be timed side by side
-# (benchmarks/bench_gemm_sweep.py --configs) and their outputs compared
-# (tests/gpu/gemm/test_fp8_gpu.py). Appended last so that the other rows' indices stay put.
+# at long K (its row above); and cooperative 128x128 with fo_jax's mma() in CUTLASS's order of
+# release and promotion, the one other difference of the two loops in the steady state. Never
+# picked, kept so that each can be timed beside its row (benchmarks/bench_gemm_sweep.py
+# --configs) and their outputs compared (tests/gpu/gemm/test_fp8_gpu.py). Appended last so that
+# the other rows' indices stay put.
 FP8_MMA_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8_coop_128x192x128_c2_cutlass_mma", 128, 192, 128, 2, 1, False,
                promotion_k_tiles=2, epi_stages_d=3, cutlass_mma=True),
     GemmConfig("fp8_coop_128x128x128_c1_own_mma", 128, 128, 128, 1, 1, False,
                promotion_k_tiles=2),
+    GemmConfig("fp8_coop_128x128x128_c1_late_release", 128, 128, 128, 1, 1, False,
+               promotion_k_tiles=2, late_release=True),
 ]
 # {twin: the row it copies}: a twin is named after its row and the mma() it takes.
+MMA_TWIN_SUFFIXES = ("_cutlass_mma", "_own_mma", "_late_release")
 MMA_TWINS: dict[str, str] = {
-    c.name: c.name.removesuffix("_cutlass_mma" if c.cutlass_mma else "_own_mma")
+    c.name: next(c.name.removesuffix(s) for s in MMA_TWIN_SUFFIXES if c.name.endswith(s))
     for c in FP8_MMA_CONFIGS}
 # Rows that no choice picks: kept to be measured (dev/fit_gemm_table.py leaves them out).
 MEASURE_ONLY_CONFIGS: list[GemmConfig] = FP8_PROMOTION_CONFIGS + FP8_MMA_CONFIGS
@@ -233,6 +241,10 @@ def _kernel_file(cfg: GemmConfig, dtype: str, kind: str) -> str:
     defaults.append("false")
     if cfg.cutlass_mma:
         what += ", CUTLASS's mma()"
+    args.append("true" if cfg.late_release else "false")
+    defaults.append("false")
+    if cfg.late_release:
+        what += ", released after the promotion"
     while args and args[-1] == defaults[len(args) - 1]:
         args.pop()
     src = "".join(", " + a for a in args)

@@ -771,13 +771,15 @@ class SignalingTmaEpilogue
 // kernels keep the builder's mainloop for their loads and run PromotingFp8Mainloop's mma()
 // (fp8_promoting_mainloop.cuh: the same sums, no accumulator zeroed at a tile's start);
 // kCutlassFp8Mma keeps CUTLASS's mma() (cooperative 128x128, which ran slower with the other at
-// long K, and a row for side-by-side timing: csrc/kernels/gemm_configs.py).
+// long K, and a row for side-by-side timing: csrc/kernels/gemm_configs.py);
+// kFp8LateRelease gives PromotingFp8Mainloop CUTLASS's order of release and promotion (a
+// measure-only row).
 // kEpiStagesD: the epilogue's stores in flight (TmaEpilogueInner; 0: CUTLASS's builder's).
 // ---------------------------------------------------------------------------------------------
 template <class Element_, int kTM, int kTN, int kTK, int kCM, int kCN, bool kPingpong,
           bool kSource = false, bool kConsumer = false, class ElementOut_ = Element_,
           bool kFastAccum = false, int kPromotionKTiles = 1, int kEpiStagesD = 0,
-          bool kCutlassFp8Mma = false>
+          bool kCutlassFp8Mma = false, bool kFp8LateRelease = false>
 struct GemmKernelConfig {
   static_assert(kCN == 1, "clusters along N are not supported by the group scheduler");
   static_assert(!(kSource && kConsumer), "no kernel both adds a source and waits for bands");
@@ -816,9 +818,11 @@ struct GemmKernelConfig {
           static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       Schedule>::CollectiveOp;
   static_assert(!kCutlassFp8Mma || kPromotes, "the choice of mma() is the accurate fp8 one's");
-  using PromotingMainloop =
-      std::conditional_t<kPromotes && !kCutlassFp8Mma,
-                         PromotingFp8Mainloop<BuiltMainloop, kPromotionKTiles>, BuiltMainloop>;
+  static_assert(!kFp8LateRelease || (kPromotes && !kCutlassFp8Mma),
+                "the release order is PromotingFp8Mainloop's");
+  using PromotingMainloop = std::conditional_t<
+      kPromotes && !kCutlassFp8Mma,
+      PromotingFp8Mainloop<BuiltMainloop, kPromotionKTiles, kFp8LateRelease>, BuiltMainloop>;
   using Mainloop =
       std::conditional_t<kConsumer, BandWaitMainloop<PromotingMainloop>, PromotingMainloop>;
   // Split K (SignalingGemmArgs::k_splits) in the cooperative kernels without a source or a

@@ -1,8 +1,9 @@
 """csrc/kernels/gemm_configs.py against the kernel sources it generates (no GPU, no build): the
 committed csrc/kernels/generated/ files are exactly what the table writes, so a row edited
 without rerunning the generator fails here rather than at a build that compiles the old table;
-the rows kept to compare the accurate fp8 MMA loops differ from their twins in that loop only;
-and which accurate rows run CUTLASS's MMA loop."""
+the rows kept to compare the accurate fp8 MMA loops differ from their twins in that loop only
+(which mma(), and in fo_jax's the order of release and promotion); and which accurate rows run
+CUTLASS's MMA loop."""
 
 import os
 
@@ -30,8 +31,9 @@ def test_generated_sources_are_the_tables():
 
 
 # GemmKernelConfig's trailing template arguments that the generator leaves out at their defaults:
-# kPromotionKTiles, kEpiStagesD, kCutlassFp8Mma (the last).
-TRAILING_DEFAULTS = ["1", "0", "false"]
+# kPromotionKTiles, kEpiStagesD, kCutlassFp8Mma, kFp8LateRelease (the last two: the MMA loop's).
+TRAILING_DEFAULTS = ["1", "0", "false", "false"]
+N_ARGS = 15
 
 
 def _template_args(name: str) -> list:
@@ -40,7 +42,7 @@ def _template_args(name: str) -> list:
         text = fh.read()
     start = text.index("GemmKernelConfig<") + len("GemmKernelConfig<")
     args = [a.strip() for a in text[start:text.index(">;", start)].split(",")]
-    missing = 14 - len(args)
+    missing = N_ARGS - len(args)
     return args + TRAILING_DEFAULTS[len(TRAILING_DEFAULTS) - missing:] if missing else args
 
 
@@ -49,17 +51,22 @@ def test_mma_twins_differ_from_their_rows_in_the_mma_loop_only():
     rows = {c.name: c for c in mod.TABLE}
     measure_only = {c.name for c in mod.MEASURE_ONLY_CONFIGS}
     assert mod.MMA_TWINS == {"fp8_coop_128x192x128_c2_cutlass_mma": "fp8_coop_128x192x128_c2",
-                             "fp8_coop_128x128x128_c1_own_mma": "fp8_coop_128x128x128_c1"}
+                             "fp8_coop_128x128x128_c1_own_mma": "fp8_coop_128x128x128_c1",
+                             "fp8_coop_128x128x128_c1_late_release": "fp8_coop_128x128x128_c1"}
+    loop = lambda c: (c.cutlass_mma, c.late_release)  # noqa: E731
     for twin_name, name in mod.MMA_TWINS.items():
         row, twin = rows[name], rows[twin_name]
-        assert twin._replace(name=name, cutlass_mma=row.cutlass_mma) == row
-        assert twin.cutlass_mma != row.cutlass_mma
+        assert twin._replace(name=name, cutlass_mma=row.cutlass_mma,
+                             late_release=row.late_release) == row
+        assert loop(twin) != loop(row)
         assert twin_name in measure_only and name not in measure_only
         mine, theirs = _template_args(name), _template_args(twin_name)
-        assert len(mine) == len(theirs) == 14
-        assert mine[:-1] == theirs[:-1], (name, mine, theirs)
-        assert {mine[-1], theirs[-1]} == {"true", "false"}
-        assert mine[-1] == ("true" if row.cutlass_mma else "false")
+        assert len(mine) == len(theirs) == N_ARGS
+        assert mine[:-2] == theirs[:-2], (name, mine, theirs)
+        for c, args in ((row, mine), (twin, theirs)):
+            assert args[-2:] == [str(flag).lower() for flag in loop(c)], (c.name, args)
+    # The late release is an order of fo_jax's mma(): never with CUTLASS's.
+    assert not any(c.cutlass_mma and c.late_release for c in mod.TABLE)
 
 
 def test_which_accurate_rows_run_cutlass_mma():

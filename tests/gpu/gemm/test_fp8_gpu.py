@@ -142,10 +142,11 @@ MMA_FORMS_K = (128, 256, 384, 512, 640, 1040)
 @pytest.mark.parametrize("k", MMA_FORMS_K)
 def test_fp8_own_mma_sums_as_cutlass_mma(k, pair):
     """PromotingFp8Mainloop's mma() (no zeroed accumulators, the first interval's sums written
-    straight to the fp32 accumulator) adds the same partial sums in the same order as CUTLASS's:
-    the outputs of a tile with each are equal element for element (a zero may differ in sign),
-    unsplit and with K split 2 and 3 ways, and each is within _check's bound. Random operands of
-    both signs, several tiles in each direction."""
+    straight to the fp32 accumulator; a stage released before or after the promotion) adds the
+    same partial sums in the same order as CUTLASS's, so for each MMA twin and its row
+    (gemm_configs.py MMA_TWINS) the outputs of a tile are equal element for element (a zero may
+    differ in sign), unsplit and with K split 2 and 3 ways, and each is within _check's bound.
+    Random operands of both signs, several tiles in each direction."""
     gpu_devices_or_skip(1)
     from fo_jax import _cuda_ops, _plan
 
