@@ -65,7 +65,6 @@ Usage: python3 dev/fit_gemm_table.py SWEEP.jsonl [...] [--recheck PLAIN.jsonl ..
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
 import math
@@ -77,6 +76,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "csrc", "kernels"))
+import gemm_configs  # noqa: E402  (the kernel table: a script there, importable)
 
 from fo_jax import _gemm_choice, _gemm_tables  # noqa: E402
 
@@ -85,10 +86,7 @@ def compiled_configs(fp8: bool = False) -> list:
     """The rows of csrc/kernels/gemm_configs.py as dicts (the module's gemm_configs() shape): the
     16-bit rows, or with fp8 the fp8 rows (fast_accum: the fast-accumulation rows; measure_only:
     rows kept to be measured, which no choice picks)."""
-    path = os.path.join(ROOT, "csrc", "kernels", "gemm_configs.py")
-    spec = importlib.util.spec_from_file_location("gemm_configs", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = gemm_configs
     measure_only = {c.name for c in mod.MEASURE_ONLY_CONFIGS}
     return [dict(name=c.name, tile_m=c.tile_m, tile_n=c.tile_n, tile_k=c.tile_k,
                  cluster_m=c.cluster_m, cluster_n=c.cluster_n, pingpong=c.pingpong,
@@ -849,21 +847,14 @@ def main() -> None:
                                                fp8_model[PROMOTION], sms)
         fp8, text = fp8_points(fp8_paths, args.xla_threshold, replaced)
         if args.fp8_fresh:
-            one = len(args.fp8_fresh) == 1
             text += (f"\nAt the {len(replaced.get(PROMOTION, {}))} shapes of "
                      + ", ".join(os.path.basename(p) for p in args.fp8_fresh)
-                     + f", {PROMOTION}'s point and tile-model trace read "
-                     + ("that sweep alone (the point: XLA at HIGHEST over the row the fitted "
-                        "model picks, in its trace)" if one else
-                        "those sweeps alone (the point: XLA at HIGHEST over the row the fitted "
-                        "model picks, in the newest of them that timed it)")
+                     + f", {PROMOTION}'s point and tile-model trace read those sweeps alone (the "
+                     "point: XLA at HIGHEST over the row the fitted model picks, in the newest of "
+                     "them that timed it)"
                      + (", with " + ", ".join(args.fp8_fresh_stale) + " from the newest other "
-                        "sweep of the shape that timed it in the form built (its kernel is no "
-                        "longer the one the fresh sweep timed), scaled by the two traces' times "
-                        "of XLA at HIGHEST" if args.fp8_fresh_stale and not one else
-                        ", with " + ", ".join(args.fp8_fresh_stale) + " from the newest other "
-                        "sweep of the shape (its kernel is no longer the one that sweep timed), "
-                        "scaled by the two traces' times of XLA at HIGHEST"
+                        "sweep of the shape that timed it in the form built, scaled by the two "
+                        "traces' times of XLA at HIGHEST"
                         if args.fp8_fresh_stale else "") + ".\n")
         points_all.update(fp8)
         report.append(text)

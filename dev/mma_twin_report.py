@@ -15,7 +15,6 @@ Usage: python3 dev/mma_twin_report.py SWEEP.jsonl [--row NAME]
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -23,25 +22,17 @@ import sys
 from collections import defaultdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "csrc", "kernels"))
+import gemm_configs  # noqa: E402  (the kernel table: a script there, importable)
+
 K_BUCKETS = ((0, 2048, "K <= 2048"), (2049, 4096, "2048 < K <= 4096"),
              (4097, 1 << 30, "K > 4096"))
-
-
-def gemm_configs():
-    """csrc/kernels/gemm_configs.py as a module (it is a script, not a package)."""
-    path = os.path.join(ROOT, "csrc", "kernels", "gemm_configs.py")
-    spec = importlib.util.spec_from_file_location("gemm_configs", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gemm_configs", mod)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def comparisons(rows: list, row: str | None = None) -> list:
     """[dict(shape, row, twin, ratio, us_per_tile, ns_per_k_tile, k_tiles)] for every shape at
     which the sweep timed a row and one of its twins, sorted by twin, K, M, N."""
-    mod = gemm_configs()
-    configs = {c.name: c for c in mod.TABLE}
+    configs = {c.name: c for c in gemm_configs.TABLE}
     times: dict = defaultdict(dict)
     sms = {}
     for r in rows:
@@ -50,7 +41,7 @@ def comparisons(rows: list, row: str | None = None) -> list:
             times[shape][r["config"]] = r["ms"]
             sms[shape] = r.get("sms") or 132
     out = []
-    for twin, base in mod.MMA_TWINS.items():
+    for twin, base in gemm_configs.MMA_TWINS.items():
         if row and base != row:
             continue
         c = configs[base]

@@ -121,15 +121,17 @@ struct PromotingFp8Mainloop : Base {
     // (ptxas C7514: a wait after each one). The first k-tile stands outside the k-tile loop: one
     // loop that also tests it (and whether to release) spills registers in the 128x192 kernels.
     int k = 0;
+    // Whether k-tile k, the interval's j-th, is its last.
+    auto ends_interval = [&](int j) { return j == kPromotionKTiles - 1 || k + 1 == k_tile_count; };
     auto run_interval = [&](auto& acc, bool first_interval) {
       issue(acc, true);
-      if (!first_interval) release_previous(acc, kPromotionKTiles == 1 || k + 1 == k_tile_count);
+      if (!first_interval) release_previous(acc, ends_interval(0));
       ++k;
       CUTLASS_PRAGMA_UNROLL
       for (int j = 1; j < kPromotionKTiles; ++j) {
         if (k < k_tile_count) {
           issue(acc, false);
-          release_previous(acc, j == kPromotionKTiles - 1 || k + 1 == k_tile_count);
+          release_previous(acc, ends_interval(j));
           ++k;
         }
       }

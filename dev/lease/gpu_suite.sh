@@ -32,15 +32,14 @@ source "$(dirname "${BASH_SOURCE[0]}")/install_tree.sh"
 cd /tmp
 # The benchmark steps (sweep, fp8-bench, signal-bench) keep XLA's autotuning results per fusion in
 # one folder, so that a dot XLA autotuned once (in an earlier call of the lease, or in an earlier
-# lease: dev/lease/xla_autotune_h200.tar.xz, or a carried .carry/xla_autotune, as autotune-out
-# returns them) is compiled with the same pick without autotuning again: XLA's autotuning is most
-# of a sweep's time (up to 160 s a shape at the largest). XLA keys each result by the fusion and
-# the GPU's description, so a result of another GPU model is not used. The kernels XLA runs are
-# its own picks either way; the tests autotune as usual.
+# lease: dev/lease/xla_autotune_h200.tar.xz, as autotune-out returns it) is compiled with the
+# same pick without autotuning again: XLA's autotuning is most of a sweep's time (up to 160 s a
+# shape at the largest). XLA keys each result by the fusion and the GPU's description, so a
+# result of another GPU model is not used. The kernels XLA runs are its own picks either way;
+# the tests autotune as usual.
 AUTOTUNE=/tmp/xla_autotune; mkdir -p "$AUTOTUNE"
 [[ -f "$R/dev/lease/xla_autotune_h200.tar.xz" ]] \
   && tar -xJf "$R/dev/lease/xla_autotune_h200.tar.xz" -C /tmp --skip-old-files
-[[ -d "$R/.carry/xla_autotune" ]] && cp -rn "$R/.carry/xla_autotune/." "$AUTOTUNE/"
 echo "XLA autotuning results: $(find "$AUTOTUNE" -type f | wc -l) in $AUTOTUNE"
 BENCH_XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=$AUTOTUNE"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

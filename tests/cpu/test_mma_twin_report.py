@@ -2,7 +2,6 @@
 tile and SM and per k-tile), on a hand-built sweep, and the figures docs/gemm_performance.md
 quotes from the committed sweeps ("The 33-shape re-measure")."""
 
-import importlib.util
 import os
 import sys
 
@@ -14,12 +13,13 @@ C1, C1_OWN = "fp8_coop_128x128x128_c1", "fp8_coop_128x128x128_c1_own_mma"
 
 
 def _report():
-    path = os.path.join(ROOT, "dev", "mma_twin_report.py")
-    spec = importlib.util.spec_from_file_location("mma_twin_report", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("mma_twin_report", mod)
-    spec.loader.exec_module(mod)
-    return mod
+    """dev/mma_twin_report.py as a module (dev/ is not a package)."""
+    sys.path.insert(0, os.path.join(ROOT, "dev"))
+    try:
+        import mma_twin_report
+    finally:
+        sys.path.pop(0)
+    return mma_twin_report
 
 
 def _load(name):
