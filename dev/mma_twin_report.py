@@ -1,8 +1,8 @@
 """How an accurate fp8 row's MMA-loop twins compare with it, from one GEMM sweep.
 
 Reads a benchmarks/bench_gemm_sweep.py JSON Lines file whose --configs timed a row and its twins
-(csrc/kernels/gemm_configs.py MMA_TWINS: the same tile with the other mma(), or with fo_jax's
-mma() in CUTLASS's order of release and promotion) in the same traces, and prints per shape and
+(csrc/kernels/gemm_configs.py MMA_TWINS: the same tile with CUTLASS's mma(); FORMER_TWINS: those
+of the committed sweeps no longer built) in the same traces, and prints per shape and
 twin: the twin's time over the row's, and the difference per tile on each SM (the tiles of the
 shape over the SMs, rounded up: the waves) in microseconds and per k-tile (K / tile K, rounded
 up) in nanoseconds; then the geometric mean of the time ratio by K. Every number comes from one
@@ -25,6 +25,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "csrc", "kernels"))
 import gemm_configs  # noqa: E402  (the kernel table: a script there, importable)
 
+# Twins the committed sweeps of 2026-12-02 timed that are no longer built: {twin: its row}. In
+# those sweeps cooperative 128x128 ran CUTLASS's mma(), and these were fo_jax's mma() in its own
+# order of release and promotion (_own_mma) and in CUTLASS's (_late_release), the form the row
+# has taken since.
+FORMER_TWINS = {"fp8_coop_128x128x128_c1_own_mma": "fp8_coop_128x128x128_c1",
+                "fp8_coop_128x128x128_c1_late_release": "fp8_coop_128x128x128_c1"}
 K_BUCKETS = ((0, 2048, "K <= 2048"), (2049, 4096, "2048 < K <= 4096"),
              (4097, 1 << 30, "K > 4096"))
 
@@ -33,15 +39,17 @@ def comparisons(rows: list, row: str | None = None) -> list:
     """[dict(shape, row, twin, ratio, us_per_tile, ns_per_k_tile, k_tiles)] for every shape at
     which the sweep timed a row and one of its twins, sorted by twin, K, M, N."""
     configs = {c.name: c for c in gemm_configs.TABLE}
+    twins = {**FORMER_TWINS, **gemm_configs.MMA_TWINS}
     times: dict = defaultdict(dict)
     sms = {}
     for r in rows:
-        if r.get("method") == "fo_jax.gemm" and r.get("config") in configs:
+        if r.get("method") == "fo_jax.gemm" and (r.get("config") in configs
+                                                 or r.get("config") in twins):
             shape = (r["M"], r["N"], r["K"])
             times[shape][r["config"]] = r["ms"]
             sms[shape] = r.get("sms") or 132
     out = []
-    for twin, base in gemm_configs.MMA_TWINS.items():
+    for twin, base in twins.items():
         if row and base != row:
             continue
         c = configs[base]

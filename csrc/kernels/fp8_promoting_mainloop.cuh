@@ -35,8 +35,9 @@ namespace fo_jax::detail {
 // until the interval's MMAs are done and its sums added, as in CUTLASS's mma() (its
 // promote_if_needed() comes before consumer_release()); otherwise it is released at once, before
 // that wait. The two orders are the only difference between this loop and CUTLASS's in the
-// steady state, and cooperative 128x128 runs slower at long K with the early one
-// (docs/gemm_performance.md, "The 33-shape re-measure"): a measure-only row takes the late one.
+// steady state. Cooperative 128x128 takes the late one: with the early one it ran 7-14% slower
+// than CUTLASS's mma() at long K, with the late one as fast there and faster at short K
+// (docs/gemm_performance.md, "The 33-shape re-measure"; the other rows keep the early one).
 template <class Base, int kPromotionKTiles, bool kReleaseAfterPromotion = false>
 struct PromotingFp8Mainloop : Base {
   static_assert(Base::K_PIPE_MMAS == 1, "mma() keeps one k-tile of MMAs in flight");

@@ -30,8 +30,8 @@ class GemmConfig(NamedTuple):
     # Accurate fp8 rows only: CUTLASS's mma() instead of PromotingFp8Mainloop's (see
     # FP8_MMA_CONFIGS).
     cutlass_mma: bool = False
-    # PromotingFp8Mainloop's rows only: CUTLASS's order of release and promotion (see
-    # FP8_MMA_CONFIGS).
+    # PromotingFp8Mainloop's rows only: CUTLASS's order of release and promotion
+    # (fp8_promoting_mainloop.cuh, kReleaseAfterPromotion).
     late_release: bool = False
 
 
@@ -90,12 +90,12 @@ CONFIGS: list[GemmConfig] = [
 # subtiles (fewer barriers) were slower or cost a mainloop stage (docs/gemm_performance.md,
 # "Its epilogue's stores").
 FP8_CONFIGS: list[GemmConfig] = [
-    # CUTLASS's mma() (see FP8_MMA_CONFIGS): with fo_jax's this tile ran 7-16% slower at
-    # K >= 6656 (30-60 ns a k-tile) while the other accurate rows got faster; with CUTLASS's its
-    # SASS is that of the build measured before (docs/gemm_performance.md, "The 33-shape
-    # re-measure").
+    # fo_jax's mma() in CUTLASS's order of release and promotion (see FP8_MMA_CONFIGS): with
+    # fo_jax's own order this tile ran 7-14% slower than with CUTLASS's mma() at K >= 6656 (50-60
+    # ns a k-tile); in CUTLASS's order it runs as CUTLASS's at long K and 2-8% faster at
+    # K <= 4096 (docs/gemm_performance.md, "The 33-shape re-measure").
     GemmConfig("fp8_coop_128x128x128_c1", 128, 128, 128, 1, 1, False, promotion_k_tiles=2,
-               cutlass_mma=True),
+               late_release=True),
     GemmConfig("fp8_coop_128x192x128_c2", 128, 192, 128, 2, 1, False, promotion_k_tiles=2,
                epi_stages_d=3),
     GemmConfig("fp8_pp_64x192x128_c2", 64, 192, 128, 2, 1, True, promotion_k_tiles=2),
@@ -137,24 +137,19 @@ FP8_CANDIDATE_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8_coop_128x160x128_c2", 128, 160, 128, 2, 1, False, promotion_k_tiles=2),
     GemmConfig("fp8fast_pp_128x160x128_c2", 128, 160, 128, 2, 1, True, True),
 ]
-# Twins of two accurate fp8 rows with the other mma(): the large tile with CUTLASS's, which zeroes
-# both accumulators at every tile's start and adds the first interval's sums into zeros
-# (fp8_promoting_mainloop.cuh), and cooperative 128x128 with fo_jax's, which made that tile slower
-# at long K (its row above); and cooperative 128x128 with fo_jax's mma() in CUTLASS's order of
-# release and promotion, the one other difference of the two loops in the steady state. Never
-# picked, kept so that each can be timed beside its row (benchmarks/bench_gemm_sweep.py
-# --configs) and their outputs compared (tests/gpu/gemm/test_fp8_gpu.py). Appended last so that
-# the other rows' indices stay put.
+# Twins of the two accurate fp8 rows that the overlaps use most, with CUTLASS's mma(), which
+# zeroes both accumulators at every tile's start and adds the first interval's sums into zeros
+# (fp8_promoting_mainloop.cuh): never picked, kept so that each loop can be timed beside its row
+# (benchmarks/bench_gemm_sweep.py --configs, dev/mma_twin_report.py) and their outputs compared
+# (tests/gpu/gemm/test_fp8_gpu.py). Appended last so that the other rows' indices stay put.
 FP8_MMA_CONFIGS: list[GemmConfig] = [
     GemmConfig("fp8_coop_128x192x128_c2_cutlass_mma", 128, 192, 128, 2, 1, False,
                promotion_k_tiles=2, epi_stages_d=3, cutlass_mma=True),
-    GemmConfig("fp8_coop_128x128x128_c1_own_mma", 128, 128, 128, 1, 1, False,
-               promotion_k_tiles=2),
-    GemmConfig("fp8_coop_128x128x128_c1_late_release", 128, 128, 128, 1, 1, False,
-               promotion_k_tiles=2, late_release=True),
+    GemmConfig("fp8_coop_128x128x128_c1_cutlass_mma", 128, 128, 128, 1, 1, False,
+               promotion_k_tiles=2, cutlass_mma=True),
 ]
 # {twin: the row it copies}: a twin is named after its row and the mma() it takes.
-MMA_TWIN_SUFFIXES = ("_cutlass_mma", "_own_mma", "_late_release")
+MMA_TWIN_SUFFIXES = ("_cutlass_mma",)
 MMA_TWINS: dict[str, str] = {
     c.name: next(c.name.removesuffix(s) for s in MMA_TWIN_SUFFIXES if c.name.endswith(s))
     for c in FP8_MMA_CONFIGS}

@@ -770,10 +770,9 @@ class SignalingTmaEpilogue
 // additions stall the tensor cores less, at the cost of longer partial sums. The accurate
 // kernels keep the builder's mainloop for their loads and run PromotingFp8Mainloop's mma()
 // (fp8_promoting_mainloop.cuh: the same sums, no accumulator zeroed at a tile's start);
-// kCutlassFp8Mma keeps CUTLASS's mma() (cooperative 128x128, which ran slower with the other at
-// long K, and a row for side-by-side timing: csrc/kernels/gemm_configs.py);
-// kFp8LateRelease gives PromotingFp8Mainloop CUTLASS's order of release and promotion (a
-// measure-only row).
+// kCutlassFp8Mma keeps CUTLASS's mma() (measure-only twins for side-by-side timing:
+// csrc/kernels/gemm_configs.py); kFp8LateRelease gives PromotingFp8Mainloop CUTLASS's order of
+// release and promotion (cooperative 128x128).
 // kEpiStagesD: the epilogue's stores in flight (TmaEpilogueInner; 0: CUTLASS's builder's).
 // ---------------------------------------------------------------------------------------------
 template <class Element_, int kTM, int kTN, int kTK, int kCM, int kCN, bool kPingpong,

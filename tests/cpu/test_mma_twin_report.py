@@ -67,3 +67,17 @@ def test_the_documented_figures_of_cooperative_128x192():
     # The twin is CUTLASS's mma(): what fo_jax's saves per tile.
     assert found[(16384, 8192, 2048)]["us_per_tile"] == pytest.approx(0.36, abs=0.005)
     assert found[(16384, 8192, 7168)]["us_per_tile"] == pytest.approx(0.24, abs=0.005)
+
+
+def test_the_documented_figures_of_the_late_release():
+    # The three forms of cooperative 128x128 in one trace at 8192x7168xK (the row then ran
+    # CUTLASS's mma(); its late-release twin is the form it has taken since).
+    report = _report()
+    found = report.comparisons(_load("gemm_sweep_h200_2026-12-02_11b4856_c1loops.jsonl"), C1)
+    late = {d["shape"][2]: d["ratio"] for d in found if d["twin"] == C1 + "_late_release"}
+    own = {d["shape"][2]: d["ratio"] for d in found if d["twin"] == C1_OWN}
+    assert sorted(late) == sorted(own) == [512, 1024, 2048, 4096, 8192]
+    assert late == pytest.approx({512: 0.915, 1024: 0.957, 2048: 0.978, 4096: 0.989,
+                                  8192: 0.999}, abs=5e-4)
+    assert own == pytest.approx({512: 0.930, 1024: 0.934, 2048: 0.961, 4096: 1.011,
+                                 8192: 1.135}, abs=5e-4)
