@@ -699,3 +699,30 @@ def test_copy_engine_reduce_scatter_keeps_the_addend_config(monkeypatch):
         assert module.rule_calls == []
     finally:
         _plan.gemm_configs.cache_clear()
+
+
+def test_dev_readme_refits_the_committed_h200_table(tmp_path):
+    """dev/README.md's command ("Refitting a GEMM table") writes the committed H200 table byte for
+    byte, and its report but for the line naming where the table went."""
+    import re
+    import shlex
+
+    with open(os.path.join(ROOT, "dev", "README.md")) as fh:
+        text = fh.read()
+    prefix = re.search(r"`R=([^`]+)`", text[text.index("## Refitting a GEMM table"):]).group(1)
+    command = re.search(r"\npython3 dev/fit_gemm_table\.py (.*?)\n```", text, re.S).group(1)
+    args = shlex.split(command.replace("\\\n", " ").replace("${R}", prefix))
+    report = args[args.index("--report") + 1]
+    args[args.index("--report") + 1] = str(tmp_path / "report.md")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "dev", "fit_gemm_table.py"), *args,
+                          "--out", str(tmp_path / "table.py")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    with open(os.path.join(ROOT, "fo_jax", "_gemm_tables", "nvidia_h200.py")) as fh:
+        assert (tmp_path / "table.py").read_text() == fh.read()
+    with open(os.path.join(ROOT, report)) as fh:
+        committed = fh.read().splitlines()
+    written = (tmp_path / "report.md").read_text().splitlines()
+    differ = [i for i, (a, b) in enumerate(zip(committed, written)) if a != b]
+    assert len(committed) == len(written) and len(differ) == 1, differ
+    assert "the table it wrote: fo_jax/_gemm_tables/nvidia_h200.py" in committed[differ[0]]
