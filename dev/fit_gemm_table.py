@@ -48,8 +48,8 @@ Re-measured fp32-promoting kernels (--fp8-fresh FRESH.jsonl ...): sweeps with --
 naming every promoting row fo_jax may pick, taken after a change to those kernels. At each shape
 they timed, the promotion's tile-model trace comes from them alone (the --fp8 sweeps timed older
 kernels there), and its XLA_POINTS entry is ms(XLA at HIGHEST) / ms(the row the fitted model picks)
-in that trace. A row named by --fp8-fresh-stale was timed there in a form no longer built (its
-kernel went back to what the --fp8 sweeps timed): its time at the shape is that of the newest
+in that trace. A row named by --fp8-fresh-stale was timed there in a form no longer built: its
+time at the shape is that of the newest
 other sweep of the shape that timed it in the form built, scaled by the two traces' times of XLA
 at HIGHEST (its ratio to XLA stays the one measured in one trace). ROW is stale in every fresh
 sweep, ROW@COMMIT only in the fresh sweeps of that commit (a later fresh sweep timed the row
@@ -86,13 +86,12 @@ def compiled_configs(fp8: bool = False) -> list:
     """The rows of csrc/kernels/gemm_configs.py as dicts (the module's gemm_configs() shape): the
     16-bit rows, or with fp8 the fp8 rows (fast_accum: the fast-accumulation rows; measure_only:
     rows kept to be measured, which no choice picks)."""
-    mod = gemm_configs
-    measure_only = {c.name for c in mod.MEASURE_ONLY_CONFIGS}
+    measure_only = {c.name for c in gemm_configs.MEASURE_ONLY_CONFIGS}
     return [dict(name=c.name, tile_m=c.tile_m, tile_n=c.tile_n, tile_k=c.tile_k,
                  cluster_m=c.cluster_m, cluster_n=c.cluster_n, pingpong=c.pingpong,
-                 takes_addends=c.name in mod.SOURCE_CONFIGS, fast_accum=c.fast_accum,
+                 takes_addends=c.name in gemm_configs.SOURCE_CONFIGS, fast_accum=c.fast_accum,
                  measure_only=c.name in measure_only)
-            for c in mod.TABLE if (c.name in mod.FP8_NAMES) == fp8]
+            for c in gemm_configs.TABLE if (c.name in gemm_configs.FP8_NAMES) == fp8]
 
 
 def load(paths: list) -> list:

@@ -8,6 +8,7 @@ into a failure (for runs on GPU machines).
 import importlib.util
 import os
 import socket
+import sys
 import types
 
 _flag = "--xla_force_host_platform_device_count=8"
@@ -52,6 +53,16 @@ def gemm_config_table() -> types.ModuleType:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def dev_script(name: str) -> types.ModuleType:
+    """dev/NAME.py as a module (dev/ is not a package; its scripts import their neighbours)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "dev"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
 
 
 def cpu_devices(n: int):

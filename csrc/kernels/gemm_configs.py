@@ -149,10 +149,8 @@ FP8_MMA_CONFIGS: list[GemmConfig] = [
                promotion_k_tiles=2, cutlass_mma=True),
 ]
 # {twin: the row it copies}: a twin is named after its row and the mma() it takes.
-MMA_TWIN_SUFFIXES = ("_cutlass_mma",)
-MMA_TWINS: dict[str, str] = {
-    c.name: next(c.name.removesuffix(s) for s in MMA_TWIN_SUFFIXES if c.name.endswith(s))
-    for c in FP8_MMA_CONFIGS}
+MMA_TWIN_SUFFIX = "_cutlass_mma"
+MMA_TWINS: dict[str, str] = {c.name: c.name.removesuffix(MMA_TWIN_SUFFIX) for c in FP8_MMA_CONFIGS}
 # Rows that no choice picks: kept to be measured (dev/fit_gemm_table.py leaves them out).
 MEASURE_ONLY_CONFIGS: list[GemmConfig] = FP8_PROMOTION_CONFIGS + FP8_MMA_CONFIGS
 FP8_NAMES = {cfg.name for cfg in FP8_CONFIGS + FP8_FAST_CONFIGS + FP8_PROMOTION_CONFIGS

@@ -7,6 +7,8 @@ import importlib.util
 import json
 import math
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 
 import fo_jax
-from conftest import gemm_config_table, use_gemm_table
+from conftest import dev_script, gemm_config_table, use_gemm_table
 from fo_jax import _gemm_choice, _gemm_tables, _plan
 from fo_jax.config import OverlapConfig
 
@@ -252,13 +254,7 @@ def _load_table(path):
 
 
 def _fit_script():
-    """dev/fit_gemm_table.py as a module (dev/ is not a package)."""
-    sys.path.insert(0, os.path.join(ROOT, "dev"))
-    try:
-        import fit_gemm_table
-    finally:
-        sys.path.pop(0)
-    return fit_gemm_table
+    return dev_script("fit_gemm_table")
 
 
 def test_fit_recovers_the_choice_of_a_synthetic_sweep(tmp_path, monkeypatch):
@@ -704,9 +700,6 @@ def test_copy_engine_reduce_scatter_keeps_the_addend_config(monkeypatch):
 def test_dev_readme_refits_the_committed_h200_table(tmp_path):
     """dev/README.md's command ("Refitting a GEMM table") writes the committed H200 table byte for
     byte, and its report but for the line naming where the table went."""
-    import re
-    import shlex
-
     with open(os.path.join(ROOT, "dev", "README.md")) as fh:
         text = fh.read()
     prefix = re.search(r"`R=([^`]+)`", text[text.index("## Refitting a GEMM table"):]).group(1)

@@ -3,9 +3,9 @@ tile and SM and per k-tile), on a hand-built sweep, and the figures docs/gemm_pe
 quotes from the committed sweeps ("The 33-shape re-measure")."""
 
 import os
-import sys
 
 import pytest
+from conftest import dev_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -13,13 +13,7 @@ C1, C1_OWN = "fp8_coop_128x128x128_c1", "fp8_coop_128x128x128_c1_own_mma"
 
 
 def _report():
-    """dev/mma_twin_report.py as a module (dev/ is not a package)."""
-    sys.path.insert(0, os.path.join(ROOT, "dev"))
-    try:
-        import mma_twin_report
-    finally:
-        sys.path.pop(0)
-    return mma_twin_report
+    return dev_script("mma_twin_report")
 
 
 def _load(name):
