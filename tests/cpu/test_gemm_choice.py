@@ -516,20 +516,26 @@ FP8_CONFIG_SWEEPS = ("gemm_sweep_h200_2026-11-30_ef26a1f_fp8_configs.jsonl",
                      "gemm_sweep_h200_2026-11-30_87b462c_fp8_configs.jsonl",
                      "gemm_sweep_h200_2026-11-30_87c1abf_fp8_configs_small.jsonl")
 # The promoting rows re-measured (the H200 table's --fp8-fresh): at the 33 shapes with M >= 4096
-# after their own mma(), then after cooperative 128x128 went back to CUTLASS's, which the first
-# sweep timed in another form (--fp8-fresh-stale fp8_coop_128x128x128_c1@f248faf); then at the
-# 33 shapes with M < 4096.
+# after their own mma(), then after cooperative 128x128 went back to CUTLASS's; then, after that
+# row took fo_jax's loop in CUTLASS's order, at all 66 (M < 4096 with every promoting row, M >= 4096
+# with that row and its former form). The first two timed that row in a form no longer built
+# (--fp8-fresh-stale fp8_coop_128x128x128_c1@f248faf, @453b8b9).
 FP8_FRESH_SWEEPS = ("gemm_sweep_h200_2026-12-02_f248faf_fp8mma.jsonl",
                     "gemm_sweep_h200_2026-12-02_453b8b9_fp8refit.jsonl",
-                    "gemm_sweep_h200_2026-12-02_11b4856_fp8refit_small.jsonl")
-FP8_FRESH_STALE = {0: {"fp8_coop_128x128x128_c1"}}  # index in FP8_FRESH_SWEEPS: stale rows
+                    "gemm_sweep_h200_2026-12-02_f1e97f9_c1late_small.jsonl",
+                    "gemm_sweep_h200_2026-12-02_f1e97f9_c1late_large.jsonl")
+FP8_FRESH_STALE = {0: {"fp8_coop_128x128x128_c1"},  # index in FP8_FRESH_SWEEPS: stale rows
+                   1: {"fp8_coop_128x128x128_c1"}}
+# A re-measure of the promoting rows that a fresh sweep repeated at every shape it timed, every
+# row in its current form: an --fp8 sweep now (its fast-accumulation readings still count).
+FP8_SUPERSEDED_SWEEPS = ("gemm_sweep_h200_2026-12-02_11b4856_fp8refit_small.jsonl",)
 
 
 def _fp8_traces_of(fit_gemm_table, extra=()) -> tuple:
     """(traces of the configuration sweeps (and `extra`), {the promotion's key: its traces with
     the fresh sweeps}), as the H200 table's fit reads them."""
     files = [os.path.join(ROOT, "benchmarks", "results", f)
-             for f in FP8_CONFIG_SWEEPS + tuple(extra) + FP8_FRESH_SWEEPS]
+             for f in FP8_CONFIG_SWEEPS + tuple(extra) + FP8_SUPERSEDED_SWEEPS + FP8_FRESH_SWEEPS]
     first = len(files) - len(FP8_FRESH_SWEEPS)
     merged = fit_gemm_table.fresh_promotion(
         fit_gemm_table.fp8_traces(files), set(range(first, len(files))),
@@ -541,8 +547,8 @@ def test_committed_h200_fp8_models_pick_the_measured_best_rows(monkeypatch):
     """The H200 table's fp8 models (fitted on the three fp8 configuration sweeps, every sweep
     shape, M from 512; the promoting rows on their re-measure): each holds exactly the rows
     fo_jax may pick for its accumulation; on the sweeps' 66 shapes its pick runs within 1% of the
-    best measured row in geomean and 3% at worst (the models 0.959x / 0.971x of XLA, the best rows
-    0.960x / 0.971x, gemm_fit_h200_2026-12-02.md; the worst, 2.7%, at 1024x1280x8192 with fp32
+    best measured row in geomean and 2% at worst (the models 0.960x / 0.971x of XLA, the best rows
+    0.961x / 0.971x, gemm_fit_h200_2026-12-02.md; the worst, 1.1%, at 1024x1536x4096 with fp32
     promotion: ping-pong 64x192 picked, cooperative 128x128 faster); the five
     design shapes keep the rows their signaling cost was measured on. Below the smallest M fitted
     the rules pick. The H100 table has no fp8 model (its rules are unchanged)."""
@@ -552,7 +558,7 @@ def test_committed_h200_fp8_models_pick_the_measured_best_rows(monkeypatch):
     assert "float8_e4m3fn" not in _gemm_tables.tables()["NVIDIA H100 80GB HBM3"].MODEL
     monkeypatch.setattr(_gemm_choice, "table", lambda: h200)
     files, traces_of = _fp8_traces_of(fit_gemm_table)
-    all_traces = fit_gemm_table.fp8_traces(files[:-len(FP8_FRESH_SWEEPS)])
+    all_traces = fit_gemm_table.fp8_traces(files[:len(FP8_CONFIG_SWEEPS)])
     assert len(all_traces) == 66
     for key, fast, design in (("float8_e4m3fn", False, "fp8_coop_128x192x128_c2"),
                               ("float8_e4m3fn_fast", True, "fp8fast_pp_128x192x128_c2")):
@@ -569,7 +575,7 @@ def test_committed_h200_fp8_models_pick_the_measured_best_rows(monkeypatch):
             pick = mine[_gemm_choice.select_fp8_config(*t[:3], 1, 0, mine, fast, 132)]["name"]
             slower.append(d["configs"][pick] / min(d["configs"][c["name"]] for c in mine))
         assert len(timed) == 66
-        assert math.exp(np.mean(np.log(slower))) <= 1.01 and max(slower) <= 1.03, (key, slower)
+        assert math.exp(np.mean(np.log(slower))) <= 1.01 and max(slower) <= 1.02, (key, slower)
         for shape in DESIGN_SHAPES:
             assert mine[_gemm_choice.select_fp8_config(*shape, 1, 0, mine, fast, 132)][
                 "name"] == design, (key, shape)
