@@ -48,13 +48,12 @@ Re-measured fp32-promoting kernels (--fp8-fresh FRESH.jsonl ...): sweeps with --
 naming every promoting row fo_jax may pick, taken after a change to those kernels. At each shape
 they timed, the promotion's tile-model trace comes from them alone (the --fp8 sweeps timed older
 kernels there), and its XLA_POINTS entry is ms(XLA at HIGHEST) / ms(the row the fitted model picks)
-in that trace. A row named by --fp8-fresh-stale was timed there in a form no longer built: its
-time at the shape is that of the newest
-other sweep of the shape that timed it in the form built, scaled by the two traces' times of XLA
-at HIGHEST (its ratio to XLA stays the one measured in one trace). ROW is stale in every fresh
-sweep, ROW@COMMIT only in the fresh sweeps of that commit (a later fresh sweep timed the row
-again in its current form). Elsewhere the --fp8 sweeps' readings stay; for fast accumulation the
-fresh sweeps are more readings, like --fp8's.
+in that trace. A row named by --fp8-fresh-stale was timed there in a form no longer built: its time
+at the shape is that of the newest other sweep of the shape that timed it in the form built, scaled
+by the two traces' times of XLA at HIGHEST (its ratio to XLA stays the one measured in one trace).
+ROW is stale in every fresh sweep, ROW@COMMIT only in the fresh sweeps of that commit (a later
+fresh sweep timed the row again in its current form). Elsewhere the --fp8 sweeps' readings stay;
+for fast accumulation the fresh sweeps are more readings, like --fp8's.
 
 Usage: python3 dev/fit_gemm_table.py SWEEP.jsonl [...] [--recheck PLAIN.jsonl ...]
          [--fp8 FP8.jsonl ...] [--fp8-fresh FRESH.jsonl ... [--fp8-fresh-stale ROW ...]]
@@ -451,6 +450,18 @@ def stale_rows(entries: list, paths: list, fresh: set, names: set) -> dict:
     return out
 
 
+def fp8_fresh_traces(fp8: list, fresh: list, stale_entries: list, configs: list) -> tuple:
+    """(the --fp8 and --fp8-fresh paths in that order, the indices of the fresh ones, {PROMOTION:
+    the promotion's traces (fresh_promotion)}, empty without fresh sweeps), as main() reads
+    them; `stale_entries`: --fp8-fresh-stale's ROW and ROW@COMMIT, `configs`: the fp8 rows."""
+    paths = list(fp8) + list(fresh)
+    indices = set(range(len(fp8), len(paths)))
+    if not fresh:
+        return paths, indices, {}
+    stale = stale_rows(stale_entries, paths, indices, {c["name"] for c in configs})
+    return paths, indices, {PROMOTION: fresh_promotion(fp8_traces(paths), indices, stale)}
+
+
 def fresh_points(traces: dict, fresh: set, configs: list, params: dict, sms: int) -> dict:
     """{(M, N, K): (ms(XLA at HIGHEST) / ms(the fitted pick), pick)} of the fresh traces of the
     promotion (fresh_promotion) that timed the pick: what fo_jax's kernel runs there now."""
@@ -834,12 +845,9 @@ def main() -> None:
         if {r["device"] for r in load(fp8_paths)} != {device}:
             sys.exit(f"fit_gemm_table.py: the --fp8 sweeps are not of {device}")
         fp8_configs = compiled_configs(fp8=True)
-        traces_of, replaced = {}, {}
-        if args.fp8_fresh:
-            fresh = set(range(len(args.fp8), len(fp8_paths)))
-            stale = stale_rows(args.fp8_fresh_stale, fp8_paths, fresh,
-                               {c["name"] for c in fp8_configs})
-            traces_of[PROMOTION] = fresh_promotion(fp8_traces(fp8_paths), fresh, stale)
+        _, fresh, traces_of = fp8_fresh_traces(args.fp8, args.fp8_fresh, args.fp8_fresh_stale,
+                                               fp8_configs)
+        replaced = {}
         fp8_model, floors, model_text = fp8_models(fp8_paths, fp8_configs, sms, traces_of)
         if args.fp8_fresh and PROMOTION in fp8_model:
             replaced[PROMOTION] = fresh_points(traces_of[PROMOTION], fresh, fp8_configs,

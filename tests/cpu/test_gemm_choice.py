@@ -3,7 +3,9 @@ wave counting, the SM budget, the model's argmin and its ties, the XLA predicate
 to the kernel library's rule without a table, a fit of a synthetic sweep end to end, and what the
 committed table decides (the design shapes, small M, the copy-engine ring's configuration)."""
 
+import functools
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -512,35 +514,38 @@ def test_fp8_plans_take_the_fp8_model_and_keep_the_rules_below_its_floor(monkeyp
     assert names[below[True, 4096]] == "fp8fast_pp_128x192x128_c2"
 
 
+# The fp8 sweeps that timed every row at every sweep shape (--configs all).
 FP8_CONFIG_SWEEPS = ("gemm_sweep_h200_2026-11-30_ef26a1f_fp8_configs.jsonl",
                      "gemm_sweep_h200_2026-11-30_87b462c_fp8_configs.jsonl",
                      "gemm_sweep_h200_2026-11-30_87c1abf_fp8_configs_small.jsonl")
-# The promoting rows re-measured (the H200 table's --fp8-fresh): at the 33 shapes with M >= 4096
-# after their own mma(), then after cooperative 128x128 went back to CUTLASS's; then, after that
-# row took fo_jax's loop in CUTLASS's order, at all 66 (M < 4096 with every promoting row, M >= 4096
-# with that row and its former form). The first two timed that row in a form no longer built
-# (--fp8-fresh-stale fp8_coop_128x128x128_c1@f248faf, @453b8b9).
-FP8_FRESH_SWEEPS = ("gemm_sweep_h200_2026-12-02_f248faf_fp8mma.jsonl",
-                    "gemm_sweep_h200_2026-12-02_453b8b9_fp8refit.jsonl",
-                    "gemm_sweep_h200_2026-12-02_f1e97f9_c1late_small.jsonl",
-                    "gemm_sweep_h200_2026-12-02_f1e97f9_c1late_large.jsonl")
-FP8_FRESH_STALE = {0: {"fp8_coop_128x128x128_c1"},  # index in FP8_FRESH_SWEEPS: stale rows
-                   1: {"fp8_coop_128x128x128_c1"}}
-# A re-measure of the promoting rows that a fresh sweep repeated at every shape it timed, every
-# row in its current form: an --fp8 sweep now (its fast-accumulation readings still count).
-FP8_SUPERSEDED_SWEEPS = ("gemm_sweep_h200_2026-12-02_11b4856_fp8refit_small.jsonl",)
 
 
-def _fp8_traces_of(fit_gemm_table, extra=()) -> tuple:
-    """(traces of the configuration sweeps (and `extra`), {the promotion's key: its traces with
-    the fresh sweeps}), as the H200 table's fit reads them."""
-    files = [os.path.join(ROOT, "benchmarks", "results", f)
-             for f in FP8_CONFIG_SWEEPS + tuple(extra) + FP8_SUPERSEDED_SWEEPS + FP8_FRESH_SWEEPS]
-    first = len(files) - len(FP8_FRESH_SWEEPS)
-    merged = fit_gemm_table.fresh_promotion(
-        fit_gemm_table.fp8_traces(files), set(range(first, len(files))),
-        {first + i: rows for i, rows in FP8_FRESH_STALE.items()})
-    return files, {fit_gemm_table.PROMOTION: merged}
+@functools.cache
+def _readme_fit_args() -> tuple:
+    """dev/README.md's refit command ("Refitting a GEMM table"), the H200 table's source, as
+    arguments of dev/fit_gemm_table.py (${R} expanded; paths relative to the repository)."""
+    with open(os.path.join(ROOT, "dev", "README.md")) as fh:
+        text = fh.read()
+    prefix = re.search(r"`R=([^`]+)`", text[text.index("## Refitting a GEMM table"):]).group(1)
+    command = re.search(r"\npython3 dev/fit_gemm_table\.py (.*?)\n```", text, re.S).group(1)
+    return tuple(shlex.split(command.replace("\\\n", " ").replace("${R}", prefix)))
+
+
+def _readme_option(name: str) -> list:
+    """The values of one option of dev/README.md's refit command."""
+    args = _readme_fit_args()
+    values = args[args.index(name) + 1:]
+    return list(itertools.takewhile(lambda a: not a.startswith("--"), values))
+
+
+def _fp8_traces_of(fit_gemm_table) -> tuple:
+    """(the fp8 sweeps of the H200 table's fit, {the promotion's key: its traces with the fresh
+    sweeps}), read as the fit reads them (dev/README.md's command)."""
+    paths, _, traces_of = fit_gemm_table.fp8_fresh_traces(
+        [os.path.join(ROOT, f) for f in _readme_option("--fp8")],
+        [os.path.join(ROOT, f) for f in _readme_option("--fp8-fresh")],
+        _readme_option("--fp8-fresh-stale"), fit_gemm_table.compiled_configs(fp8=True))
+    return paths, traces_of
 
 
 def test_committed_h200_fp8_models_pick_the_measured_best_rows(monkeypatch):
@@ -557,8 +562,9 @@ def test_committed_h200_fp8_models_pick_the_measured_best_rows(monkeypatch):
     h200 = _gemm_tables.tables()["NVIDIA H200"]
     assert "float8_e4m3fn" not in _gemm_tables.tables()["NVIDIA H100 80GB HBM3"].MODEL
     monkeypatch.setattr(_gemm_choice, "table", lambda: h200)
-    files, traces_of = _fp8_traces_of(fit_gemm_table)
-    all_traces = fit_gemm_table.fp8_traces(files[:len(FP8_CONFIG_SWEEPS)])
+    _, traces_of = _fp8_traces_of(fit_gemm_table)
+    all_traces = fit_gemm_table.fp8_traces(
+        [os.path.join(ROOT, "benchmarks", "results", f) for f in FP8_CONFIG_SWEEPS])
     assert len(all_traces) == 66
     for key, fast, design in (("float8_e4m3fn", False, "fp8_coop_128x192x128_c2"),
                               ("float8_e4m3fn_fast", True, "fp8fast_pp_128x192x128_c2")):
@@ -584,14 +590,12 @@ def test_committed_h200_fp8_models_pick_the_measured_best_rows(monkeypatch):
 
 
 def test_fp8_models_fit_reproduces_the_committed_h200_models():
-    """dev/fit_gemm_table.py's fp8_models on the configuration sweeps the H200 table names and
-    its fresh sweep of the promoting rows: the committed coefficients and floors, and a report
-    with the rules', the models' and the held-out summaries (the fp8 sweeps without per-config
-    rows add nothing to the fit)."""
+    """dev/fit_gemm_table.py's fp8_models on the fp8 sweeps of the H200 table's fit (dev/README.md's
+    command) with the fresh re-measures of the promoting rows: the committed coefficients and
+    floors, and a report with the rules', the models' and the held-out summaries."""
     fit_gemm_table = _fit_script()
     h200 = _gemm_tables.tables()["NVIDIA H200"]
-    files, traces_of = _fp8_traces_of(
-        fit_gemm_table, ["gemm_sweep_h200_2026-11-30_87b462c_fp8_small_m.jsonl"])
+    files, traces_of = _fp8_traces_of(fit_gemm_table)
     models, floors, text = fit_gemm_table.fp8_models(
         files, fit_gemm_table.compiled_configs(fp8=True), 132, traces_of)
     assert models == {key: h200.MODEL[key] for key in ("float8_e4m3fn", "float8_e4m3fn_fast")}
@@ -706,11 +710,7 @@ def test_copy_engine_reduce_scatter_keeps_the_addend_config(monkeypatch):
 def test_dev_readme_refits_the_committed_h200_table(tmp_path):
     """dev/README.md's command ("Refitting a GEMM table") writes the committed H200 table byte for
     byte, and its report but for the line naming where the table went."""
-    with open(os.path.join(ROOT, "dev", "README.md")) as fh:
-        text = fh.read()
-    prefix = re.search(r"`R=([^`]+)`", text[text.index("## Refitting a GEMM table"):]).group(1)
-    command = re.search(r"\npython3 dev/fit_gemm_table\.py (.*?)\n```", text, re.S).group(1)
-    args = shlex.split(command.replace("\\\n", " ").replace("${R}", prefix))
+    args = list(_readme_fit_args())
     report = args[args.index("--report") + 1]
     args[args.index("--report") + 1] = str(tmp_path / "report.md")
     out = subprocess.run([sys.executable, os.path.join(ROOT, "dev", "fit_gemm_table.py"), *args,
