@@ -1,8 +1,8 @@
 """How an accurate fp8 row's MMA-loop twins compare with it, from one GEMM sweep.
 
 Reads a benchmarks/bench_gemm_sweep.py JSON Lines file whose --configs timed a row and its twins
-(csrc/kernels/gemm_configs.py MMA_TWINS: the same tile with CUTLASS's mma(); FORMER_TWINS: those
-of the committed sweeps no longer built) in the same traces, and prints per shape and
+(csrc/kernels/gemm_configs.py MMA_TWINS: the same tile with the other MMA loop; FORMER_TWINS:
+those of the committed sweeps no longer built) in the same traces, and prints per shape and
 twin: the twin's time over the row's, and the difference per tile on each SM (the tiles of the
 shape over the SMs, rounded up: the waves) in microseconds and per k-tile (K / tile K, rounded
 up) in nanoseconds; then the geometric mean of the time ratio by K. Every number comes from one

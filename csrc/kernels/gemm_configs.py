@@ -139,7 +139,9 @@ FP8_CANDIDATE_CONFIGS: list[GemmConfig] = [
 ]
 # Twins of the two accurate fp8 rows that the overlaps use most, with CUTLASS's mma(), which
 # zeroes both accumulators at every tile's start and adds the first interval's sums into zeros
-# (fp8_promoting_mainloop.cuh): never picked, kept so that each loop can be timed beside its row
+# (fp8_promoting_mainloop.cuh); and cooperative 128x192 with fo_jax's mma() in CUTLASS's order of
+# release and promotion, the order that made cooperative 128x128 as fast as CUTLASS's loop at
+# long K (its row above). Never picked, kept so that each loop can be timed beside its row
 # (benchmarks/bench_gemm_sweep.py --configs, dev/mma_twin_report.py) and their outputs compared
 # (tests/gpu/gemm/test_fp8_gpu.py). Appended last so that the other rows' indices stay put.
 FP8_MMA_CONFIGS: list[GemmConfig] = [
@@ -147,10 +149,14 @@ FP8_MMA_CONFIGS: list[GemmConfig] = [
                promotion_k_tiles=2, epi_stages_d=3, cutlass_mma=True),
     GemmConfig("fp8_coop_128x128x128_c1_cutlass_mma", 128, 128, 128, 1, 1, False,
                promotion_k_tiles=2, cutlass_mma=True),
+    GemmConfig("fp8_coop_128x192x128_c2_late_release", 128, 192, 128, 2, 1, False,
+               promotion_k_tiles=2, epi_stages_d=3, late_release=True),
 ]
-# {twin: the row it copies}: a twin is named after its row and the mma() it takes.
-MMA_TWIN_SUFFIX = "_cutlass_mma"
-MMA_TWINS: dict[str, str] = {c.name: c.name.removesuffix(MMA_TWIN_SUFFIX) for c in FP8_MMA_CONFIGS}
+# {twin: the row it copies}: a twin is named after its row and the MMA loop it takes.
+MMA_TWIN_SUFFIXES = ("_cutlass_mma", "_late_release")
+MMA_TWINS: dict[str, str] = {
+    c.name: next(c.name.removesuffix(s) for s in MMA_TWIN_SUFFIXES if c.name.endswith(s))
+    for c in FP8_MMA_CONFIGS}
 # Rows that no choice picks: kept to be measured (dev/fit_gemm_table.py leaves them out).
 MEASURE_ONLY_CONFIGS: list[GemmConfig] = FP8_PROMOTION_CONFIGS + FP8_MMA_CONFIGS
 FP8_NAMES = {cfg.name for cfg in FP8_CONFIGS + FP8_FAST_CONFIGS + FP8_PROMOTION_CONFIGS

@@ -51,7 +51,8 @@ def test_mma_twins_differ_from_their_rows_in_the_mma_loop_only():
     rows = {c.name: c for c in mod.TABLE}
     measure_only = {c.name for c in mod.MEASURE_ONLY_CONFIGS}
     assert mod.MMA_TWINS == {"fp8_coop_128x192x128_c2_cutlass_mma": "fp8_coop_128x192x128_c2",
-                             "fp8_coop_128x128x128_c1_cutlass_mma": "fp8_coop_128x128x128_c1"}
+                             "fp8_coop_128x128x128_c1_cutlass_mma": "fp8_coop_128x128x128_c1",
+                             "fp8_coop_128x192x128_c2_late_release": "fp8_coop_128x192x128_c2"}
     loop = lambda c: (c.cutlass_mma, c.late_release)  # noqa: E731
     for twin_name, name in mod.MMA_TWINS.items():
         row, twin = rows[name], rows[twin_name]
@@ -71,12 +72,14 @@ def test_mma_twins_differ_from_their_rows_in_the_mma_loop_only():
 def test_which_accurate_rows_run_cutlass_mma_and_the_late_release():
     # fo_jax's mma() (fp8_promoting_mainloop.cuh) in every accurate row; CUTLASS's only in the
     # twins kept to compare. Cooperative 128x128 takes CUTLASS's order of release and promotion
-    # (its comment), in its plain and its consumer kernel; the other rows the early release.
+    # (its comment), in its plain and its consumer kernel; the other rows the early release, and
+    # cooperative 128x192's twin the late one.
     mod = _table()
     accurate = [c for c in mod.TABLE if c.name in mod.FP8_NAMES and not c.fast_accum]
     assert sorted(c.name for c in accurate if c.cutlass_mma) == [
         "fp8_coop_128x128x128_c1_cutlass_mma", "fp8_coop_128x192x128_c2_cutlass_mma"]
-    assert [c.name for c in mod.TABLE if c.late_release] == ["fp8_coop_128x128x128_c1"]
+    assert [c.name for c in mod.TABLE if c.late_release] == [
+        "fp8_coop_128x128x128_c1", "fp8_coop_128x192x128_c2_late_release"]
     for kind in ("", "_consumer"):
         with open(os.path.join(GENERATED, f"gemm_fp8_coop_128x128x128_c1_e4m3{kind}.cu")) as fh:
             assert "bfloat16_t, false, 2, 0, false, true>;" in fh.read()
