@@ -37,7 +37,8 @@ namespace fo_jax::detail {
 // that wait. The two orders are the only difference between this loop and CUTLASS's in the
 // steady state. Cooperative 128x128 takes the late one: with the early one it ran 7-14% slower
 // than CUTLASS's mma() at long K, with the late one as fast there and faster at short K
-// (docs/gemm_performance.md, "The 33-shape re-measure"; the other rows keep the early one).
+// (docs/gemm_performance.md, "The order of release and promotion"; the other rows keep the
+// early one).
 template <class Base, int kPromotionKTiles, bool kReleaseAfterPromotion = false>
 struct PromotingFp8Mainloop : Base {
   static_assert(Base::K_PIPE_MMAS == 1, "mma() keeps one k-tile of MMAs in flight");

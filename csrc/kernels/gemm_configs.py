@@ -93,7 +93,7 @@ FP8_CONFIGS: list[GemmConfig] = [
     # fo_jax's mma() in CUTLASS's order of release and promotion (late_release): with fo_jax's
     # own order this tile ran 7-14% slower than with CUTLASS's mma() at K >= 6656 (50-60 ns a
     # k-tile); in CUTLASS's order it runs as CUTLASS's at long K and 1-8.5% faster at K <= 4096
-    # (docs/gemm_performance.md, "The 33-shape re-measure").
+    # (docs/gemm_performance.md, "The order of release and promotion").
     GemmConfig("fp8_coop_128x128x128_c1", 128, 128, 128, 1, 1, False, promotion_k_tiles=2,
                late_release=True),
     GemmConfig("fp8_coop_128x192x128_c2", 128, 192, 128, 2, 1, False, promotion_k_tiles=2,

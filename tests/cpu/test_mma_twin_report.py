@@ -1,6 +1,6 @@
 """dev/mma_twin_report.py: a row against its MMA-loop twins per shape (time ratio, difference per
 tile and SM and per k-tile), on a hand-built sweep, and the figures docs/gemm_performance.md
-quotes from the committed sweeps ("The 33-shape re-measure")."""
+quotes from the committed sweeps ("The order of release and promotion")."""
 
 import os
 
