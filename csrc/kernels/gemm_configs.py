@@ -141,7 +141,8 @@ FP8_CANDIDATE_CONFIGS: list[GemmConfig] = [
 # zeroes both accumulators at every tile's start and adds the first interval's sums into zeros
 # (fp8_promoting_mainloop.cuh); and cooperative 128x192 with fo_jax's mma() in CUTLASS's order of
 # release and promotion, the order that made cooperative 128x128 as fast as CUTLASS's loop at
-# long K (its row above). Never picked, kept so that each loop can be timed beside its row
+# long K (its row above) but that slows 128x192 (docs/gemm_performance.md, "The order of release
+# and promotion"). Never picked, kept so that each loop can be timed beside its row
 # (benchmarks/bench_gemm_sweep.py --configs, dev/mma_twin_report.py) and their outputs compared
 # (tests/gpu/gemm/test_fp8_gpu.py). Appended last so that the other rows' indices stay put.
 FP8_MMA_CONFIGS: list[GemmConfig] = [
