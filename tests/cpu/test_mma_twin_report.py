@@ -83,16 +83,17 @@ def test_the_documented_figures_of_cooperative_128x192_in_the_late_order():
     report = _report()
     c2 = "fp8_coop_128x192x128_c2"
     found = report.comparisons(_load("gemm_sweep_h200_2026-12-02_24be962_c2loops.jsonl"), c2)
-    late = {d["shape"][2]: d for d in found if d["twin"] == c2 + "_late_release"}
-    cutlass = {d["shape"][2]: d["ratio"] for d in found if d["twin"] == c2 + "_cutlass_mma"}
+    late, cutlass = ({d["shape"][2]: d for d in found if d["twin"] == c2 + suffix}
+                     for suffix in ("_late_release", "_cutlass_mma"))
     assert sorted(late) == sorted(cutlass) == [512, 1024, 2048, 4096, 8192]
     assert {k: d["ratio"] for k, d in late.items()} == pytest.approx(
         {512: 1.013, 1024: 1.010, 2048: 1.009, 4096: 1.006, 8192: 1.005}, abs=5e-4)
-    assert cutlass == pytest.approx({512: 1.110, 1024: 1.064, 2048: 1.037, 4096: 1.020,
-                                     8192: 1.013}, abs=5e-4)
+    assert {k: d["ratio"] for k, d in cutlass.items()} == pytest.approx(
+        {512: 1.110, 1024: 1.064, 2048: 1.037, 4096: 1.020, 8192: 1.013}, abs=5e-4)
     assert all(0.045 <= d["us_per_tile"] <= 0.195 for d in late.values())
     assert all(2.5 <= d["ns_per_k_tile"] <= 12.5 for d in late.values())
     assert late[8192]["ns_per_k_tile"] == pytest.approx(3, abs=0.5)
-    cutlass_8192 = next(d for d in found if d["twin"] == c2 + "_cutlass_mma"
-                        and d["shape"][2] == 8192)
-    assert cutlass_8192["ns_per_k_tile"] == pytest.approx(7, abs=0.5)
+    # What the row's own loop saves against CUTLASS's: flat per tile, not shrinking with K.
+    assert all(0.365 <= d["us_per_tile"] <= 0.455 for d in cutlass.values())
+    assert cutlass[8192]["us_per_tile"] == pytest.approx(0.45, abs=0.005)
+    assert cutlass[8192]["ns_per_k_tile"] == pytest.approx(7, abs=0.5)
